@@ -1,0 +1,371 @@
+//! The probing frame (CCL-D section 5.1, design.md section 4).
+//!
+//! One frame per rank, reused cyclically: a 32-byte header {operation counter, mode flag,
+//! kernelIndex, nChannels} followed by [`FRAME_BLOCKS`] blocks. The operation with counter
+//! `c` owns block `c % FRAME_BLOCKS`; a block holds the 16-byte [`TraceId`] and, per channel,
+//! two consecutive `u64` slots SendCount and RecvCount. With 8 channels the frame is
+//! 32 + 8 x (16 + 8 x 16) = 1184 bytes, the paper's figure.
+//!
+//! The `#[repr(C)]` structs below define the layout (the device kernels' C header mirrors
+//! them). [`Frame`] is the runtime object: the same bytes held as `AtomicU64` words so that
+//! one writer (the executor, or a kernel) and any number of readers (the diagnostic thread)
+//! share it without locks.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Number of blocks in the frame body (operations in flight that can be told apart).
+pub const FRAME_BLOCKS: usize = 8;
+/// Channel count of the paper's reference frame (1184 bytes).
+pub const PAPER_CHANNELS: usize = 8;
+/// Size of the frame header in bytes.
+pub const FRAME_HEADER_BYTES: usize = 32;
+
+/// Labels one round (operation) of one communicator, identical on every rank.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TraceId {
+    /// 64-bit communicator id (hash of the unique id and the split lineage).
+    pub comm_id: u64,
+    /// Low 32 bits of the communicator's operation counter (the header has all 64).
+    pub op_counter: u32,
+    /// Extension field: flags or a coarse timestamp; 0 when unused.
+    pub extension: u32,
+}
+
+/// Frame header layout.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FrameHeader {
+    /// Operation counter of the operation most recently started on this rank.
+    pub op_counter: u64,
+    /// 1 while measurement is on, 0 when probing is disabled.
+    pub mode: u32,
+    /// Block of the current operation: `op_counter % FRAME_BLOCKS`.
+    pub kernel_index: u32,
+    /// Channels used by the current operation.
+    pub n_channels: u32,
+    /// Reserved, zero.
+    pub reserved: [u32; 3],
+}
+
+/// One channel's progress counters inside a block.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChannelCounts {
+    /// Send steps completed by this channel in this operation.
+    pub send_count: u64,
+    /// Receive steps completed by this channel in this operation.
+    pub recv_count: u64,
+}
+
+/// One body block: the Trace ID of the operation that owns it and per-channel counters.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct FrameBlock<const C: usize> {
+    /// Trace ID of the operation using this block.
+    pub trace: TraceId,
+    /// Per-channel counters.
+    pub channels: [ChannelCounts; C],
+}
+
+/// The whole frame for `C` channels; `ProbingFrame<8>` is 1184 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ProbingFrame<const C: usize> {
+    /// Header.
+    pub header: FrameHeader,
+    /// Body, used cyclically.
+    pub blocks: [FrameBlock<C>; FRAME_BLOCKS],
+}
+
+/// Bytes of a frame with `n_channels` channels.
+pub const fn frame_bytes(n_channels: usize) -> usize {
+    FRAME_HEADER_BYTES + FRAME_BLOCKS * block_bytes(n_channels)
+}
+
+/// Bytes of one block with `n_channels` channels.
+pub const fn block_bytes(n_channels: usize) -> usize {
+    16 + 16 * n_channels
+}
+
+/// Header as read by a sampler.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FrameHeaderSnapshot {
+    /// Operation counter of the most recently started operation.
+    pub op_counter: u64,
+    /// Measurement enabled.
+    pub mode: bool,
+    /// Block of the current operation.
+    pub kernel_index: u32,
+    /// Channels of the current operation.
+    pub n_channels: u32,
+}
+
+// Word indices (u64 granularity) of the header fields; the layout test checks them against
+// the repr(C) structs above.
+const W_OP_COUNTER: usize = 0; // op_counter
+const W_MODE_KINDEX: usize = 1; // mode (low 32 bits) | kernel_index (high 32 bits)
+const W_NCHANNELS: usize = 2; // n_channels (low 32 bits) | reserved[0]
+const HEADER_WORDS: usize = FRAME_HEADER_BYTES / 8;
+
+/// A probing frame in memory, shared by one writer and lock-free readers.
+///
+/// Writer methods (`begin_op`, `add_send`, `add_recv`, `set_mode`) must be called by a single
+/// thread at a time (the communicator's executor); readers may run concurrently on any
+/// thread and see counts that only grow within one operation.
+#[derive(Debug)]
+pub struct Frame {
+    words: Box<[AtomicU64]>,
+    n_channels: usize,
+}
+
+impl Frame {
+    /// A zeroed frame with room for `n_channels` channels, measurement on.
+    pub fn new(n_channels: usize) -> Self {
+        let n_words = frame_bytes(n_channels) / 8;
+        let words: Box<[AtomicU64]> = (0..n_words).map(|_| AtomicU64::new(0)).collect();
+        let frame = Frame { words, n_channels };
+        frame.set_mode(true);
+        frame
+    }
+
+    /// Channel capacity of this frame.
+    pub fn channel_capacity(&self) -> usize {
+        self.n_channels
+    }
+
+    /// Size of the frame in bytes (equals `size_of::<ProbingFrame<C>>()` for C channels).
+    pub fn size_bytes(&self) -> usize {
+        self.words.len() * 8
+    }
+
+    fn block_word(&self, block: usize) -> usize {
+        HEADER_WORDS + block * (block_bytes(self.n_channels) / 8)
+    }
+
+    fn count_word(&self, block: usize, channel: usize) -> usize {
+        self.block_word(block) + 2 + 2 * channel
+    }
+
+    /// Turns measurement on or off (the header's mode flag).
+    pub fn set_mode(&self, on: bool) {
+        let w = &self.words[W_MODE_KINDEX];
+        let old = w.load(Ordering::Relaxed);
+        w.store((old & !0xffff_ffff) | u64::from(on), Ordering::Release);
+    }
+
+    /// Whether measurement is on.
+    pub fn is_measuring(&self) -> bool {
+        self.words[W_MODE_KINDEX].load(Ordering::Acquire) & 0xffff_ffff != 0
+    }
+
+    /// Starts operation `op_counter` of communicator `comm_id` on `n_channels` channels:
+    /// claims block `op_counter % FRAME_BLOCKS`, writes its Trace ID, zeroes its counters,
+    /// then publishes the header. Returns the block index.
+    ///
+    /// Channels beyond the frame's capacity are clamped (their progress is not recorded).
+    pub fn begin_op(&self, comm_id: u64, op_counter: u64, n_channels: usize) -> usize {
+        let block = (op_counter % FRAME_BLOCKS as u64) as usize;
+        let base = self.block_word(block);
+        for ch in 0..self.n_channels {
+            self.words[base + 2 + 2 * ch].store(0, Ordering::Relaxed);
+            self.words[base + 3 + 2 * ch].store(0, Ordering::Relaxed);
+        }
+        self.words[base].store(comm_id, Ordering::Relaxed);
+        // The Trace ID keeps the low 32 bits of the counter; the extension is unused (0).
+        self.words[base + 1].store(op_counter & 0xffff_ffff, Ordering::Relaxed);
+        let n_ch = n_channels.min(self.n_channels) as u64;
+        self.words[W_NCHANNELS].store(n_ch, Ordering::Relaxed);
+        let mode = self.words[W_MODE_KINDEX].load(Ordering::Relaxed) & 0xffff_ffff;
+        self.words[W_MODE_KINDEX].store(mode | ((block as u64) << 32), Ordering::Release);
+        self.words[W_OP_COUNTER].store(op_counter, Ordering::Release);
+        block
+    }
+
+    /// Adds `n` completed send steps to `channel` of `block`.
+    #[inline]
+    pub fn add_send(&self, block: usize, channel: usize, n: u64) {
+        if channel < self.n_channels {
+            let w = &self.words[self.count_word(block, channel)];
+            w.store(w.load(Ordering::Relaxed) + n, Ordering::Release);
+        }
+    }
+
+    /// Adds `n` completed receive steps to `channel` of `block`.
+    #[inline]
+    pub fn add_recv(&self, block: usize, channel: usize, n: u64) {
+        if channel < self.n_channels {
+            let w = &self.words[self.count_word(block, channel) + 1];
+            w.store(w.load(Ordering::Relaxed) + n, Ordering::Release);
+        }
+    }
+
+    /// Reads the header.
+    pub fn header(&self) -> FrameHeaderSnapshot {
+        let op_counter = self.words[W_OP_COUNTER].load(Ordering::Acquire);
+        let mk = self.words[W_MODE_KINDEX].load(Ordering::Acquire);
+        let nch = self.words[W_NCHANNELS].load(Ordering::Acquire);
+        FrameHeaderSnapshot {
+            op_counter,
+            mode: mk & 0xffff_ffff != 0,
+            kernel_index: (mk >> 32) as u32,
+            n_channels: (nch & 0xffff_ffff) as u32,
+        }
+    }
+
+    /// Reads the Trace ID stored in `block`.
+    pub fn trace(&self, block: usize) -> TraceId {
+        let base = self.block_word(block);
+        let w1 = self.words[base + 1].load(Ordering::Acquire);
+        TraceId {
+            comm_id: self.words[base].load(Ordering::Acquire),
+            op_counter: (w1 & 0xffff_ffff) as u32,
+            extension: (w1 >> 32) as u32,
+        }
+    }
+
+    /// Reads one channel's counters in `block`.
+    pub fn counts(&self, block: usize, channel: usize) -> ChannelCounts {
+        if channel >= self.n_channels {
+            return ChannelCounts::default();
+        }
+        let w = self.count_word(block, channel);
+        ChannelCounts {
+            send_count: self.words[w].load(Ordering::Acquire),
+            recv_count: self.words[w + 1].load(Ordering::Acquire),
+        }
+    }
+
+    /// The frame as raw little-endian bytes, in the `ProbingFrame` layout.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        self.words
+            .iter()
+            .flat_map(|w| w.load(Ordering::Acquire).to_le_bytes())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    #[test]
+    fn paper_frame_is_1184_bytes_with_the_documented_offsets() {
+        assert_eq!(size_of::<TraceId>(), 16);
+        assert_eq!(size_of::<FrameHeader>(), FRAME_HEADER_BYTES);
+        assert_eq!(size_of::<ChannelCounts>(), 16);
+        assert_eq!(size_of::<FrameBlock<8>>(), 144);
+        assert_eq!(size_of::<ProbingFrame<PAPER_CHANNELS>>(), 1184);
+        assert_eq!(frame_bytes(PAPER_CHANNELS), 1184);
+
+        assert_eq!(offset_of!(TraceId, comm_id), 0);
+        assert_eq!(offset_of!(TraceId, op_counter), 8);
+        assert_eq!(offset_of!(TraceId, extension), 12);
+        assert_eq!(offset_of!(FrameHeader, op_counter), 0);
+        assert_eq!(offset_of!(FrameHeader, mode), 8);
+        assert_eq!(offset_of!(FrameHeader, kernel_index), 12);
+        assert_eq!(offset_of!(FrameHeader, n_channels), 16);
+        assert_eq!(offset_of!(FrameHeader, reserved), 20);
+        assert_eq!(offset_of!(ChannelCounts, send_count), 0);
+        assert_eq!(offset_of!(ChannelCounts, recv_count), 8);
+        assert_eq!(offset_of!(FrameBlock<8>, trace), 0);
+        assert_eq!(offset_of!(FrameBlock<8>, channels), 16);
+        assert_eq!(offset_of!(ProbingFrame<8>, header), 0);
+        assert_eq!(offset_of!(ProbingFrame<8>, blocks), 32);
+        // Block b starts at 32 + 144 b; channel c of block b at 32 + 144 b + 16 + 16 c.
+        for b in 0..FRAME_BLOCKS {
+            assert_eq!(
+                offset_of!(ProbingFrame<8>, blocks) + b * size_of::<FrameBlock<8>>(),
+                32 + 144 * b
+            );
+        }
+    }
+
+    #[test]
+    fn runtime_frame_matches_repr_c_layout_for_several_channel_counts() {
+        fn check<const C: usize>() {
+            let f = Frame::new(C);
+            assert_eq!(f.size_bytes(), size_of::<ProbingFrame<C>>());
+            let block = f.begin_op(0x1122_3344_5566_7788, 8 * 3 + 5, C);
+            assert_eq!(block, 5);
+            for ch in 0..C {
+                f.add_send(block, ch, ch as u64 + 1);
+                f.add_recv(block, ch, 100 + ch as u64);
+            }
+            let bytes = f.to_bytes();
+            let rd = |off: usize| u64::from_le_bytes(bytes[off..off + 8].try_into().unwrap());
+            let rd32 = |off: usize| u32::from_le_bytes(bytes[off..off + 4].try_into().unwrap());
+            let h = offset_of!(ProbingFrame<C>, header);
+            assert_eq!(rd(h + offset_of!(FrameHeader, op_counter)), 29);
+            assert_eq!(rd32(h + offset_of!(FrameHeader, mode)), 1);
+            assert_eq!(rd32(h + offset_of!(FrameHeader, kernel_index)), 5);
+            assert_eq!(rd32(h + offset_of!(FrameHeader, n_channels)), C as u32);
+            let b = offset_of!(ProbingFrame<C>, blocks) + 5 * size_of::<FrameBlock<C>>();
+            assert_eq!(rd(b + offset_of!(TraceId, comm_id)), 0x1122_3344_5566_7788);
+            assert_eq!(rd32(b + offset_of!(TraceId, op_counter)), 29);
+            for ch in 0..C {
+                let c = b + offset_of!(FrameBlock<C>, channels) + ch * size_of::<ChannelCounts>();
+                assert_eq!(rd(c), ch as u64 + 1);
+                assert_eq!(rd(c + 8), 100 + ch as u64);
+            }
+        }
+        check::<1>();
+        check::<2>();
+        check::<8>();
+        check::<32>();
+    }
+
+    #[test]
+    fn begin_op_resets_the_reused_block_and_keeps_other_blocks() {
+        let f = Frame::new(2);
+        let b0 = f.begin_op(7, 0, 2);
+        f.add_send(b0, 0, 3);
+        let b1 = f.begin_op(7, 1, 2);
+        f.add_recv(b1, 1, 4);
+        let b8 = f.begin_op(7, 8, 1);
+        assert_eq!(b8, b0);
+        assert_eq!(f.counts(b8, 0), ChannelCounts::default());
+        assert_eq!(f.counts(b1, 1).recv_count, 4);
+        assert_eq!(f.trace(b8).op_counter, 8);
+        let h = f.header();
+        assert_eq!((h.op_counter, h.kernel_index, h.n_channels), (8, 0, 1));
+        // Out-of-range channels are ignored, never out of bounds.
+        f.add_send(b8, 5, 1);
+        assert_eq!(f.counts(b8, 5), ChannelCounts::default());
+    }
+
+    #[test]
+    fn mode_flag_round_trips_without_touching_kernel_index() {
+        let f = Frame::new(1);
+        f.begin_op(1, 3, 1);
+        f.set_mode(false);
+        assert!(!f.is_measuring());
+        assert_eq!(f.header().kernel_index, 3);
+        f.set_mode(true);
+        assert!(f.header().mode);
+    }
+
+    #[test]
+    fn a_concurrent_reader_sees_monotonic_counts() {
+        use std::sync::Arc;
+        let f = Arc::new(Frame::new(1));
+        let block = f.begin_op(1, 0, 1);
+        let reader = {
+            let f = Arc::clone(&f);
+            std::thread::spawn(move || {
+                let mut last = 0;
+                for _ in 0..10_000 {
+                    let c = f.counts(block, 0).send_count;
+                    assert!(c >= last);
+                    last = c;
+                }
+            })
+        };
+        for _ in 0..100_000 {
+            f.add_send(block, 0, 1);
+        }
+        reader.join().unwrap();
+        assert_eq!(f.counts(block, 0).send_count, 100_000);
+    }
+}

@@ -1,0 +1,369 @@
+//! The operation type set (CCL-D section 5: collective, algorithm, protocol, dtype, count,
+//! redop, root/peer, channels) and the per-rank log of the last [`FRAME_BLOCKS`] operations.
+//!
+//! Ranks of one round must agree on the type set; a disagreement is the H2 "inconsistent"
+//! evidence. The log is written by the executor and read lock-free by the diagnostic thread
+//! through a sequence lock per slot.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::frame::FRAME_BLOCKS;
+
+/// Kind of operation. Values are stable (they go on the wire).
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CollKind {
+    /// ncclAllReduce
+    AllReduce = 0,
+    /// ncclBroadcast / ncclBcast
+    Broadcast = 1,
+    /// ncclReduce
+    Reduce = 2,
+    /// ncclAllGather
+    AllGather = 3,
+    /// ncclReduceScatter
+    ReduceScatter = 4,
+    /// ncclAlltoAll
+    AlltoAll = 5,
+    /// ncclGather
+    Gather = 6,
+    /// ncclScatter
+    Scatter = 7,
+    /// ncclSend
+    Send = 8,
+    /// ncclRecv
+    Recv = 9,
+}
+
+impl CollKind {
+    /// All kinds, in value order.
+    pub const ALL: [CollKind; 10] = [
+        CollKind::AllReduce,
+        CollKind::Broadcast,
+        CollKind::Reduce,
+        CollKind::AllGather,
+        CollKind::ReduceScatter,
+        CollKind::AlltoAll,
+        CollKind::Gather,
+        CollKind::Scatter,
+        CollKind::Send,
+        CollKind::Recv,
+    ];
+
+    /// NCCL's name of the operation, e.g. `"AllReduce"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            CollKind::AllReduce => "AllReduce",
+            CollKind::Broadcast => "Broadcast",
+            CollKind::Reduce => "Reduce",
+            CollKind::AllGather => "AllGather",
+            CollKind::ReduceScatter => "ReduceScatter",
+            CollKind::AlltoAll => "AlltoAll",
+            CollKind::Gather => "Gather",
+            CollKind::Scatter => "Scatter",
+            CollKind::Send => "Send",
+            CollKind::Recv => "Recv",
+        }
+    }
+
+    /// Inverse of `as u8`.
+    pub fn from_u8(v: u8) -> Option<Self> {
+        Self::ALL.get(usize::from(v)).copied()
+    }
+}
+
+/// Algorithm. Values are stable.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Algo {
+    /// Ring (pipelined).
+    Ring = 0,
+    /// Tree (double binary tree).
+    Tree = 1,
+    /// Point-to-point (send/recv and collectives built from them).
+    P2p = 2,
+}
+
+impl Algo {
+    /// NCCL's name, e.g. `"Ring"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Algo::Ring => "Ring",
+            Algo::Tree => "Tree",
+            Algo::P2p => "P2P",
+        }
+    }
+
+    /// Inverse of `as u8`.
+    pub fn from_u8(v: u8) -> Option<Self> {
+        [Algo::Ring, Algo::Tree, Algo::P2p]
+            .get(usize::from(v))
+            .copied()
+    }
+}
+
+/// Protocol. Values are stable.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Proto {
+    /// Simple (bulk slots with head/tail counters).
+    Simple = 0,
+    /// LL (8-byte flag+data lines).
+    Ll = 1,
+    /// LL128.
+    Ll128 = 2,
+}
+
+impl Proto {
+    /// NCCL's name, e.g. `"Simple"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Proto::Simple => "Simple",
+            Proto::Ll => "LL",
+            Proto::Ll128 => "LL128",
+        }
+    }
+
+    /// Inverse of `as u8`.
+    pub fn from_u8(v: u8) -> Option<Self> {
+        [Proto::Simple, Proto::Ll, Proto::Ll128]
+            .get(usize::from(v))
+            .copied()
+    }
+}
+
+/// The operation type set of one operation on one rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct OpTypeSet {
+    /// Collective or p2p kind.
+    pub coll: CollKind,
+    /// Algorithm used.
+    pub algo: Algo,
+    /// Protocol used.
+    pub proto: Proto,
+    /// `ncclDataType_t` value.
+    pub dtype: u8,
+    /// `ncclRedOp_t` value, or -1 for operations without reduction.
+    pub redop: i32,
+    /// Element count as passed by the caller.
+    pub count: u64,
+    /// Bytes moved by this rank's call (the nccl-tests "size" of the call).
+    pub bytes: u64,
+    /// Root rank, or -1.
+    pub root: i32,
+    /// Peer rank (send/recv), or -1.
+    pub peer: i32,
+    /// Channels used.
+    pub n_channels: u32,
+}
+
+/// Where an operation is in its life.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpState {
+    /// Started, not finished.
+    InFlight = 0,
+    /// Finished successfully.
+    Completed = 1,
+    /// Finished with an error (abort, peer failure).
+    Failed = 2,
+}
+
+/// A consistent copy of one log slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpSnapshot {
+    /// Full operation counter.
+    pub op_counter: u64,
+    /// Type set.
+    pub info: OpTypeSet,
+    /// Start time, nanoseconds on the rank's monotonic clock.
+    pub start_ns: u64,
+    /// End time (0 while in flight).
+    pub end_ns: u64,
+    /// State.
+    pub state: OpState,
+}
+
+const SLOT_WORDS: usize = 8;
+
+#[derive(Debug)]
+struct Slot {
+    /// Even: stable; odd: being written.
+    seq: AtomicU64,
+    words: [AtomicU64; SLOT_WORDS],
+}
+
+/// Ring of the last [`FRAME_BLOCKS`] operations of one rank (slot = counter % blocks, like
+/// the frame), single writer, lock-free readers.
+#[derive(Debug)]
+pub struct OpLog {
+    slots: [Slot; FRAME_BLOCKS],
+}
+
+impl Default for OpLog {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn encode(op_counter: u64, i: &OpTypeSet, start_ns: u64, end_ns: u64, st: OpState) -> [u64; 8] {
+    [
+        op_counter,
+        u64::from(i.coll as u8)
+            | u64::from(i.algo as u8) << 8
+            | u64::from(i.proto as u8) << 16
+            | u64::from(i.dtype) << 24
+            | u64::from(st as u8) << 32,
+        u64::from(i.redop as u32) | u64::from(i.n_channels) << 32,
+        i.count,
+        i.bytes,
+        u64::from(i.root as u32) | u64::from(i.peer as u32) << 32,
+        start_ns,
+        end_ns,
+    ]
+}
+
+fn decode(w: &[u64; 8]) -> Option<OpSnapshot> {
+    let state = match (w[1] >> 32) as u8 {
+        0 => OpState::InFlight,
+        1 => OpState::Completed,
+        2 => OpState::Failed,
+        _ => return None,
+    };
+    Some(OpSnapshot {
+        op_counter: w[0],
+        info: OpTypeSet {
+            coll: CollKind::from_u8(w[1] as u8)?,
+            algo: Algo::from_u8((w[1] >> 8) as u8)?,
+            proto: Proto::from_u8((w[1] >> 16) as u8)?,
+            dtype: (w[1] >> 24) as u8,
+            redop: w[2] as u32 as i32,
+            n_channels: (w[2] >> 32) as u32,
+            count: w[3],
+            bytes: w[4],
+            root: w[5] as u32 as i32,
+            peer: (w[5] >> 32) as u32 as i32,
+        },
+        start_ns: w[6],
+        end_ns: w[7],
+        state,
+    })
+}
+
+impl OpLog {
+    /// An empty log.
+    pub fn new() -> Self {
+        OpLog {
+            slots: std::array::from_fn(|_| Slot {
+                seq: AtomicU64::new(0),
+                words: std::array::from_fn(|_| AtomicU64::new(0)),
+            }),
+        }
+    }
+
+    fn write(&self, op_counter: u64, words: [u64; 8]) {
+        let slot = &self.slots[(op_counter % FRAME_BLOCKS as u64) as usize];
+        let s = slot.seq.load(Ordering::Relaxed);
+        slot.seq.store(s.wrapping_add(1), Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Release);
+        for (dst, v) in slot.words.iter().zip(words) {
+            dst.store(v, Ordering::Relaxed);
+        }
+        slot.seq.store(s.wrapping_add(2), Ordering::Release);
+    }
+
+    /// Records the start of operation `op_counter` (single writer).
+    pub fn start(&self, op_counter: u64, info: &OpTypeSet, start_ns: u64) {
+        self.write(
+            op_counter,
+            encode(op_counter, info, start_ns, 0, OpState::InFlight),
+        );
+    }
+
+    /// Records the end of operation `op_counter` (single writer). Ignored if the slot was
+    /// already reused by a later operation.
+    pub fn finish(&self, op_counter: u64, end_ns: u64, ok: bool) {
+        if let Some(snap) = self.get(op_counter) {
+            let st = if ok {
+                OpState::Completed
+            } else {
+                OpState::Failed
+            };
+            self.write(
+                op_counter,
+                encode(op_counter, &snap.info, snap.start_ns, end_ns, st),
+            );
+        }
+    }
+
+    /// Consistent copy of the slot of `op_counter`, if it still holds that operation.
+    pub fn get(&self, op_counter: u64) -> Option<OpSnapshot> {
+        let slot = &self.slots[(op_counter % FRAME_BLOCKS as u64) as usize];
+        loop {
+            let s1 = slot.seq.load(Ordering::Acquire);
+            if s1 == 0 {
+                return None;
+            }
+            if s1 & 1 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let mut w = [0u64; 8];
+            for (d, src) in w.iter_mut().zip(&slot.words) {
+                *d = src.load(Ordering::Relaxed);
+            }
+            std::sync::atomic::fence(Ordering::Acquire);
+            if slot.seq.load(Ordering::Relaxed) == s1 {
+                let snap = decode(&w)?;
+                return (snap.op_counter == op_counter).then_some(snap);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info() -> OpTypeSet {
+        OpTypeSet {
+            coll: CollKind::ReduceScatter,
+            algo: Algo::Ring,
+            proto: Proto::Simple,
+            dtype: 9,
+            redop: 4,
+            count: 1 << 40,
+            bytes: 3 << 40,
+            root: -1,
+            peer: 7,
+            n_channels: 8,
+        }
+    }
+
+    #[test]
+    fn start_finish_round_trip_and_slot_reuse() {
+        let log = OpLog::new();
+        assert!(log.get(0).is_none());
+        log.start(3, &info(), 111);
+        let s = log.get(3).unwrap();
+        assert_eq!(s.info, info());
+        assert_eq!((s.start_ns, s.end_ns, s.state), (111, 0, OpState::InFlight));
+        log.finish(3, 222, true);
+        assert_eq!(log.get(3).unwrap().state, OpState::Completed);
+        assert_eq!(log.get(3).unwrap().end_ns, 222);
+        log.start(11, &info(), 333);
+        assert!(log.get(3).is_none(), "slot reused by op 11");
+        log.finish(3, 444, false); // stale finish is ignored
+        assert_eq!(log.get(11).unwrap().state, OpState::InFlight);
+    }
+
+    #[test]
+    fn enums_round_trip() {
+        for k in CollKind::ALL {
+            assert_eq!(CollKind::from_u8(k as u8), Some(k));
+        }
+        assert_eq!(CollKind::from_u8(10), None);
+        assert_eq!(Algo::from_u8(2), Some(Algo::P2p));
+        assert_eq!(Proto::from_u8(3), None);
+    }
+}
