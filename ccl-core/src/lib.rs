@@ -1,8 +1,15 @@
 //! Host runtime of the library: communicators, bootstrap, pure schedules, transports and
 //! executors. `ccl-ffi` wraps this crate behind NVIDIA's C ABI; nothing here is `extern "C"`.
 
+pub mod bootstrap;
+pub mod comm;
+pub mod env;
 pub mod error;
+pub mod group;
 pub mod types;
 
+pub use bootstrap::UniqueId;
+pub use comm::{Comm, CommConfig, ScalarArg};
 pub use error::{CclError, Result};
+pub use group::{enqueue, group_end, group_start, CollArgs};
 pub use types::{DataType, RedOpKind, ResultCode};
