@@ -371,6 +371,7 @@ mod tests {
             let phases: Vec<_> = (0..n)
                 .map(|r| Coll::HyperCube.calls(0, 0, 1, DataType::Int8, 0, -1, r, n))
                 .collect();
+            #[allow(clippy::needless_range_loop)]
             for k in 0..phases[0].len() {
                 let snapshot = have.clone();
                 for r in 0..n {

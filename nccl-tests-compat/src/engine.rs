@@ -974,11 +974,10 @@ impl Thread<'_> {
         let elt = self.dtype.size();
         let c = self.counts;
         let total = c.send.max(c.recv) * elt;
-        let steps = if total > 0 {
-            (a.max_bytes as usize / total).max(1)
-        } else {
-            1
-        };
+        let steps = (a.max_bytes as usize)
+            .checked_div(total)
+            .unwrap_or(1)
+            .max(1);
         let shift = total * (iter % steps) + a.unalign.max(0) as usize * elt;
         let n = ctx.nranks;
         let mut phases: Vec<Vec<Vec<Call>>> = Vec::new();
@@ -1031,6 +1030,7 @@ impl Thread<'_> {
             );
         }
         let nph = phases.first().map(|p| p.len()).unwrap_or(0);
+        #[allow(clippy::needless_range_loop)]
         for k in 0..nph {
             let grouped = self.ranks.len() > 1 || phases[0][k].len() > 1;
             if grouped {

@@ -95,7 +95,8 @@ pub fn split_color(
 ) -> Result<usize, EnvError> {
     if let Some(s) = split {
         let s = s.trim();
-        let ops: [(&str, fn(usize, usize) -> Option<usize>); 8] = [
+        type Op = fn(usize, usize) -> Option<usize>;
+        let ops: [(&str, Op); 8] = [
             ("AND", |p, v| Some(p & v)),
             ("&", |p, v| Some(p & v)),
             ("OR", |p, v| Some(p | v)),

@@ -173,10 +173,8 @@ impl Nccl {
     pub fn comm_init_rank(&self, nranks: i32, id: UniqueId, rank: i32) -> Result<Comm, NcclError> {
         let mut c = Comm(std::ptr::null_mut());
         // SAFETY: valid out pointer; id passed by value as the ABI requires.
-        check(
-            unsafe { (self.comm_init_rank)(&mut c, nranks, id, rank) },
-            "ncclCommInitRank",
-        )?;
+        let code = unsafe { (self.comm_init_rank)(&mut c, nranks, id, rank) };
+        check(code, "ncclCommInitRank")?;
         Ok(c)
     }
 
@@ -240,7 +238,7 @@ impl Nccl {
         let rb = call.recv as *mut c_void;
         let (c, t, op, root) = (call.count, call.dtype, call.op, call.root);
         let missing = |n: &'static str| NcclError { code: 5, call: n };
-        // SAFETY (all arms): buffer validity is the caller's contract (see above); the
+        // SAFETY: (all arms) buffer validity is the caller's contract (see above); the
         // function pointers have the public prototypes.
         let code = unsafe {
             match call.kind {
@@ -279,10 +277,8 @@ impl Nccl {
         })?;
         let mut op: c_int = 0;
         // SAFETY: valid out pointer; the scalar is read during the call (host immediate = 1).
-        check(
-            unsafe { f(&mut op, scalar.as_mut_ptr().cast(), dtype, 1, comm) },
-            "ncclRedOpCreatePreMulSum",
-        )?;
+        let code = unsafe { f(&mut op, scalar.as_mut_ptr().cast(), dtype, 1, comm) };
+        check(code, "ncclRedOpCreatePreMulSum")?;
         Ok(op)
     }
 
@@ -304,10 +300,8 @@ impl Nccl {
         })?;
         let mut h: *mut c_void = std::ptr::null_mut();
         // SAFETY: ptr/size describe a live allocation owned by the engine.
-        check(
-            unsafe { f(comm, ptr as *mut c_void, size, &mut h) },
-            "ncclCommRegister",
-        )?;
+        let code = unsafe { f(comm, ptr as *mut c_void, size, &mut h) };
+        check(code, "ncclCommRegister")?;
         Ok(h as usize)
     }
 

@@ -358,3 +358,77 @@ fn multi_process_without_rendezvous_is_usage_error() {
     assert_eq!(r.code, 6, "{}{}", r.stdout, r.stderr);
     assert!(r.stderr.contains("NCCL_COMM_ID") && r.stderr.contains("NCCL_TESTS_UID_FILE"));
 }
+
+#[test]
+fn ccl_run_tags_output_and_sets_variables() {
+    let mut c = command(&exe("ccl-run"), mock_dir());
+    c.args(["-n", "3", "--tag-output", "sh", "-c", "echo out $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE; echo err $RANK >&2; test -n \"$NCCL_TESTS_UID_FILE\""]);
+    let r = run(c, Duration::from_secs(30));
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let mut out: Vec<&str> = r.stdout.lines().collect();
+    out.sort();
+    assert_eq!(
+        out,
+        vec!["[0] out 0 3 0 3", "[1] out 1 3 1 3", "[2] out 2 3 2 3"]
+    );
+    let mut err: Vec<&str> = r.stderr.lines().collect();
+    err.sort();
+    assert_eq!(err, vec!["[0] err 0", "[1] err 1", "[2] err 2"]);
+}
+
+#[test]
+fn ccl_run_forwards_sigterm_and_reports_rank_status() {
+    let mut c = command(&exe("ccl-run"), mock_dir());
+    c.args([
+        "-n",
+        "2",
+        "sh",
+        "-c",
+        "trap 'exit 42' TERM; sleep 20 & wait",
+    ]);
+    c.stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let start = std::time::Instant::now();
+    let mut child = c.spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    // Deliver SIGTERM with kill(1), as a user or a scheduler would.
+    let st = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "ccl-run did not stop"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(42));
+}
+
+#[test]
+fn ccl_run_usage() {
+    let mut c = command(&exe("ccl-run"), mock_dir());
+    c.args(["all_reduce_perf"]);
+    let r = run(c, Duration::from_secs(10));
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("usage: ccl-run -n N"));
+}
+
+#[test]
+fn ccl_run_rendezvous_file_multi_process() {
+    // Two processes of the one-rank mock cannot form a communicator, but the unique-id
+    // exchange through NCCL_TESTS_UID_FILE happens before init: rank 1 must get past it
+    // and fail in ncclCommInitRank (mock: nranks != 1 -> error 5), not time out.
+    let mut c = command(&exe("ccl-run"), mock_dir());
+    c.args(["-n", "2", "--grace", "1"])
+        .arg(exe("all_reduce_perf"))
+        .args(["-b", "8", "-e", "8", "-T", "20"]);
+    let r = run(c, Duration::from_secs(60));
+    assert_eq!(r.code, 3, "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("Test NCCL failure"), "{}", r.stdout);
+}
