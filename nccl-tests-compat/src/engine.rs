@@ -543,7 +543,10 @@ fn spawn_watchdog(ctx: Arc<Ctx>, limit: Duration) {
     });
 }
 
-/// Creates the communicators of `ranks` (inside one group when there are several).
+/// Creates the communicators of `ranks`. Several ranks are initialised concurrently, one
+/// helper thread per rank (each selecting its device first), rather than inside one
+/// group: that works with NVIDIA's library and with libraries whose ncclCommInitRank
+/// blocks even inside a group.
 fn init_comms(
     ctx: &Ctx,
     id: &UniqueId,
@@ -552,25 +555,35 @@ fn init_comms(
     busy_slot: usize,
 ) -> Vec<Comm> {
     let _g = ctx.busy.enter(busy_slot);
-    let grouped = ranks.len() > 1;
-    if grouped {
-        nccl_try!(ctx, ctx.nccl.group_start());
-    }
-    let mut comms = Vec::new();
-    for &r in &ranks {
+    let init_one = |r: usize| -> Comm {
         if let Some(c) = &ctx.cuda {
             let local = r - ctx.comm_proc * ctx.nthreads * ctx.ngpus;
             cuda_try!(ctx, c.set_device(base_dev + local as i32));
         }
-        let comm = nccl_try!(
+        nccl_try!(
             ctx,
             ctx.nccl.comm_init_rank(ctx.nranks as i32, *id, r as i32)
-        );
-        comms.push(comm);
-    }
-    if grouped {
-        nccl_try!(ctx, ctx.nccl.group_end());
-    }
+        )
+    };
+    let comms: Vec<Comm> = if ranks.len() == 1 {
+        vec![init_one(ranks[0])]
+    } else {
+        std::thread::scope(|s| {
+            let hs: Vec<_> = ranks
+                .iter()
+                .map(|&r| s.spawn(move || init_one(r)))
+                .collect();
+            hs.into_iter()
+                .map(|h| match h.join() {
+                    Ok(c) => c,
+                    Err(_) => die(
+                        exit::INTERNAL,
+                        &format!("{}: communicator init panicked", ctx.host),
+                    ),
+                })
+                .collect()
+        })
+    };
     ctx.comms
         .lock()
         .unwrap_or_else(|e| e.into_inner())
