@@ -81,9 +81,19 @@ fn now_string() -> String {
     format_time(secs)
 }
 
+/// Set by the -T watchdog before it aborts the communicators: operations failing because
+/// of that abort must not turn the timeout (exit 4) into an NCCL error (exit 3).
+static TIMED_OUT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Prints `msg` to stdout, flushes and ends the process with `code` (used for failures
-/// in any thread: the other threads may be blocked inside the library).
+/// in any thread: the other threads may be blocked inside the library). After a timeout
+/// the calling thread waits instead: the watchdog ends the process with exit 4.
 fn die(code: i32, msg: &str) -> ! {
+    if code != exit::TIMEOUT && TIMED_OUT.load(std::sync::atomic::Ordering::SeqCst) {
+        loop {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
     let mut out = std::io::stdout();
     let _ = writeln!(out, "{msg}");
     let _ = out.flush();
@@ -112,6 +122,8 @@ struct Ctx {
     hang_rank: Option<usize>,
     out: Mutex<Option<JsonReport>>,
     device_lines: Vec<String>,
+    /// CCLD_TESTS_DEBUG_WRONG: print up to this many wrong elements per rank and check.
+    debug_wrong: u64,
 }
 
 macro_rules! nccl_try {
@@ -239,6 +251,17 @@ pub fn run_main(coll: Coll, argv: Vec<String>) -> i32 {
             Ok(x) => Some(x),
             Err(_) => {
                 eprintln!("{HANG_RANK_VAR}={v:?} is not a rank");
+                return exit::USAGE;
+            }
+        },
+    };
+
+    let debug_wrong = match get("CCLD_TESTS_DEBUG_WRONG") {
+        None => 0,
+        Some(v) => match v.trim().parse::<u64>() {
+            Ok(x) => x,
+            Err(_) => {
+                eprintln!("CCLD_TESTS_DEBUG_WRONG={v:?} is not a count");
                 return exit::USAGE;
             }
         },
@@ -432,6 +455,7 @@ pub fn run_main(coll: Coll, argv: Vec<String>) -> i32 {
         hang_rank,
         out: Mutex::new(json.as_ref().map(|(_, j)| j.clone())),
         device_lines,
+        debug_wrong,
     });
     if a.timeout > 0 {
         spawn_watchdog(ctx.clone(), Duration::from_secs(a.timeout as u64));
@@ -518,6 +542,7 @@ fn spawn_watchdog(ctx: Arc<Ctx>, limit: Duration) {
     std::thread::spawn(move || loop {
         std::thread::sleep(Duration::from_millis(50));
         if ctx.busy.longest() > limit {
+            TIMED_OUT.store(true, std::sync::atomic::Ordering::SeqCst);
             let comms: Vec<Comm> = ctx.comms.lock().unwrap_or_else(|e| e.into_inner()).clone();
             let nccl = ctx.nccl.clone();
             let (tx, rx) = std::sync::mpsc::channel();
@@ -1119,7 +1144,19 @@ impl Thread<'_> {
             let mut w = 0u64;
             for j in 0..c.recv {
                 if let Some(e) = ctx.coll.expected(&p, &c, r.rank, root.max(0) as usize, j) {
-                    if !p.matches(e, &got[j * elt..(j + 1) * elt]) {
+                    let g = &got[j * elt..(j + 1) * elt];
+                    if !p.matches(e, g) {
+                        if w < ctx.debug_wrong {
+                            eprintln!(
+                                "{}: rank {} {} {} element {j}: expected {e:?}, got {} (inputs {:?})",
+                                ctx.host,
+                                r.rank,
+                                self.dtype.name(),
+                                op.map(|o| o.name()).unwrap_or("none"),
+                                self.dtype.decode(g),
+                                (0..ctx.nranks).map(|q| p.input(q, j)).collect::<Vec<_>>()
+                            );
+                        }
                         w += 1;
                     }
                 }

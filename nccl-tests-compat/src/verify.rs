@@ -23,8 +23,18 @@ pub struct GenParams {
 pub enum Expect {
     /// Exactly this integer-valued number, compared bit for bit after encoding.
     Exact(i64),
-    /// Within 2 ULP of this real number (floating-point averages).
-    Approx(f64),
+    /// Floating-point averages: `value` = S/n exactly; accepted within `ulps` ULP taken at
+    /// `scale` = max(|S/n|, sum|x_i|/n). NCCL computes avg as a pre-multiplication of
+    /// every input by fl(1/n) followed by a sum, so its rounding error is bounded by the
+    /// magnitude of the terms (about n ULP of sum|x_i|/n), not of the result.
+    Approx {
+        /// The exact average.
+        value: f64,
+        /// Where the ULP is measured.
+        scale: f64,
+        /// How many ULP: max(2, nranks).
+        ulps: f64,
+    },
 }
 
 fn splitmix(mut x: u64) -> u64 {
@@ -118,7 +128,14 @@ impl GenParams {
             Some(RedOp::Avg) => {
                 let s: i64 = vals.sum();
                 if self.dtype.is_float() {
-                    Expect::Approx(s as f64 / n as f64)
+                    let value = s as f64 / n as f64;
+                    let abs: i64 = (0..n).map(|r| self.input(r, idx).abs()).sum();
+                    let scale = (abs as f64 / n as f64).max(value.abs());
+                    Expect::Approx {
+                        value,
+                        scale,
+                        ulps: (n as f64).max(2.0),
+                    }
                 } else {
                     // C integer division (truncation toward zero), as NCCL does.
                     Expect::Exact(s / n as i64)
@@ -144,9 +161,9 @@ impl GenParams {
                 self.dtype.encode_int(v, &mut b);
                 b[..sz] == got[..sz]
             }
-            Expect::Approx(x) => {
+            Expect::Approx { value, scale, ulps } => {
                 let g = self.dtype.decode(got);
-                !g.is_nan() && (g - x).abs() <= 2.0 * self.dtype.ulp_at(x)
+                !g.is_nan() && (g - value).abs() <= ulps * self.dtype.ulp_at(scale)
             }
         }
     }
@@ -259,12 +276,76 @@ mod tests {
             nranks: 3,
             seed: 3,
         };
-        let x = 1.0 / 3.0;
+        // An exactly representable value, so the ULP steps below are exact.
+        let x = (1.0f64 / 3.0) as f32 as f64;
+        let e = Expect::Approx {
+            value: x,
+            scale: x,
+            ulps: 2.0,
+        };
         let near = (x as f32).to_le_bytes();
-        assert!(p.matches(Expect::Approx(x), &near));
+        assert!(p.matches(e, &near));
+        let two_ulp = f32::from_bits((x as f32).to_bits() + 2).to_le_bytes();
+        assert!(p.matches(e, &two_ulp));
+        let three_ulp = f32::from_bits((x as f32).to_bits() + 3).to_le_bytes();
+        assert!(!p.matches(e, &three_ulp));
         let far = ((x as f32) * 1.001).to_le_bytes();
-        assert!(!p.matches(Expect::Approx(x), &far));
-        assert!(!p.matches(Expect::Approx(x), &f32::NAN.to_le_bytes()));
+        assert!(!p.matches(e, &far));
+        assert!(!p.matches(e, &f32::NAN.to_le_bytes()));
+    }
+
+    /// Simulates NCCL's avg (premultiply by fl(1/n) in the element precision, then sum)
+    /// in every order: always within the tolerance; a wrong result (the sum, not the
+    /// average) never is.
+    #[test]
+    fn premultiplied_average_is_accepted_and_sum_is_not() {
+        for n in [2usize, 3, 5, 7, 8] {
+            for t in [DataType::Float, DataType::Double] {
+                let p = GenParams {
+                    dtype: t,
+                    op: Some(RedOp::Avg),
+                    nranks: n,
+                    seed: 11,
+                };
+                for idx in 0..500 {
+                    let want = p.reduced(idx);
+                    let round = |x: f64| {
+                        if t == DataType::Float {
+                            x as f32 as f64
+                        } else {
+                            x
+                        }
+                    };
+                    let r = round(1.0 / n as f64);
+                    for rev in [false, true] {
+                        let mut ranks: Vec<usize> = (0..n).collect();
+                        if rev {
+                            ranks.reverse();
+                        }
+                        let mut acc = 0.0;
+                        for q in ranks {
+                            acc = round(acc + round(p.input(q, idx) as f64 * r));
+                        }
+                        let mut b = [0u8; 8];
+                        if t == DataType::Float {
+                            b[..4].copy_from_slice(&(acc as f32).to_le_bytes());
+                        } else {
+                            b.copy_from_slice(&acc.to_le_bytes());
+                        }
+                        assert!(
+                            p.matches(want, &b),
+                            "{t:?} n={n} idx={idx} got {acc} want {want:?}"
+                        );
+                    }
+                    let sum: i64 = (0..n).map(|q| p.input(q, idx)).sum();
+                    if sum != 0 {
+                        let mut b = [0u8; 8];
+                        t.encode_int(sum, &mut b);
+                        assert!(!p.matches(want, &b), "{t:?} n={n} idx={idx}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]
