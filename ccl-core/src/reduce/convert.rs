@@ -14,71 +14,62 @@
 //! Widening conversions are exact; they keep the sign and payload of NaNs (bfloat16, half)
 //! or map them to a quiet f32 NaN (fp8).
 
-/// Rounds `x` (finite, magnitude not above the format's largest finite value, or above it
-/// when the caller handles overflow afterwards) to a small binary format with `MBITS`
-/// explicit mantissa bits and exponent bias `BIAS`, returning the code without its sign.
-/// The result of rounding up out of the largest binade is the code after the largest
-/// finite one (the caller decides what that means).
-#[inline(always)]
-fn round_abs_to_small<const MBITS: u32, const BIAS: i32>(abs_bits: u32) -> u32 {
-    // abs_bits is a non-negative finite f32 (bits 0..=0x7F7F_FFFF).
-    let exp_field = (abs_bits >> 23) as i32;
-    let (e, m) = if exp_field == 0 {
-        // f32 subnormal: value = m * 2^-149, i.e. exponent field 1 without implicit bit.
-        (1, abs_bits & 0x7F_FFFF)
-    } else {
-        (exp_field, (abs_bits & 0x7F_FFFF) | 0x80_0000)
-    };
-    // value = m * 2^(e - 150). The result's binade exponent te is the value's unbiased
-    // exponent, clamped below at the format's minimum normal exponent 1 - BIAS (there the
-    // format has subnormals with the same quantum).
-    let te = (e - 127).max(1 - BIAS);
-    // quantum of the result: 2^(te - MBITS); units = value / quantum = m >> s
-    let s = (150 + te - MBITS as i32 - e).clamp(0, 31) as u32;
-    let q = m >> s;
-    let rem = m & ((1u32 << s) - 1);
-    let half = if s == 0 { 0 } else { 1u32 << (s - 1) };
-    let round_up = s != 0 && (rem > half || (rem == half && (q & 1) == 1));
-    let n = q + round_up as u32;
-    // code = ((te + BIAS - 1) << MBITS) + n covers both the normal case (n in
-    // [2^MBITS, 2^(MBITS+1)], the carry moving into the next binade) and the subnormal case
-    // (te + BIAS - 1 == 0, n in [0, 2^MBITS], where 2^MBITS is the smallest normal).
-    (((te + BIAS - 1) as u32) << MBITS) + n
-}
-
 /// `f32` -> IEEE binary16 bits, round to nearest even; overflow to ±inf; NaN -> `0x7FFF`.
 #[inline]
 pub fn f32_to_f16_bits(x: f32) -> u16 {
     let bits = x.to_bits();
-    let sign = ((bits >> 16) & 0x8000) as u16;
+    let sign = (bits >> 16) & 0x8000;
     let abs = bits & 0x7FFF_FFFF;
-    if abs > 0x7F80_0000 {
-        return 0x7FFF;
-    }
+    // Normal results: rebias the exponent (127 -> 15) and round the 13 dropped mantissa bits
+    // to nearest even by adding 0xFFF plus the kept LSB; a carry moves into the exponent.
+    // (Wraps for small `abs`, where the value is not used.)
+    let odd = (abs >> 13) & 1;
+    let normal = abs.wrapping_sub(0x3800_0000).wrapping_add(0xFFF + odd) >> 13;
+    let sub = subnormal_code(abs, 0x3F00_0000);
+    let r = if abs < 0x3880_0000 { sub } else { normal };
     // 65520.0 = 0x477F_F000 and everything above it (inf included) rounds to infinity.
-    if abs >= 0x477F_F000 {
-        return sign | 0x7C00;
+    let r = if abs >= 0x477F_F000 { 0x7C00 } else { r };
+    if abs > 0x7F80_0000 {
+        0x7FFF
+    } else {
+        (r | sign) as u16
     }
-    sign | round_abs_to_small::<10, 15>(abs) as u16
+}
+
+/// Code of a result in a small format's subnormal range (which extends up to the smallest
+/// normal, whose code it returns when rounding up): `RNE(|x| / q)` where the quantum `q`
+/// is the ulp of the f32 `magic` (`magic = q * 2^23`). Adding `magic` lets the FPU round
+/// `|x|` to a multiple of `q` (round to nearest even, the default environment that all
+/// Rust float arithmetic assumes); the low bits of the sum are then the code.
+/// Only meaningful for `|x| < 2^MBITS * q`. With denormals-are-zero set, f32 subnormal
+/// inputs read as 0, which is also their correct result here.
+#[inline(always)]
+fn subnormal_code(abs: u32, magic: u32) -> u32 {
+    (f32::from_bits(abs) + f32::from_bits(magic))
+        .to_bits()
+        .wrapping_sub(magic)
 }
 
 /// IEEE binary16 bits -> `f32` (exact).
 #[inline]
 pub fn f16_bits_to_f32(b: u16) -> f32 {
-    let b = b as u32;
-    let sign = (b & 0x8000) << 16;
-    let e = (b >> 10) & 0x1F;
-    let m = b & 0x3FF;
-    let bits = if e == 0x1F {
-        sign | 0x7F80_0000 | (m << 13)
-    } else if e != 0 {
-        sign | ((e + 112) << 23) | (m << 13)
+    let x = b as u32;
+    let sign = (x & 0x8000) << 16;
+    let em = x & 0x7FFF;
+    // normal: rebias the exponent 15 -> 127
+    let normal = (em << 13) + 0x3800_0000;
+    // subnormal (and zero): m * 2^-24 = (0.5 + m * 2^-24) - 0.5, exact
+    let sub = (f32::from_bits(0x3F00_0000 + em) - 0.5).to_bits();
+    // inf / NaN: exponent all ones, payload kept
+    let special = (em << 13) | 0x7F80_0000;
+    let r = if em >= 0x7C00 {
+        special
+    } else if em < 0x0400 {
+        sub
     } else {
-        // zero or subnormal: m * 2^-24, exact in f32 (0x3380_0000 is 2^-24)
-        let v = (m as f32) * f32::from_bits(0x3380_0000);
-        return if sign != 0 { -v } else { v };
+        normal
     };
-    f32::from_bits(bits)
+    f32::from_bits(r | sign)
 }
 
 /// `f32` -> bfloat16 bits, round to nearest even; overflow to ±inf; NaN -> `0x7FFF`.
@@ -104,99 +95,69 @@ pub const E4M3_MAX: f32 = 448.0;
 /// Largest finite e5m2 value.
 pub const E5M2_MAX: f32 = 57344.0;
 
+/// Shared FP8 encoder: `MBITS` mantissa bits, exponent bias `BIAS`; `max_bits` is the f32
+/// bit pattern of the largest finite value and `max_code` its code.
+#[inline(always)]
+fn f32_to_fp8<const MBITS: u32, const BIAS: u32>(x: f32, max_bits: u32, max_code: u32) -> u8 {
+    let bits = x.to_bits();
+    let sign = (bits >> 24) & 0x80;
+    let abs = bits & 0x7FFF_FFFF;
+    let shift = 23 - MBITS;
+    // normal results: rebias 127 -> BIAS and round the dropped bits to nearest even
+    let odd = (abs >> shift) & 1;
+    let normal = abs
+        .wrapping_sub((127 - BIAS) << 23)
+        .wrapping_add((1 << (shift - 1)) - 1 + odd)
+        >> shift;
+    // subnormal quantum 2^(1 - BIAS - MBITS); magic = quantum * 2^23
+    let sub = subnormal_code(abs, (151 - BIAS - MBITS) << 23);
+    let min_normal_bits = (127 + 1 - BIAS) << 23;
+    let r = if abs < min_normal_bits { sub } else { normal };
+    // finite overflow and infinities saturate (__NV_SATFINITE)
+    let r = if abs > max_bits { max_code } else { r };
+    if abs > 0x7F80_0000 {
+        0x7F
+    } else {
+        (r | sign) as u8
+    }
+}
+
 /// `f32` -> FP8 E4M3 (bias 7, no infinities, `S.1111.111` = NaN), round to nearest even,
 /// saturating (CUDA `__NV_SATFINITE`): |x| > 448 and ±inf -> ±448; NaN -> `0x7F`.
 #[inline]
 pub fn f32_to_e4m3(x: f32) -> u8 {
-    let bits = x.to_bits();
-    let sign = ((bits >> 24) & 0x80) as u8;
-    let abs = bits & 0x7FFF_FFFF;
-    if abs > 0x7F80_0000 {
-        return 0x7F;
-    }
-    if abs > E4M3_MAX.to_bits() {
-        return sign | 0x7E;
-    }
-    sign | round_abs_to_small::<3, 7>(abs) as u8
+    f32_to_fp8::<3, 7>(x, 0x43E0_0000, 0x7E)
 }
 
 /// `f32` -> FP8 E5M2 (bias 15, IEEE-style inf/NaN), round to nearest even, saturating
 /// (CUDA `__NV_SATFINITE`): |x| > 57344 and ±inf -> ±57344; NaN -> `0x7F`.
 #[inline]
 pub fn f32_to_e5m2(x: f32) -> u8 {
-    let bits = x.to_bits();
-    let sign = ((bits >> 24) & 0x80) as u8;
-    let abs = bits & 0x7FFF_FFFF;
-    if abs > 0x7F80_0000 {
-        return 0x7F;
-    }
-    if abs > E5M2_MAX.to_bits() {
-        return sign | 0x7B;
-    }
-    sign | round_abs_to_small::<2, 15>(abs) as u8
+    f32_to_fp8::<2, 15>(x, 0x4760_0000, 0x7B)
 }
 
-/// Decodes one small-float code to f32 bits (const so the tables are built at compile time).
-const fn small_to_f32_bits(
-    code: u8,
-    ebits: u32,
-    mbits: u32,
-    bias: u32,
-    ieee_specials: bool,
-) -> u32 {
-    let code = code as u32;
-    let sign = (code >> 7) << 31;
-    let e = (code >> mbits) & ((1 << ebits) - 1);
-    let m = code & ((1 << mbits) - 1);
-    let emax = (1 << ebits) - 1;
-    if ieee_specials && e == emax {
-        return if m == 0 {
-            sign | 0x7F80_0000
-        } else {
-            0x7FC0_0000
-        };
-    }
-    if !ieee_specials && e == emax && m == (1 << mbits) - 1 {
-        return 0x7FC0_0000;
-    }
-    if e == 0 {
-        if m == 0 {
-            return sign;
-        }
-        // subnormal m * 2^(1 - bias - mbits): normalise
-        let mut mm = m;
-        let mut exp = 1 + 127 - bias; // f32 biased exponent of 2^(1 - bias)
-        while mm & (1 << mbits) == 0 {
-            mm <<= 1;
-            exp -= 1;
-        }
-        mm &= (1 << mbits) - 1;
-        return sign | (exp << 23) | (mm << (23 - mbits));
-    }
-    sign | ((e + 127 - bias) << 23) | (m << (23 - mbits))
-}
-
-const fn build_table(ebits: u32, mbits: u32, bias: u32, ieee: bool) -> [u32; 256] {
-    let mut t = [0u32; 256];
-    let mut i = 0;
-    while i < 256 {
-        t[i] = small_to_f32_bits(i as u8, ebits, mbits, bias, ieee);
-        i += 1;
-    }
-    t
-}
-
-static E4M3_TABLE: [u32; 256] = build_table(4, 3, 7, false);
-static E5M2_TABLE: [u32; 256] = build_table(5, 2, 15, true);
-
-/// FP8 E4M3 -> `f32` (exact; NaN codes -> quiet NaN).
+/// FP8 E4M3 -> `f32` (exact; the NaN codes `S.1111.111` -> quiet NaN).
 #[inline]
 pub fn e4m3_to_f32(b: u8) -> f32 {
-    f32::from_bits(E4M3_TABLE[b as usize])
+    let x = b as u32;
+    let sign = (x & 0x80) << 24;
+    let em = x & 0x7F;
+    // normal: rebias the exponent 7 -> 127
+    let normal = (em << 20) + ((127 - 7) << 23);
+    // subnormal (and zero): m * 2^-9 = (2^14 + m * 2^-9) - 2^14, exact
+    let sub = (f32::from_bits(0x4680_0000 + em) - 16384.0).to_bits();
+    let r = if em == 0x7F {
+        0x7FC0_0000
+    } else if em < 0x08 {
+        sub
+    } else {
+        normal
+    };
+    f32::from_bits(r | sign)
 }
 
-/// FP8 E5M2 -> `f32` (exact; NaN codes -> quiet NaN).
+/// FP8 E5M2 -> `f32` (exact; NaN codes -> NaN). E5M2 is binary16 without its low byte.
 #[inline]
 pub fn e5m2_to_f32(b: u8) -> f32 {
-    f32::from_bits(E5M2_TABLE[b as usize])
+    f16_bits_to_f32((b as u16) << 8)
 }
