@@ -91,9 +91,14 @@ pub fn advertise_ip() -> Result<IpAddr> {
     }
 }
 
-/// Connection magic of a job: a hash of its id.
-fn conn_magic(id: &UniqueId) -> u64 {
+/// Connection magic of a job: a hash of its id. Every bootstrap connection of the job
+/// starts with it (public for tools and wire-level tests).
+pub fn connection_magic(id: &UniqueId) -> u64 {
     hash64(SEED_CONN, &id.0)
+}
+
+fn conn_magic(id: &UniqueId) -> u64 {
+    connection_magic(id)
 }
 
 /// `ncclGetUniqueId`. With `NCCL_COMM_ID` set, returns [`unique_id_from_comm_id`] of it (no
