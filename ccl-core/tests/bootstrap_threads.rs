@@ -32,7 +32,12 @@ fn flag() -> Arc<AtomicBool> {
 }
 
 /// Starts `n` ranks of the job `id` on threads and returns each rank's init result.
-fn init_all(id: UniqueId, ranks: &[usize], n: usize, timeout: Duration) -> Vec<Result<Bootstrap, CclError>> {
+fn init_all(
+    id: UniqueId,
+    ranks: &[usize],
+    n: usize,
+    timeout: Duration,
+) -> Vec<Result<Bootstrap, CclError>> {
     let hs: Vec<_> = ranks
         .iter()
         .map(|&r| std::thread::spawn(move || Bootstrap::init(&id, n, r, flag(), timeout)))
@@ -43,11 +48,16 @@ fn init_all(id: UniqueId, ranks: &[usize], n: usize, timeout: Duration) -> Vec<R
 fn form(n: usize) -> Vec<Bootstrap> {
     let id = get_unique_id().unwrap();
     let ranks: Vec<usize> = (0..n).collect();
-    init_all(id, &ranks, n, T).into_iter().map(|r| r.unwrap()).collect()
+    init_all(id, &ranks, n, T)
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect()
 }
 
 fn payload(rank: usize) -> Vec<u8> {
-    (0..rank * 37 + 1).map(|i| (i as u8) ^ (rank as u8 * 31)).collect()
+    (0..rank * 37 + 1)
+        .map(|i| (i as u8) ^ (rank as u8 * 31))
+        .collect()
 }
 
 /// Per-rank body of the basic test: allgather, p2p in both tag orders, barrier.
@@ -137,7 +147,10 @@ fn barrier_waits_for_the_slowest_rank() {
             .collect();
         for h in hs {
             let waited = h.join().unwrap();
-            assert!(waited >= Duration::from_millis(250), "barrier returned after {waited:?}");
+            assert!(
+                waited >= Duration::from_millis(250),
+                "barrier returned after {waited:?}"
+            );
         }
     });
 }
@@ -162,14 +175,30 @@ fn split_into_two_colors_keeps_messages_apart() {
                     let other_parent = members[other_child];
                     assert_eq!(c.peer_pid(other_child), b.peer_pid(other_parent));
                     // Same peer, same tag, on parent, child and second child: no crossing.
-                    b.send(other_parent, 7, format!("parent from {r}").as_bytes()).unwrap();
-                    c.send(other_child, 7, format!("child from {r}").as_bytes()).unwrap();
-                    again.send(other_child, 7, format!("again from {r}").as_bytes()).unwrap();
-                    assert_eq!(again.recv(other_child, 7).unwrap(), format!("again from {other_parent}").as_bytes());
-                    assert_eq!(c.recv(other_child, 7).unwrap(), format!("child from {other_parent}").as_bytes());
-                    assert_eq!(b.recv(other_parent, 7).unwrap(), format!("parent from {other_parent}").as_bytes());
+                    b.send(other_parent, 7, format!("parent from {r}").as_bytes())
+                        .unwrap();
+                    c.send(other_child, 7, format!("child from {r}").as_bytes())
+                        .unwrap();
+                    again
+                        .send(other_child, 7, format!("again from {r}").as_bytes())
+                        .unwrap();
+                    assert_eq!(
+                        again.recv(other_child, 7).unwrap(),
+                        format!("again from {other_parent}").as_bytes()
+                    );
+                    assert_eq!(
+                        c.recv(other_child, 7).unwrap(),
+                        format!("child from {other_parent}").as_bytes()
+                    );
+                    assert_eq!(
+                        b.recv(other_parent, 7).unwrap(),
+                        format!("parent from {other_parent}").as_bytes()
+                    );
                     let g = c.allgather(&[r as u8]).unwrap();
-                    assert_eq!(g, members.iter().map(|&m| vec![m as u8]).collect::<Vec<_>>());
+                    assert_eq!(
+                        g,
+                        members.iter().map(|&m| vec![m as u8]).collect::<Vec<_>>()
+                    );
                     c.barrier().unwrap();
                     // The parent's collectives are unaffected by the children's.
                     let pg = b.allgather(&[r as u8, 9]).unwrap();
@@ -186,7 +215,11 @@ fn split_into_two_colors_keeps_messages_apart() {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 #[test]
@@ -194,11 +227,20 @@ fn nccl_comm_id_mode() {
     bounded(30, || {
         let port = free_port();
         let id = unique_id_from_comm_id(&format!("127.0.0.1:{port}")).unwrap();
-        assert_eq!(id, unique_id_from_comm_id(&format!(" 127.0.0.1:{port}")).unwrap());
+        assert_eq!(
+            id,
+            unique_id_from_comm_id(&format!(" 127.0.0.1:{port}")).unwrap()
+        );
         assert_eq!(&id.0[..8], &0x0280_0280_0280_0280u64.to_le_bytes());
         // Start the non-root ranks first: they must retry until rank 0 starts the root.
-        let bs: Vec<_> = init_all(id, &[3, 2, 1, 0], 4, T).into_iter().map(|r| r.unwrap()).collect();
-        let hs: Vec<_> = bs.into_iter().map(|b| std::thread::spawn(move || exercise(&b))).collect();
+        let bs: Vec<_> = init_all(id, &[3, 2, 1, 0], 4, T)
+            .into_iter()
+            .map(|r| r.unwrap())
+            .collect();
+        let hs: Vec<_> = bs
+            .into_iter()
+            .map(|b| std::thread::spawn(move || exercise(&b)))
+            .collect();
         for h in hs {
             h.join().unwrap();
         }
@@ -215,9 +257,15 @@ fn nccl_comm_id_mode_ipv6_when_available() {
     drop(l);
     bounded(30, move || {
         let id = unique_id_from_comm_id(&format!("[::1]:{port}")).unwrap();
-        let bs: Vec<_> = init_all(id, &[0, 1], 2, T).into_iter().map(|r| r.unwrap()).collect();
+        let bs: Vec<_> = init_all(id, &[0, 1], 2, T)
+            .into_iter()
+            .map(|r| r.unwrap())
+            .collect();
         assert!(bs[1].listen_addr().is_ipv6());
-        let hs: Vec<_> = bs.into_iter().map(|b| std::thread::spawn(move || exercise(&b))).collect();
+        let hs: Vec<_> = bs
+            .into_iter()
+            .map(|b| std::thread::spawn(move || exercise(&b)))
+            .collect();
         for h in hs {
             h.join().unwrap();
         }
@@ -230,15 +278,25 @@ fn duplicate_rank_claim_fails_for_both() {
         let id = get_unique_id().unwrap();
         let t0 = Instant::now();
         let res = init_all(id, &[1, 1, 0], 3, T);
-        assert!(t0.elapsed() < Duration::from_secs(5), "took {:?}", t0.elapsed());
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "took {:?}",
+            t0.elapsed()
+        );
         for r in &res[..2] {
             match r {
-                Err(CclError::InvalidUsage(m)) => assert!(m.contains("rank 1 was claimed twice"), "{m}"),
+                Err(CclError::InvalidUsage(m)) => {
+                    assert!(m.contains("rank 1 was claimed twice"), "{m}")
+                }
                 other => panic!("expected InvalidUsage, got {other:?}"),
             }
         }
         // The bystander learns the job failed too instead of hanging.
-        assert!(matches!(res[2], Err(CclError::InvalidUsage(_))), "{:?}", res[2]);
+        assert!(
+            matches!(res[2], Err(CclError::InvalidUsage(_))),
+            "{:?}",
+            res[2]
+        );
     });
 }
 
@@ -267,7 +325,10 @@ fn root_not_listening_errors_within_timeout() {
         // Rank 1 never starts a root, and nobody else does either.
         let e = Bootstrap::init(&id, 2, 1, flag(), Duration::from_millis(700)).unwrap_err();
         let took = t0.elapsed();
-        assert!(took >= Duration::from_millis(600) && took < Duration::from_secs(3), "{took:?}");
+        assert!(
+            took >= Duration::from_millis(600) && took < Duration::from_secs(3),
+            "{took:?}"
+        );
         assert!(matches!(e, CclError::Remote(_)), "{e}");
         assert!(e.to_string().contains(&addr), "{e}");
     });
@@ -287,7 +348,10 @@ fn random_bytes_are_rejected_without_connecting() {
         let t0 = Instant::now();
         let e = Bootstrap::init(&UniqueId(b), 2, 0, flag(), T).unwrap_err();
         assert!(t0.elapsed() < Duration::from_millis(100));
-        assert!(matches!(e, CclError::InvalidArgument(ref m) if m.contains("unique id is not valid")), "{e}");
+        assert!(
+            matches!(e, CclError::InvalidArgument(ref m) if m.contains("unique id is not valid")),
+            "{e}"
+        );
     }
 }
 
@@ -308,7 +372,10 @@ fn abort_unblocks_recv_quickly() {
         assert!(matches!(e, CclError::Aborted(_)), "{e}");
         let lag = done_at.duration_since(set_at);
         // The wait polls every 20 ms; allow for a loaded test machine.
-        assert!(lag < Duration::from_millis(250), "recv returned {lag:?} after abort");
+        assert!(
+            lag < Duration::from_millis(250),
+            "recv returned {lag:?} after abort"
+        );
     });
 }
 
@@ -324,7 +391,11 @@ fn abort_unblocks_init_waiting_for_other_ranks() {
         abort.store(true, Ordering::Release);
         let e = h.join().unwrap().unwrap_err();
         assert!(matches!(e, CclError::Aborted(_)), "{e}");
-        assert!(set_at.elapsed() < Duration::from_millis(300), "{:?}", set_at.elapsed());
+        assert!(
+            set_at.elapsed() < Duration::from_millis(300),
+            "{:?}",
+            set_at.elapsed()
+        );
     });
 }
 
@@ -381,8 +452,14 @@ fn junk_to_root_port_does_not_stop_the_job() {
         keep.push(send_raw(root, &h));
         std::thread::sleep(Duration::from_millis(100));
         let ranks: Vec<usize> = (0..3).collect();
-        let bs: Vec<_> = init_all(id, &ranks, 3, T).into_iter().map(|r| r.unwrap()).collect();
-        let hs: Vec<_> = bs.into_iter().map(|b| std::thread::spawn(move || exercise(&b))).collect();
+        let bs: Vec<_> = init_all(id, &ranks, 3, T)
+            .into_iter()
+            .map(|r| r.unwrap())
+            .collect();
+        let hs: Vec<_> = bs
+            .into_iter()
+            .map(|b| std::thread::spawn(move || exercise(&b)))
+            .collect();
         for h in hs {
             h.join().unwrap();
         }
@@ -395,7 +472,10 @@ fn junk_to_rank_port_is_dropped() {
     bounded(30, || {
         let id = get_unique_id().unwrap();
         let magic = connection_magic(&id);
-        let bs: Vec<_> = init_all(id, &[0, 1, 2], 3, T).into_iter().map(|r| r.unwrap()).collect();
+        let bs: Vec<_> = init_all(id, &[0, 1, 2], 3, T)
+            .into_iter()
+            .map(|r| r.unwrap())
+            .collect();
         let target = bs[1].listen_addr();
         let mut keep = Vec::new();
         drop(send_raw(target, &[0xde; 100]));
@@ -411,7 +491,10 @@ fn junk_to_rank_port_is_dropped() {
         h.extend_from_slice(&5u32.to_le_bytes());
         keep.push(send_raw(target, &h));
         std::thread::sleep(Duration::from_millis(100));
-        let hs: Vec<_> = bs.into_iter().map(|b| std::thread::spawn(move || exercise(&b))).collect();
+        let hs: Vec<_> = bs
+            .into_iter()
+            .map(|b| std::thread::spawn(move || exercise(&b)))
+            .collect();
         for h in hs {
             h.join().unwrap();
         }
@@ -424,7 +507,10 @@ fn peer_closing_mid_message_is_a_remote_error() {
     bounded(20, || {
         let id = get_unique_id().unwrap();
         let magic = connection_magic(&id);
-        let bs: Vec<_> = init_all(id, &[0, 1], 2, T).into_iter().map(|r| r.unwrap()).collect();
+        let bs: Vec<_> = init_all(id, &[0, 1], 2, T)
+            .into_iter()
+            .map(|r| r.unwrap())
+            .collect();
         // Speak the documented wire format as "rank 0": handshake, then half a message.
         let mut m = header(magic, 3, 8);
         m.extend_from_slice(&0u32.to_le_bytes());
