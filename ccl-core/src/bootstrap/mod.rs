@@ -226,15 +226,13 @@ impl Bootstrap {
             other => other,
         })?;
         prepare(&s).map_err(|e| CclError::sys("bootstrap: configuring root connection", e))?;
-        let local_ip = s
+        // Listen on the local address that reaches the root (keeps an IPv6 scope id).
+        let mut local = s
             .local_addr()
-            .map_err(|e| CclError::sys("bootstrap: local address of root connection", e))?
-            .ip();
-        let listener = TcpListener::bind((local_ip, 0)).map_err(|e| {
-            CclError::sys(
-                &format!("bootstrap: binding rank listener on {local_ip}"),
-                e,
-            )
+            .map_err(|e| CclError::sys("bootstrap: local address of root connection", e))?;
+        local.set_port(0);
+        let listener = TcpListener::bind(local).map_err(|e| {
+            CclError::sys(&format!("bootstrap: binding rank listener on {local}"), e)
         })?;
         let my_addr = listener
             .local_addr()
@@ -611,6 +609,12 @@ mod tests {
         assert!(matches!(e, CclError::Timeout(_)), "{e}");
         b[0].abort_flag().store(true, Ordering::Release);
         assert!(matches!(b[0].recv(1, 3), Err(CclError::Aborted(_))));
+    }
+
+    #[test]
+    fn bootstrap_is_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<Bootstrap>();
     }
 
     #[test]

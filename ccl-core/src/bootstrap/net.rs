@@ -175,7 +175,7 @@ impl Network {
         write_full(&mut s, &hello, &check).map_err(|e| match e {
             ReadFail::Stop(e) => e,
             other => CclError::Remote(format!(
-                "bootstrap: handshake with rank {peer} at {addr} failed: {other:?}"
+                "bootstrap: handshake with rank {peer} at {addr} failed: {other}"
             )),
         })?;
         Ok(s)
@@ -292,7 +292,7 @@ fn reader(mut s: TcpStream, shared: Arc<Shared>) {
     let mut hb = [0u8; HEADER_BYTES + 8];
     if let Err(e) = read_full(&mut s, &mut hb, &hs_stop) {
         if !shared.closed.load(Ordering::Acquire) {
-            tracing::warn!(target: T, rank = me, %from, error = ?e, "bootstrap: dropping connection with truncated handshake");
+            tracing::warn!(target: T, rank = me, %from, error = %e, "bootstrap: dropping connection with truncated handshake");
         }
         return;
     }
@@ -355,7 +355,7 @@ fn frames(s: &mut TcpStream, shared: &Shared, src: usize) -> End {
             Ok(()) => {}
             Err(ReadFail::Eof { got: 0 }) => return End::Clean,
             Err(ReadFail::Stop(_)) => return End::Stopped,
-            Err(e) => return End::Broken(format!("truncated frame header from rank {src}: {e:?}")),
+            Err(e) => return End::Broken(format!("truncated frame header from rank {src}: {e}")),
         }
         let f = Frame::decode(&fb);
         if f.len as usize > MAX_FRAME_PAYLOAD {
@@ -367,7 +367,7 @@ fn frames(s: &mut TcpStream, shared: &Shared, src: usize) -> End {
             Err(ReadFail::Stop(_)) => return End::Stopped,
             Err(e) => {
                 return End::Broken(format!(
-                    "rank {src} closed mid-message ({} byte payload): {e:?}",
+                    "rank {src} closed mid-message ({} byte payload): {e}",
                     f.len
                 ))
             }

@@ -63,7 +63,7 @@ fn reply(stream: &mut TcpStream, magic: u64, r: &Reply, rank: u32) {
         }
     };
     if let Err(e) = write_full(stream, &msg, &stop) {
-        tracing::warn!(target: T, rank, error = ?e, "bootstrap root: could not send reply");
+        tracing::warn!(target: T, rank, error = %e, "bootstrap root: could not send reply");
     }
 }
 

@@ -300,6 +300,16 @@ impl Stop<'_> {
     }
 }
 
+impl std::fmt::Display for ReadFail {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadFail::Eof { got } => write!(f, "connection closed after {got} bytes"),
+            ReadFail::Io(e) => write!(f, "{e}"),
+            ReadFail::Stop(e) => write!(f, "{e}"),
+        }
+    }
+}
+
 /// Why [`read_full`] stopped early.
 #[derive(Debug)]
 pub(crate) enum ReadFail {
