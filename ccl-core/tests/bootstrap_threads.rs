@@ -9,7 +9,7 @@ use std::sync::{mpsc, Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use ccl_core::bootstrap::{
-    connection_magic, get_unique_id, unique_id_from_comm_id, Bootstrap, UniqueId,
+    advertise_ip, connection_magic, get_unique_id, unique_id_from_comm_id, Bootstrap, UniqueId,
 };
 use ccl_core::CclError;
 
@@ -120,6 +120,8 @@ fn different_ids_give_different_hashes_and_ids() {
     let a = get_unique_id().unwrap();
     let b = get_unique_id().unwrap();
     assert_ne!(a, b);
+    assert_eq!(a.root_addr().unwrap().ip(), advertise_ip().unwrap());
+    assert_ne!(a.root_addr().unwrap().port(), b.root_addr().unwrap().port());
     let x = form(1);
     let y = form(1);
     assert_ne!(x[0].comm_hash(), y[0].comm_hash());

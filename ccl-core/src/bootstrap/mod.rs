@@ -16,6 +16,7 @@
 //!   the unique id, so junk and connections of other jobs are dropped with a warning.
 
 mod id;
+pub mod ifaddr;
 mod net;
 mod root;
 mod wire;
@@ -70,24 +71,39 @@ pub fn default_timeout() -> Result<Duration> {
 }
 
 /// The address the root of [`get_unique_id`] binds and writes into the id:
-/// `CCLD_BOOTSTRAP_IP` when set (must be an IP literal of this host), else `127.0.0.1`.
-/// Ranks on other hosts therefore need `CCLD_BOOTSTRAP_IP` (or `NCCL_COMM_ID`); interface
-/// selection by `NCCL_SOCKET_IFNAME` is not implemented. Rank listeners bind the local
-/// address of their connection to the root, so they are reachable wherever the root is.
+/// `CCLD_BOOTSTRAP_IP` when set (an IP literal of this host); else the first interface that
+/// `NCCL_SOCKET_IFNAME` / `NCCL_SOCKET_FAMILY` select with NCCL's rules (default order:
+/// `ib*`, anything but `docker*`/`lo*`, `docker*`, `lo*`; see [`ifaddr::pick_interface`]);
+/// else `127.0.0.1`. Rank listeners bind the local address of their connection to the
+/// root, so they are reachable wherever the root is.
 pub fn advertise_ip() -> Result<IpAddr> {
-    match crate::env::var(ADDR_ENV)? {
-        None => Ok(IpAddr::V4(Ipv4Addr::LOCALHOST)),
-        Some(v) => {
-            let ip: IpAddr = v
-                .parse()
-                .map_err(|_| CclError::arg(format!("{ADDR_ENV}={v:?} is not an IP address")))?;
-            if ip.is_unspecified() || ip.is_multicast() {
-                return Err(CclError::arg(format!(
-                    "{ADDR_ENV}={v:?} must be a unicast address of this host"
-                )));
-            }
-            Ok(ip)
+    if let Some(v) = crate::env::var(ADDR_ENV)? {
+        let ip: IpAddr = v
+            .parse()
+            .map_err(|_| CclError::arg(format!("{ADDR_ENV}={v:?} is not an IP address")))?;
+        if ip.is_unspecified() || ip.is_multicast() {
+            return Err(CclError::arg(format!(
+                "{ADDR_ENV}={v:?} must be a unicast address of this host"
+            )));
         }
+        return Ok(ip);
+    }
+    let ifname = crate::env::var("NCCL_SOCKET_IFNAME")?;
+    let family = crate::env::var("NCCL_SOCKET_FAMILY")?;
+    let ifaces = match ifaddr::list_interfaces() {
+        Ok(l) => l,
+        Err(e) if ifname.is_none() && family.is_none() => {
+            tracing::warn!(target: T, error = %e, "bootstrap: cannot list interfaces, using 127.0.0.1");
+            return Ok(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        }
+        Err(e) => return Err(e),
+    };
+    match ifaddr::pick_interface(&ifaces, ifname.as_deref(), family.as_deref())? {
+        Some(i) => {
+            tracing::debug!(target: T, iface = %i.name, addr = %i.addr, "bootstrap: root interface");
+            Ok(i.addr)
+        }
+        None => Ok(IpAddr::V4(Ipv4Addr::LOCALHOST)),
     }
 }
 
