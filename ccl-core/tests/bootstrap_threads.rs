@@ -586,3 +586,27 @@ fn concurrent_senders_from_many_threads_of_one_rank() {
         }
     });
 }
+
+#[test]
+fn root_exits_when_the_job_never_forms() {
+    bounded(20, || {
+        let port = free_port();
+        let addr = format!("127.0.0.1:{port}");
+        let id = unique_id_from_comm_id(&addr).unwrap();
+        // Rank 0 starts the root (idle limit = its timeout, at least 1 s) and gives up.
+        let e = Bootstrap::init(&id, 2, 0, flag(), Duration::from_millis(300)).unwrap_err();
+        assert!(matches!(e, CclError::Timeout(_)), "{e}");
+        // The root must release its port soon after its idle limit.
+        let t0 = Instant::now();
+        loop {
+            if TcpListener::bind(&addr).is_ok() {
+                break;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "root still holds {addr}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+}
