@@ -51,7 +51,13 @@ fn link(region: Option<&str>, layout: FifoLayout) -> Link {
     let cons_bell = c.take(Doorbell::BYTES).unwrap();
     let fifo = c.take(layout.bytes()).unwrap();
     let region = match region {
-        Some(n) => ShmRegion::create(n, c.total()).unwrap(),
+        Some(n) => {
+            let r = ShmRegion::create(n, c.total()).unwrap();
+            // Both ends map this same handle: unlink at once, as the runtime does once every
+            // peer has mapped, so an aborted test leaves nothing in /dev/shm.
+            r.unlink().unwrap();
+            r
+        }
         None => ShmRegion::anonymous(c.total()).unwrap(),
     };
     Link {

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ccl_core::transport::shm::{
-    is_not_found, pid_alive, segment_name, Doorbell, FifoLayout, FifoReceiver, FifoSender,
-    ShmRegion, SHM_DIR,
+    is_not_found, pid_alive, remove_stale_segments, segment_name, Doorbell, FifoLayout,
+    FifoReceiver, FifoSender, ShmRegion, SHM_DIR,
 };
 use ccl_core::CclError;
 
@@ -286,4 +286,42 @@ fn pid_alive_on_self_and_on_a_reaped_child() {
     assert!(!pid_alive(pid), "reaped child {pid} reported alive");
     // Pid 1 exists but (normally) may not be signalled by us: still alive.
     assert!(pid_alive(1));
+}
+
+#[test]
+fn stale_segments_of_dead_creators_are_removed() {
+    let prefix = format!("cclstale{}", std::process::id());
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .arg("--list")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let live = std::process::id();
+    let dead_name = format!("{prefix}-00aa-1-{dead}");
+    let live_name = format!("{prefix}-00aa-1-{live}");
+    let odd_name = format!("{prefix}-00aa-notapid");
+    for n in [&dead_name, &live_name, &odd_name] {
+        std::fs::write(Path::new(SHM_DIR).join(n), b"x").unwrap();
+    }
+    assert_eq!(remove_stale_segments(&prefix).unwrap(), 1);
+    assert!(!exists(&dead_name));
+    assert!(exists(&live_name));
+    assert!(exists(&odd_name));
+    for n in [&live_name, &odd_name] {
+        std::fs::remove_file(Path::new(SHM_DIR).join(n)).unwrap();
+    }
+    assert!(remove_stale_segments("bad/prefix").is_err());
+}
+
+#[test]
+fn creation_reserves_pages_up_front() {
+    // posix_fallocate makes the pages count as used at creation time (no SIGBUS later).
+    let n = name("fallocate");
+    let r = ShmRegion::create(&n, 1 << 20).unwrap();
+    let meta = std::fs::metadata(Path::new(SHM_DIR).join(&n)).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert!(meta.blocks() * 512 >= 1 << 20, "{} blocks", meta.blocks());
+    drop(r);
 }

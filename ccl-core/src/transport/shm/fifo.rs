@@ -89,10 +89,17 @@ impl FifoRef {
         unsafe { self.base.add(self.header + slot * self.stride) }
     }
 
-    /// Reads (head, tail) and checks `tail <= head <= tail + nslots`.
+    /// Reads (head, tail) and checks `tail <= head <= tail + nslots`. The end being attached
+    /// reads its own counter (which nobody else moves) first, so a peer that keeps running
+    /// meanwhile cannot make a consistent FIFO look corrupt.
     fn check_counters(&self) -> Result<(u64, u64)> {
-        let head = self.head().load(Ordering::Acquire);
-        let tail = self.tail().load(Ordering::Acquire);
+        let (head, tail) = if matches!(self.kind, ClaimKind::FifoSend(_)) {
+            let head = self.head().load(Ordering::Acquire);
+            (head, self.tail().load(Ordering::Acquire))
+        } else {
+            let tail = self.tail().load(Ordering::Acquire);
+            (self.head().load(Ordering::Acquire), tail)
+        };
         if tail > head || head - tail > self.layout.nslots as u64 {
             return Err(CclError::Remote(format!(
                 "FIFO at {}+{} is corrupt: head {head}, tail {tail}, {} slots",

@@ -137,6 +137,13 @@ impl ShmRegion {
                 e,
             ))
         })?;
+        reserve_pages(&file, total).map_err(|e| {
+            cleanup(CclError::System(format!(
+                "cannot reserve {total} bytes for shm segment {}: {e} \
+                 ({SHM_DIR} too small? e.g. docker --shm-size)",
+                path.display()
+            )))
+        })?;
         let meta = file
             .metadata()
             .map_err(|e| cleanup(CclError::sys("stat of new shm segment", e)))?;
@@ -485,6 +492,76 @@ fn total_len_u64(len: u64) -> Option<u64> {
     total_len(l).ok().map(|t| t as u64)
 }
 
+/// Allocates the file's pages now, so that a full `/dev/shm` is an error here instead of a
+/// SIGBUS on first touch of a page later (tmpfs allocates lazily). Filesystems without
+/// fallocate keep the sparse file.
+#[cfg(target_os = "linux")]
+fn reserve_pages(file: &std::fs::File, total: usize) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let len =
+        libc::off_t::try_from(total).map_err(|_| std::io::Error::from_raw_os_error(libc::EFBIG))?;
+    loop {
+        // SAFETY: the descriptor is valid for the duration of the call (borrowed `file`);
+        // posix_fallocate takes no pointers and returns the error number directly.
+        let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len) };
+        match rc {
+            0 => return Ok(()),
+            libc::EINTR => continue,
+            libc::EOPNOTSUPP | libc::ENOSYS | libc::EINVAL => return Ok(()),
+            e => return Err(std::io::Error::from_raw_os_error(e)),
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn reserve_pages(_file: &std::fs::File, _total: usize) -> std::io::Result<()> {
+    Ok(())
+}
+
+/// Removes segments `<prefix>-...-<pid>` from `/dev/shm` whose creating process is gone
+/// (left by a job that crashed before its peers mapped and unlinked them). Files of other
+/// users or with names that do not end in a pid are left alone. Returns how many were
+/// removed.
+pub fn remove_stale_segments(prefix: &str) -> Result<usize> {
+    validate_name(prefix)?;
+    let dir = match std::fs::read_dir(SHM_DIR) {
+        Ok(d) => d,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(CclError::sys(&format!("listing {SHM_DIR}"), e)),
+    };
+    let mut removed = 0;
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let Some(pid) = stale_candidate_pid(prefix, name) else {
+            continue;
+        };
+        if pid_alive(pid) {
+            continue;
+        }
+        match std::fs::remove_file(entry.path()) {
+            Ok(()) => {
+                tracing::info!(target: "nccl::SHM", name, pid, "removed stale shm segment");
+                removed += 1;
+            }
+            Err(e) => {
+                tracing::debug!(target: "nccl::SHM", name, error = %e, "left stale shm segment");
+            }
+        }
+    }
+    Ok(removed)
+}
+
+/// The creator pid of `name` if it is `<prefix>-<anything>-<pid>` (pure).
+pub fn stale_candidate_pid(prefix: &str, name: &str) -> Option<u32> {
+    let rest = name.strip_prefix(prefix)?.strip_prefix('-')?;
+    let (_, pid) = rest.rsplit_once('-')?;
+    if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    pid.parse().ok().filter(|p| *p > 0)
+}
+
 /// Whether `err` is the retryable "segment not found / not ready" error of
 /// [`ShmRegion::open`].
 pub fn is_not_found(err: &CclError) -> bool {
@@ -508,4 +585,49 @@ pub fn pid_alive(pid: u32) -> bool {
         return true;
     }
     std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stale_candidates_need_prefix_and_trailing_pid() {
+        assert_eq!(stale_candidate_pid("ccl", "ccl-00ab-1-2-345"), Some(345));
+        assert_eq!(stale_candidate_pid("ccl", "ccl-x-7"), Some(7));
+        assert_eq!(
+            stale_candidate_pid("ccl", "ccl-7"),
+            None,
+            "needs a body before the pid"
+        );
+        assert_eq!(stale_candidate_pid("ccl", "cclx-a-7"), None);
+        assert_eq!(stale_candidate_pid("ccl", "other-a-7"), None);
+        assert_eq!(stale_candidate_pid("ccl", "ccl-a-"), None);
+        assert_eq!(stale_candidate_pid("ccl", "ccl-a-+7"), None);
+        assert_eq!(stale_candidate_pid("ccl", "ccl-a-0"), None);
+        assert_eq!(stale_candidate_pid("ccl", "ccl-a-99999999999"), None);
+    }
+
+    #[test]
+    fn corrupt_header_is_an_error_not_a_retry() {
+        let name = format!("ccltest-corrupt-hdr-{}", std::process::id());
+        let path = PathBuf::from(SHM_DIR).join(&name);
+        let mut bytes = vec![0u8; HEADER_BYTES + 256];
+        bytes[MAGIC_OFFSET..MAGIC_OFFSET + 8].copy_from_slice(&MAGIC.to_le_bytes());
+        bytes[LEN_OFFSET..LEN_OFFSET + 8].copy_from_slice(&1000u64.to_le_bytes());
+        std::fs::write(&path, &bytes).unwrap();
+        let e = ShmRegion::open(&name).unwrap_err();
+        assert!(
+            !is_not_found(&e) && e.to_string().contains("corrupt"),
+            "{e}"
+        );
+        assert!(ShmRegion::try_open(&name).is_err());
+        // With the right length it opens.
+        bytes[LEN_OFFSET..LEN_OFFSET + 8].copy_from_slice(&256u64.to_le_bytes());
+        std::fs::write(&path, &bytes).unwrap();
+        let r = ShmRegion::open(&name).unwrap();
+        assert_eq!(r.len(), 256);
+        r.unlink().unwrap();
+        assert!(!path.exists());
+    }
 }
