@@ -265,6 +265,25 @@ fn bounds_alignment_and_overlap_are_checked() {
     let b2 = Doorbell::new(r.clone(), bell_at).unwrap();
     b1.ring();
     assert_eq!(b2.value(), 1);
+    // Mixed-size access to the doorbell's words is refused; same-size sharing is fine.
+    assert!(matches!(
+        r.atomic_u64(bell_at),
+        Err(CclError::InvalidUsage(_))
+    ));
+    assert!(matches!(
+        r.atomic_u32(bell_at),
+        Err(CclError::InvalidUsage(_))
+    ));
+    let w = r.atomic_u64(bell_at - 64).unwrap();
+    assert!(matches!(
+        r.atomic_u32(bell_at - 60),
+        Err(CclError::InvalidUsage(_))
+    ));
+    assert!(matches!(
+        Doorbell::new(r.clone(), bell_at - 64),
+        Err(CclError::InvalidUsage(_))
+    ));
+    assert!(std::ptr::eq(w, r.atomic_u64(bell_at - 64).unwrap()));
     // Dropping the ends frees the range.
     drop(tx);
     drop(rx);

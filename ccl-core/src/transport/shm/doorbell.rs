@@ -43,7 +43,7 @@ impl Doorbell {
     /// The doorbell at `offset` (8-byte aligned, in bounds). Many handles (in any process)
     /// may refer to the same doorbell.
     pub fn new(region: Arc<ShmRegion>, offset: usize) -> Result<Doorbell> {
-        let p = region.claim_ptr(offset, Self::BYTES, 8, ClaimKind::Atomic)?;
+        let p = region.claim_ptr(offset, Self::BYTES, 8, ClaimKind::Atomic { width: 4 })?;
         Ok(Doorbell {
             seq: p.cast::<AtomicU32>(),
             // SAFETY: p..p+8 is inside the mapping (claim_ptr), so p+4 is in bounds.
@@ -100,7 +100,7 @@ impl Doorbell {
 impl Drop for Doorbell {
     fn drop(&mut self) {
         self.region
-            .release_claim(self.offset, Self::BYTES, ClaimKind::Atomic);
+            .release_claim(self.offset, Self::BYTES, ClaimKind::Atomic { width: 4 });
     }
 }
 
@@ -209,7 +209,12 @@ impl Backoff {
     /// (read `seen` BEFORE polling, so a ring between the poll and this call is not lost).
     pub fn snooze(&mut self, bell: &Doorbell, seen: u32) {
         if bell.value() != seen {
-            // Rung since the caller polled: go poll again at once.
+            // Rung since the caller polled: go poll again without sleeping. Past the spin
+            // phase, still offer the core to others, so that a caller passing a stale `seen`
+            // (or a bell rung for other FIFOs) does not monopolise an oversubscribed core.
+            if self.step >= Self::SPIN_STEPS {
+                std::thread::yield_now();
+            }
             return;
         }
         if self.step < Self::SPIN_STEPS {

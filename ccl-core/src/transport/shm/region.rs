@@ -35,8 +35,9 @@ pub(crate) enum ClaimKind {
     FifoSend(FifoLayout),
     /// The consumer end of the FIFO at this offset with this layout.
     FifoRecv(FifoLayout),
-    /// Atomic words (doorbells, flags); several handles to the same range are fine.
-    Atomic,
+    /// Atomic words of `width` bytes (doorbells: 4, `atomic_u64`: 8); several handles to
+    /// the same range with the same width are fine, mixed-size access is refused.
+    Atomic { width: u8 },
 }
 
 #[derive(Debug)]
@@ -361,9 +362,10 @@ impl ShmRegion {
     }
 
     /// A shared `AtomicU64` at `offset` (8-aligned, in bounds). Several handles to the same
-    /// word are fine; a word overlapping a live FIFO (or a word of another size) is refused.
+    /// word are fine; a word overlapping a live FIFO, a doorbell or a word of another size
+    /// is refused (`InvalidUsage`). The claim lasts as long as the region handle.
     pub fn atomic_u64(&self, offset: usize) -> Result<&AtomicU64> {
-        let p = self.claim_ptr(offset, 8, 8, ClaimKind::Atomic)?;
+        let p = self.claim_ptr(offset, 8, 8, ClaimKind::Atomic { width: 8 })?;
         // SAFETY: claim_ptr checked that [offset, offset+8) lies inside the mapping and is
         // 8-aligned; the mapping lives as long as `self`, which bounds the returned lifetime.
         // The claim (never released while `self` lives, so it outlasts the reference)
@@ -374,7 +376,7 @@ impl ShmRegion {
     /// A shared `AtomicU32` at `offset` (4-aligned, in bounds); same rules as
     /// [`ShmRegion::atomic_u64`].
     pub fn atomic_u32(&self, offset: usize) -> Result<&AtomicU32> {
-        let p = self.claim_ptr(offset, 4, 4, ClaimKind::Atomic)?;
+        let p = self.claim_ptr(offset, 4, 4, ClaimKind::Atomic { width: 4 })?;
         // SAFETY: as in atomic_u64, for 4 bytes with 4-byte alignment.
         Ok(unsafe { AtomicU32::from_ptr(p.cast::<u32>()) })
     }
@@ -425,10 +427,10 @@ impl ShmRegion {
         let p = self.user_ptr(offset, len, align)?;
         let range = offset..offset + len; // no overflow: checked by user_ptr
         let mut claims = self.claims.lock().unwrap_or_else(|e| e.into_inner());
-        if kind == ClaimKind::Atomic {
+        if matches!(kind, ClaimKind::Atomic { .. }) {
             if let Some(c) = claims
                 .iter_mut()
-                .find(|c| c.kind == ClaimKind::Atomic && c.range == range)
+                .find(|c| c.kind == kind && c.range == range)
             {
                 c.refs += 1;
                 return Ok(p);
