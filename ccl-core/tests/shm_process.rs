@@ -102,6 +102,7 @@ fn recv<T>(
 
 /// Peer side; does nothing unless started by `two_processes_exchange_and_echo`.
 #[test]
+#[ignore = "peer process entry point, run by two_processes_exchange_and_echo"]
 fn child_peer_entry() {
     let Ok(name) = std::env::var(ENV) else {
         return;
@@ -146,6 +147,7 @@ fn two_processes_exchange_and_echo() {
         .args([
             "--exact",
             "child_peer_entry",
+            "--ignored",
             "--nocapture",
             "--test-threads=1",
         ])
@@ -226,6 +228,7 @@ fn doorbell_across_processes() {
         .args([
             "--exact",
             "child_ring_entry",
+            "--ignored",
             "--nocapture",
             "--test-threads=1",
         ])
@@ -244,7 +247,9 @@ fn doorbell_across_processes() {
     assert!(waited < Duration::from_secs(10), "woke after {waited:?}");
 }
 
+/// Peer side of `doorbell_across_processes`.
 #[test]
+#[ignore = "peer process entry point, run by doorbell_across_processes"]
 fn child_ring_entry() {
     let Ok(name) = std::env::var("CCL_SHM_TEST_RING_SEGMENT") else {
         return;
