@@ -219,3 +219,27 @@ fn timeout_aborts_a_hung_run() {
     assert!(r.stdout.contains(": Test timeout (3s) "), "{}", r.stdout);
     assert!(r.elapsed < Duration::from_secs(60), "{:?}", r.elapsed);
 }
+
+#[test]
+fn split_into_two_communicators() {
+    // NCCL_TESTS_SPLIT="MOD 2": processes 0,2 and 1,3 form two 2-rank communicators, each
+    // with its own rendezvous file; process 0 prints its colour's table.
+    let r = ccl_run(
+        4,
+        "all_reduce_perf",
+        &[
+            "-b", "1K", "-e", "4K", "-f", "4", "-w", "1", "-n", "2", "-T", "120",
+        ],
+        &[("NCCL_TESTS_SPLIT", "MOD 2")],
+    );
+    assert_clean("all_reduce_perf NCCL_TESTS_SPLIT", &r, 2);
+    assert_eq!(
+        r.stdout
+            .lines()
+            .filter(|l| l.starts_with("#  Rank "))
+            .count(),
+        2,
+        "{}",
+        r.stdout
+    );
+}
