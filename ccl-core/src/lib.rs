@@ -3,6 +3,7 @@
 
 pub mod bootstrap;
 pub mod comm;
+pub mod debug;
 pub mod env;
 pub mod error;
 pub mod group;
