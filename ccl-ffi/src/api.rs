@@ -168,9 +168,9 @@ unsafe fn init_rank(
 ) -> Result<()> {
     // SAFETY: forwarded caller contract.
     unsafe { put(out, std::ptr::null_mut(), "comm")? };
-    check_rank_args(nranks, rank)?;
     // SAFETY: forwarded caller contract.
     let cfg = unsafe { read_config(cfg, true)? };
+    check_rank_args(nranks, rank)?;
     ccl_core::debug::show_version();
     tracing::info!(target: "nccl::INIT", rank, "ncclCommInitRank nranks {nranks} rank {rank} config {cfg:?}");
     let nonblocking = cfg.blocking == Some(false);

@@ -195,10 +195,8 @@ mod tests {
             set_last_error("mine\0with nul");
             let p = last_error_ptr(Some("comm broke".into()));
             // SAFETY: as above.
-            assert_eq!(
-                unsafe { CStr::from_ptr(p) }.to_str().unwrap(),
-                "mine?with nul"
-            );
+            let got = unsafe { CStr::from_ptr(p) };
+            assert_eq!(got.to_str().unwrap(), "mine?with nul");
         })
         .join()
         .unwrap();

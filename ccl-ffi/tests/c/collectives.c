@@ -1,0 +1,176 @@
+/* Multi-process end-to-end test through the C ABI, built against NVIDIA's nccl.h and run
+ * on ccl-d's libnccl.so.2. The parent forks nranks-1 children FIRST (no library threads
+ * exist yet), then creates the unique id and hands it to every child through a pipe.
+ * Every rank checks AllReduce, in-place AllReduce, AllGather, Broadcast and a Send/Recv
+ * ring on host buffers (stream = NULL), then bad arguments on a live communicator.
+ * Exit 0 = all good. Every process is bounded by alarm(). */
+#include <nccl.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static int g_rank = -1;
+
+#define CHECK(call)                                                                   \
+  do {                                                                                \
+    ncclResult_t r_ = (call);                                                         \
+    if (r_ != ncclSuccess) {                                                          \
+      fprintf(stderr, "rank %d: %s failed: %d %s: %s\n", g_rank, #call, (int)r_,      \
+              ncclGetErrorString(r_), ncclGetLastError(NULL));                        \
+      exit(2);                                                                        \
+    }                                                                                 \
+  } while (0)
+
+#define EXPECT(cond, ...)                                                             \
+  do {                                                                                \
+    if (!(cond)) {                                                                    \
+      fprintf(stderr, "rank %d: %s:%d: check failed: %s: ", g_rank, __FILE__, __LINE__, \
+              #cond);                                                                 \
+      fprintf(stderr, __VA_ARGS__);                                                   \
+      fputc('\n', stderr);                                                            \
+      exit(3);                                                                        \
+    }                                                                                 \
+  } while (0)
+
+static int run_rank(int rank, int nranks, ncclUniqueId id) {
+  g_rank = rank;
+  alarm(60);
+  ncclComm_t comm = NULL;
+  CHECK(ncclCommInitRank(&comm, nranks, id, rank));
+  EXPECT(comm != NULL, "comm is NULL after init");
+  int n = -1, r = -1;
+  CHECK(ncclCommCount(comm, &n));
+  CHECK(ncclCommUserRank(comm, &r));
+  EXPECT(n == nranks && r == rank, "count %d rank %d", n, r);
+
+  const size_t count = 1031; /* odd on purpose */
+
+  /* AllReduce, float sum, out of place. Small integers are exact in float. */
+  float *fs = malloc(count * sizeof(float)), *fr = malloc(count * sizeof(float));
+  for (size_t i = 0; i < count; i++) fs[i] = (float)((rank + 1) * (int)(i % 7 + 1));
+  CHECK(ncclAllReduce(fs, fr, count, ncclFloat, ncclSum, comm, NULL));
+  for (size_t i = 0; i < count; i++) {
+    float want = (float)((int)(i % 7 + 1) * nranks * (nranks + 1) / 2);
+    EXPECT(fr[i] == want, "allreduce[%zu] = %f, want %f", i, fr[i], want);
+    EXPECT(fs[i] == (float)((rank + 1) * (int)(i % 7 + 1)), "sendbuff modified");
+  }
+
+  /* AllReduce, int32 max, in place. */
+  int32_t *im = malloc(count * sizeof(int32_t));
+  for (size_t i = 0; i < count; i++) im[i] = (int32_t)((i * 31 + (size_t)rank * 17) % 1000);
+  CHECK(ncclAllReduce(im, im, count, ncclInt32, ncclMax, comm, NULL));
+  for (size_t i = 0; i < count; i++) {
+    int32_t want = -1;
+    for (int q = 0; q < nranks; q++) {
+      int32_t v = (int32_t)((i * 31 + (size_t)q * 17) % 1000);
+      if (v > want) want = v;
+    }
+    EXPECT(im[i] == want, "allreduce max[%zu] = %d, want %d", i, im[i], want);
+  }
+
+  /* AllGather, int32. */
+  int32_t *gs = malloc(count * sizeof(int32_t));
+  int32_t *gr = malloc(count * (size_t)nranks * sizeof(int32_t));
+  for (size_t i = 0; i < count; i++) gs[i] = rank * 100000 + (int32_t)i;
+  CHECK(ncclAllGather(gs, gr, count, ncclInt32, comm, NULL));
+  for (int q = 0; q < nranks; q++)
+    for (size_t i = 0; i < count; i++)
+      EXPECT(gr[(size_t)q * count + i] == q * 100000 + (int32_t)i, "allgather[%d][%zu] = %d",
+             q, i, gr[(size_t)q * count + i]);
+
+  /* Broadcast, double, from the last rank. */
+  double *bd = malloc(count * sizeof(double));
+  int root = nranks - 1;
+  for (size_t i = 0; i < count; i++) bd[i] = rank == root ? 0.5 * (double)i : -1.0;
+  CHECK(ncclBroadcast(bd, bd, count, ncclDouble, root, comm, NULL));
+  for (size_t i = 0; i < count; i++) EXPECT(bd[i] == 0.5 * (double)i, "bcast[%zu] = %f", i, bd[i]);
+
+  /* Send/Recv ring, int64, inside a group. */
+  int64_t *ss = malloc(count * sizeof(int64_t)), *rr = malloc(count * sizeof(int64_t));
+  int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
+  for (size_t i = 0; i < count; i++) {
+    ss[i] = (int64_t)rank * 1000003 + (int64_t)i;
+    rr[i] = -1;
+  }
+  CHECK(ncclGroupStart());
+  CHECK(ncclSend(ss, count, ncclInt64, next, comm, NULL));
+  CHECK(ncclRecv(rr, count, ncclInt64, prev, comm, NULL));
+  CHECK(ncclGroupEnd());
+  for (size_t i = 0; i < count; i++)
+    EXPECT(rr[i] == (int64_t)prev * 1000003 + (int64_t)i, "ring[%zu] = %lld", i, (long long)rr[i]);
+
+  /* Bad arguments on a live communicator: errors, not crashes. */
+  EXPECT(ncclAllReduce(fs, fr, count, (ncclDataType_t)99, ncclSum, comm, NULL) == ncclInvalidArgument,
+         "invalid dtype accepted");
+  EXPECT(ncclAllReduce(fs, fr, count, ncclFloat, (ncclRedOp_t)-3, comm, NULL) == ncclInvalidArgument,
+         "invalid op accepted");
+  EXPECT(ncclAllReduce(fs, fr, count, ncclFloat, (ncclRedOp_t)77, comm, NULL) == ncclInvalidArgument,
+         "unknown created op accepted");
+  EXPECT(ncclAllReduce(NULL, fr, count, ncclFloat, ncclSum, comm, NULL) == ncclInvalidArgument,
+         "NULL sendbuff accepted");
+  EXPECT(ncclCommCount(comm, NULL) == ncclInvalidArgument, "NULL count accepted");
+  ncclComm_t shrunk = NULL;
+  int excl = 0;
+  EXPECT(ncclCommShrink(comm, &excl, 1, &shrunk, NULL, NCCL_SHRINK_DEFAULT) == ncclInvalidUsage,
+         "ncclCommShrink did not return ncclInvalidUsage");
+  EXPECT(strstr(ncclGetLastError(comm), "ncclCommShrink is not supported by this library yet") != NULL,
+         "last error: %s", ncclGetLastError(comm));
+
+  CHECK(ncclCommDestroy(comm));
+  free(fs); free(fr); free(im); free(gs); free(gr); free(bd); free(ss); free(rr);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  int nranks = argc > 1 ? atoi(argv[1]) : 4;
+  if (nranks < 1 || nranks > 64) return 64;
+  alarm(90);
+  int fds[64][2];
+  pid_t pids[64];
+  for (int q = 1; q < nranks; q++) {
+    if (pipe(fds[q]) != 0) return 65;
+    pid_t p = fork();
+    if (p < 0) return 66;
+    if (p == 0) {
+      ncclUniqueId id;
+      close(fds[q][1]);
+      size_t got = 0;
+      while (got < sizeof(id)) {
+        ssize_t k = read(fds[q][0], (char *)&id + got, sizeof(id) - got);
+        if (k <= 0) _exit(67); /* parent failed before sending the id */
+        got += (size_t)k;
+      }
+      _exit(run_rank(q, nranks, id));
+    }
+    close(fds[q][0]);
+    pids[q] = p;
+  }
+  ncclUniqueId id;
+  g_rank = 0;
+  ncclResult_t res = ncclGetUniqueId(&id);
+  if (res != ncclSuccess) {
+    fprintf(stderr, "ncclGetUniqueId failed: %s: %s\n", ncclGetErrorString(res), ncclGetLastError(NULL));
+    for (int q = 1; q < nranks; q++) close(fds[q][1]); /* children exit on EOF */
+    for (int q = 1; q < nranks; q++) waitpid(pids[q], NULL, 0);
+    return 2;
+  }
+  for (int q = 1; q < nranks; q++) {
+    if (write(fds[q][1], &id, sizeof(id)) != (ssize_t)sizeof(id)) return 68;
+    close(fds[q][1]);
+  }
+  int rc = run_rank(0, nranks, id);
+  for (int q = 1; q < nranks; q++) {
+    int st = 0;
+    if (waitpid(pids[q], &st, 0) < 0) rc = 69;
+    else if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+      fprintf(stderr, "rank %d ended with status %#x\n", q, st);
+      rc = 70;
+    }
+  }
+  if (rc == 0) printf("collectives ok on %d ranks\n", nranks);
+  return rc;
+}
