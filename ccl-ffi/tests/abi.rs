@@ -288,14 +288,25 @@ fn compile(e: &Env, src: &Path, out_name: &str, nvidia: bool, link: bool) -> Pat
 }
 
 fn run_c(e: &Env, bin: &Path, args: &[&str], limit: Duration) -> (bool, String) {
-    run_bounded(
-        Command::new(bin)
-            .args(args)
-            .env("LD_LIBRARY_PATH", &e.lib_dir)
-            .env_remove("NCCL_COMM_ID")
-            .env_remove("NCCL_DEBUG"),
-        limit,
-    )
+    run_c_env(e, bin, args, &[], limit)
+}
+
+fn run_c_env(
+    e: &Env,
+    bin: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+    limit: Duration,
+) -> (bool, String) {
+    let mut cmd = Command::new(bin);
+    cmd.args(args)
+        .env("LD_LIBRARY_PATH", &e.lib_dir)
+        .env_remove("NCCL_COMM_ID")
+        .env_remove("NCCL_DEBUG");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    run_bounded(&mut cmd, limit)
 }
 
 fn dynamic_symbols(lib: &Path) -> Vec<String> {
@@ -461,7 +472,10 @@ fn bad_input_through_the_c_abi() {
 fn random_unique_id_fails_quickly() {
     let Some(e) = env() else { return };
     let bin = compile(e, &c_source("badinput.c"), "badinput-rid", true, true);
-    let (ok, log) = run_c(e, &bin, &["randomid"], Duration::from_secs(30));
+    // A short bootstrap timeout: even if the junk decoded to a reachable address, the
+    // call must give up quickly.
+    let env = [("CCLD_BOOTSTRAP_TIMEOUT_S", "5")];
+    let (ok, log) = run_c_env(e, &bin, &["randomid"], &env, Duration::from_secs(30));
     assert!(ok, "badinput randomid:\n{log}");
 }
 
@@ -469,7 +483,9 @@ fn random_unique_id_fails_quickly() {
 fn init_to_a_dead_root_fails_in_bounded_time() {
     let Some(e) = env() else { return };
     let bin = compile(e, &c_source("badinput.c"), "badinput-noroot", true, true);
-    let (ok, log) = run_c(e, &bin, &["noroot"], Duration::from_secs(150));
+    // The bound is the bootstrap timeout (CCLD_BOOTSTRAP_TIMEOUT_S, default 120 s).
+    let env = [("CCLD_BOOTSTRAP_TIMEOUT_S", "5")];
+    let (ok, log) = run_c_env(e, &bin, &["noroot"], &env, Duration::from_secs(60));
     assert!(ok, "badinput noroot:\n{log}");
 }
 
