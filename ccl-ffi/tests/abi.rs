@@ -497,3 +497,26 @@ fn four_processes_run_collectives_through_nvidias_header() {
     assert!(ok, "collectives on 4 processes:\n{log}");
     assert!(log.contains("collectives ok on 4 ranks"), "{log}");
 }
+
+fn run_feature(out_name: &str, mode: &str, n: &str) {
+    let Some(e) = env() else { return };
+    let bin = compile(e, &c_source("features.c"), out_name, true, true);
+    let (ok, log) = run_c(e, &bin, &[mode, n], Duration::from_secs(120));
+    assert!(ok, "features {mode} {n}:\n{log}");
+    assert!(log.contains(&format!("{mode} ok on {n} ranks")), "{log}");
+}
+
+#[test]
+fn comm_init_all_with_grouped_collectives() {
+    run_feature("features-initall", "initall", "4");
+}
+
+#[test]
+fn comm_split_across_processes() {
+    run_feature("features-split", "split", "4");
+}
+
+#[test]
+fn nonblocking_init_and_async_error_polling() {
+    run_feature("features-nonblocking", "nonblocking", "3");
+}

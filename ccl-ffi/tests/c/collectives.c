@@ -1,43 +1,10 @@
 /* Multi-process end-to-end test through the C ABI, built against NVIDIA's nccl.h and run
- * on ccl-d's libnccl.so.2. The parent forks nranks-1 children FIRST (no library threads
- * exist yet), then creates the unique id and hands it to every child through a pipe.
- * Every rank checks AllReduce, in-place AllReduce, AllGather, Broadcast and a Send/Recv
- * ring on host buffers (stream = NULL), then bad arguments on a live communicator.
- * Exit 0 = all good. Every process is bounded by alarm(). */
-#include <nccl.h>
-#include <signal.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-static int g_rank = -1;
-
-#define CHECK(call)                                                                   \
-  do {                                                                                \
-    ncclResult_t r_ = (call);                                                         \
-    if (r_ != ncclSuccess) {                                                          \
-      fprintf(stderr, "rank %d: %s failed: %d %s: %s\n", g_rank, #call, (int)r_,      \
-              ncclGetErrorString(r_), ncclGetLastError(NULL));                        \
-      exit(2);                                                                        \
-    }                                                                                 \
-  } while (0)
-
-#define EXPECT(cond, ...)                                                             \
-  do {                                                                                \
-    if (!(cond)) {                                                                    \
-      fprintf(stderr, "rank %d: %s:%d: check failed: %s: ", g_rank, __FILE__, __LINE__, \
-              #cond);                                                                 \
-      fprintf(stderr, __VA_ARGS__);                                                   \
-      fputc('\n', stderr);                                                            \
-      exit(3);                                                                        \
-    }                                                                                 \
-  } while (0)
+ * on ccl-d's libnccl.so.2 (processes started by harness.h). Every rank checks AllReduce,
+ * in-place AllReduce, AllGather, Broadcast and a Send/Recv ring on host buffers
+ * (stream = NULL), then bad arguments on a live communicator. Exit 0 = all good. */
+#include "harness.h"
 
 static int run_rank(int rank, int nranks, ncclUniqueId id) {
-  g_rank = rank;
   alarm(60);
   ncclComm_t comm = NULL;
   CHECK(ncclCommInitRank(&comm, nranks, id, rank));
@@ -127,50 +94,8 @@ static int run_rank(int rank, int nranks, ncclUniqueId id) {
 
 int main(int argc, char **argv) {
   int nranks = argc > 1 ? atoi(argv[1]) : 4;
-  if (nranks < 1 || nranks > 64) return 64;
   alarm(90);
-  int fds[64][2];
-  pid_t pids[64];
-  for (int q = 1; q < nranks; q++) {
-    if (pipe(fds[q]) != 0) return 65;
-    pid_t p = fork();
-    if (p < 0) return 66;
-    if (p == 0) {
-      ncclUniqueId id;
-      close(fds[q][1]);
-      size_t got = 0;
-      while (got < sizeof(id)) {
-        ssize_t k = read(fds[q][0], (char *)&id + got, sizeof(id) - got);
-        if (k <= 0) _exit(67); /* parent failed before sending the id */
-        got += (size_t)k;
-      }
-      _exit(run_rank(q, nranks, id));
-    }
-    close(fds[q][0]);
-    pids[q] = p;
-  }
-  ncclUniqueId id;
-  g_rank = 0;
-  ncclResult_t res = ncclGetUniqueId(&id);
-  if (res != ncclSuccess) {
-    fprintf(stderr, "ncclGetUniqueId failed: %s: %s\n", ncclGetErrorString(res), ncclGetLastError(NULL));
-    for (int q = 1; q < nranks; q++) close(fds[q][1]); /* children exit on EOF */
-    for (int q = 1; q < nranks; q++) waitpid(pids[q], NULL, 0);
-    return 2;
-  }
-  for (int q = 1; q < nranks; q++) {
-    if (write(fds[q][1], &id, sizeof(id)) != (ssize_t)sizeof(id)) return 68;
-    close(fds[q][1]);
-  }
-  int rc = run_rank(0, nranks, id);
-  for (int q = 1; q < nranks; q++) {
-    int st = 0;
-    if (waitpid(pids[q], &st, 0) < 0) rc = 69;
-    else if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-      fprintf(stderr, "rank %d ended with status %#x\n", q, st);
-      rc = 70;
-    }
-  }
+  int rc = run_forked(nranks, run_rank);
   if (rc == 0) printf("collectives ok on %d ranks\n", nranks);
   return rc;
 }
