@@ -8,6 +8,7 @@ pub mod env;
 pub mod error;
 pub mod group;
 pub mod reduce;
+pub mod transport;
 pub mod types;
 
 pub use bootstrap::UniqueId;
