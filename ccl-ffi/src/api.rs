@@ -143,6 +143,11 @@ unsafe fn read_config(cfg: *const NcclConfig, with_env: bool) -> Result<CommConf
     config::to_comm_config(&raw, name, env)
 }
 
+/// A config value for logs: the number, or `default`.
+fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or_else(|| "default".to_string(), |v| v.to_string())
+}
+
 fn check_rank_args(nranks: c_int, rank: c_int) -> Result<()> {
     if nranks < 1 {
         return Err(CclError::arg(format!("nranks {nranks} must be at least 1")));
@@ -172,7 +177,16 @@ unsafe fn init_rank(
     let cfg = unsafe { read_config(cfg, true)? };
     check_rank_args(nranks, rank)?;
     ccl_core::debug::show_version();
-    tracing::info!(target: "nccl::INIT", rank, "ncclCommInitRank nranks {nranks} rank {rank} config {cfg:?}");
+    tracing::info!(
+        target: "nccl::INIT",
+        rank,
+        "ncclCommInitRank nranks {nranks} rank {rank} blocking {} minCTAs {} maxCTAs {} splitShare {} commName {:?}",
+        opt(cfg.blocking.map(i32::from)),
+        opt(cfg.min_ctas),
+        opt(cfg.max_ctas),
+        opt(cfg.split_share.map(i32::from)),
+        cfg.comm_name.as_deref().unwrap_or("")
+    );
     let nonblocking = cfg.blocking == Some(false);
     let comm = Comm::init_rank(nranks, id, rank, cfg)?;
     let h = handles::register(comm.clone());

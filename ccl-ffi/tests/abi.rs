@@ -441,6 +441,28 @@ fn our_header_has_nvidias_layout_and_values() {
         ok || log.contains("cannot start"),
         "C++ compile failed:\n{log}"
     );
+    // CUDA's runtime header before or after ours: one cudaStream_t, no conflict.
+    let orders = [
+        "#include <cuda_runtime.h>\n#include <nccl.h>\n",
+        "#include <nccl.h>\n#include <cuda_runtime.h>\n",
+    ];
+    for (i, order) in orders.iter().enumerate() {
+        let path = e.work.join(format!("cuda-order-{i}.c"));
+        let text = format!(
+            "{order}int f(cudaStream_t s) {{ return ncclBcast(0, 0, ncclInt, 0, 0, s); }}\n"
+        );
+        std::fs::write(&path, text).expect("write");
+        let (ok, log) = run_bounded(
+            Command::new("gcc")
+                .args(["-std=c11", "-Wall", "-Werror", "-fsyntax-only", "-I"])
+                .arg(our_include())
+                .arg("-I")
+                .arg(&e.cuda_stub)
+                .arg(&path),
+            Duration::from_secs(120),
+        );
+        assert!(ok, "{order}:\n{log}");
+    }
 }
 
 /// Every function NVIDIA's header declares is declared by ours with a compatible type:
