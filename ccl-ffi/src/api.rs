@@ -1071,10 +1071,10 @@ export! {
 
 // ---------------------------------------------------------------------------------------
 // Device API host functions (nccl_device.h). The host backend has no device communicator:
-// ncclDevCommCreate and the requirement/pointer functions are unsupported; the team
+// ncclDevCommCreate and the requirement/pointer functions are unsupported;
+// ncclCommQueryProperties says so; the team
 // functions answer for a backend where every rank is its own LSA team (lsaSize 1).
 
-unsupported_param!(ncclCommQueryProperties / pncclCommQueryProperties(_comm: CommHandle, _props: *mut c_void));
 unsupported_param!(ncclDevCommCreate / pncclDevCommCreate(_comm: CommHandle, _reqs: *const c_void, _out_dev_comm: *mut c_void));
 unsupported_param!(ncclDevCommDestroy / pncclDevCommDestroy(_comm: CommHandle, _dev_comm: *const c_void));
 unsupported_param!(ncclGetLsaMultimemDevicePointer / pncclGetLsaMultimemDevicePointer(_window: Window, _offset: usize, _out_ptr: *mut *mut c_void));
@@ -1086,6 +1086,31 @@ unsupported_param!(ncclGinOutboxCreateRequirement / pncclGinOutboxCreateRequirem
 unsupported_param!(ncclGinInboxA2ACreateRequirement / pncclGinInboxA2ACreateRequirement(_peers: Team, _n_blocks: c_int, _size_log2: c_int, _out_handle: *mut c_void, _out_req: *mut c_void));
 unsupported_param!(ncclLsaBarrierCreateRequirement / pncclLsaBarrierCreateRequirement(_team: Team, _n_barriers: c_int, _out_handle: *mut c_void, _out_req: *mut c_void));
 unsupported_param!(ncclLLA2ACreateRequirement / pncclLLA2ACreateRequirement(_n_blocks: c_int, _n_slots: c_int, _out_handle: *mut c_void, _out_req: *mut c_void));
+
+export! {
+    /// Describes `comm` for the device API: this backend reports no device API support
+    /// (fields the caller's `size` covers are written; wrong magic is an error).
+    fn ncclCommQueryProperties / pncclCommQueryProperties(comm: CommHandle, props: *mut c_void) -> NcclResult {
+        call("ncclCommQueryProperties", || {
+            let c = handles::get(comm)?;
+            if props.is_null() {
+                return Err(CclError::arg("props is NULL"));
+            }
+            let mut header = [0u8; 16];
+            // SAFETY: every ncclCommProperties_t starts with the 16-byte size/magic/version
+            // header (caller's contract); byte copy, no alignment assumption.
+            unsafe { std::ptr::copy_nonoverlapping(props.cast::<u8>(), header.as_mut_ptr(), 16) };
+            let body = crate::device::properties_image(
+                &header,
+                crate::device::Props { rank: c.rank(), nranks: c.nranks(), cuda_dev: c.cuda_device() },
+            )?;
+            // SAFETY: the caller's struct is `size` bytes long and `body` covers bytes
+            // 16..min(size, 56) of it.
+            unsafe { std::ptr::copy_nonoverlapping(body.as_ptr(), props.cast::<u8>().add(16), body.len()) };
+            Ok(())
+        })
+    }
+}
 
 export! {
     /// Slots an LL all-to-all needs: `maxElts * ceil(maxEltSize / 8)` (NCCL's formula);

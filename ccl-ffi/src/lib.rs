@@ -6,6 +6,7 @@
 //!   [`mem`]).
 //! - [`boundary`]: `catch_unwind`, error codes, the thread-local `ncclGetLastError` text.
 //! - [`config`]: versioned reading of `ncclConfig_t` (pure).
+//! - [`device`]: `ncclCommProperties_t` of the device API (pure).
 //! - [`handles`]: `ncclComm_t` handles, checked on every call.
 //! - [`mem`]: `ncclMemAlloc`/`ncclMemFree` (host memory on this backend).
 //!
@@ -14,5 +15,6 @@
 pub mod api;
 pub mod boundary;
 pub mod config;
+pub mod device;
 pub mod handles;
 pub mod mem;

@@ -93,14 +93,22 @@ want = {"include/nccl.h": "nccl.h", "lib/libnccl.so.2": "libnccl.so.2"}
 found = set()
 with zipfile.ZipFile(wheel) as z:
     for name in z.namelist():
-        for suffix, out in want.items():
+        out = None
+        for suffix, o in want.items():
             if name.endswith("/" + suffix):
-                with z.open(name) as src, open(os.path.join(dest, out), "wb") as dst:
-                    dst.write(src.read())
-                found.add(out)
+                out = o
+        if "/include/nccl_device/" in name and not name.endswith("/"):
+            out = "nccl_device/" + name.split("/include/nccl_device/", 1)[1]
+        if out is None:
+            continue
+        path = os.path.join(dest, out)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with z.open(name) as src, open(path, "wb") as dst:
+            dst.write(src.read())
+        found.add(out)
 missing = set(want.values()) - found
-if missing:
-    sys.exit("wheel lacks " + ", ".join(sorted(missing)))
+if missing or "nccl_device/core.h" not in found:
+    sys.exit("wheel lacks " + ", ".join(sorted(missing)) + " or nccl_device/core.h")
 "#;
     let (ok, log) = run_bounded(
         Command::new("python3")
@@ -123,7 +131,11 @@ if missing:
 /// for the files (a lock older than 15 minutes is considered stale).
 fn nvidia_files() -> Result<PathBuf, String> {
     let cache = workspace_root().join(".cache").join("nvidia-nccl-2.30.7");
-    let ready = || cache.join("nccl.h").is_file() && cache.join("libnccl.so.2").is_file();
+    let ready = || {
+        cache.join("nccl.h").is_file()
+            && cache.join("libnccl.so.2").is_file()
+            && cache.join("nccl_device").join("core.h").is_file()
+    };
     if ready() {
         return Ok(cache);
     }
@@ -192,7 +204,9 @@ fn fetch_into(cache: &Path) -> Result<(), String> {
         .find(|p| p.extension().is_some_and(|x| x == "whl"))
         .ok_or_else(|| format!("pip download left no wheel in {}", tmp.display()))?;
     let r = extract(&wheel, &tmp).and_then(|()| {
-        for f in ["libnccl.so.2", "nccl.h"] {
+        // The device headers first: `nccl.h` and the library are what `ready` checks last.
+        let _ = std::fs::remove_dir_all(cache.join("nccl_device"));
+        for f in ["nccl_device", "libnccl.so.2", "nccl.h"] {
             std::fs::rename(tmp.join(f), cache.join(f)).map_err(|e| format!("rename {f}: {e}"))?;
         }
         Ok(())
@@ -602,4 +616,65 @@ fn comm_split_across_processes() {
 #[test]
 fn nonblocking_init_and_async_error_polling() {
     run_feature("features-nonblocking", "nonblocking", "3");
+}
+
+/// `ncclCommProperties_t` offsets in NVIDIA's device header (C++) equal ours.
+#[test]
+fn comm_properties_layout_matches_nvidia() {
+    use nccl::device::{off, PROPS_SIZE};
+    let Some(e) = env() else { return };
+    let src = e.work.join("props.cc");
+    std::fs::write(
+        &src,
+        "#include <nccl_device/core.h>\n#include <cstddef>\n#include <cstdio>\n\
+         #define O(f) offsetof(ncclCommProperties_t, f)\n\
+         int main() { printf(\"%zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu\\n\", \
+         sizeof(ncclCommProperties_t), O(rank), O(nRanks), O(cudaDev), O(nvmlDev), \
+         O(deviceApiSupport), O(multimemSupport), O(ginType), O(nLsaTeams), \
+         O(hostRmaSupport), O(railedGinType)); }\n",
+    )
+    .expect("write props.cc");
+    // NVIDIA's device headers also include cuda_fp8.h from C++.
+    let stub = e.work.join("cuda-stub-cxx");
+    let _ = std::fs::create_dir_all(&stub);
+    for f in ["cuda_runtime.h", "cuda_fp16.h", "cuda_bf16.h"] {
+        let _ = std::fs::copy(e.cuda_stub.join(f), stub.join(f));
+    }
+    let _ = std::fs::write(stub.join("cuda_fp8.h"), "");
+    let bin = e.work.join("props");
+    let (ok, log) = run_bounded(
+        Command::new("g++")
+            .arg("-I")
+            .arg(&stub)
+            .arg("-I")
+            .arg(&e.nv_include)
+            .arg(&src)
+            .arg("-o")
+            .arg(&bin),
+        Duration::from_secs(120),
+    );
+    if !ok && log.contains("cannot start") {
+        let _ = unavailable("g++ is not installed");
+        return;
+    }
+    assert!(
+        ok,
+        "compiling against NVIDIA's nccl_device/core.h failed:\n{log}"
+    );
+    let (ok, out) = run_c(e, &bin, &[], Duration::from_secs(30));
+    assert!(ok, "{out}");
+    let want = format!(
+        "{PROPS_SIZE} {} {} {} {} {} {} {} {} {} {}\n",
+        off::RANK,
+        off::N_RANKS,
+        off::CUDA_DEV,
+        off::NVML_DEV,
+        off::DEVICE_API_SUPPORT,
+        off::MULTIMEM_SUPPORT,
+        off::GIN_TYPE,
+        off::N_LSA_TEAMS,
+        off::HOST_RMA_SUPPORT,
+        off::RAILED_GIN_TYPE
+    );
+    assert_eq!(out, want);
 }

@@ -192,6 +192,11 @@ fn device_api_helpers() {
         assert_eq!(ncclTeamWorld(null_mut()), Team::default());
         assert!(last_error().contains("ncclTeamWorld"));
         assert_eq!(ncclTeamRankToWorld(null_mut(), Team::default(), 0), -1);
+        let mut props = [0u64; 7];
+        assert_eq!(
+            ncclCommQueryProperties(null_mut(), props.as_mut_ptr().cast()),
+            INVALID_ARGUMENT
+        );
     }
 }
 
