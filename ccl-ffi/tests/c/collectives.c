@@ -4,6 +4,20 @@
  * (stream = NULL), then bad arguments on a live communicator. Exit 0 = all good. */
 #include "harness.h"
 
+/* ncclCommQueryProperties is declared by NVIDIA's C++-only nccl_device/core.h; the same
+ * layout is repeated here to call it from C (the ABI test checks the layout separately). */
+typedef struct {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  int rank, nRanks, cudaDev, nvmlDev;
+  _Bool deviceApiSupport, multimemSupport;
+  int ginType, nLsaTeams;
+  _Bool hostRmaSupport;
+  int railedGinType;
+} test_comm_props_t;
+ncclResult_t ncclCommQueryProperties(ncclComm_t comm, test_comm_props_t *props);
+
 static int run_rank(int rank, int nranks, ncclUniqueId id) {
   alarm(60);
   ncclComm_t comm = NULL;
@@ -86,6 +100,13 @@ static int run_rank(int rank, int nranks, ncclUniqueId id) {
          "ncclCommShrink did not return ncclInvalidUsage");
   EXPECT(strstr(ncclGetLastError(comm), "ncclCommShrink is not supported by this library yet") != NULL,
          "last error: %s", ncclGetLastError(comm));
+
+  test_comm_props_t props = {sizeof(props), NCCL_API_MAGIC, NCCL_VERSION_CODE, -1, -1, -1, -1, 1, 1, -1, -1, 1, -1};
+  CHECK(ncclCommQueryProperties(comm, &props));
+  EXPECT(props.rank == rank && props.nRanks == nranks && !props.deviceApiSupport &&
+             !props.multimemSupport && props.ginType == 0 && !props.hostRmaSupport,
+         "properties rank %d nRanks %d device api %d", props.rank, props.nRanks,
+         (int)props.deviceApiSupport);
 
   CHECK(ncclCommDestroy(comm));
   free(fs); free(fr); free(im); free(gs); free(gr); free(bd); free(ss); free(rr);
