@@ -31,6 +31,8 @@ pub type NcclRedOp = c_int;
 
 /// `ncclNumOps`: first value of ops created at run time.
 pub const NCCL_NUM_OPS: c_int = 5;
+/// Most ranks `ncclCommInitAll` creates in one process (each is a thread on this backend).
+pub const MAX_INIT_ALL: c_int = 4096;
 /// `NCCL_SPLIT_NOCOLOR`.
 pub const NCCL_SPLIT_NOCOLOR: c_int = -1;
 
@@ -362,8 +364,10 @@ export! {
             if comm.is_null() {
                 return Err(CclError::arg("comm is NULL"));
             }
-            if ndev < 1 {
-                return Err(CclError::arg(format!("ndev {ndev} must be at least 1")));
+            if !(1..=MAX_INIT_ALL).contains(&ndev) {
+                return Err(CclError::arg(format!(
+                    "ndev {ndev} must be between 1 and {MAX_INIT_ALL} (one thread per rank)"
+                )));
             }
             let n = ndev as usize;
             let devs = if devlist.is_null() {

@@ -95,6 +95,15 @@ fn init_argument_checks() {
             last_error()
         );
         assert_eq!(ncclCommInitAll(&mut comm, -1, null()), INVALID_ARGUMENT);
+        assert_eq!(
+            ncclCommInitAll(&mut comm, i32::MAX, null()),
+            INVALID_ARGUMENT
+        );
+        assert!(
+            last_error().contains("one thread per rank"),
+            "{}",
+            last_error()
+        );
         let bad_dev = [0, -5];
         let mut two = [null_mut::<c_void>(); 2];
         assert_eq!(
