@@ -678,3 +678,8 @@ fn comm_properties_layout_matches_nvidia() {
     );
     assert_eq!(out, want);
 }
+
+#[test]
+fn abort_from_another_thread_ends_a_blocked_collective() {
+    run_feature("features-abort", "abort", "2");
+}

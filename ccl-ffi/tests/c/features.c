@@ -6,9 +6,13 @@
  *                           AllReduce in each half; NCCL_SPLIT_NOCOLOR gives NULL
  *   features nonblocking N  N processes; blocking = 0 in ncclConfig_t: init may return
  *                           ncclInProgress, then ncclCommGetAsyncError is polled
+ *   features abort N        N processes; rank 0 blocks in an AllReduce the others never
+ *                           join; another thread's ncclCommAbort must end it with an error
  *
  * Exit 0 = all good. */
 #include "harness.h"
+
+#include <pthread.h>
 
 static int initall(int n) {
   ncclComm_t comms[16];
@@ -118,6 +122,39 @@ static int nonblocking_rank(int rank, int nranks, ncclUniqueId id) {
   return 0;
 }
 
+static void *abort_later(void *arg) {
+  usleep(500 * 1000);
+  ncclResult_t r = ncclCommAbort((ncclComm_t)arg);
+  return (void *)(intptr_t)r;
+}
+
+static int abort_rank(int rank, int nranks, ncclUniqueId id) {
+  ncclComm_t comm = NULL;
+  CHECK(ncclCommInitRank(&comm, nranks, id, rank));
+  if (rank != 0) {
+    /* Never join rank 0's AllReduce; leave once rank 0 is surely done. */
+    sleep(3);
+    CHECK(ncclCommAbort(comm));
+    return 0;
+  }
+  float x[64] = {0};
+  pthread_t t;
+  EXPECT(pthread_create(&t, NULL, abort_later, comm) == 0, "pthread_create");
+  double t0 = now_s();
+  ncclResult_t r = ncclAllReduce(x, x, 64, ncclFloat, ncclSum, comm, NULL);
+  double dt = now_s() - t0;
+  void *ret = NULL;
+  pthread_join(t, &ret);
+  EXPECT(r != ncclSuccess, "AllReduce succeeded without its peers");
+  EXPECT(dt < 10.0, "AllReduce took %.1f s to notice the abort", dt);
+  EXPECT((intptr_t)ret == ncclSuccess, "ncclCommAbort returned %d", (int)(intptr_t)ret);
+  /* The handle is gone: using it again is an error, not a crash. */
+  int n = 0;
+  EXPECT(ncclCommCount(comm, &n) == ncclInvalidArgument, "aborted handle still usable");
+  printf("aborted AllReduce returned %s after %.2f s\n", ncclGetErrorString(r), dt);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   alarm(90);
   const char *mode = argc > 1 ? argv[1] : "";
@@ -126,6 +163,7 @@ int main(int argc, char **argv) {
   if (strcmp(mode, "initall") == 0) rc = initall(n);
   else if (strcmp(mode, "split") == 0) rc = run_forked(n, split_rank);
   else if (strcmp(mode, "nonblocking") == 0) rc = run_forked(n, nonblocking_rank);
+  else if (strcmp(mode, "abort") == 0) rc = run_forked(n, abort_rank);
   else return 64;
   if (rc == 0) printf("%s ok on %d ranks\n", mode, n);
   return rc;
