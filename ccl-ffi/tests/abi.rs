@@ -683,3 +683,56 @@ fn comm_properties_layout_matches_nvidia() {
 fn abort_from_another_thread_ends_a_blocked_collective() {
     run_feature("features-abort", "abort", "2");
 }
+
+/// Builds badinput.c against NVIDIA's header AND NVIDIA's library (optionally with an
+/// RPATH to it), as a real application would be built.
+fn compile_against_nvidia_lib(e: &Env, out_name: &str, rpath: bool) -> PathBuf {
+    let out = e.work.join(out_name);
+    let mut cmd = Command::new("gcc");
+    cmd.args(["-std=c11", "-D_DEFAULT_SOURCE", "-pthread", "-O1", "-I"])
+        .arg(&e.cuda_stub)
+        .arg("-I")
+        .arg(&e.nv_include)
+        .arg(c_source("badinput.c"))
+        .arg("-o")
+        .arg(&out)
+        .arg("-L")
+        .arg(&e.nv_include)
+        .arg("-l:libnccl.so.2");
+    if rpath {
+        // DT_RPATH (not RUNPATH): it wins over LD_LIBRARY_PATH, so only LD_PRELOAD helps.
+        cmd.arg("-Wl,--disable-new-dtags")
+            .arg(format!("-Wl,-rpath,{}", e.nv_include.display()));
+    }
+    let (ok, log) = run_bounded(&mut cmd, Duration::from_secs(120));
+    assert!(ok, "linking against NVIDIA's libnccl.so.2 failed:\n{log}");
+    out
+}
+
+/// Design §1: a program linked against NVIDIA's libnccl.so.2 runs on ours through
+/// LD_LIBRARY_PATH (badinput checks messages only our library produces).
+#[test]
+fn program_linked_against_nvidia_runs_on_ours_via_library_path() {
+    let Some(e) = env() else { return };
+    let bin = compile_against_nvidia_lib(e, "badinput-nvlinked", false);
+    let (ok, log) = run_c(e, &bin, &["basic"], Duration::from_secs(60));
+    assert!(ok, "{log}");
+}
+
+/// With an RPATH to NVIDIA's library, LD_LIBRARY_PATH loses and NVIDIA's code runs (the
+/// checks fail: they do tell the libraries apart); LD_PRELOAD of ours wins.
+#[test]
+fn program_with_rpath_to_nvidia_runs_on_ours_via_ld_preload() {
+    let Some(e) = env() else { return };
+    let bin = compile_against_nvidia_lib(e, "badinput-rpath", true);
+    let (ok, log) = run_c(e, &bin, &["basic"], Duration::from_secs(60));
+    assert!(!ok, "NVIDIA's library passed checks meant for ours:\n{log}");
+    let (ok, log) = run_c_env(
+        e,
+        &bin,
+        &["basic"],
+        &[("LD_PRELOAD", e.our_lib.to_str().expect("utf-8 path"))],
+        Duration::from_secs(60),
+    );
+    assert!(ok, "{log}");
+}
