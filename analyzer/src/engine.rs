@@ -364,6 +364,7 @@ struct Entry {
     wait_up: u64,
     wait_down: u64,
     group: u64,
+    depth: u32,
 }
 
 impl Default for Entry {
@@ -382,6 +383,7 @@ impl Default for Entry {
             wait_up: 0,
             wait_down: 0,
             group: 0,
+            depth: 0,
         }
     }
 }
@@ -960,6 +962,7 @@ impl Engine {
             } else {
                 0
             },
+            depth: op.tree_layer.iter().copied().max().unwrap_or(0),
         };
         if e.state == ST_NONE {
             round.present += 1;
@@ -1547,7 +1550,10 @@ fn locate_hang_round(cfg: &EngineConfig, comm: &Comm, idx: usize, now_ns: u64) -
                 },
                 send: e.send,
                 recv: e.recv,
+                exp_send: e.exp_send,
+                exp_recv: e.exp_recv,
                 group: e.group,
+                depth: e.depth,
             }
         })
         .collect();

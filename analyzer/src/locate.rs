@@ -52,8 +52,14 @@ pub struct HangView {
     pub send: u64,
     /// RecvCount summed over channels.
     pub recv: u64,
+    /// Expected SendCount / RecvCount of the whole operation (0 = unknown).
+    pub exp_send: u64,
+    /// Expected RecvCount.
+    pub exp_recv: u64,
     /// Comparison group: 0 for ring, a hash of the per-channel tree layers for tree.
     pub group: u64,
+    /// Tree depth (0 for ring).
+    pub depth: u32,
 }
 
 /// Result of [`locate_hang`].
@@ -126,7 +132,17 @@ pub fn locate_hang(v: &[HangView]) -> HangFinding {
     if !silent.is_empty() && silent.len() < v.len() {
         return HangFinding::Silent(silent);
     }
-    let counts: Vec<(u64, u64, u64)> = v.iter().map(|x| (x.send, x.recv, x.group)).collect();
+    let counts: Vec<CountView> = v
+        .iter()
+        .map(|x| CountView {
+            send: x.send,
+            recv: x.recv,
+            exp_send: x.exp_send,
+            exp_recv: x.exp_recv,
+            group: x.group,
+            depth: x.depth,
+        })
+        .collect();
     HangFinding::FewestCounts(fewest_counts(&counts))
 }
 
@@ -148,24 +164,54 @@ pub fn type_minority(v: &[HangView]) -> Vec<u32> {
     ranks_where(v, |x| x.type_group != u32::MAX && x.type_group != majority)
 }
 
-/// H3 "fewest SendCount/RecvCount": `v[rank] = (send, recv, group)`. Each rank's progress
-/// is (send + recv) relative to the largest (send + recv) of its group (ranks with the same
-/// tree layers; the whole ring); the ranks with the smallest relative progress are returned
-/// (all of them on an exact tie). Ranks alone in their group are compared on their absolute
-/// progress only when no group has a deficit.
-pub fn fewest_counts(v: &[(u64, u64, u64)]) -> Vec<u32> {
+/// One rank's progress in a hung round, for [`fewest_counts`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CountView {
+    /// SendCount summed over channels.
+    pub send: u64,
+    /// RecvCount summed over channels.
+    pub recv: u64,
+    /// Expected SendCount of the whole operation (0 = unknown).
+    pub exp_send: u64,
+    /// Expected RecvCount (0 = unknown).
+    pub exp_recv: u64,
+    /// Comparison group (0 for ring, tree layers hash for tree).
+    pub group: u64,
+    /// Tree depth (0 for ring).
+    pub depth: u32,
+}
+
+/// H3 "fewest SendCount/RecvCount".
+///
+/// Progress of a rank = (send + recv) / (expected send + expected recv) when every rank
+/// reports its expected counts (the schedule knows them; this makes ranks with different
+/// roles, e.g. tree layers, comparable), else (send + recv) relative to the largest
+/// (send + recv) in the rank's group (same tree layers; the whole ring). The ranks with the
+/// smallest progress are returned. In a tree a frozen rank starves its ancestors, which then
+/// show the same relative progress: among tied ranks only the deepest are kept (the chain is
+/// blocked from below). When every rank ties (nobody lags relative to its group), the smallest
+/// absolute progress decides.
+pub fn fewest_counts(v: &[CountView]) -> Vec<u32> {
+    let use_expected = !v.is_empty() && v.iter().all(|x| x.exp_send + x.exp_recv > 0);
     let mut group_max: HashMap<u64, u128> = HashMap::new();
-    for &(s, r, g) in v {
-        let e = group_max.entry(g).or_default();
-        *e = (*e).max(u128::from(s) + u128::from(r));
+    if !use_expected {
+        for x in v {
+            let e = group_max.entry(x.group).or_default();
+            *e = (*e).max(u128::from(x.send) + u128::from(x.recv));
+        }
     }
-    // Relative progress as an exact fraction p/q; compare p1*q2 with p2*q1.
-    let frac = |&(s, r, g): &(u64, u64, u64)| -> (u128, u128) {
-        let q = group_max.get(&g).copied().unwrap_or(0);
+    // Progress as an exact fraction p/q; compare p1*q2 with p2*q1.
+    let frac = |x: &CountView| -> (u128, u128) {
+        let p = u128::from(x.send) + u128::from(x.recv);
+        let q = if use_expected {
+            u128::from(x.exp_send) + u128::from(x.exp_recv)
+        } else {
+            group_max.get(&x.group).copied().unwrap_or(0)
+        };
         if q == 0 {
             (1, 1)
         } else {
-            (u128::from(s) + u128::from(r), q)
+            (p.min(q), q)
         }
     };
     let mut best: Vec<u32> = Vec::new();
@@ -183,16 +229,16 @@ pub fn fewest_counts(v: &[(u64, u64, u64)]) -> Vec<u32> {
         }
     }
     if best.len() == v.len() && v.len() > 1 {
-        // Nobody lags relative to its group (e.g. every group is a single rank): fall back
-        // to the smallest absolute progress.
-        let min = v.iter().map(|&(s, r, _)| u128::from(s) + u128::from(r)).min();
+        let min = v.iter().map(|x| u128::from(x.send) + u128::from(x.recv)).min();
         return v
             .iter()
             .enumerate()
-            .filter(|(_, &(s, r, _))| Some(u128::from(s) + u128::from(r)) == min)
+            .filter(|(_, x)| Some(u128::from(x.send) + u128::from(x.recv)) == min)
             .map(|(i, _)| i as u32)
             .collect();
     }
+    let deepest = best.iter().map(|&i| v[i as usize].depth).max().unwrap_or(0);
+    best.retain(|&i| v[i as usize].depth == deepest);
     best
 }
 
@@ -213,7 +259,7 @@ pub fn min_duration(durations: &[Option<u64>]) -> Vec<u32> {
 
 /// S2 without wait metrics: the paper's "minimal SendRate/RecvRate" rule. `v[rank] =
 /// (send_rate, recv_rate, group)`; each rate is divided by the median send (recv) rate of
-/// the rank's group; the rank with the lowest relative send rate wins, ties broken by the
+/// the rank's group (of all ranks for groups smaller than 3); the rank with the lowest relative send rate wins, ties broken by the
 /// relative recv rate. Returns the ranks and whether the ranks advanced in lockstep (all
 /// relative send rates within 2 %: the rule cannot discriminate then and the answer is weak).
 pub fn lowest_rate(v: &[(f64, f64, u64)]) -> (Vec<u32>, bool) {
@@ -226,9 +272,20 @@ pub fn lowest_rate(v: &[(f64, f64, u64)]) -> (Vec<u32>, bool) {
         e.0.push(s);
         e.1.push(r);
     }
+    let mut all_s: Vec<f64> = v.iter().map(|x| x.0).collect();
+    let mut all_r: Vec<f64> = v.iter().map(|x| x.1).collect();
+    let global = (median(&mut all_s), median(&mut all_r));
+    // Groups of fewer than 3 ranks have no meaningful median of their own (a rank alone in
+    // its layer would always look normal): they are compared with the global median.
     let medians: HashMap<u64, (f64, f64)> = by_group
         .into_iter()
-        .map(|(g, (mut s, mut r))| (g, (median(&mut s), median(&mut r))))
+        .map(|(g, (mut s, mut r))| {
+            if s.len() < 3 {
+                (g, global)
+            } else {
+                (g, (median(&mut s), median(&mut r)))
+            }
+        })
         .collect();
     let rel = |x: f64, m: f64| if m > 0.0 { x / m } else { x };
     let norm: Vec<(f64, f64)> = v
@@ -374,7 +431,10 @@ mod tests {
             type_group: 0,
             send: 10,
             recv: 10,
+            exp_send: 0,
+            exp_recv: 0,
             group: 0,
+            depth: 0,
         }
     }
 
@@ -427,33 +487,44 @@ mod tests {
         assert_eq!(locate_hang(&v), HangFinding::FewestCounts(vec![0]));
     }
 
+    fn cv(send: u64, recv: u64, group: u64) -> CountView {
+        CountView { send, recv, group, ..Default::default() }
+    }
+
     #[test]
     fn fewest_counts_ring_uses_send_plus_recv() {
         // Stalled rank 1 at s = 5: (5, 5); its successor (6, 5); others further.
-        let v = [(9, 8, 0), (5, 5, 0), (6, 5, 0), (7, 6, 0)];
+        let v = [cv(9, 8, 0), cv(5, 5, 0), cv(6, 5, 0), cv(7, 6, 0)];
         assert_eq!(fewest_counts(&v), vec![1]);
-        let tie = [(4, 4, 0), (9, 9, 0), (4, 4, 0)];
+        let tie = [cv(4, 4, 0), cv(9, 9, 0), cv(4, 4, 0)];
         assert_eq!(fewest_counts(&tie), vec![0, 2]);
     }
 
     #[test]
-    fn fewest_counts_tree_compares_within_layers() {
+    fn fewest_counts_without_expected_compares_within_layers() {
         // Layer A (group 1): max 100, rank 1 at 60 = 0.6 of its layer.
         // Layer B (group 2): max 300, rank 3 at 0.8, rank 4 at 0.667.
-        let v = [
-            (50, 50, 1),   // 1.0
-            (30, 30, 1),   // 0.6  <- root
-            (150, 150, 2), // 1.0
-            (120, 120, 2), // 0.8
-            (100, 100, 2), // 0.667 (absolute 200 > 60, but layer-relative is what counts)
-        ];
+        let v = [cv(50, 50, 1), cv(30, 30, 1), cv(150, 150, 2), cv(120, 120, 2), cv(100, 100, 2)];
         assert_eq!(fewest_counts(&v), vec![1]);
-        let w = [(50, 50, 1), (45, 45, 1), (150, 150, 2), (60, 60, 2)];
         // group 2: 120/300 = 0.4 < group 1: 90/100 = 0.9; absolute 120 > 90 would pick rank 1.
+        let w = [cv(50, 50, 1), cv(45, 45, 1), cv(150, 150, 2), cv(60, 60, 2)];
         assert_eq!(fewest_counts(&w), vec![3]);
         // Single-rank groups only: absolute fallback.
-        assert_eq!(fewest_counts(&[(5, 5, 1), (3, 3, 2), (9, 9, 3)]), vec![1]);
+        assert_eq!(fewest_counts(&[cv(5, 5, 1), cv(3, 3, 2), cv(9, 9, 3)]), vec![1]);
         assert_eq!(fewest_counts(&[]), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn fewest_counts_with_expected_uses_fractions_and_prefers_the_deepest_tie() {
+        let x = |send, recv, es, er, depth| CountView { send, recv, exp_send: es, exp_recv: er, group: depth as u64, depth };
+        // Root (depth 0): 8/32 = 0.25; internal rank 1 (depth 1): 12/48 = 0.25, rank 3
+        // (depth 2): 4/16 = 0.25, leaf 4 at 10/16. All three tie; rank 3 is the deepest.
+        let v = [x(0, 8, 16, 16, 0), x(4, 8, 24, 24, 1), x(10, 14, 24, 24, 1), x(4, 0, 8, 8, 2), x(6, 4, 8, 8, 2)];
+        assert_eq!(fewest_counts(&v), vec![3]);
+        // Fractions, not absolute counts: rank 0 has more absolute progress (20) than rank 1
+        // (6) but a smaller fraction (20/100 < 6/8).
+        let w = [x(10, 10, 50, 50, 0), x(3, 3, 4, 4, 1), x(50, 50, 50, 50, 1)];
+        assert_eq!(fewest_counts(&w), vec![0]);
     }
 
     #[test]

@@ -4,8 +4,8 @@
 //! no sleeping; the same seed gives the same stream.
 //!
 //! Physical model (per round):
-//! * every rank enters at the round start plus a small jitter (S1/S3: the root rank enters
-//!   `late_ns` later); the communication starts when the last rank entered and takes
+//! * every rank enters at the round start plus a small jitter (S1: the root rank enters
+//!   `late_ns` later; S3: (slow_factor - 1) x op_ns later, so that P is about 0.5); the communication starts when the last rank entered and takes
 //!   `op_ns` x (1 +- jitter) (S2/S3: x `slow_factor`), ranks finish together (lockstep);
 //! * a rank's duration is its end minus its entry, so a late rank has the shortest duration;
 //! * ring wait metrics (`ext_metrics`): time before the last entrant arrives is spent waiting
@@ -638,7 +638,13 @@ impl Sim {
             enter[0] += cfg.late_once_ns;
         }
         if late && !barrier {
-            enter[root as usize] += cfg.late_ns;
+            // S3 enters late by (slow_factor - 1) x op_ns, so that the computation and the
+            // communication delay contribute equally (P about 0.5).
+            enter[root as usize] += if class == Some(AnomalyClass::S3MixedSlow) {
+                (cfg.op_ns as f64 * (cfg.slow_factor - 1.0)) as u64
+            } else {
+                cfg.late_ns
+            };
         }
         let last = *enter.iter().max().unwrap_or(&t0);
         let late_rank = enter
