@@ -714,7 +714,8 @@ impl Sim {
                     _ => {}
                 }
                 if inj.is_some_and(|i| i.silent) {
-                    stop_at = enter[ju] + comm_ns / 2;
+                    // Stopped after its first two in-flight snapshots went out.
+                    stop_at = enter[ju] + 2 * cfg.snapshot_ns + 1;
                 }
             }
             // Wait metrics (ring).
@@ -739,8 +740,15 @@ impl Sim {
                     }
                 }
             }
-            let mut send_ticks = ticks.min(cs.max(1));
-            let mut recv_ticks = ticks.min(cr.max(1));
+            // Counts change on the same ticks on every rank of a ring (lockstep); in a tree
+            // each rank's own step count bounds its changing ticks.
+            let (mut send_ticks, mut recv_ticks) = match cfg.algo {
+                SimAlgo::Ring => {
+                    let t = ticks.min(2 * u64::from(n));
+                    (t, t)
+                }
+                SimAlgo::Tree => (ticks.min(cs.max(1)), ticks.min(cr.max(1))),
+            };
             if cfg.algo == SimAlgo::Tree && throttled {
                 if j == root {
                     send_ticks = ticks;
