@@ -979,7 +979,20 @@ impl Engine {
             _ => round.failed += 1,
         }
         round.entries[ri] = ne;
-        let all_done = round.done + round.failed == nranks;
+        let mut all_done = round.done + round.failed == nranks;
+        if !all_done && state != ST_INFLIGHT && round.p2p() && round.done + round.failed == round.present {
+            // A point-to-point round is over when every participant (reporter or peer of a
+            // reporter) completed.
+            all_done = round.entries.iter().all(|x| {
+                x.state == ST_NONE
+                    || round
+                        .types
+                        .get(x.type_idx as usize)
+                        .and_then(|t| usize::try_from(t.peer).ok())
+                        .and_then(|p| round.entries.get(p))
+                        .is_none_or(|pe| pe.state == ST_DONE || pe.state == ST_FAILED)
+            });
+        }
         comm.algo = op.algorithm;
         // Rank info.
         Self::touch_rank(comm, rec, c, now_ns);
@@ -1526,11 +1539,29 @@ fn locate_hang_round(cfg: &EngineConfig, comm: &Comm, idx: usize, now_ns: u64) -
     let p2p = round.p2p();
     let none = Entry::default();
     let entry = |j: usize| round.entries.get(j).unwrap_or(&none);
+    // Point-to-point rounds involve only the ranks that reported and their peers.
+    let mut involved = vec![!p2p; n];
+    if p2p {
+        for (j, e) in round.entries.iter().enumerate() {
+            if e.state != ST_NONE {
+                involved[j] = true;
+                if let Some(peer) = round
+                    .types
+                    .get(e.type_idx as usize)
+                    .and_then(|t| usize::try_from(t.peer).ok())
+                    .filter(|&p| p < n)
+                {
+                    involved[peer] = true;
+                }
+            }
+        }
+    }
     let views: Vec<HangView> = (0..n)
         .map(|j| {
             let e = entry(j);
             let info = &comm.ranks[j];
             let state = match e.state {
+                _ if !involved[j] => HangState::NotInvolved,
                 ST_INFLIGHT => HangState::InFlight,
                 ST_DONE => HangState::Completed,
                 ST_FAILED => HangState::Failed,
@@ -1590,12 +1621,12 @@ fn locate_hang_round(cfg: &EngineConfig, comm: &Comm, idx: usize, now_ns: u64) -
         .count();
     let entered = views
         .iter()
-        .filter(|v| v.state != HangState::NotEntered)
+        .filter(|v| !matches!(v.state, HangState::NotEntered | HangState::NotInvolved))
         .count();
     let silent: Vec<u32> = views
         .iter()
         .enumerate()
-        .filter(|(_, v)| v.silent)
+        .filter(|(_, v)| v.silent && v.state != HangState::NotInvolved)
         .map(|(j, _)| j as u32)
         .collect();
     // Roots with reasons.
@@ -1931,6 +1962,8 @@ fn locate_slow(
             }
             _ => format!("{} has a slow transport", ranks_phrase(comm, &s2)),
         }
+    } else if s2.is_empty() {
+        "no rank stands out (equal send/recv rates, no wait metrics)".to_string()
     } else {
         format!(
             "{} has the lowest send rate{}",
@@ -2025,5 +2058,464 @@ fn locate_slow(
         onset_ns: comm.slow_onset_ns,
         nranks: comm.nranks,
         shard: String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{ChannelStat, CollKind, OpRecord, OpState, OpTypeSet, TraceId};
+
+    const S: u64 = 1_000_000_000;
+    const MS: u64 = 1_000_000;
+    const T0: u64 = 1_000 * S;
+
+    fn op(coll: CollKind, bytes: u64) -> OpTypeSet {
+        OpTypeSet {
+            collective: coll as i32,
+            bytes,
+            count: bytes / 4,
+            redop: -1,
+            root: -1,
+            peer: -1,
+            n_channels: 1,
+            ..Default::default()
+        }
+    }
+
+    fn rec(comm: u64, c: u64, rank: u32, n: u32, state: OpState, dur: u64) -> OpRecord {
+        OpRecord {
+            trace: Some(TraceId {
+                comm_id: comm,
+                op_counter: c,
+                extension: 0,
+            }),
+            rank,
+            nranks: n,
+            host: format!("h{rank}"),
+            pid: 100 + rank,
+            op: Some(op(CollKind::AllReduce, 1 << 20)),
+            start_ns: c * 10 * S,
+            duration_ns: dur,
+            channels: vec![ChannelStat {
+                send_count: 10,
+                recv_count: 10,
+                expected_send: 10,
+                expected_recv: 10,
+                ..Default::default()
+            }],
+            state: state as i32,
+            seq: c,
+            device: -1,
+        }
+    }
+
+    fn cfg() -> EngineConfig {
+        EngineConfig {
+            hang_threshold: Duration::from_secs(300),
+            silent_after: Duration::from_secs(60),
+            ..EngineConfig::default()
+        }
+    }
+
+    #[test]
+    fn bad_records_are_rejected_with_typed_reasons() {
+        let mut e = Engine::new(EngineConfig {
+            max_ranks: 100,
+            max_channels: 2,
+            max_comms: 2,
+            ..cfg()
+        });
+        let ok = rec(1, 5, 0, 4, OpState::InFlight, S);
+        let mut r = ok.clone();
+        r.trace = None;
+        assert_eq!(e.ingest(&r, T0), Err(Reject::MissingTrace));
+        let mut r = ok.clone();
+        r.op = None;
+        assert!(matches!(e.ingest(&r, T0), Err(Reject::MissingOpTypeSet { .. })));
+        let mut r = ok.clone();
+        r.nranks = 0;
+        assert_eq!(e.ingest(&r, T0), Err(Reject::ZeroRanks { comm_id: 1 }));
+        let mut r = ok.clone();
+        r.nranks = 101;
+        assert!(matches!(e.ingest(&r, T0), Err(Reject::TooManyRanks { nranks: 101, max: 100, .. })));
+        let mut r = ok.clone();
+        r.rank = 4;
+        let err = e.ingest(&r, T0).unwrap_err();
+        assert_eq!(err, Reject::RankOutOfRange { comm_id: 1, rank: 4, nranks: 4 });
+        assert_eq!(err.to_string(), "comm 0x1: rank 4 out of range for nranks 4");
+        let mut r = ok.clone();
+        r.op.as_mut().unwrap().collective = 42;
+        assert_eq!(e.ingest(&r, T0), Err(Reject::UnknownEnum { field: "collective", value: 42 }));
+        let mut r = ok.clone();
+        r.state = 7;
+        assert_eq!(e.ingest(&r, T0), Err(Reject::UnknownEnum { field: "state", value: 7 }));
+        let mut r = ok.clone();
+        r.channels = vec![ChannelStat::default(); 3];
+        assert_eq!(e.ingest(&r, T0), Err(Reject::TooManyChannels { got: 3, max: 2 }));
+        let mut r = ok.clone();
+        r.channels[0].ring_next = Some(9);
+        assert!(matches!(e.ingest(&r, T0), Err(Reject::BadRingNeighbour { neighbour: 9, .. })));
+        let mut r = ok.clone();
+        r.duration_ns = 30 * 24 * 3600 * S;
+        assert!(matches!(e.ingest(&r, T0), Err(Reject::AbsurdDuration { .. })));
+        let mut r = ok.clone();
+        r.start_ns = u64::MAX - 5;
+        assert!(matches!(e.ingest(&r, T0), Err(Reject::AbsurdDuration { .. })));
+        // Now valid records, then inconsistencies against what is known.
+        assert_eq!(e.ingest(&ok, T0), Ok(()));
+        let mut r = ok.clone();
+        r.nranks = 8;
+        assert_eq!(e.ingest(&r, T0), Err(Reject::NranksMismatch { comm_id: 1, got: 8, expected: 4 }));
+        let mut r = ok.clone();
+        r.duration_ns = 0; // earlier snapshot said 1 s, skew tolerance 5 s: still fine
+        assert_eq!(e.ingest(&r, T0), Ok(()));
+        let mut r = ok.clone();
+        r.duration_ns = 20 * S;
+        assert_eq!(e.ingest(&r, T0), Ok(()));
+        let mut r = ok.clone();
+        r.duration_ns = S; // 19 s shorter than the snapshot before
+        assert!(matches!(e.ingest(&r, T0), Err(Reject::ClockBackwards { .. })));
+        let mut done = ok.clone();
+        done.state = OpState::Completed as i32;
+        done.duration_ns = 21 * S;
+        assert_eq!(e.ingest(&done, T0), Ok(()));
+        assert!(matches!(e.ingest(&done, T0), Err(Reject::DuplicateCompleted { op_counter: 5, .. })));
+        // A late in-flight snapshot of a completed op is accepted and ignored.
+        assert_eq!(e.ingest(&ok, T0), Ok(()));
+        // Rank 0 reaches op 20: op 11 is more than max_reorder (8) behind.
+        let mut r = rec(1, 20, 0, 4, OpState::InFlight, S);
+        r.start_ns = 300 * S;
+        assert_eq!(e.ingest(&r, T0), Ok(()));
+        let r = rec(1, 11, 0, 4, OpState::InFlight, S);
+        assert_eq!(e.ingest(&r, T0), Err(Reject::CounterBackwards { comm_id: 1, rank: 0, got: 11, newest: 20 }));
+        // Op 21 starting 100 s before op 20 on the same rank's clock.
+        let mut r = rec(1, 21, 0, 4, OpState::InFlight, S);
+        r.start_ns = 200 * S;
+        assert!(matches!(e.ingest(&r, T0), Err(Reject::ClockBackwards { .. })));
+        // Communicator limit.
+        assert_eq!(e.ingest(&rec(2, 0, 0, 4, OpState::InFlight, 0), T0), Ok(()));
+        assert_eq!(
+            e.ingest(&rec(3, 0, 0, 4, OpState::InFlight, 0), T0),
+            Err(Reject::TooManyComms { max: 2 })
+        );
+        assert!(e.stats().rejected >= 15);
+        assert!(e.tick(T0 + S).is_empty());
+    }
+
+    fn feed_hang(e: &mut Engine, n: u32, skip: Option<u32>, coll_bytes: (CollKind, u64)) -> u64 {
+        // Round 7 completed by all; round 8 entered by all but `skip`, in flight.
+        for r in 0..n {
+            e.ingest(&rec(9, 7, r, n, OpState::Completed, 100 * MS), T0).unwrap();
+        }
+        let mut t = T0;
+        while t <= T0 + 400 * S {
+            for r in 0..n {
+                if Some(r) == skip {
+                    continue;
+                }
+                let mut x = rec(9, 8, r, n, OpState::InFlight, t - T0);
+                x.op = Some(op(coll_bytes.0, coll_bytes.1));
+                x.channels[0].send_count = 3 + u64::from(r != 2);
+                e.ingest(&x, t).unwrap();
+            }
+            if let Some(s) = skip {
+                e.heartbeat(
+                    &wire::Heartbeat {
+                        host: format!("h{s}"),
+                        pid: 100 + s,
+                        ranks: vec![wire::RankMembership {
+                            comm_id: 9,
+                            rank: s,
+                            nranks: n,
+                            last_op_counter: Some(7),
+                        }],
+                        records_dropped: 0,
+                        time_ns: 0,
+                    },
+                    t,
+                );
+            }
+            t += 10 * S;
+        }
+        t
+    }
+
+    #[test]
+    fn hang_fires_once_just_after_the_threshold() {
+        let mut e = Engine::new(cfg());
+        let mut got = Vec::new();
+        for r in 0..4 {
+            e.ingest(&rec(9, 8, r, 4, OpState::InFlight, 0), T0).unwrap();
+        }
+        // Snapshots every 10 s; rank 2 has the fewest sends.
+        for step in 1..=40u64 {
+            let t = T0 + step * 10 * S;
+            for r in 0..4 {
+                let mut x = rec(9, 8, r, 4, OpState::InFlight, step * 10 * S);
+                x.channels[0].send_count = if r == 2 { 3 } else { 4 };
+                e.ingest(&x, t).unwrap();
+            }
+            let d = e.tick(t);
+            if step * 10 <= 300 {
+                assert!(d.is_empty(), "no hang at {} s", step * 10);
+            }
+            got.extend(d);
+        }
+        assert_eq!(got.len(), 1, "one diagnosis per episode");
+        let d = &got[0];
+        assert_eq!(d.class(), AnomalyClass::H3Hardware);
+        assert_eq!(d.roots.iter().map(|r| r.rank).collect::<Vec<_>>(), vec![2]);
+        assert_eq!(d.detected_at_ns, T0 + 310 * S);
+        assert_eq!(d.onset_ns, T0);
+        assert_eq!(d.location_latency_ns, 10 * S);
+        let ev = d.evidence.as_ref().unwrap();
+        assert_eq!((ev.entered_ranks, ev.hung_ranks, ev.nranks), (4, 4, 4));
+        assert_eq!(ev.max_in_flight_ns, 310 * S);
+        assert_eq!(ev.send_count.as_ref().map(|s| (s.min, s.min_rank)), Some((3.0, 2)));
+        assert!(d.summary.starts_with("rank 2 (pid 102, host h2) made the least progress in AllReduce #8"), "{}", d.summary);
+    }
+
+    #[test]
+    fn a_rank_that_went_silent_still_counts_by_analyzer_time() {
+        // One snapshot at T0 (duration 0), then nothing from anybody; the estimate grows with
+        // the analyzer's clock.
+        let mut e = Engine::new(cfg());
+        for r in 0..3 {
+            e.ingest(&rec(9, 1, r, 3, OpState::InFlight, 0), T0).unwrap();
+        }
+        assert!(e.tick(T0 + 300 * S).is_empty());
+        let d = e.tick(T0 + 300 * S + 1);
+        assert_eq!(d.len(), 1);
+        // Everyone silent: no discrimination by silence, fewest counts all tie.
+        assert_eq!(d[0].roots.len(), 3);
+        assert_eq!(d[0].evidence.as_ref().unwrap().silent_total, 3);
+    }
+
+    #[test]
+    fn h1_alive_rank_behind_the_round_is_the_root() {
+        let mut e = Engine::new(cfg());
+        let t = feed_hang(&mut e, 4, Some(1), (CollKind::AllReduce, 1 << 20));
+        let d = e.tick(t);
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].class(), AnomalyClass::H1NotEntered);
+        assert_eq!(d[0].roots[0].rank, 1);
+        assert!(!d[0].roots[0].silent);
+        assert!(d[0].roots[0].reason.contains("newest op #7"), "{}", d[0].roots[0].reason);
+        let ev = d[0].evidence.as_ref().unwrap();
+        assert_eq!((ev.lagging_total, ev.entered_ranks, ev.hung_ranks), (1, 3, 3));
+        assert_eq!(ev.lagging[0].last_op_counter, 7);
+    }
+
+    #[test]
+    fn barriers_never_hang_but_four_byte_allreduce_does() {
+        let mut e = Engine::new(cfg());
+        let t = feed_hang(&mut e, 4, None, (CollKind::AllReduce, 3));
+        assert!(e.tick(t).is_empty(), "AllReduce of 3 bytes is a barrier");
+        let mut e = Engine::new(cfg());
+        let t = feed_hang(&mut e, 4, None, (CollKind::AllReduce, 4));
+        assert_eq!(e.tick(t).len(), 1);
+    }
+
+    #[test]
+    fn p2p_round_involves_only_the_peers() {
+        let mut e = Engine::new(cfg());
+        let mut x = rec(5, 3, 1, 8, OpState::InFlight, 0);
+        x.op = Some(OpTypeSet {
+            peer: 6,
+            algorithm: wire::Algorithm::P2p as i32,
+            ..op(CollKind::Send, 1 << 20)
+        });
+        e.ingest(&x, T0).unwrap();
+        x.duration_ns = 301 * S;
+        e.ingest(&x, T0 + 301 * S).unwrap();
+        let d = e.tick(T0 + 301 * S);
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].class(), AnomalyClass::H1NotEntered);
+        assert_eq!(d[0].roots.iter().map(|r| r.rank).collect::<Vec<_>>(), vec![6]);
+        // A completed send/recv pair finalizes the round.
+        let mut e = Engine::new(cfg());
+        for (r, peer, coll) in [(1, 6, CollKind::Send), (6, 1, CollKind::Recv)] {
+            let mut y = rec(5, 3, r, 8, OpState::Completed, MS);
+            y.op = Some(OpTypeSet {
+                peer,
+                algorithm: wire::Algorithm::P2p as i32,
+                ..op(coll, 1 << 20)
+            });
+            e.ingest(&y, T0).unwrap();
+        }
+        assert_eq!(e.comm_state(5, T0).unwrap().rounds_completed, 1);
+        assert_eq!(e.comm_state(5, T0).unwrap().tracked_rounds, 0);
+    }
+
+    /// Completes round `c` of comm 4 (4 ranks) at `t` with the given durations.
+    fn round(e: &mut Engine, c: u64, t: u64, durs: [u64; 4]) {
+        for (r, d) in durs.into_iter().enumerate() {
+            e.ingest(&rec(4, c, r as u32, 4, OpState::Completed, d), t).unwrap();
+        }
+    }
+
+    fn slow_cfg() -> EngineConfig {
+        EngineConfig {
+            baseline_rounds_max: 3,
+            repeat_threshold: 1,
+            theta_slow: 3.0,
+            detect_window: Duration::from_secs(60),
+            record_windows: true,
+            ..cfg()
+        }
+    }
+
+    #[test]
+    fn slow_detection_matches_hand_computed_r_and_p() {
+        let mut e = Engine::new(slow_cfg());
+        // Window 1 (T0 .. T0+60 s): rounds 1..3, T_max 100, 120, 140 ms: baseline collecting.
+        round(&mut e, 1, T0 + S, [100 * MS, 90 * MS, 95 * MS, 99 * MS]);
+        round(&mut e, 2, T0 + 2 * S, [120 * MS, 90 * MS, 95 * MS, 99 * MS]);
+        round(&mut e, 3, T0 + 3 * S, [140 * MS, 90 * MS, 95 * MS, 99 * MS]);
+        // Round 4 fixes T_base = (100 + 120 + 140) / 3 = 120 ms, m = 3.
+        round(&mut e, 4, T0 + 4 * S, [110 * MS; 4]);
+        assert!(e.tick(T0 + 61 * S).is_empty(), "static T_base 10 s: nothing is slow");
+        // Window 2: a round with rank 3 entering late: T_max 500, T_min 100.
+        // R = (500 - 120) / 120 = 3.1667 > 3; P = (500 - 100) / (500 - 120) > 1 -> 1.
+        round(&mut e, 5, T0 + 70 * S, [500 * MS, 500 * MS, 500 * MS, 100 * MS]);
+        // A round with a larger T_max but a smaller range does not replace it (eq. 2).
+        round(&mut e, 6, T0 + 71 * S, [600 * MS, 590 * MS, 595 * MS, 599 * MS]);
+        // The comm was first seen at T0 + 1 s: windows end at T0 + 61 s, 121 s, 181 s.
+        let d = e.tick(T0 + 122 * S);
+        assert_eq!(d.len(), 1);
+        let ev = d[0].evidence.as_ref().unwrap();
+        assert_eq!(d[0].class(), AnomalyClass::S1ComputationSlow);
+        assert_eq!(d[0].roots[0].rank, 3);
+        assert_eq!((ev.t_max_ns, ev.t_min_ns, ev.t_base_ns), (500 * MS, 100 * MS, 120 * MS));
+        assert!((ev.r - 380.0 / 120.0).abs() < 1e-12, "R = {}", ev.r);
+        assert_eq!(ev.p, 1.0);
+        assert_eq!(ev.baseline(), BaselineKind::Dynamic);
+        assert_eq!(ev.baseline_rounds, 3);
+        assert_eq!(d[0].trace.as_ref().unwrap().op_counter, 5);
+        assert_eq!(d[0].location_latency_ns, S, "window ended at T0 + 121 s, tick at 122 s");
+        assert_eq!(ev.window_end_ns, T0 + 121 * S);
+        assert!(d[0].summary.contains("(P = 1.00, R = 3.2)"), "{}", d[0].summary);
+        let log = e.take_window_log();
+        assert_eq!(log.len(), 2);
+        assert!(!log[0].dynamic && log[1].dynamic);
+        // Same episode: another slow window gives nothing new.
+        round(&mut e, 7, T0 + 130 * S, [500 * MS, 500 * MS, 500 * MS, 100 * MS]);
+        assert!(e.tick(T0 + 181 * S).is_empty());
+    }
+
+    #[test]
+    fn r_equal_to_theta_is_not_slow_and_p_picks_the_class() {
+        let mut e = Engine::new(slow_cfg());
+        for c in 1..=4 {
+            round(&mut e, c, T0 + c * S, [100 * MS; 4]);
+        }
+        // T_base = 100 ms. T_max 400: R = 3.0, not > 3.
+        round(&mut e, 5, T0 + 70 * S, [400 * MS, 400 * MS, 400 * MS, 390 * MS]);
+        assert!(e.tick(T0 + 121 * S).is_empty());
+        // Communication-slow: everyone 800 ms, spread 20: R = 7, P = 20 / 700 < 0.4.
+        round(&mut e, 6, T0 + 130 * S, [800 * MS, 790 * MS, 780 * MS, 795 * MS]);
+        let d = e.tick(T0 + 181 * S);
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].class(), AnomalyClass::S2CommunicationSlow);
+        let ev = d[0].evidence.as_ref().unwrap();
+        assert!((ev.p - 20.0 / 700.0).abs() < 1e-12);
+        // Mixed: T_max 800, T_min 450 (entered 350 ms late): P = 350 / 700 = 0.5.
+        let mut e = Engine::new(slow_cfg());
+        for c in 1..=4 {
+            round(&mut e, c, T0 + c * S, [100 * MS; 4]);
+        }
+        round(&mut e, 5, T0 + 70 * S, [800 * MS, 450 * MS, 800 * MS, 800 * MS]);
+        let d = e.tick(T0 + 121 * S);
+        assert_eq!(d[0].class(), AnomalyClass::S3MixedSlow);
+        assert_eq!(d[0].evidence.as_ref().unwrap().p, 0.5);
+        // S1 candidate: rank 1; S2 candidates: none (no rank reports different rates).
+        assert_eq!(d[0].roots.len(), 1);
+        assert_eq!((d[0].roots[0].rank, d[0].roots[0].class()), (1, AnomalyClass::S1ComputationSlow));
+    }
+
+    #[test]
+    fn memory_is_bounded_when_rounds_never_complete() {
+        let mut e = Engine::new(EngineConfig {
+            max_rounds_per_comm: 16,
+            ..cfg()
+        });
+        let n = 64;
+        let mut mem = Vec::new();
+        for c in 0..3000u64 {
+            // Rank 0's completion records are lost: no round ever completes.
+            for r in 1..n {
+                e.ingest(&rec(8, c, r, n, OpState::Completed, MS), T0 + c * MS).unwrap();
+            }
+            if c == 1000 || c == 2999 {
+                mem.push(e.memory_bytes());
+            }
+        }
+        let st = e.comm_state(8, T0 + 3 * S).unwrap();
+        assert_eq!(st.tracked_rounds, 16);
+        assert!(mem[1] <= mem[0] + 4096, "memory grew: {mem:?}");
+        assert!(e.stats().rounds_evicted_incomplete >= 2984);
+        assert!(e.tick(T0 + 4 * S).is_empty());
+    }
+
+    #[test]
+    fn comm_state_reports_every_rank_and_idle_comms_are_dropped() {
+        let mut e = Engine::new(EngineConfig {
+            comm_idle_evict: Duration::from_secs(100),
+            ..cfg()
+        });
+        e.ingest(&rec(3, 1, 0, 3, OpState::Completed, 7 * MS), T0).unwrap();
+        e.ingest(&rec(3, 2, 0, 3, OpState::InFlight, 2 * S), T0 + 5 * S).unwrap();
+        let st = e.comm_state(3, T0 + 65 * S + 1).unwrap();
+        assert_eq!(st.nranks, 3);
+        assert_eq!(st.ranks.len(), 3);
+        let r0 = &st.ranks[0];
+        assert_eq!((r0.last_op_counter, r0.state(), r0.records), (2, OpState::InFlight, 2));
+        assert_eq!(r0.in_flight_ns, 62 * S + 1);
+        assert_eq!((r0.host.as_str(), r0.pid), ("h0", 100));
+        assert!(r0.silent, "65 s without a report > silent_after 60 s");
+        assert!(!st.ranks[1].reported && st.ranks[1].silent);
+        assert_eq!(e.comm_ids(), vec![3]);
+        assert_eq!(e.comm_summaries()[0].nranks, 3);
+        assert!(e.comm_state(4, T0).is_none());
+        e.tick(T0 + 106 * S);
+        assert!(e.comm_ids().is_empty());
+        assert_eq!(e.stats().comms_evicted, 1);
+    }
+
+    #[test]
+    fn tick_with_clock_measures_location_cost() {
+        let mut e = Engine::new(cfg());
+        let t = feed_hang(&mut e, 4, None, (CollKind::AllReduce, 1 << 20));
+        let mut fake = 1000u64;
+        let mut clock = || {
+            fake += 250;
+            fake
+        };
+        let d = e.tick_with_clock(t, &mut clock);
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].evidence.as_ref().unwrap().location_cost_ns, 250);
+    }
+
+    #[test]
+    fn heartbeats_create_ranks_and_bad_memberships_are_skipped() {
+        let mut e = Engine::new(cfg());
+        let hb = wire::Heartbeat {
+            host: "hx".into(),
+            pid: 7,
+            ranks: vec![
+                wire::RankMembership { comm_id: 1, rank: 2, nranks: 4, last_op_counter: Some(9) },
+                wire::RankMembership { comm_id: 1, rank: 5, nranks: 4, last_op_counter: None },
+                wire::RankMembership { comm_id: 2, rank: 0, nranks: 0, last_op_counter: None },
+            ],
+            records_dropped: 0,
+            time_ns: 0,
+        };
+        e.heartbeat(&hb, T0);
+        assert_eq!(e.comm_ids(), vec![1]);
+        let st = e.comm_state(1, T0).unwrap();
+        assert!(st.ranks[2].reported);
+        assert_eq!(st.ranks[2].last_op_counter, 9);
+        assert_eq!(st.ranks[2].host, "hx");
     }
 }

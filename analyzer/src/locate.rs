@@ -37,6 +37,8 @@ pub enum HangState {
     PassedBeyond,
     /// A heartbeat says the rank started the round, but no record arrived yet.
     EnteredNoRecord,
+    /// Not a participant of the round (point-to-point rounds involve only the peers).
+    NotInvolved,
 }
 
 /// One rank of a hung round.
@@ -128,22 +130,32 @@ pub fn locate_hang(v: &[HangView]) -> HangFinding {
     if !not_hung.is_empty() {
         return HangFinding::NotHung(not_hung);
     }
-    let silent = ranks_where(v, |x| x.silent);
-    if !silent.is_empty() && silent.len() < v.len() {
+    let involved = v.iter().filter(|x| x.state != HangState::NotInvolved).count();
+    let silent = ranks_where(v, |x| x.silent && x.state != HangState::NotInvolved);
+    if !silent.is_empty() && silent.len() < involved {
         return HangFinding::Silent(silent);
     }
-    let counts: Vec<CountView> = v
+    let idx: Vec<u32> = ranks_where(v, |x| x.state != HangState::NotInvolved);
+    let counts: Vec<CountView> = idx
         .iter()
-        .map(|x| CountView {
-            send: x.send,
-            recv: x.recv,
-            exp_send: x.exp_send,
-            exp_recv: x.exp_recv,
-            group: x.group,
-            depth: x.depth,
+        .map(|&i| {
+            let x = &v[i as usize];
+            CountView {
+                send: x.send,
+                recv: x.recv,
+                exp_send: x.exp_send,
+                exp_recv: x.exp_recv,
+                group: x.group,
+                depth: x.depth,
+            }
         })
         .collect();
-    HangFinding::FewestCounts(fewest_counts(&counts))
+    HangFinding::FewestCounts(
+        fewest_counts(&counts)
+            .into_iter()
+            .map(|i| idx[i as usize])
+            .collect(),
+    )
 }
 
 /// Ranks outside the largest op-type-set group (ties: the group with the smallest id, the
@@ -262,6 +274,7 @@ pub fn min_duration(durations: &[Option<u64>]) -> Vec<u32> {
 /// the rank's group (of all ranks for groups smaller than 3); the rank with the lowest relative send rate wins, ties broken by the
 /// relative recv rate. Returns the ranks and whether the ranks advanced in lockstep (all
 /// relative send rates within 2 %: the rule cannot discriminate then and the answer is weak).
+/// When every rank has exactly the same rates (or none reported) no rank is returned.
 pub fn lowest_rate(v: &[(f64, f64, u64)]) -> (Vec<u32>, bool) {
     if v.is_empty() {
         return (Vec::new(), false);
@@ -308,6 +321,10 @@ pub fn lowest_rate(v: &[(f64, f64, u64)]) -> (Vec<u32>, bool) {
     }
     let max = norm.iter().map(|x| x.0).fold(f64::NEG_INFINITY, f64::max);
     let lockstep = max <= 0.0 || (max - best_v.0) / max < 0.02;
+    if best.len() == v.len() && v.len() > 1 {
+        // Every rank identical (or no rate reported at all): nobody stands out.
+        return (Vec::new(), true);
+    }
     (best, lockstep)
 }
 
@@ -471,6 +488,18 @@ mod tests {
     }
 
     #[test]
+    fn ranks_not_involved_in_a_p2p_round_are_ignored() {
+        let mut v = vec![hv(HangState::NotInvolved); 6];
+        v[1] = hv(HangState::InFlight);
+        v[4] = hv(HangState::InFlight);
+        v[4].send = 2;
+        v[0].silent = true;
+        assert_eq!(locate_hang(&v), HangFinding::FewestCounts(vec![4]));
+        v[4].state = HangState::NotEntered;
+        assert_eq!(locate_hang(&v), HangFinding::NotEntered(vec![4]));
+    }
+
+    #[test]
     fn h3_silent_rank_is_the_root_else_fewest_counts() {
         let mut v = vec![hv(HangState::InFlight); 4];
         v[2].silent = true;
@@ -548,6 +577,12 @@ mod tests {
         // Tie on send broken by recv.
         let (r, _) = lowest_rate(&[(0.2, 0.5, 0), (0.2, 0.4, 0), (0.9, 0.9, 0)]);
         assert_eq!(r, vec![1]);
+        // No information at all.
+        assert_eq!(lowest_rate(&[(0.0, 0.0, 0); 4]), (vec![], true));
+        // Singleton layers are compared with the global median: rank 0 (alone in layer 0)
+        // at 0.1 against a global median of 1.0.
+        let (r, _) = lowest_rate(&[(0.1, 1.0, 0), (1.0, 1.0, 1), (1.0, 1.0, 1), (0.9, 1.0, 1)]);
+        assert_eq!(r, vec![0]);
     }
 
     fn ring_waits(n: u32, slow_from: u32, stride: u32) -> Vec<Option<ChanWait>> {
