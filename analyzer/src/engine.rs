@@ -706,7 +706,9 @@ fn chan_sums(chs: &[wire::ChannelStat]) -> ChanSums {
         s.send_rate = s.send_rate.min(c.send_rate as f32);
         s.recv_rate = s.recv_rate.min(c.recv_rate as f32);
         s.wait_up = s.wait_up.saturating_add(c.wait_upstream_ns.unwrap_or(0));
-        s.wait_down = s.wait_down.saturating_add(c.wait_downstream_ns.unwrap_or(0));
+        s.wait_down = s
+            .wait_down
+            .saturating_add(c.wait_downstream_ns.unwrap_or(0));
     }
     if !s.send_rate.is_finite() {
         s.send_rate = 0.0;
@@ -980,7 +982,11 @@ impl Engine {
         }
         round.entries[ri] = ne;
         let mut all_done = round.done + round.failed == nranks;
-        if !all_done && state != ST_INFLIGHT && round.p2p() && round.done + round.failed == round.present {
+        if !all_done
+            && state != ST_INFLIGHT
+            && round.p2p()
+            && round.done + round.failed == round.present
+        {
             // A point-to-point round is over when every participant (reporter or peer of a
             // reporter) completed.
             all_done = round.entries.iter().all(|x| {
@@ -1322,7 +1328,9 @@ impl Engine {
                 pid: i.pid,
                 last_op_counter: i.newest_op.unwrap_or(0),
                 state: state_wire(i.last_state) as i32,
-                in_flight_ns: if i.last_state == ST_INFLIGHT && i.last_in_flight_start_est != u64::MAX {
+                in_flight_ns: if i.last_state == ST_INFLIGHT
+                    && i.last_in_flight_start_est != u64::MAX
+                {
                     now_ns.saturating_sub(i.last_in_flight_start_est)
                 } else {
                     0
@@ -1848,13 +1856,14 @@ fn locate_slow(
                     comm.ranks
                         .iter()
                         .map(|ri| {
-                            ri.win_ch.get(ch).filter(|a| a.has_wait && a.dur_ns > 0).map(|a| {
-                                ChanWait {
+                            ri.win_ch
+                                .get(ch)
+                                .filter(|a| a.has_wait && a.dur_ns > 0)
+                                .map(|a| ChanWait {
                                     up: a.up_ns as f64 / a.dur_ns as f64,
                                     down: a.down_ns as f64 / a.dur_ns as f64,
                                     next: a.next,
-                                }
-                            })
+                                })
                         })
                         .collect(),
                 );
@@ -1968,7 +1977,11 @@ fn locate_slow(
         format!(
             "{} has the lowest send rate{}",
             ranks_phrase(comm, &s2),
-            if lockstep { " (lockstep: weak evidence)" } else { "" }
+            if lockstep {
+                " (lockstep: weak evidence)"
+            } else {
+                ""
+            }
         )
     };
     let baseline = best.map_or(BaselineKind::None, |b| b.baseline);
@@ -1995,7 +2008,11 @@ fn locate_slow(
         if ri.win_ops == 0 {
             return 0.0;
         }
-        (if send { ri.win_send_rate } else { ri.win_recv_rate }) / f64::from(ri.win_ops)
+        (if send {
+            ri.win_send_rate
+        } else {
+            ri.win_recv_rate
+        }) / f64::from(ri.win_ops)
     };
     let evidence = wire::Evidence {
         r,
@@ -2016,8 +2033,18 @@ fn locate_slow(
                 .enumerate()
                 .map(|(j, e)| (j as u32, e.duration_ns as f64)),
         ),
-        send_count: summary_of(entries.iter().enumerate().map(|(j, e)| (j as u32, e.send as f64))),
-        recv_count: summary_of(entries.iter().enumerate().map(|(j, e)| (j as u32, e.recv as f64))),
+        send_count: summary_of(
+            entries
+                .iter()
+                .enumerate()
+                .map(|(j, e)| (j as u32, e.send as f64)),
+        ),
+        recv_count: summary_of(
+            entries
+                .iter()
+                .enumerate()
+                .map(|(j, e)| (j as u32, e.recv as f64)),
+        ),
         send_rate: summary_of((0..comm.ranks.len()).map(|j| (j as u32, win_rates(j, true)))),
         recv_rate: summary_of((0..comm.ranks.len()).map(|j| (j as u32, win_rates(j, false)))),
         silent_ranks: Vec::new(),
@@ -2132,41 +2159,92 @@ mod tests {
         assert_eq!(e.ingest(&r, T0), Err(Reject::MissingTrace));
         let mut r = ok.clone();
         r.op = None;
-        assert!(matches!(e.ingest(&r, T0), Err(Reject::MissingOpTypeSet { .. })));
+        assert!(matches!(
+            e.ingest(&r, T0),
+            Err(Reject::MissingOpTypeSet { .. })
+        ));
         let mut r = ok.clone();
         r.nranks = 0;
         assert_eq!(e.ingest(&r, T0), Err(Reject::ZeroRanks { comm_id: 1 }));
         let mut r = ok.clone();
         r.nranks = 101;
-        assert!(matches!(e.ingest(&r, T0), Err(Reject::TooManyRanks { nranks: 101, max: 100, .. })));
+        assert!(matches!(
+            e.ingest(&r, T0),
+            Err(Reject::TooManyRanks {
+                nranks: 101,
+                max: 100,
+                ..
+            })
+        ));
         let mut r = ok.clone();
         r.rank = 4;
         let err = e.ingest(&r, T0).unwrap_err();
-        assert_eq!(err, Reject::RankOutOfRange { comm_id: 1, rank: 4, nranks: 4 });
-        assert_eq!(err.to_string(), "comm 0x1: rank 4 out of range for nranks 4");
+        assert_eq!(
+            err,
+            Reject::RankOutOfRange {
+                comm_id: 1,
+                rank: 4,
+                nranks: 4
+            }
+        );
+        assert_eq!(
+            err.to_string(),
+            "comm 0x1: rank 4 out of range for nranks 4"
+        );
         let mut r = ok.clone();
         r.op.as_mut().unwrap().collective = 42;
-        assert_eq!(e.ingest(&r, T0), Err(Reject::UnknownEnum { field: "collective", value: 42 }));
+        assert_eq!(
+            e.ingest(&r, T0),
+            Err(Reject::UnknownEnum {
+                field: "collective",
+                value: 42
+            })
+        );
         let mut r = ok.clone();
         r.state = 7;
-        assert_eq!(e.ingest(&r, T0), Err(Reject::UnknownEnum { field: "state", value: 7 }));
+        assert_eq!(
+            e.ingest(&r, T0),
+            Err(Reject::UnknownEnum {
+                field: "state",
+                value: 7
+            })
+        );
         let mut r = ok.clone();
         r.channels = vec![ChannelStat::default(); 3];
-        assert_eq!(e.ingest(&r, T0), Err(Reject::TooManyChannels { got: 3, max: 2 }));
+        assert_eq!(
+            e.ingest(&r, T0),
+            Err(Reject::TooManyChannels { got: 3, max: 2 })
+        );
         let mut r = ok.clone();
         r.channels[0].ring_next = Some(9);
-        assert!(matches!(e.ingest(&r, T0), Err(Reject::BadRingNeighbour { neighbour: 9, .. })));
+        assert!(matches!(
+            e.ingest(&r, T0),
+            Err(Reject::BadRingNeighbour { neighbour: 9, .. })
+        ));
         let mut r = ok.clone();
         r.duration_ns = 30 * 24 * 3600 * S;
-        assert!(matches!(e.ingest(&r, T0), Err(Reject::AbsurdDuration { .. })));
+        assert!(matches!(
+            e.ingest(&r, T0),
+            Err(Reject::AbsurdDuration { .. })
+        ));
         let mut r = ok.clone();
         r.start_ns = u64::MAX - 5;
-        assert!(matches!(e.ingest(&r, T0), Err(Reject::AbsurdDuration { .. })));
+        assert!(matches!(
+            e.ingest(&r, T0),
+            Err(Reject::AbsurdDuration { .. })
+        ));
         // Now valid records, then inconsistencies against what is known.
         assert_eq!(e.ingest(&ok, T0), Ok(()));
         let mut r = ok.clone();
         r.nranks = 8;
-        assert_eq!(e.ingest(&r, T0), Err(Reject::NranksMismatch { comm_id: 1, got: 8, expected: 4 }));
+        assert_eq!(
+            e.ingest(&r, T0),
+            Err(Reject::NranksMismatch {
+                comm_id: 1,
+                got: 8,
+                expected: 4
+            })
+        );
         let mut r = ok.clone();
         r.duration_ns = 0; // earlier snapshot said 1 s, skew tolerance 5 s: still fine
         assert_eq!(e.ingest(&r, T0), Ok(()));
@@ -2175,12 +2253,18 @@ mod tests {
         assert_eq!(e.ingest(&r, T0), Ok(()));
         let mut r = ok.clone();
         r.duration_ns = S; // 19 s shorter than the snapshot before
-        assert!(matches!(e.ingest(&r, T0), Err(Reject::ClockBackwards { .. })));
+        assert!(matches!(
+            e.ingest(&r, T0),
+            Err(Reject::ClockBackwards { .. })
+        ));
         let mut done = ok.clone();
         done.state = OpState::Completed as i32;
         done.duration_ns = 21 * S;
         assert_eq!(e.ingest(&done, T0), Ok(()));
-        assert!(matches!(e.ingest(&done, T0), Err(Reject::DuplicateCompleted { op_counter: 5, .. })));
+        assert!(matches!(
+            e.ingest(&done, T0),
+            Err(Reject::DuplicateCompleted { op_counter: 5, .. })
+        ));
         // A late in-flight snapshot of a completed op is accepted and ignored.
         assert_eq!(e.ingest(&ok, T0), Ok(()));
         // Rank 0 reaches op 20: op 11 is more than max_reorder (8) behind.
@@ -2188,11 +2272,22 @@ mod tests {
         r.start_ns = 300 * S;
         assert_eq!(e.ingest(&r, T0), Ok(()));
         let r = rec(1, 11, 0, 4, OpState::InFlight, S);
-        assert_eq!(e.ingest(&r, T0), Err(Reject::CounterBackwards { comm_id: 1, rank: 0, got: 11, newest: 20 }));
+        assert_eq!(
+            e.ingest(&r, T0),
+            Err(Reject::CounterBackwards {
+                comm_id: 1,
+                rank: 0,
+                got: 11,
+                newest: 20
+            })
+        );
         // Op 21 starting 100 s before op 20 on the same rank's clock.
         let mut r = rec(1, 21, 0, 4, OpState::InFlight, S);
         r.start_ns = 200 * S;
-        assert!(matches!(e.ingest(&r, T0), Err(Reject::ClockBackwards { .. })));
+        assert!(matches!(
+            e.ingest(&r, T0),
+            Err(Reject::ClockBackwards { .. })
+        ));
         // Communicator limit.
         assert_eq!(e.ingest(&rec(2, 0, 0, 4, OpState::InFlight, 0), T0), Ok(()));
         assert_eq!(
@@ -2206,7 +2301,8 @@ mod tests {
     fn feed_hang(e: &mut Engine, n: u32, skip: Option<u32>, coll_bytes: (CollKind, u64)) -> u64 {
         // Round 7 completed by all; round 8 entered by all but `skip`, in flight.
         for r in 0..n {
-            e.ingest(&rec(9, 7, r, n, OpState::Completed, 100 * MS), T0).unwrap();
+            e.ingest(&rec(9, 7, r, n, OpState::Completed, 100 * MS), T0)
+                .unwrap();
         }
         let mut t = T0;
         while t <= T0 + 400 * S {
@@ -2246,7 +2342,8 @@ mod tests {
         let mut e = Engine::new(cfg());
         let mut got = Vec::new();
         for r in 0..4 {
-            e.ingest(&rec(9, 8, r, 4, OpState::InFlight, 0), T0).unwrap();
+            e.ingest(&rec(9, 8, r, 4, OpState::InFlight, 0), T0)
+                .unwrap();
         }
         // Snapshots every 10 s; rank 2 has the fewest sends.
         for step in 1..=40u64 {
@@ -2272,8 +2369,16 @@ mod tests {
         let ev = d.evidence.as_ref().unwrap();
         assert_eq!((ev.entered_ranks, ev.hung_ranks, ev.nranks), (4, 4, 4));
         assert_eq!(ev.max_in_flight_ns, 310 * S);
-        assert_eq!(ev.send_count.as_ref().map(|s| (s.min, s.min_rank)), Some((3.0, 2)));
-        assert!(d.summary.starts_with("rank 2 (pid 102, host h2) made the least progress in AllReduce #8"), "{}", d.summary);
+        assert_eq!(
+            ev.send_count.as_ref().map(|s| (s.min, s.min_rank)),
+            Some((3.0, 2))
+        );
+        assert!(
+            d.summary
+                .starts_with("rank 2 (pid 102, host h2) made the least progress in AllReduce #8"),
+            "{}",
+            d.summary
+        );
     }
 
     #[test]
@@ -2282,7 +2387,8 @@ mod tests {
         // the analyzer's clock.
         let mut e = Engine::new(cfg());
         for r in 0..3 {
-            e.ingest(&rec(9, 1, r, 3, OpState::InFlight, 0), T0).unwrap();
+            e.ingest(&rec(9, 1, r, 3, OpState::InFlight, 0), T0)
+                .unwrap();
         }
         assert!(e.tick(T0 + 300 * S).is_empty());
         let d = e.tick(T0 + 300 * S + 1);
@@ -2301,9 +2407,16 @@ mod tests {
         assert_eq!(d[0].class(), AnomalyClass::H1NotEntered);
         assert_eq!(d[0].roots[0].rank, 1);
         assert!(!d[0].roots[0].silent);
-        assert!(d[0].roots[0].reason.contains("newest op #7"), "{}", d[0].roots[0].reason);
+        assert!(
+            d[0].roots[0].reason.contains("newest op #7"),
+            "{}",
+            d[0].roots[0].reason
+        );
         let ev = d[0].evidence.as_ref().unwrap();
-        assert_eq!((ev.lagging_total, ev.entered_ranks, ev.hung_ranks), (1, 3, 3));
+        assert_eq!(
+            (ev.lagging_total, ev.entered_ranks, ev.hung_ranks),
+            (1, 3, 3)
+        );
         assert_eq!(ev.lagging[0].last_op_counter, 7);
     }
 
@@ -2332,7 +2445,10 @@ mod tests {
         let d = e.tick(T0 + 301 * S);
         assert_eq!(d.len(), 1);
         assert_eq!(d[0].class(), AnomalyClass::H1NotEntered);
-        assert_eq!(d[0].roots.iter().map(|r| r.rank).collect::<Vec<_>>(), vec![6]);
+        assert_eq!(
+            d[0].roots.iter().map(|r| r.rank).collect::<Vec<_>>(),
+            vec![6]
+        );
         // A completed send/recv pair finalizes the round.
         let mut e = Engine::new(cfg());
         for (r, peer, coll) in [(1, 6, CollKind::Send), (6, 1, CollKind::Recv)] {
@@ -2351,7 +2467,8 @@ mod tests {
     /// Completes round `c` of comm 4 (4 ranks) at `t` with the given durations.
     fn round(e: &mut Engine, c: u64, t: u64, durs: [u64; 4]) {
         for (r, d) in durs.into_iter().enumerate() {
-            e.ingest(&rec(4, c, r as u32, 4, OpState::Completed, d), t).unwrap();
+            e.ingest(&rec(4, c, r as u32, 4, OpState::Completed, d), t)
+                .unwrap();
         }
     }
 
@@ -2375,32 +2492,60 @@ mod tests {
         round(&mut e, 3, T0 + 3 * S, [140 * MS, 90 * MS, 95 * MS, 99 * MS]);
         // Round 4 fixes T_base = (100 + 120 + 140) / 3 = 120 ms, m = 3.
         round(&mut e, 4, T0 + 4 * S, [110 * MS; 4]);
-        assert!(e.tick(T0 + 61 * S).is_empty(), "static T_base 10 s: nothing is slow");
+        assert!(
+            e.tick(T0 + 61 * S).is_empty(),
+            "static T_base 10 s: nothing is slow"
+        );
         // Window 2: a round with rank 3 entering late: T_max 500, T_min 100.
         // R = (500 - 120) / 120 = 3.1667 > 3; P = (500 - 100) / (500 - 120) > 1 -> 1.
-        round(&mut e, 5, T0 + 70 * S, [500 * MS, 500 * MS, 500 * MS, 100 * MS]);
+        round(
+            &mut e,
+            5,
+            T0 + 70 * S,
+            [500 * MS, 500 * MS, 500 * MS, 100 * MS],
+        );
         // A round with a larger T_max but a smaller range does not replace it (eq. 2).
-        round(&mut e, 6, T0 + 71 * S, [600 * MS, 590 * MS, 595 * MS, 599 * MS]);
+        round(
+            &mut e,
+            6,
+            T0 + 71 * S,
+            [600 * MS, 590 * MS, 595 * MS, 599 * MS],
+        );
         // The comm was first seen at T0 + 1 s: windows end at T0 + 61 s, 121 s, 181 s.
         let d = e.tick(T0 + 122 * S);
         assert_eq!(d.len(), 1);
         let ev = d[0].evidence.as_ref().unwrap();
         assert_eq!(d[0].class(), AnomalyClass::S1ComputationSlow);
         assert_eq!(d[0].roots[0].rank, 3);
-        assert_eq!((ev.t_max_ns, ev.t_min_ns, ev.t_base_ns), (500 * MS, 100 * MS, 120 * MS));
+        assert_eq!(
+            (ev.t_max_ns, ev.t_min_ns, ev.t_base_ns),
+            (500 * MS, 100 * MS, 120 * MS)
+        );
         assert!((ev.r - 380.0 / 120.0).abs() < 1e-12, "R = {}", ev.r);
         assert_eq!(ev.p, 1.0);
         assert_eq!(ev.baseline(), BaselineKind::Dynamic);
         assert_eq!(ev.baseline_rounds, 3);
         assert_eq!(d[0].trace.as_ref().unwrap().op_counter, 5);
-        assert_eq!(d[0].location_latency_ns, S, "window ended at T0 + 121 s, tick at 122 s");
+        assert_eq!(
+            d[0].location_latency_ns, S,
+            "window ended at T0 + 121 s, tick at 122 s"
+        );
         assert_eq!(ev.window_end_ns, T0 + 121 * S);
-        assert!(d[0].summary.contains("(P = 1.00, R = 3.2)"), "{}", d[0].summary);
+        assert!(
+            d[0].summary.contains("(P = 1.00, R = 3.2)"),
+            "{}",
+            d[0].summary
+        );
         let log = e.take_window_log();
         assert_eq!(log.len(), 2);
         assert!(!log[0].dynamic && log[1].dynamic);
         // Same episode: another slow window gives nothing new.
-        round(&mut e, 7, T0 + 130 * S, [500 * MS, 500 * MS, 500 * MS, 100 * MS]);
+        round(
+            &mut e,
+            7,
+            T0 + 130 * S,
+            [500 * MS, 500 * MS, 500 * MS, 100 * MS],
+        );
         assert!(e.tick(T0 + 181 * S).is_empty());
     }
 
@@ -2411,10 +2556,20 @@ mod tests {
             round(&mut e, c, T0 + c * S, [100 * MS; 4]);
         }
         // T_base = 100 ms. T_max 400: R = 3.0, not > 3.
-        round(&mut e, 5, T0 + 70 * S, [400 * MS, 400 * MS, 400 * MS, 390 * MS]);
+        round(
+            &mut e,
+            5,
+            T0 + 70 * S,
+            [400 * MS, 400 * MS, 400 * MS, 390 * MS],
+        );
         assert!(e.tick(T0 + 121 * S).is_empty());
         // Communication-slow: everyone 800 ms, spread 20: R = 7, P = 20 / 700 < 0.4.
-        round(&mut e, 6, T0 + 130 * S, [800 * MS, 790 * MS, 780 * MS, 795 * MS]);
+        round(
+            &mut e,
+            6,
+            T0 + 130 * S,
+            [800 * MS, 790 * MS, 780 * MS, 795 * MS],
+        );
         let d = e.tick(T0 + 181 * S);
         assert_eq!(d.len(), 1);
         assert_eq!(d[0].class(), AnomalyClass::S2CommunicationSlow);
@@ -2425,13 +2580,21 @@ mod tests {
         for c in 1..=4 {
             round(&mut e, c, T0 + c * S, [100 * MS; 4]);
         }
-        round(&mut e, 5, T0 + 70 * S, [800 * MS, 450 * MS, 800 * MS, 800 * MS]);
+        round(
+            &mut e,
+            5,
+            T0 + 70 * S,
+            [800 * MS, 450 * MS, 800 * MS, 800 * MS],
+        );
         let d = e.tick(T0 + 121 * S);
         assert_eq!(d[0].class(), AnomalyClass::S3MixedSlow);
         assert_eq!(d[0].evidence.as_ref().unwrap().p, 0.5);
         // S1 candidate: rank 1; S2 candidates: none (no rank reports different rates).
         assert_eq!(d[0].roots.len(), 1);
-        assert_eq!((d[0].roots[0].rank, d[0].roots[0].class()), (1, AnomalyClass::S1ComputationSlow));
+        assert_eq!(
+            (d[0].roots[0].rank, d[0].roots[0].class()),
+            (1, AnomalyClass::S1ComputationSlow)
+        );
     }
 
     #[test]
@@ -2445,7 +2608,8 @@ mod tests {
         for c in 0..3000u64 {
             // Rank 0's completion records are lost: no round ever completes.
             for r in 1..n {
-                e.ingest(&rec(8, c, r, n, OpState::Completed, MS), T0 + c * MS).unwrap();
+                e.ingest(&rec(8, c, r, n, OpState::Completed, MS), T0 + c * MS)
+                    .unwrap();
             }
             if c == 1000 || c == 2999 {
                 mem.push(e.memory_bytes());
@@ -2464,13 +2628,18 @@ mod tests {
             comm_idle_evict: Duration::from_secs(100),
             ..cfg()
         });
-        e.ingest(&rec(3, 1, 0, 3, OpState::Completed, 7 * MS), T0).unwrap();
-        e.ingest(&rec(3, 2, 0, 3, OpState::InFlight, 2 * S), T0 + 5 * S).unwrap();
+        e.ingest(&rec(3, 1, 0, 3, OpState::Completed, 7 * MS), T0)
+            .unwrap();
+        e.ingest(&rec(3, 2, 0, 3, OpState::InFlight, 2 * S), T0 + 5 * S)
+            .unwrap();
         let st = e.comm_state(3, T0 + 65 * S + 1).unwrap();
         assert_eq!(st.nranks, 3);
         assert_eq!(st.ranks.len(), 3);
         let r0 = &st.ranks[0];
-        assert_eq!((r0.last_op_counter, r0.state(), r0.records), (2, OpState::InFlight, 2));
+        assert_eq!(
+            (r0.last_op_counter, r0.state(), r0.records),
+            (2, OpState::InFlight, 2)
+        );
         assert_eq!(r0.in_flight_ns, 62 * S + 1);
         assert_eq!((r0.host.as_str(), r0.pid), ("h0", 100));
         assert!(r0.silent, "65 s without a report > silent_after 60 s");
@@ -2504,9 +2673,24 @@ mod tests {
             host: "hx".into(),
             pid: 7,
             ranks: vec![
-                wire::RankMembership { comm_id: 1, rank: 2, nranks: 4, last_op_counter: Some(9) },
-                wire::RankMembership { comm_id: 1, rank: 5, nranks: 4, last_op_counter: None },
-                wire::RankMembership { comm_id: 2, rank: 0, nranks: 0, last_op_counter: None },
+                wire::RankMembership {
+                    comm_id: 1,
+                    rank: 2,
+                    nranks: 4,
+                    last_op_counter: Some(9),
+                },
+                wire::RankMembership {
+                    comm_id: 1,
+                    rank: 5,
+                    nranks: 4,
+                    last_op_counter: None,
+                },
+                wire::RankMembership {
+                    comm_id: 2,
+                    rank: 0,
+                    nranks: 0,
+                    last_op_counter: None,
+                },
             ],
             records_dropped: 0,
             time_ns: 0,

@@ -337,7 +337,11 @@ pub fn tree_dataflow(n: usize, chunks: u64, slots: u64, limit: &[Option<u64>]) -
             loop {
                 let i = pc[j];
                 if i >= progs[j].len()
-                    || limit.get(j).copied().flatten().is_some_and(|l| i as u64 >= l)
+                    || limit
+                        .get(j)
+                        .copied()
+                        .flatten()
+                        .is_some_and(|l| i as u64 >= l)
                 {
                     break;
                 }
@@ -495,9 +499,7 @@ impl Sim {
                     next_start: rng.below(cfg.period_ns),
                     hung: false,
                     events: VecDeque::new(),
-                    clock_off: (0..cfg.nranks)
-                        .map(|_| rng.below(1 << 50))
-                        .collect(),
+                    clock_off: (0..cfg.nranks).map(|_| rng.below(1 << 50)).collect(),
                     newest: vec![None; cfg.nranks as usize],
                     silent_from: None,
                     seq: vec![0; cfg.nranks as usize],
@@ -533,7 +535,10 @@ impl Sim {
             SimAlgo::Ring => wire::Algorithm::Ring,
             SimAlgo::Tree => wire::Algorithm::Tree,
         };
-        let reduces = matches!(coll, wire::CollKind::AllReduce | wire::CollKind::ReduceScatter);
+        let reduces = matches!(
+            coll,
+            wire::CollKind::AllReduce | wire::CollKind::ReduceScatter
+        );
         wire::OpTypeSet {
             collective: coll as i32,
             algorithm: algo as i32,
@@ -542,7 +547,11 @@ impl Sim {
             count: bytes / 4,
             bytes,
             redop: if reduces { 0 } else { -1 },
-            root: if coll == wire::CollKind::Broadcast { 0 } else { -1 },
+            root: if coll == wire::CollKind::Broadcast {
+                0
+            } else {
+                -1
+            },
             peer: -1,
             n_channels: cfg.channels,
             tree_layer: match cfg.algo {
@@ -606,9 +615,16 @@ impl Sim {
         let root = active.map_or(u32::MAX, |i| i.rank);
         let is_hang = matches!(
             class,
-            Some(AnomalyClass::H1NotEntered | AnomalyClass::H2Inconsistent | AnomalyClass::H3Hardware)
+            Some(
+                AnomalyClass::H1NotEntered
+                    | AnomalyClass::H2Inconsistent
+                    | AnomalyClass::H3Hardware
+            )
         );
-        let late = matches!(class, Some(AnomalyClass::S1ComputationSlow | AnomalyClass::S3MixedSlow));
+        let late = matches!(
+            class,
+            Some(AnomalyClass::S1ComputationSlow | AnomalyClass::S3MixedSlow)
+        );
         let throttled = matches!(
             class,
             Some(AnomalyClass::S2CommunicationSlow | AnomalyClass::S3MixedSlow)
@@ -626,11 +642,13 @@ impl Sim {
         if barrier {
             comm_ns = (cfg.op_ns / 20).max(1);
         }
-        let factor = if throttled && !barrier { cfg.slow_factor } else { 1.0 };
+        let factor = if throttled && !barrier {
+            cfg.slow_factor
+        } else {
+            1.0
+        };
         comm_ns = (comm_ns as f64 * factor) as u64;
-        let mut enter: Vec<u64> = (0..n)
-            .map(|_| t0 + rng.below(cfg.op_ns / 50 + 1))
-            .collect();
+        let mut enter: Vec<u64> = (0..n).map(|_| t0 + rng.below(cfg.op_ns / 50 + 1)).collect();
         if barrier && cfg.barrier_late_ns > 0 {
             enter[(r % u64::from(n)) as usize] += cfg.barrier_late_ns;
         }
@@ -681,7 +699,12 @@ impl Sim {
                 })
                 .collect();
             Some(match cfg.algo {
-                SimAlgo::Ring => ring_dataflow(n as usize, 2 * (u64::from(n) - 1), u64::from(cfg.slots), &limit),
+                SimAlgo::Ring => ring_dataflow(
+                    n as usize,
+                    2 * (u64::from(n) - 1),
+                    u64::from(cfg.slots),
+                    &limit,
+                ),
                 SimAlgo::Tree => tree_dataflow(n as usize, 8, u64::from(cfg.slots), &limit),
             })
         } else {
@@ -704,7 +727,9 @@ impl Sim {
             };
             if j == root && is_hang {
                 match class {
-                    Some(AnomalyClass::H2Inconsistent) if inj.is_some_and(|i| i.h2 == H2Variant::TypeMismatch) => {
+                    Some(AnomalyClass::H2Inconsistent)
+                        if inj.is_some_and(|i| i.h2 == H2Variant::TypeMismatch) =>
+                    {
                         t = Self::type_set(cfg, wire::CollKind::AllGather, bytes * 2, j);
                         if cfg.algo == SimAlgo::Tree {
                             t.count *= 2;
@@ -793,13 +818,33 @@ impl Sim {
                 } else {
                     ((t - p.enter) as f64 / comm_ns as f64).clamp(0.0, 1.0)
                 };
-                let rec = Self::record(cfg, g, j, p, t, t - p.enter, frac, wire::OpState::InFlight, p.op);
+                let rec = Self::record(
+                    cfg,
+                    g,
+                    j,
+                    p,
+                    t,
+                    t - p.enter,
+                    frac,
+                    wire::OpState::InFlight,
+                    p.op,
+                );
                 g.events.push_back((t, rec));
                 t += cfg.snapshot_ns;
             }
             if p.completes && end_j < sim_end {
                 let at = end_j + (cfg.batch_ns / 10).min(50_000_000);
-                let rec = Self::record(cfg, g, j, p, at, end_j - p.enter, 1.0, wire::OpState::Completed, p.op);
+                let rec = Self::record(
+                    cfg,
+                    g,
+                    j,
+                    p,
+                    at,
+                    end_j - p.enter,
+                    1.0,
+                    wire::OpState::Completed,
+                    p.op,
+                );
                 g.events.push_back((at, rec));
             }
             if is_hang && j == root && class == Some(AnomalyClass::H2Inconsistent) && p.completes {
@@ -820,7 +865,17 @@ impl Sim {
                 };
                 let mut t = enter2 + cfg.snapshot_ns;
                 while t < sim_end {
-                    let rec = Self::record(cfg, g, j, &p2, t, t - enter2, 0.0, wire::OpState::InFlight, r + 1);
+                    let rec = Self::record(
+                        cfg,
+                        g,
+                        j,
+                        &p2,
+                        t,
+                        t - enter2,
+                        0.0,
+                        wire::OpState::InFlight,
+                        r + 1,
+                    );
                     g.events.push_back((t, rec));
                     t += cfg.snapshot_ns;
                 }
@@ -880,7 +935,8 @@ impl Sim {
                     send_per_sec: s as f64 / secs,
                     recv_per_sec: r as f64 / secs,
                     wait_upstream_ns: (ring && cfg.ext_metrics).then(|| scale_u(p.up, frac, state)),
-                    wait_downstream_ns: (ring && cfg.ext_metrics).then(|| scale_u(p.down, frac, state)),
+                    wait_downstream_ns: (ring && cfg.ext_metrics)
+                        .then(|| scale_u(p.down, frac, state)),
                     ring_prev: ring.then(|| Self::ring_prev(cfg, rank, c as u32)),
                     ring_next: ring.then(|| Self::ring_next(cfg, rank, c as u32)),
                     ext: Default::default(),
@@ -992,7 +1048,10 @@ pub struct DriveResult {
 
 /// Feeds timed batches into `engine` (records, then heartbeats, then a tick at the batch's
 /// time) and collects the diagnoses.
-pub fn drive(batches: impl IntoIterator<Item = wire::TimedBatch>, engine: &mut Engine) -> DriveResult {
+pub fn drive(
+    batches: impl IntoIterator<Item = wire::TimedBatch>,
+    engine: &mut Engine,
+) -> DriveResult {
     let mut out = DriveResult::default();
     for tb in batches {
         let now = tb.now_ns;

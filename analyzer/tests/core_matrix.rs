@@ -49,7 +49,11 @@ fn run(cfg: SimConfig, ecfg: EngineConfig) -> (DriveResult, Option<analyzer::sim
     let truth = sim.truth();
     let mut e = Engine::new(ecfg);
     let res = drive(sim, &mut e);
-    assert_eq!(res.rejected, 0, "simulated records are valid: {:?}", res.reasons);
+    assert_eq!(
+        res.rejected, 0,
+        "simulated records are valid: {:?}",
+        res.reasons
+    );
     (res, truth)
 }
 
@@ -66,7 +70,12 @@ fn describe(ds: &[Diagnosis]) -> String {
 
 /// The one diagnosis of the run; it must be on the injected communicator.
 fn single(res: &DriveResult, truth: &analyzer::sim::Truth) -> Diagnosis {
-    assert_eq!(res.diagnoses.len(), 1, "exactly one diagnosis expected: {}", describe(&res.diagnoses));
+    assert_eq!(
+        res.diagnoses.len(),
+        1,
+        "exactly one diagnosis expected: {}",
+        describe(&res.diagnoses)
+    );
     let d = res.diagnoses[0].clone();
     assert_eq!(d.comm_id, truth.comm_id);
     d
@@ -96,10 +105,17 @@ fn check_matrix(n: u32) {
     for algo in [SimAlgo::Ring, SimAlgo::Tree] {
         for class in classes {
             for k in [0, n / 2, n - 1] {
-                let (res, truth) = run(sim_cfg(algo, n, Some(inj(class, k))), EngineConfig::default());
+                let (res, truth) = run(
+                    sim_cfg(algo, n, Some(inj(class, k))),
+                    EngineConfig::default(),
+                );
                 let truth = truth.expect("injected");
                 if res.diagnoses.len() != 1 {
-                    failures.push(format!("{algo:?} {} k={k}: {}", class_code(class), describe(&res.diagnoses)));
+                    failures.push(format!(
+                        "{algo:?} {} k={k}: {}",
+                        class_code(class),
+                        describe(&res.diagnoses)
+                    ));
                     continue;
                 }
                 let d = single(&res, &truth);
@@ -200,7 +216,11 @@ fn silent_processes_are_roots_and_flagged() {
             assert!(d.roots[0].silent, "{}", d.summary);
             let ev = d.evidence.as_ref().expect("evidence");
             assert_eq!(ev.silent_ranks, vec![k]);
-            assert!(d.roots[0].reason.contains("stopped or dead"), "{}", d.roots[0].reason);
+            assert!(
+                d.roots[0].reason.contains("stopped or dead"),
+                "{}",
+                d.roots[0].reason
+            );
         }
     }
 }
@@ -212,8 +232,17 @@ fn h2_rank_that_completes_and_moves_on_is_the_root() {
         i.h2 = H2Variant::Completes;
         let (res, truth) = run(sim_cfg(algo, 8, Some(i)), EngineConfig::default());
         let d = single(&res, &truth.expect("injected"));
-        assert_eq!((d.class(), roots(&d)), (AnomalyClass::H2Inconsistent, vec![3]), "{}", d.summary);
-        assert!(d.roots[0].reason.contains("completed"), "{}", d.roots[0].reason);
+        assert_eq!(
+            (d.class(), roots(&d)),
+            (AnomalyClass::H2Inconsistent, vec![3]),
+            "{}",
+            d.summary
+        );
+        assert!(
+            d.roots[0].reason.contains("completed"),
+            "{}",
+            d.roots[0].reason
+        );
     }
 }
 
@@ -249,7 +278,11 @@ fn varied_ring_orders_isolate_the_slow_rank() {
 
 #[test]
 fn lockstep_ring_without_wait_metrics_names_nobody() {
-    let mut cfg = sim_cfg(SimAlgo::Ring, 8, Some(inj(AnomalyClass::S2CommunicationSlow, 2)));
+    let mut cfg = sim_cfg(
+        SimAlgo::Ring,
+        8,
+        Some(inj(AnomalyClass::S2CommunicationSlow, 2)),
+    );
     cfg.ext_metrics = false;
     let (res, truth) = run(cfg, EngineConfig::default());
     let d = single(&res, &truth.expect("injected"));
@@ -273,7 +306,11 @@ fn only_the_injected_communicator_is_diagnosed_among_several() {
 
 #[test]
 fn slow_at_start_uses_the_static_baseline() {
-    let mut cfg = sim_cfg(SimAlgo::Ring, 8, Some(inj(AnomalyClass::S1ComputationSlow, 1)));
+    let mut cfg = sim_cfg(
+        SimAlgo::Ring,
+        8,
+        Some(inj(AnomalyClass::S1ComputationSlow, 1)),
+    );
     cfg.inject.as_mut().expect("set").start_ns = 0;
     cfg.duration_ns = 150_000_000_000;
     let ecfg = EngineConfig {
@@ -282,7 +319,10 @@ fn slow_at_start_uses_the_static_baseline() {
     };
     let (res, truth) = run(cfg, ecfg);
     let d = single(&res, &truth.expect("injected"));
-    assert_eq!((d.class(), roots(&d)), (AnomalyClass::S1ComputationSlow, vec![1]));
+    assert_eq!(
+        (d.class(), roots(&d)),
+        (AnomalyClass::S1ComputationSlow, vec![1])
+    );
     let ev = d.evidence.expect("evidence");
     assert_eq!(ev.baseline(), BaselineKind::Static);
     assert_eq!(ev.t_base_ns, 200_000_000);
@@ -292,7 +332,11 @@ fn slow_at_start_uses_the_static_baseline() {
 #[test]
 fn diagnosis_fields_are_filled() {
     let (res, truth) = run(
-        sim_cfg(SimAlgo::Ring, 8, Some(inj(AnomalyClass::S1ComputationSlow, 3))),
+        sim_cfg(
+            SimAlgo::Ring,
+            8,
+            Some(inj(AnomalyClass::S1ComputationSlow, 3)),
+        ),
         EngineConfig::default(),
     );
     let d = single(&res, &truth.expect("injected"));
@@ -310,5 +354,10 @@ fn diagnosis_fields_are_filled() {
     assert!(ev.t_max_ns > ev.t_min_ns && ev.t_min_ns > 0);
     assert_eq!(ev.duration_ns.as_ref().map(|s| s.min_rank), Some(3));
     assert_eq!(ev.ranks.len(), 1);
-    assert!(d.summary.starts_with("rank 3 (pid 10003, host c0h0) enters"), "{}", d.summary);
+    assert!(
+        d.summary
+            .starts_with("rank 3 (pid 10003, host c0h0) enters"),
+        "{}",
+        d.summary
+    );
 }
