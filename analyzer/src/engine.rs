@@ -1075,7 +1075,7 @@ impl Engine {
         self.stats.rounds_completed += 1;
         let mut leftover = Some(entries);
         if let (true, Some(ty)) = (usable, ty) {
-            let es = leftover.as_ref().map(Vec::as_slice).unwrap_or(&[]);
+            let es = leftover.as_deref().unwrap_or(&[]);
             let t_max = es.iter().map(|e| e.duration_ns).max().unwrap_or(0);
             let t_min = es.iter().map(|e| e.duration_ns).min().unwrap_or(0);
             let ki = comm.kind_index(KindKey::of(&ty), cfg);
@@ -1764,7 +1764,6 @@ fn locate_hang_round(cfg: &EngineConfig, comm: &Comm, idx: usize, now_ns: u64) -
         ..Default::default()
     };
     let phrase = ranks_phrase(comm, roots_all);
-    let verb_s = if roots_all.len() == 1 { "" } else { "" };
     let summary = match &finding {
         HangFinding::NotEntered(_) => format!(
             "{phrase} did not enter {coll_name} #{c}: not-entered hang ({hung} of {n} ranks in flight for {} s)",
@@ -1783,7 +1782,7 @@ fn locate_hang_round(cfg: &EngineConfig, comm: &Comm, idx: usize, now_ns: u64) -
             secs(max_in_flight)
         ),
         HangFinding::FewestCounts(_) => format!(
-            "{phrase} made the least progress{verb_s} in {coll_name} #{c} while all {n} ranks hang: hardware fault ({} s)",
+            "{phrase} made the least progress in {coll_name} #{c} while all {n} ranks hang: hardware fault ({} s)",
             secs(max_in_flight)
         ),
     };
