@@ -2,6 +2,41 @@
 //!
 //! Pure: no I/O and no clocks. Every call takes the analyzer's current time (`now_ns`,
 //! nanoseconds on the analyzer's wall clock); the service owns the clock and the locking.
+//! One `Engine` per shard (or per lock): it is `Send`, not internally synchronised.
+//!
+//! # State
+//! Per communicator (grouped by the Trace ID's communicator id): per rank liveness (last
+//! record or heartbeat), newest operation counter, last operation; a window of at most
+//! `max_rounds_per_comm` rounds (operation counters), each with one compact entry per rank
+//! (state, duration, counts, rates, waits, type set index). A round that every rank
+//! completed is handed to slow detection and its buffer recycled; older rounds are evicted.
+//! Ingest is O(channels) per record and allocation-free in the steady state.
+//!
+//! # Hang (section 4.2.1)
+//! A rank is in flight in a round from its analyzer-time start estimate, the minimum over
+//! its snapshots of (receive time - reported duration): this is at most the first time the
+//! analyzer saw it and keeps growing with `now` when the rank goes silent. The oldest round
+//! in which some rank has been in flight longer than `hang_threshold` is hung, unless it is a
+//! barrier (AllReduce below `barrier_max_bytes`, for every type set seen); location then runs
+//! once for that round (one diagnosis per episode): [`crate::locate::locate_hang`]. A
+//! point-to-point round involves only its reporters and their peers.
+//!
+//! # Slow (section 4.2.1)
+//! Every fully completed, failure-free, non-barrier, non-p2p round with consistent type sets
+//! feeds eq. (1)-(2) for its *operation kind* (collective, algorithm, size class of powers of
+//! 4): the paper keeps one baseline per communicator; a communicator that mixes, say, 1 KiB
+//! and 1 GiB operations would otherwise flag its large ones as slow. With a single kind (the
+//! common case) this is exactly the paper's rule. Detection windows of `detect_window` are
+//! aligned to the communicator's first appearance and closed by `tick` or by the first record
+//! after their end; the kind with the largest R decides the window; `repeat_threshold`
+//! consecutive slow windows run location once per episode ([`crate::detect::SlowStreak`]).
+//! R uses the baseline in force when the widest round completed (static while r <= m).
+//!
+//! # Location latency
+//! `Diagnosis::location_latency_ns` is the analyzer time from the moment the anomaly became
+//! detectable (hang: onset + threshold; slow: end of the deciding window) to the diagnosis;
+//! the CPU cost of the location step itself is `Evidence::location_cost_ns`, filled by
+//! [`Engine::tick_with_clock`] with the caller's clock.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
@@ -88,6 +123,61 @@ impl Default for EngineConfig {
             evidence_cap: 64,
             record_windows: false,
         }
+    }
+}
+
+/// An [`EngineConfig`] value out of range (see [`EngineConfig::validate`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid analyzer setting {field}: {why}")]
+pub struct ConfigError {
+    /// Field name.
+    pub field: &'static str,
+    /// What is wrong.
+    pub why: &'static str,
+}
+
+impl EngineConfig {
+    /// Checks every value; the service calls it after mapping its settings (e.g.
+    /// `CCLD_HANG_TIMEOUT_S`, `CCLD_SLOW_WINDOW_S`, `CCLD_SLOW_THETA`) onto the config.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |field, why| Err(ConfigError { field, why });
+        if self.hang_threshold.is_zero() {
+            return bad("hang_threshold", "must be > 0");
+        }
+        if self.detect_window.is_zero() {
+            return bad("detect_window", "must be > 0");
+        }
+        if self.t_base_init.is_zero() {
+            return bad("t_base_init", "must be > 0");
+        }
+        if self.baseline_rounds_max == 0 {
+            return bad("baseline_rounds_max", "must be >= 1");
+        }
+        if self.theta_slow.is_nan() || self.theta_slow <= 0.0 {
+            return bad(
+                "theta_slow",
+                "must be > 0 (or +inf to disable slow detection)",
+            );
+        }
+        if self.repeat_threshold == 0 {
+            return bad("repeat_threshold", "must be >= 1");
+        }
+        if !(0.0..=1.0).contains(&self.alpha) || !(0.0..=1.0).contains(&self.beta) {
+            return bad("alpha/beta", "must be within [0, 1]");
+        }
+        if self.alpha > self.beta {
+            return bad("alpha/beta", "alpha must not exceed beta");
+        }
+        if self.silent_after.is_zero() {
+            return bad("silent_after", "must be > 0");
+        }
+        if self.max_rounds_per_comm == 0 || self.max_ranks == 0 || self.max_comms == 0 {
+            return bad("max_rounds_per_comm/max_ranks/max_comms", "must be >= 1");
+        }
+        if self.max_channels == 0 || self.max_op_kinds == 0 || self.evidence_cap == 0 {
+            return bad("max_channels/max_op_kinds/evidence_cap", "must be >= 1");
+        }
+        Ok(())
     }
 }
 
@@ -215,6 +305,18 @@ pub enum Reject {
         rank: u32,
         /// Neighbour claimed.
         neighbour: u32,
+    },
+    /// A metric is negative, NaN or infinite.
+    #[error("comm {comm_id:#x} rank {rank}: bad {field} value in channel {channel}")]
+    BadMetric {
+        /// Communicator.
+        comm_id: u64,
+        /// Rank.
+        rank: u32,
+        /// Channel index.
+        channel: usize,
+        /// Field name.
+        field: &'static str,
     },
     /// The analyzer already tracks `max_comms` communicators.
     #[error("too many communicators (limit {max})")]
@@ -812,7 +914,22 @@ impl Engine {
                 duration_ns: rec.duration_ns,
             });
         }
-        for ch in &rec.channels {
+        for (i, ch) in rec.channels.iter().enumerate() {
+            for (field, v) in [
+                ("send_rate", ch.send_rate),
+                ("recv_rate", ch.recv_rate),
+                ("send_per_sec", ch.send_per_sec),
+                ("recv_per_sec", ch.recv_per_sec),
+            ] {
+                if !(v.is_finite() && v >= 0.0) {
+                    return Err(Reject::BadMetric {
+                        comm_id,
+                        rank: rec.rank,
+                        channel: i,
+                        field,
+                    });
+                }
+            }
             for n in [ch.ring_prev, ch.ring_next].into_iter().flatten() {
                 if n >= rec.nranks {
                     return Err(Reject::BadRingNeighbour {
@@ -2334,6 +2451,59 @@ mod tests {
             t += 10 * S;
         }
         t
+    }
+
+    #[test]
+    fn config_validation_names_the_bad_field() {
+        assert_eq!(EngineConfig::default().validate(), Ok(()));
+        let c = EngineConfig {
+            alpha: 0.7,
+            beta: 0.6,
+            ..EngineConfig::default()
+        };
+        assert_eq!(c.validate().unwrap_err().field, "alpha/beta");
+        let c = EngineConfig {
+            theta_slow: f64::NAN,
+            ..EngineConfig::default()
+        };
+        assert_eq!(c.validate().unwrap_err().field, "theta_slow");
+        let c = EngineConfig {
+            theta_slow: f64::INFINITY,
+            ..EngineConfig::default()
+        };
+        assert_eq!(c.validate(), Ok(()));
+        let c = EngineConfig {
+            hang_threshold: Duration::ZERO,
+            ..EngineConfig::default()
+        };
+        assert_eq!(
+            c.validate().unwrap_err().to_string(),
+            "invalid analyzer setting hang_threshold: must be > 0"
+        );
+    }
+
+    #[test]
+    fn non_finite_or_negative_metrics_are_rejected() {
+        let mut e = Engine::new(cfg());
+        let mut r = rec(1, 1, 0, 2, OpState::Completed, MS);
+        r.channels[0].send_rate = f64::NAN;
+        assert!(matches!(
+            e.ingest(&r, T0),
+            Err(Reject::BadMetric {
+                field: "send_rate",
+                channel: 0,
+                ..
+            })
+        ));
+        r.channels[0].send_rate = 0.5;
+        r.channels[0].recv_per_sec = -1.0;
+        assert!(matches!(
+            e.ingest(&r, T0),
+            Err(Reject::BadMetric {
+                field: "recv_per_sec",
+                ..
+            })
+        ));
     }
 
     #[test]

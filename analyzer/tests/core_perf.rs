@@ -8,7 +8,11 @@ use analyzer::{Engine, EngineConfig};
 
 fn rec(comm: u64, c: u64, rank: u32, n: u32, state: OpState, dur: u64) -> OpRecord {
     OpRecord {
-        trace: Some(TraceId { comm_id: comm, op_counter: c, extension: 0 }),
+        trace: Some(TraceId {
+            comm_id: comm,
+            op_counter: c,
+            extension: 0,
+        }),
         rank,
         nranks: n,
         host: format!("h{}", rank / 8),
@@ -26,7 +30,17 @@ fn rec(comm: u64, c: u64, rank: u32, n: u32, state: OpState, dur: u64) -> OpReco
         start_ns: c * 1_000_000,
         duration_ns: dur,
         channels: vec![
-            ChannelStat { send_count: 10, recv_count: 10, expected_send: 10, expected_recv: 10, send_rate: 0.5, recv_rate: 0.5, wait_upstream_ns: Some(5), wait_downstream_ns: Some(6), ..Default::default() };
+            ChannelStat {
+                send_count: 10,
+                recv_count: 10,
+                expected_send: 10,
+                expected_recv: 10,
+                send_rate: 0.5,
+                recv_rate: 0.5,
+                wait_upstream_ns: Some(5),
+                wait_downstream_ns: Some(6),
+                ..Default::default()
+            };
             2
         ],
         state: state as i32,
@@ -44,7 +58,14 @@ fn ingest_throughput_and_location_latency() {
     for c in 0..rounds {
         for comm in 0..k {
             for r in 0..n {
-                recs.push(rec(comm + 1, c, r, n, OpState::Completed, 1_000_000 + u64::from(r)));
+                recs.push(rec(
+                    comm + 1,
+                    c,
+                    r,
+                    n,
+                    OpState::Completed,
+                    1_000_000 + u64::from(r),
+                ));
             }
         }
     }
