@@ -326,6 +326,29 @@ pub enum Reject {
     },
 }
 
+impl Reject {
+    /// A short stable label for the reason (metrics label), e.g. `"rank_out_of_range"`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Reject::MissingTrace => "missing_trace",
+            Reject::MissingOpTypeSet { .. } => "missing_op_type_set",
+            Reject::ZeroRanks { .. } => "zero_ranks",
+            Reject::TooManyRanks { .. } => "too_many_ranks",
+            Reject::RankOutOfRange { .. } => "rank_out_of_range",
+            Reject::NranksMismatch { .. } => "nranks_mismatch",
+            Reject::CounterBackwards { .. } => "counter_backwards",
+            Reject::DuplicateCompleted { .. } => "duplicate_completed",
+            Reject::AbsurdDuration { .. } => "absurd_duration",
+            Reject::ClockBackwards { .. } => "clock_backwards",
+            Reject::UnknownEnum { .. } => "unknown_enum",
+            Reject::TooManyChannels { .. } => "too_many_channels",
+            Reject::BadRingNeighbour { .. } => "bad_ring_neighbour",
+            Reject::BadMetric { .. } => "bad_metric",
+            Reject::TooManyComms { .. } => "too_many_comms",
+        }
+    }
+}
+
 /// One closed detection window (for calibration), see [`EngineConfig::record_windows`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct WindowEval {

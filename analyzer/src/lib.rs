@@ -13,4 +13,4 @@ pub mod locate;
 pub mod sim;
 pub mod wire;
 
-pub use engine::{ConfigError, Engine, EngineConfig, EngineStats, Reject, WindowEval};
+pub use engine::{Engine, EngineConfig, Reject};
