@@ -2790,6 +2790,135 @@ mod tests {
     }
 
     #[test]
+    fn operation_kinds_keep_separate_baselines() {
+        // Small (1 ms) and large (500 ms) AllReduces alternate; one baseline for both would
+        // be about 250 ms and flag every large one (R = 1 at theta 0.5 here).
+        let mut e = Engine::new(EngineConfig {
+            theta_slow: 0.5,
+            ..slow_cfg()
+        });
+        let mut t = T0;
+        for c in 1..=200u64 {
+            let (bytes, d) = if c % 2 == 0 {
+                (1 << 30, 500 * MS)
+            } else {
+                (1 << 10, MS)
+            };
+            for r in 0..4 {
+                let mut x = rec(4, c, r, 4, OpState::Completed, d + u64::from(r) * MS / 10);
+                x.op = Some(op(CollKind::AllReduce, bytes));
+                e.ingest(&x, t).unwrap();
+            }
+            t += 2 * S;
+            assert!(e.tick(t).is_empty(), "round {c}");
+        }
+        let log = e.take_window_log();
+        assert!(log.iter().filter(|w| w.dynamic).count() >= 10);
+        assert!(log.iter().all(|w| w.r < 0.5), "{log:?}");
+    }
+
+    #[test]
+    fn random_junk_never_panics_and_stays_bounded() {
+        let mut rng = crate::sim::Rng::new(42);
+        let mut e = Engine::new(EngineConfig {
+            max_comms: 8,
+            max_rounds_per_comm: 8,
+            hang_threshold: Duration::from_secs(5),
+            detect_window: Duration::from_secs(3),
+            silent_after: Duration::from_secs(2),
+            ..EngineConfig::default()
+        });
+        let mut now = T0;
+        let mut accepted = 0;
+        for i in 0..20_000u64 {
+            // Mostly consistent sizes per communicator (so that records get deep into the
+            // engine), sometimes not.
+            let comm = 1 + rng.below(12);
+            let n = if rng.below(10) == 0 {
+                1 + rng.below(6) as u32
+            } else {
+                1 + (comm % 6) as u32
+            };
+            let mut x = rec(
+                comm,
+                rng.below(40),
+                rng.below(n.into()) as u32,
+                n,
+                match rng.below(3) {
+                    0 => OpState::InFlight,
+                    1 => OpState::Completed,
+                    _ => OpState::Failed,
+                },
+                rng.below(20 * S),
+            );
+            let o = x.op.as_mut().unwrap();
+            o.collective = if rng.below(20) == 0 {
+                10
+            } else {
+                rng.below(10) as i32
+            };
+            o.algorithm = if rng.below(20) == 0 {
+                3
+            } else {
+                rng.below(3) as i32
+            };
+            o.bytes = rng.below(8);
+            o.peer = rng.below(9) as i32 - 1;
+            o.tree_layer = (0..rng.below(3)).map(|_| rng.below(4) as u32).collect();
+            x.start_ns = rng.below(1 << 40);
+            x.channels = (0..rng.below(4))
+                .map(|_| ChannelStat {
+                    send_count: rng.below(100),
+                    recv_count: rng.below(100),
+                    expected_send: rng.below(3) * 50,
+                    send_rate: rng.unit(),
+                    wait_upstream_ns: (rng.below(2) == 0).then(|| rng.below(S)),
+                    ring_next: (rng.below(2) == 0).then(|| rng.below(u64::from(n) + 1) as u32),
+                    ..Default::default()
+                })
+                .collect();
+            if e.ingest(&x, now).is_ok() {
+                accepted += 1;
+            }
+            if i % 7 == 0 {
+                e.heartbeat(
+                    &wire::Heartbeat {
+                        host: "j".into(),
+                        pid: 1,
+                        ranks: vec![wire::RankMembership {
+                            comm_id: 1 + rng.below(12),
+                            rank: rng.below(8) as u32,
+                            nranks: 1 + rng.below(6) as u32,
+                            last_op_counter: (rng.below(2) == 0).then(|| rng.below(50)),
+                        }],
+                        records_dropped: 0,
+                        time_ns: 0,
+                    },
+                    now,
+                );
+            }
+            if i % 50 == 0 {
+                now += rng.below(2 * S);
+                for d in e.tick(now) {
+                    assert!(!d.summary.is_empty());
+                }
+                for id in e.comm_ids() {
+                    assert!(e.comm_state(id, now).is_some());
+                }
+            }
+        }
+        // Deep paths were reached: rounds completed, hangs located, rounds evicted.
+        let st = e.stats();
+        assert!(accepted > 500, "{accepted}");
+        assert!(
+            st.rounds_completed > 0 && st.diagnoses > 0 && st.stale_records > 0,
+            "{st:?}"
+        );
+        assert!(e.comm_ids().len() <= 8);
+        assert!(e.memory_bytes() < 8 << 20, "{}", e.memory_bytes());
+    }
+
+    #[test]
     fn memory_is_bounded_when_rounds_never_complete() {
         let mut e = Engine::new(EngineConfig {
             max_rounds_per_comm: 16,
