@@ -1670,6 +1670,9 @@ fn rank_evidence(
         ev.recv_rate = f64::from(e.recv_rate);
         ev.wait_upstream_ns = e.wait_up;
         ev.wait_downstream_ns = e.wait_down;
+        if e.group != 0 {
+            ev.tree_layer = Some(e.depth);
+        }
     }
     ev
 }
@@ -2204,6 +2207,11 @@ fn locate_slow(
             .collect(),
         lockstep,
         algorithm: algo,
+        tree_layer: root_ranks
+            .first()
+            .and_then(|&j| entries.get(j as usize))
+            .filter(|e| e.group != 0)
+            .map(|e| e.depth),
         ..Default::default()
     };
     wire::Diagnosis {

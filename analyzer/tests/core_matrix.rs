@@ -120,6 +120,15 @@ fn check_matrix(n: u32) {
                 }
                 let d = single(&res, &truth);
                 let want = expected_roots(class, algo, n, k);
+                if algo == SimAlgo::Tree && !is_hang(class) {
+                    let layer = d.evidence.as_ref().and_then(|e| e.tree_layer);
+                    if layer != Some(analyzer::sim::tree_layer(k)) {
+                        failures.push(format!(
+                            "{} k={k}: evidence tree layer {layer:?}",
+                            class_code(class)
+                        ));
+                    }
+                }
                 if d.class() != class || roots(&d) != want {
                     failures.push(format!(
                         "{algo:?} {} k={k}: got {} {:?}, want {:?}: {}",
