@@ -582,6 +582,11 @@ struct RankInfo {
     last_send_rate: f32,
     last_recv_rate: f32,
     last_in_flight_start_est: u64,
+    /// Type set and counts of the rank's latest completed operation: the expected counts of
+    /// a hung operation of the same type set when the probe does not report them.
+    done_ty: Option<TypeKey>,
+    done_send: u64,
+    done_recv: u64,
     records: u64,
     win_ops: u32,
     win_send_rate: f64,
@@ -606,6 +611,9 @@ impl RankInfo {
             last_send_rate: 0.0,
             last_recv_rate: 0.0,
             last_in_flight_start_est: u64::MAX,
+            done_ty: None,
+            done_send: 0,
+            done_recv: 0,
             records: 0,
             win_ops: 0,
             win_send_rate: 0.0,
@@ -1159,6 +1167,9 @@ impl Engine {
             info.last_op_start_ns = rec.start_ns;
         }
         if state == ST_DONE {
+            info.done_ty = Some(tk);
+            info.done_send = sums.send;
+            info.done_recv = sums.recv;
             info.win_ops += 1;
             info.win_send_rate += f64::from(sums.send_rate);
             info.win_recv_rate += f64::from(sums.recv_rate);
@@ -1711,6 +1722,18 @@ fn locate_hang_round(cfg: &EngineConfig, comm: &Comm, idx: usize, now_ns: u64) -
         .map(|j| {
             let e = entry(j);
             let info = &comm.ranks[j];
+            // Expected counts: reported by the probe, else the rank's own counts in its
+            // latest completed operation with the same type set.
+            let exp = if e.exp_send + e.exp_recv > 0 {
+                (e.exp_send, e.exp_recv)
+            } else if e.state != ST_NONE
+                && info.done_ty.is_some()
+                && info.done_ty == round.types.get(e.type_idx as usize).copied()
+            {
+                (info.done_send, info.done_recv)
+            } else {
+                (0, 0)
+            };
             let state = match e.state {
                 _ if !involved[j] => HangState::NotInvolved,
                 ST_INFLIGHT => HangState::InFlight,
@@ -1732,8 +1755,8 @@ fn locate_hang_round(cfg: &EngineConfig, comm: &Comm, idx: usize, now_ns: u64) -
                 },
                 send: e.send,
                 recv: e.recv,
-                exp_send: e.exp_send,
-                exp_recv: e.exp_recv,
+                exp_send: exp.0,
+                exp_recv: exp.1,
                 group: e.group,
                 depth: e.depth,
             }

@@ -82,6 +82,8 @@ pub struct SimConfig {
     pub varied_rings: bool,
     /// Emit the per-channel wait extension metrics.
     pub ext_metrics: bool,
+    /// Emit the expected SendCount/RecvCount (the schedule's totals); false sends 0.
+    pub expected_counts: bool,
     /// Collectives cycled through, one per round (ring only).
     pub colls: Vec<wire::CollKind>,
     /// Bytes per operation.
@@ -133,6 +135,7 @@ impl Default for SimConfig {
             channels: 2,
             varied_rings: false,
             ext_metrics: true,
+            expected_counts: true,
             colls: vec![
                 wire::CollKind::AllReduce,
                 wire::CollKind::AllGather,
@@ -928,8 +931,8 @@ impl Sim {
                 wire::ChannelStat {
                     send_count: s,
                     recv_count: r,
-                    expected_send: es,
-                    expected_recv: er,
+                    expected_send: if cfg.expected_counts { es } else { 0 },
+                    expected_recv: if cfg.expected_counts { er } else { 0 },
                     send_rate: crate::detect::rate_from_ticks(p.send_ticks),
                     recv_rate: crate::detect::rate_from_ticks(p.recv_ticks),
                     send_per_sec: s as f64 / secs,

@@ -370,3 +370,23 @@ fn diagnosis_fields_are_filled() {
         d.summary
     );
 }
+
+#[test]
+fn h3_without_expected_counts_learns_them_from_completed_rounds() {
+    // The probe may not know its schedule's totals: the engine then uses each rank's counts
+    // in its previous completed operation of the same type set (trees: AllReduce only).
+    let mut failures = Vec::new();
+    for n in [4, 7, 64] {
+        for k in 0..n {
+            let mut cfg = sim_cfg(SimAlgo::Tree, n, Some(inj(AnomalyClass::H3Hardware, k)));
+            cfg.expected_counts = false;
+            cfg.channels = 1;
+            let (res, truth) = run(cfg, EngineConfig::default());
+            let d = single(&res, &truth.expect("injected"));
+            if (d.class(), roots(&d)) != (AnomalyClass::H3Hardware, vec![k]) {
+                failures.push(format!("n={n} k={k}: {}", describe(&res.diagnoses)));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
