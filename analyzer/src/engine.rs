@@ -19,7 +19,9 @@
 //! in which some rank has been in flight longer than `hang_threshold` is hung, unless it is a
 //! barrier (AllReduce below `barrier_max_bytes`, for every type set seen); location then runs
 //! once for that round (one diagnosis per episode): [`crate::locate::locate_hang`]. A
-//! point-to-point round involves only its reporters and their peers.
+//! point-to-point round involves only its reporters and their peers. For H3 the expected
+//! SendCount/RecvCount of a rank are the probe's (schedule totals) or, when it sends none,
+//! the rank's own counts in its latest completed operation with the same type set.
 //!
 //! # Slow (section 4.2.1)
 //! Every fully completed, failure-free, non-barrier, non-p2p round with consistent type sets
@@ -83,7 +85,8 @@ pub struct EngineConfig {
     pub max_channels: usize,
     /// Communicators tracked at most (new ones are rejected beyond this).
     pub max_comms: usize,
-    /// A record may be this many rounds older than the newest round its rank reported.
+    /// A record may be this many rounds older than the newest round its rank reported in a
+    /// record (heartbeats, which run ahead of a backlog of records, do not count).
     pub max_reorder: u64,
     /// Communicators without any record or heartbeat for this long are dropped.
     pub comm_idle_evict: Duration,
@@ -117,7 +120,7 @@ impl Default for EngineConfig {
             max_duration: Duration::from_secs(7 * 24 * 3600),
             max_channels: 64,
             max_comms: 100_000,
-            max_reorder: 8,
+            max_reorder: 64,
             comm_idle_evict: Duration::from_secs(3600),
             max_op_kinds: 16,
             evidence_cap: 64,
@@ -572,6 +575,8 @@ struct RankInfo {
     pid: u32,
     reported: bool,
     newest_op: Option<u64>,
+    /// Newest operation counter seen in this rank's records (heartbeats excluded).
+    newest_rec_op: Option<u64>,
     last_seen_ns: u64,
     last_state: u8,
     last_op_start_ns: u64,
@@ -601,6 +606,7 @@ impl RankInfo {
             pid: 0,
             reported: false,
             newest_op: None,
+            newest_rec_op: None,
             last_seen_ns: 0,
             last_state: ST_NONE,
             last_op_start_ns: 0,
@@ -1004,7 +1010,7 @@ impl Engine {
         let skew = dur_ns(cfg.max_future_skew);
         {
             let info = &comm.ranks[ri];
-            if let Some(newest) = info.newest_op {
+            if let Some(newest) = info.newest_rec_op {
                 if c.saturating_add(cfg.max_reorder) < newest {
                     return Err(Reject::CounterBackwards {
                         comm_id,
@@ -1205,6 +1211,7 @@ impl Engine {
         info.last_seen_ns = info.last_seen_ns.max(now_ns);
         info.records += 1;
         info.newest_op = Some(info.newest_op.map_or(c, |n| n.max(c)));
+        info.newest_rec_op = Some(info.newest_rec_op.map_or(c, |n| n.max(c)));
     }
 
     /// Every rank completed (or failed) round `idx`: feed the slow detector.
@@ -2437,22 +2444,38 @@ mod tests {
         ));
         // A late in-flight snapshot of a completed op is accepted and ignored.
         assert_eq!(e.ingest(&ok, T0), Ok(()));
-        // Rank 0 reaches op 20: op 11 is more than max_reorder (8) behind.
-        let mut r = rec(1, 20, 0, 4, OpState::InFlight, S);
+        // A heartbeat far ahead does not make older records "backwards".
+        e.heartbeat(
+            &wire::Heartbeat {
+                host: "h0".into(),
+                pid: 100,
+                ranks: vec![wire::RankMembership {
+                    comm_id: 1,
+                    rank: 0,
+                    nranks: 4,
+                    last_op_counter: Some(500),
+                }],
+                records_dropped: 0,
+                time_ns: 0,
+            },
+            T0,
+        );
+        // Rank 0 reaches op 80: op 15 is more than max_reorder (64) behind.
+        let mut r = rec(1, 80, 0, 4, OpState::InFlight, S);
         r.start_ns = 300 * S;
         assert_eq!(e.ingest(&r, T0), Ok(()));
-        let r = rec(1, 11, 0, 4, OpState::InFlight, S);
+        let r = rec(1, 15, 0, 4, OpState::InFlight, S);
         assert_eq!(
             e.ingest(&r, T0),
             Err(Reject::CounterBackwards {
                 comm_id: 1,
                 rank: 0,
-                got: 11,
-                newest: 20
+                got: 15,
+                newest: 80
             })
         );
-        // Op 21 starting 100 s before op 20 on the same rank's clock.
-        let mut r = rec(1, 21, 0, 4, OpState::InFlight, S);
+        // Op 81 starting 100 s before op 80 on the same rank's clock.
+        let mut r = rec(1, 81, 0, 4, OpState::InFlight, S);
         r.start_ns = 200 * S;
         assert!(matches!(
             e.ingest(&r, T0),
