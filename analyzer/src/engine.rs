@@ -2531,6 +2531,13 @@ mod tests {
     }
 
     #[test]
+    fn engine_can_move_between_threads() {
+        fn send<T: Send + 'static>() {}
+        send::<Engine>();
+        send::<wire::Diagnosis>();
+    }
+
+    #[test]
     fn config_validation_names_the_bad_field() {
         assert_eq!(EngineConfig::default().validate(), Ok(()));
         let c = EngineConfig {
