@@ -1,6 +1,7 @@
 /* Multi-process end-to-end test through the C ABI, built against NVIDIA's nccl.h and run
- * on ccl-d's libnccl.so.2 (processes started by harness.h). Every rank checks AllReduce,
- * in-place AllReduce, AllGather, Broadcast and a Send/Recv ring on host buffers
+ * on ccl-d's libnccl.so.2 (processes started by harness.h). Every rank checks every
+ * collective (AllReduce out of/in place, AllGather, Broadcast, Reduce, ReduceScatter,
+ * AlltoAll, Gather, Scatter, Bcast), a Send/Recv ring and a PreMulSum op on host buffers
  * (stream = NULL), then bad arguments on a live communicator. Exit 0 = all good. */
 #include "harness.h"
 
@@ -83,6 +84,87 @@ static int run_rank(int rank, int nranks, ncclUniqueId id) {
   CHECK(ncclGroupEnd());
   for (size_t i = 0; i < count; i++)
     EXPECT(rr[i] == (int64_t)prev * 1000003 + (int64_t)i, "ring[%zu] = %lld", i, (long long)rr[i]);
+
+  /* Reduce (int64 sum) to the middle rank; recvbuff may be NULL elsewhere. */
+  {
+    int64_t *rs_ = malloc(count * sizeof(int64_t)), *rr_ = malloc(count * sizeof(int64_t));
+    int rroot = nranks / 2;
+    for (size_t i = 0; i < count; i++) rs_[i] = (int64_t)(rank + 1) * (int64_t)(i + 1);
+    CHECK(ncclReduce(rs_, rank == rroot ? rr_ : NULL, count, ncclInt64, ncclSum, rroot, comm, NULL));
+    if (rank == rroot)
+      for (size_t i = 0; i < count; i++)
+        EXPECT(rr_[i] == (int64_t)(nranks * (nranks + 1) / 2) * (int64_t)(i + 1), "reduce[%zu] = %lld", i,
+               (long long)rr_[i]);
+    free(rs_);
+    free(rr_);
+  }
+
+  /* ReduceScatter (uint32 sum): block r of the reduced vector lands on rank r. */
+  {
+    uint32_t *ss_ = malloc(count * (size_t)nranks * sizeof(uint32_t)), *sr_ = malloc(count * sizeof(uint32_t));
+    for (size_t i = 0; i < count * (size_t)nranks; i++) ss_[i] = (uint32_t)(rank * 7) + (uint32_t)i;
+    CHECK(ncclReduceScatter(ss_, sr_, count, ncclUint32, ncclSum, comm, NULL));
+    for (size_t i = 0; i < count; i++) {
+      uint32_t j = (uint32_t)((size_t)rank * count + i);
+      uint32_t want = (uint32_t)(7 * nranks * (nranks - 1) / 2) + (uint32_t)nranks * j;
+      EXPECT(sr_[i] == want, "reducescatter[%zu] = %u want %u", i, sr_[i], want);
+    }
+    free(ss_);
+    free(sr_);
+  }
+
+  /* AlltoAll (uint8): block q of rank r's sendbuff goes to rank q at block r. */
+  {
+    uint8_t *as_ = malloc(count * (size_t)nranks), *ar_ = malloc(count * (size_t)nranks);
+    for (int q = 0; q < nranks; q++)
+      for (size_t i = 0; i < count; i++) as_[(size_t)q * count + i] = (uint8_t)(rank * 16 + q + (int)i);
+    CHECK(ncclAlltoAll(as_, ar_, count, ncclUint8, comm, NULL));
+    for (int q = 0; q < nranks; q++)
+      for (size_t i = 0; i < count; i++)
+        EXPECT(ar_[(size_t)q * count + i] == (uint8_t)(q * 16 + rank + (int)i), "alltoall[%d][%zu]", q, i);
+    free(as_);
+    free(ar_);
+  }
+
+  /* Gather to rank 0 and Scatter from the last rank (float). */
+  {
+    float *g_s = malloc(count * sizeof(float)), *g_r = malloc(count * (size_t)nranks * sizeof(float));
+    for (size_t i = 0; i < count; i++) g_s[i] = (float)(rank * 1000 + (int)i % 1000);
+    CHECK(ncclGather(g_s, rank == 0 ? g_r : NULL, count, ncclFloat, 0, comm, NULL));
+    if (rank == 0)
+      for (int q = 0; q < nranks; q++)
+        for (size_t i = 0; i < count; i++)
+          EXPECT(g_r[(size_t)q * count + i] == (float)(q * 1000 + (int)i % 1000), "gather[%d][%zu]", q, i);
+    int sroot = nranks - 1;
+    if (rank == sroot)
+      for (size_t i = 0; i < count * (size_t)nranks; i++) g_r[i] = (float)(int)i;
+    CHECK(ncclScatter(rank == sroot ? g_r : NULL, g_s, count, ncclFloat, sroot, comm, NULL));
+    for (size_t i = 0; i < count; i++)
+      EXPECT(g_s[i] == (float)(int)((size_t)rank * count + i), "scatter[%zu] = %f", i, g_s[i]);
+    free(g_s);
+    free(g_r);
+  }
+
+  /* Deprecated in-place ncclBcast (int8) from rank 0. */
+  {
+    int8_t b8[37];
+    for (int i = 0; i < 37; i++) b8[i] = rank == 0 ? (int8_t)(i - 18) : 99;
+    CHECK(ncclBcast(b8, 37, ncclInt8, 0, comm, NULL));
+    for (int i = 0; i < 37; i++) EXPECT(b8[i] == (int8_t)(i - 18), "bcast8[%d] = %d", i, b8[i]);
+  }
+
+  /* PreMulSum (double): each rank scales its input by (rank + 1) before the sum. */
+  {
+    double scale = (double)(rank + 1), in[5], out[5];
+    ncclRedOp_t pms;
+    for (int i = 0; i < 5; i++) in[i] = (double)(i + 1);
+    CHECK(ncclRedOpCreatePreMulSum(&pms, &scale, ncclDouble, ncclScalarHostImmediate, comm));
+    EXPECT((int)pms >= (int)ncclNumOps, "created op %d", (int)pms);
+    CHECK(ncclAllReduce(in, out, 5, ncclDouble, pms, comm, NULL));
+    double sumscale = (double)(nranks * (nranks + 1) / 2);
+    for (int i = 0; i < 5; i++) EXPECT(out[i] == sumscale * (double)(i + 1), "premulsum[%d] = %f", i, out[i]);
+    CHECK(ncclRedOpDestroy(pms, comm));
+  }
 
   /* Bad arguments on a live communicator: errors, not crashes. */
   EXPECT(ncclAllReduce(fs, fr, count, (ncclDataType_t)99, ncclSum, comm, NULL) == ncclInvalidArgument,
