@@ -736,3 +736,17 @@ fn program_with_rpath_to_nvidia_runs_on_ours_via_ld_preload() {
     );
     assert!(ok, "{log}");
 }
+
+#[test]
+fn one_and_three_processes_run_collectives() {
+    let Some(e) = env() else { return };
+    let bin = compile(e, &c_source("collectives.c"), "collectives-13", true, true);
+    for n in ["1", "3"] {
+        let (ok, log) = run_c(e, &bin, &[n], Duration::from_secs(120));
+        assert!(ok, "collectives on {n} processes:\n{log}");
+        assert!(
+            log.contains(&format!("collectives ok on {n} ranks")),
+            "{log}"
+        );
+    }
+}
