@@ -6,6 +6,7 @@ pub mod comm;
 pub mod env;
 pub mod error;
 pub mod group;
+pub mod schedule;
 pub mod types;
 
 pub use bootstrap::UniqueId;
