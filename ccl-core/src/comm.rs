@@ -327,13 +327,8 @@ impl Comm {
     fn init_with(self: &Arc<Self>, blocking: bool) -> Result<()> {
         let run = |c: &Comm| -> Result<()> {
             let timeout = bootstrap::default_timeout()?;
-            let boot = Bootstrap::init(
-                &c.uid,
-                c.nranks,
-                c.rank,
-                Arc::clone(&c.abort_flag),
-                timeout,
-            )?;
+            let boot =
+                Bootstrap::init(&c.uid, c.nranks, c.rank, Arc::clone(&c.abort_flag), timeout)?;
             c.attach(boot)
         };
         if blocking {
@@ -527,10 +522,7 @@ impl Comm {
     fn wait_init(&self) {
         let mut g = lock(&self.life);
         while matches!(*g, Life::Initializing) {
-            g = self
-                .life_cv
-                .wait(g)
-                .unwrap_or_else(|p| p.into_inner());
+            g = self.life_cv.wait(g).unwrap_or_else(|p| p.into_inner());
         }
     }
 

@@ -627,12 +627,13 @@ impl Worker {
         let links = match lane.link {
             LinkKind::Ring => &mut t.ring,
             LinkKind::P2p => {
-                let peer = lane.send_to.or(lane.recv_from).ok_or_else(|| {
-                    CclError::Internal("p2p lane without a peer".into())
-                })?;
-                t.p2p.get_mut(&peer).ok_or_else(|| {
-                    CclError::Internal(format!("no p2p link to rank {peer}"))
-                })?
+                let peer = lane
+                    .send_to
+                    .or(lane.recv_from)
+                    .ok_or_else(|| CclError::Internal("p2p lane without a peer".into()))?;
+                t.p2p
+                    .get_mut(&peer)
+                    .ok_or_else(|| CclError::Internal(format!("no p2p link to rank {peer}")))?
             }
         };
         let missing = || CclError::Internal(format!("channel {ch}: link missing"));

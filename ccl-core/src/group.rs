@@ -81,7 +81,9 @@ fn validate(comm: &Comm, args: &CollArgs) -> Result<Valid> {
     let nranks = comm.nranks() as usize;
     let rank = comm.rank() as usize;
     let count = args.count;
-    let bytes = count.checked_mul(dtype.size()).filter(|b| *b <= isize::MAX as usize);
+    let bytes = count
+        .checked_mul(dtype.size())
+        .filter(|b| *b <= isize::MAX as usize);
     let Some(bytes) = bytes else {
         return Err(CclError::arg(format!(
             "{name}: count {count} x {} bytes overflows",
@@ -327,10 +329,7 @@ fn run_batch(ops: Vec<(Arc<Comm>, Valid)>) -> Result<()> {
         if let Err(e) = done.wait() {
             tracing::warn!(target: "nccl::COLL", rank = comm.rank(), "{e}");
             comm.record_error(&e);
-            if !matches!(
-                e,
-                CclError::InvalidArgument(_) | CclError::InvalidUsage(_)
-            ) {
+            if !matches!(e, CclError::InvalidArgument(_) | CclError::InvalidUsage(_)) {
                 comm.mark_broken(&e);
             }
             first_err.get_or_insert(e);
