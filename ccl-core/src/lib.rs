@@ -8,11 +8,14 @@ pub mod env;
 pub mod error;
 pub mod executor;
 pub mod group;
+pub mod reduce;
 pub mod schedule;
+pub mod transport;
 pub mod types;
 
 pub use bootstrap::UniqueId;
 pub use comm::{Comm, CommConfig, ScalarArg};
 pub use error::{CclError, Result};
 pub use group::{enqueue, group_end, group_start, CollArgs};
+pub use reduce::Reducer;
 pub use types::{DataType, RedOpKind, ResultCode};

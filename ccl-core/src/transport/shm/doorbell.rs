@@ -1,0 +1,231 @@
+//! Futex doorbells and the spin-yield-park back-off built on them.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::region::{ClaimKind, ShmRegion};
+use crate::error::Result;
+
+/// A `u32` futex word at `offset` in a region: any process/thread can ring it; its owner
+/// sleeps on it.
+///
+/// Occupies [`Doorbell::BYTES`] bytes: the sequence word (the futex) and a count of sleepers,
+/// so that `ring` makes a `FUTEX_WAKE` syscall only when someone may be asleep. Place each
+/// doorbell on its own cache line (e.g. with `Carve`).
+pub struct Doorbell {
+    region: Arc<ShmRegion>,
+    offset: usize,
+    seq: *const AtomicU32,
+    sleepers: *const AtomicU32,
+}
+
+// SAFETY: the pointers address two atomic words inside the mapping owned by `region` (kept
+// alive by the Arc); atomics may be used from any thread, so sharing and sending is sound.
+unsafe impl Send for Doorbell {}
+// SAFETY: see Send; every access through the pointers is atomic.
+unsafe impl Sync for Doorbell {}
+
+impl std::fmt::Debug for Doorbell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Doorbell")
+            .field("region", &self.region.name())
+            .field("offset", &self.offset)
+            .field("value", &self.value())
+            .finish()
+    }
+}
+
+impl Doorbell {
+    /// Bytes a doorbell uses (sequence word + sleeper count).
+    pub const BYTES: usize = 8;
+
+    /// The doorbell at `offset` (8-byte aligned, in bounds). Many handles (in any process)
+    /// may refer to the same doorbell.
+    pub fn new(region: Arc<ShmRegion>, offset: usize) -> Result<Doorbell> {
+        let p = region.claim_ptr(offset, Self::BYTES, 8, ClaimKind::Atomic { width: 4 })?;
+        Ok(Doorbell {
+            seq: p.cast::<AtomicU32>(),
+            // SAFETY: p..p+8 is inside the mapping (claim_ptr), so p+4 is in bounds.
+            sleepers: unsafe { p.add(4) }.cast::<AtomicU32>(),
+            region,
+            offset,
+        })
+    }
+
+    fn seq(&self) -> &AtomicU32 {
+        // SAFETY: `seq` is 8-aligned, inside the mapping that `self.region` keeps alive, and
+        // only accessed atomically (claimed as Atomic, so no FIFO slice overlaps it here).
+        unsafe { &*self.seq }
+    }
+
+    fn sleepers(&self) -> &AtomicU32 {
+        // SAFETY: as for `seq`, 4 bytes further (4-aligned).
+        unsafe { &*self.sleepers }
+    }
+
+    /// Bumps the word and wakes sleepers; no syscall unless a sleeper announced itself.
+    pub fn ring(&self) {
+        // SeqCst on both sides (bump here then read the sleeper count; announce in `wait`
+        // then compare the word in the kernel) means either we see the sleeper or the
+        // sleeper's FUTEX_WAIT sees the new value and does not sleep.
+        self.seq().fetch_add(1, Ordering::SeqCst);
+        if self.sleepers().load(Ordering::SeqCst) != 0 {
+            futex_wake(self.seq());
+        }
+    }
+
+    /// The current sequence value (Acquire: whatever the ringer wrote before ringing is
+    /// visible once a changed value is seen).
+    pub fn value(&self) -> u32 {
+        self.seq().load(Ordering::Acquire)
+    }
+
+    /// Sleeps while `value() == seen`, at most `timeout` (shared futex, usable across
+    /// processes). May return early (spurious wake, signal); callers re-check their state.
+    pub fn wait(&self, seen: u32, timeout: Duration) {
+        if timeout.is_zero() {
+            return;
+        }
+        self.sleepers().fetch_add(1, Ordering::SeqCst);
+        if self.seq().load(Ordering::SeqCst) == seen {
+            futex_wait(self.seq(), seen, timeout);
+        }
+        self.sleepers().fetch_sub(1, Ordering::SeqCst);
+        // Pair with the ringer's release (fetch_add SeqCst) for the caller's later reads.
+        std::sync::atomic::fence(Ordering::Acquire);
+    }
+}
+
+impl Drop for Doorbell {
+    fn drop(&mut self) {
+        self.region
+            .release_claim(self.offset, Self::BYTES, ClaimKind::Atomic { width: 4 });
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+    let ts = libc::timespec {
+        tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
+        // subsec_nanos < 1e9 fits every c_long.
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `word` is a valid, aligned u32 that stays mapped for the call; the timespec
+    // lives on our stack for the duration of the syscall. FUTEX_WAIT (without
+    // FUTEX_PRIVATE_FLAG) keys on the physical page, so it works across processes. Errors
+    // (EAGAIN: value changed, ETIMEDOUT, EINTR) all mean "return and re-check".
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            &ts as *const libc::timespec,
+            std::ptr::null::<u32>(),
+            0u32,
+        );
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn futex_wake(word: &AtomicU32) {
+    // SAFETY: `word` is a valid, aligned u32 that stays mapped for the call; FUTEX_WAKE only
+    // reads the address to find the wait queue.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE,
+            i32::MAX,
+            std::ptr::null::<libc::timespec>(),
+            std::ptr::null::<u32>(),
+            0u32,
+        );
+    }
+}
+
+/// Without futexes: nap briefly (bounded by `timeout`) and let the caller re-check.
+#[cfg(not(target_os = "linux"))]
+fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+    let deadline = std::time::Instant::now() + timeout;
+    while word.load(Ordering::Acquire) == expected && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_micros(50).min(timeout));
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn futex_wake(_word: &AtomicU32) {}
+
+/// Spin briefly, then yield, then park on a doorbell in short timed sleeps, so that many
+/// ranks sharing few cores (8 on 2) still make progress. Call [`Backoff::reset`] whenever the
+/// caller made progress.
+#[derive(Clone, Debug)]
+pub struct Backoff {
+    step: u32,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Backoff {
+    /// Steps spent spinning (`2^step` spin hints each, 127 in total).
+    pub const SPIN_STEPS: u32 = 7;
+    /// Steps spent in `yield_now` after spinning.
+    pub const YIELD_STEPS: u32 = 8;
+    /// First park duration; doubles per step up to [`Backoff::MAX_PARK`].
+    pub const MIN_PARK: Duration = Duration::from_micros(100);
+    /// Longest single park: bounds the reaction time to a state change nobody rang for.
+    pub const MAX_PARK: Duration = Duration::from_millis(5);
+
+    /// A fresh back-off (starts spinning).
+    pub fn new() -> Self {
+        Backoff { step: 0 }
+    }
+
+    /// Back to spinning; call after progress.
+    pub fn reset(&mut self) {
+        self.step = 0;
+    }
+
+    /// Whether the next `snooze` will sleep on the doorbell.
+    pub fn is_parking(&self) -> bool {
+        self.step >= Self::SPIN_STEPS + Self::YIELD_STEPS
+    }
+
+    /// How long the next park lasts (pure; exposed for tests).
+    pub fn park_duration(&self) -> Duration {
+        let k = self
+            .step
+            .saturating_sub(Self::SPIN_STEPS + Self::YIELD_STEPS)
+            .min(16);
+        Self::MIN_PARK.saturating_mul(1 << k).min(Self::MAX_PARK)
+    }
+
+    /// Waits a little: spins, then yields, then sleeps on `bell` while its value is `seen`
+    /// (read `seen` BEFORE polling, so a ring between the poll and this call is not lost).
+    pub fn snooze(&mut self, bell: &Doorbell, seen: u32) {
+        if bell.value() != seen {
+            // Rung since the caller polled: go poll again without sleeping. Past the spin
+            // phase, still offer the core to others, so that a caller passing a stale `seen`
+            // (or a bell rung for other FIFOs) does not monopolise an oversubscribed core.
+            if self.step >= Self::SPIN_STEPS {
+                std::thread::yield_now();
+            }
+            return;
+        }
+        if self.step < Self::SPIN_STEPS {
+            for _ in 0..(1u32 << self.step) {
+                std::hint::spin_loop();
+            }
+        } else if self.step < Self::SPIN_STEPS + Self::YIELD_STEPS {
+            std::thread::yield_now();
+        } else {
+            bell.wait(seen, self.park_duration());
+        }
+        self.step = self.step.saturating_add(1);
+    }
+}

@@ -1,0 +1,375 @@
+//! Single-producer / single-consumer FIFO of fixed-size slots in a shared-memory region.
+//!
+//! Protocol (all counters are monotonically increasing `u64`; slot `i` is `count % nslots`):
+//! - producer: sees a free slot when `head - tail < nslots` (`tail` loaded with Acquire, so
+//!   the consumer's reads of that slot happened before it is overwritten), writes the data
+//!   and the slot's length word, then stores `head + 1` with Release;
+//! - consumer: sees a committed slot when `tail < head` (`head` loaded with Acquire, so the
+//!   data and length are visible), reads it, then stores `tail + 1` with Release.
+//!
+//! Each side keeps its own counter locally and caches the other's, touching the shared line
+//! of the other side only when the cache says full/empty.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::layout::{FifoLayout, CACHE_LINE};
+use super::region::{ClaimKind, ShmRegion};
+use crate::error::{CclError, Result};
+
+/// Shared part of both ends: where the FIFO lives.
+struct FifoRef {
+    region: Arc<ShmRegion>,
+    offset: usize,
+    layout: FifoLayout,
+    /// `layout.slot_stride()` and `layout.header_bytes()`, cached.
+    stride: usize,
+    header: usize,
+    base: *mut u8,
+    kind: ClaimKind,
+}
+
+// SAFETY: `base` points into the mapping owned by `region` (an `Arc`, kept alive by this
+// struct); the mapping is usable from any thread, and all accesses through `base` follow the
+// FIFO protocol (atomics for counters, exclusive slot ownership for data), so moving an end
+// to another thread is sound. FifoRef is not Sync: ends are driven through `&mut self`.
+unsafe impl Send for FifoRef {}
+
+impl FifoRef {
+    fn new(
+        region: Arc<ShmRegion>,
+        offset: usize,
+        layout: FifoLayout,
+        kind: ClaimKind,
+    ) -> Result<Self> {
+        layout.validate()?;
+        let bytes = layout.bytes();
+        let base = region.claim_ptr(offset, bytes, CACHE_LINE, kind)?;
+        Ok(FifoRef {
+            region,
+            offset,
+            layout,
+            stride: layout.slot_stride(),
+            header: layout.header_bytes(),
+            base,
+            kind,
+        })
+    }
+
+    fn word(&self, off: usize) -> &AtomicU64 {
+        // SAFETY: callers pass HEAD_OFFSET, TAIL_OFFSET or a length-word offset (< header),
+        // all 8-aligned and inside the FIFO's claimed range, which lies inside the mapping
+        // (checked by claim_ptr); base is 64-aligned. These words are only ever accessed
+        // atomically; the mapping outlives `self`.
+        unsafe { AtomicU64::from_ptr(self.base.add(off).cast::<u64>()) }
+    }
+
+    fn head(&self) -> &AtomicU64 {
+        self.word(FifoLayout::HEAD_OFFSET)
+    }
+
+    fn tail(&self) -> &AtomicU64 {
+        self.word(FifoLayout::TAIL_OFFSET)
+    }
+
+    fn len_word(&self, slot: usize) -> &AtomicU64 {
+        debug_assert!(slot < self.layout.nslots);
+        self.word(FifoLayout::LENS_OFFSET + 8 * slot)
+    }
+
+    fn slot_index(&self, count: u64) -> usize {
+        // nslots <= MAX_SLOTS fits u64, and the remainder is < nslots, which fits usize.
+        (count % self.layout.nslots as u64) as usize
+    }
+
+    fn slot_ptr(&self, slot: usize) -> *mut u8 {
+        debug_assert!(slot < self.layout.nslots);
+        // SAFETY: header + slot * stride + slot_bytes <= layout.bytes() (FifoLayout math,
+        // unit-tested), which is inside the claimed range.
+        unsafe { self.base.add(self.header + slot * self.stride) }
+    }
+
+    /// Reads (head, tail) and checks `tail <= head <= tail + nslots`. The end being attached
+    /// reads its own counter (which nobody else moves) first, so a peer that keeps running
+    /// meanwhile cannot make a consistent FIFO look corrupt.
+    fn check_counters(&self) -> Result<(u64, u64)> {
+        let (head, tail) = if matches!(self.kind, ClaimKind::FifoSend(_)) {
+            let head = self.head().load(Ordering::Acquire);
+            (head, self.tail().load(Ordering::Acquire))
+        } else {
+            let tail = self.tail().load(Ordering::Acquire);
+            (self.head().load(Ordering::Acquire), tail)
+        };
+        if tail > head || head - tail > self.layout.nslots as u64 {
+            return Err(CclError::Remote(format!(
+                "FIFO at {}+{} is corrupt: head {head}, tail {tail}, {} slots",
+                self.region.name(),
+                self.offset,
+                self.layout.nslots
+            )));
+        }
+        Ok((head, tail))
+    }
+}
+
+impl Drop for FifoRef {
+    fn drop(&mut self) {
+        self.region
+            .release_claim(self.offset, self.layout.bytes(), self.kind);
+    }
+}
+
+/// Single-producer end of a FIFO placed at `offset` in `region`.
+///
+/// At most one `FifoSender` per FIFO may exist across all processes (within one process this
+/// is enforced). The FIFO bytes must start zeroed (a fresh region) or hold a FIFO of the same
+/// layout, whose position is then resumed.
+pub struct FifoSender {
+    f: FifoRef,
+    /// Slots committed (our copy of `head`).
+    head: u64,
+    /// Last `tail` seen.
+    tail_cache: u64,
+    reserved: bool,
+}
+
+impl std::fmt::Debug for FifoSender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FifoSender")
+            .field("region", &self.f.region.name())
+            .field("offset", &self.f.offset)
+            .field("layout", &self.f.layout)
+            .field("head", &self.head)
+            .field("tail_cache", &self.tail_cache)
+            .finish()
+    }
+}
+
+impl FifoSender {
+    /// The producer end of the FIFO at `offset` (64-byte aligned, `layout.bytes()` in
+    /// bounds). Errors on a bad layout/offset, a range already held by another producer or
+    /// an overlapping structure in this process, or corrupt counters.
+    pub fn new(region: Arc<ShmRegion>, offset: usize, layout: FifoLayout) -> Result<FifoSender> {
+        let f = FifoRef::new(region, offset, layout, ClaimKind::FifoSend(layout))?;
+        let (head, tail) = f.check_counters()?;
+        Ok(FifoSender {
+            f,
+            head,
+            tail_cache: tail,
+            reserved: false,
+        })
+    }
+
+    /// The layout this end was built with.
+    pub fn layout(&self) -> FifoLayout {
+        self.f.layout
+    }
+
+    /// Whether a slot is free right now (refreshes the consumer's position when needed).
+    fn has_room(&mut self) -> bool {
+        let n = self.f.layout.nslots as u64;
+        if self.head - self.tail_cache < n {
+            return true;
+        }
+        // Acquire: the consumer's reads of the slot we are about to reuse happened before.
+        let tail = self.f.tail().load(Ordering::Acquire);
+        if tail > self.head || tail < self.tail_cache {
+            // A peer wrote nonsense: never go backwards or past what we published.
+            tracing::error!(target: "nccl::SHM", region = self.f.region.name(), offset = self.f.offset,
+                head = self.head, tail, "FIFO tail is corrupt; treating the FIFO as full");
+            return false;
+        }
+        self.tail_cache = tail;
+        self.head - tail < n
+    }
+
+    /// The next free slot (`slot_bytes` long, its previous contents unspecified), or `None`
+    /// while the FIFO is full. Calling it again before `commit` returns the same slot.
+    pub fn try_reserve(&mut self) -> Option<&mut [u8]> {
+        if !self.reserved && !self.has_room() {
+            return None;
+        }
+        self.reserved = true;
+        let p = self.f.slot_ptr(self.f.slot_index(self.head));
+        // SAFETY: the slot at `head % nslots` is free (head - tail < nslots, with tail loaded
+        // Acquire), so the consumer no longer reads it and will not until we publish head+1;
+        // this process holds the only producer claim on the FIFO, and the returned borrow of
+        // `&mut self` ends before `commit` can publish it. The slot is slot_bytes long and
+        // inside the mapping, which outlives the borrow.
+        Some(unsafe { std::slice::from_raw_parts_mut(p, self.f.layout.slot_bytes) })
+    }
+
+    /// Publishes the reserved slot holding `len` bytes (Release).
+    ///
+    /// Misuse is a bug in the caller: without a reservation nothing is published, and `len`
+    /// is clamped to `slot_bytes` (both panic in debug builds). Use [`FifoSender::try_commit`]
+    /// for a typed error instead.
+    pub fn commit(&mut self, len: usize) {
+        if let Err(e) = self.try_commit(len) {
+            tracing::error!(target: "nccl::SHM", error = %e, "FIFO commit misuse");
+            debug_assert!(false, "{e}");
+            if self.reserved {
+                self.publish(self.f.layout.slot_bytes);
+            }
+        }
+    }
+
+    /// [`FifoSender::commit`] returning `InvalidUsage` when no slot is reserved or `len`
+    /// exceeds `slot_bytes` (nothing is published then).
+    pub fn try_commit(&mut self, len: usize) -> Result<()> {
+        if !self.reserved {
+            return Err(CclError::usage("FIFO commit without a reserved slot"));
+        }
+        if len > self.f.layout.slot_bytes {
+            return Err(CclError::usage(format!(
+                "FIFO commit of {len} bytes into a {}-byte slot",
+                self.f.layout.slot_bytes
+            )));
+        }
+        self.publish(len);
+        Ok(())
+    }
+
+    fn publish(&mut self, len: usize) {
+        let slot = self.f.slot_index(self.head);
+        self.f.len_word(slot).store(len as u64, Ordering::Relaxed);
+        self.head += 1;
+        self.reserved = false;
+        // Release: the slot data and length word are visible to whoever Acquires this head.
+        self.f.head().store(self.head, Ordering::Release);
+    }
+
+    /// Slots committed but not yet released by the receiver (refreshes its position).
+    pub fn in_flight(&self) -> usize {
+        let tail = self.f.tail().load(Ordering::Acquire);
+        // A corrupt tail (beyond head) counts as nothing in flight; never underflows.
+        self.head.saturating_sub(tail.max(self.tail_cache)) as usize
+    }
+
+    /// Total slots committed since the FIFO was created.
+    pub fn committed(&self) -> u64 {
+        self.head
+    }
+}
+
+/// Single-consumer end of a FIFO placed at `offset` in `region`.
+pub struct FifoReceiver {
+    f: FifoRef,
+    /// Slots released (our copy of `tail`).
+    tail: u64,
+    /// Last `head` seen.
+    head_cache: u64,
+    peeked: bool,
+}
+
+impl std::fmt::Debug for FifoReceiver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FifoReceiver")
+            .field("region", &self.f.region.name())
+            .field("offset", &self.f.offset)
+            .field("layout", &self.f.layout)
+            .field("tail", &self.tail)
+            .field("head_cache", &self.head_cache)
+            .finish()
+    }
+}
+
+impl FifoReceiver {
+    /// The consumer end of the FIFO at `offset`; same checks as [`FifoSender::new`].
+    pub fn new(region: Arc<ShmRegion>, offset: usize, layout: FifoLayout) -> Result<FifoReceiver> {
+        let f = FifoRef::new(region, offset, layout, ClaimKind::FifoRecv(layout))?;
+        let (head, tail) = f.check_counters()?;
+        Ok(FifoReceiver {
+            f,
+            tail,
+            head_cache: head,
+            peeked: false,
+        })
+    }
+
+    /// The layout this end was built with.
+    pub fn layout(&self) -> FifoLayout {
+        self.f.layout
+    }
+
+    /// The next committed slot's bytes, `Err(Remote)` if the producer's counters or length
+    /// word are corrupt, `Ok(None)` while empty.
+    pub fn try_peek_checked(&mut self) -> Result<Option<&[u8]>> {
+        if self.tail == self.head_cache {
+            // Acquire: the slot data and length the producer wrote before this head are
+            // visible.
+            let head = self.f.head().load(Ordering::Acquire);
+            if head < self.head_cache || head - self.tail > self.f.layout.nslots as u64 {
+                return Err(CclError::Remote(format!(
+                    "FIFO at {}+{} is corrupt: head {head} after {}, tail {}",
+                    self.f.region.name(),
+                    self.f.offset,
+                    self.head_cache,
+                    self.tail
+                )));
+            }
+            self.head_cache = head;
+            if head == self.tail {
+                return Ok(None);
+            }
+        }
+        let slot = self.f.slot_index(self.tail);
+        let len = self.f.len_word(slot).load(Ordering::Relaxed);
+        let slot_bytes = self.f.layout.slot_bytes;
+        let len = match usize::try_from(len) {
+            Ok(l) if l <= slot_bytes => l,
+            _ => {
+                return Err(CclError::Remote(format!(
+                    "FIFO at {}+{} is corrupt: slot {slot} claims {len} bytes of {slot_bytes}",
+                    self.f.region.name(),
+                    self.f.offset
+                )))
+            }
+        };
+        self.peeked = true;
+        let p = self.f.slot_ptr(slot);
+        // SAFETY: tail < head (head loaded Acquire), so the producer has published this slot
+        // and will not write it again until we store tail+1 in `release`, which needs
+        // `&mut self` and so ends this borrow first; len <= slot_bytes keeps the slice inside
+        // the slot; this process holds the only consumer claim on the FIFO.
+        Ok(Some(unsafe { std::slice::from_raw_parts(p, len) }))
+    }
+
+    /// The next committed slot's `len` bytes (Acquire), `None` if empty. A corrupt FIFO
+    /// (only possible if a peer scribbled over it) is logged and reads as empty; use
+    /// [`FifoReceiver::try_peek_checked`] to get the error.
+    pub fn try_peek(&mut self) -> Option<&[u8]> {
+        match self.try_peek_checked() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(target: "nccl::SHM", error = %e, "corrupt FIFO");
+                None
+            }
+        }
+    }
+
+    /// Frees the peeked slot for the producer (Release). Without a successful peek since the
+    /// last release this does nothing (and panics in debug builds).
+    pub fn release(&mut self) {
+        if !self.peeked {
+            tracing::error!(target: "nccl::SHM", "FIFO release without a peeked slot");
+            debug_assert!(false, "FIFO release without a peeked slot");
+            return;
+        }
+        self.peeked = false;
+        self.tail += 1;
+        // Release: our reads of the slot happen before the producer reuses it.
+        self.f.tail().store(self.tail, Ordering::Release);
+    }
+
+    /// Committed slots waiting to be consumed (refreshes the producer's position).
+    pub fn pending(&self) -> usize {
+        let head = self.f.head().load(Ordering::Acquire);
+        head.saturating_sub(self.tail) as usize
+    }
+
+    /// Total slots released since the FIFO was created.
+    pub fn released(&self) -> u64 {
+        self.tail
+    }
+}
