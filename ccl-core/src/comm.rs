@@ -725,11 +725,9 @@ impl Comm {
 
     /// Ok when operations may be issued.
     pub(crate) fn usable(&self) -> Result<()> {
-        if let Some(e) = lock(&self.broken).clone() {
-            return Err(e);
-        }
+        let broken = lock(&self.broken).clone();
         match &*lock(&self.life) {
-            Life::Ready => Ok(()),
+            Life::Ready => broken.map_or(Ok(()), Err),
             Life::Initializing => Err(CclError::usage(
                 "communicator initialization is still in progress (poll ncclCommGetAsyncError)",
             )),

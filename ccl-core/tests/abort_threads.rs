@@ -8,7 +8,11 @@ use std::time::{Duration, Instant};
 use ccl_core::{enqueue, CclError, CollArgs, Comm, DataType, ResultCode};
 use probe::CollKind;
 
-fn run_blocked_then_abort(comms: Vec<Arc<Comm>>, stuck: Vec<usize>, args: impl Fn(usize) -> CollArgs) {
+fn run_blocked_then_abort(
+    comms: Vec<Arc<Comm>>,
+    stuck: Vec<usize>,
+    args: impl Fn(usize) -> CollArgs,
+) {
     let started = Instant::now();
     let hs: Vec<_> = stuck
         .iter()
@@ -23,7 +27,10 @@ fn run_blocked_then_abort(comms: Vec<Arc<Comm>>, stuck: Vec<usize>, args: impl F
         .collect();
     std::thread::sleep(Duration::from_millis(400));
     for h in &hs {
-        assert!(!h.is_finished(), "the operation must be blocked on the missing rank");
+        assert!(
+            !h.is_finished(),
+            "the operation must be blocked on the missing rank"
+        );
     }
     let abort_at = Instant::now();
     for &r in &stuck {
@@ -35,7 +42,10 @@ fn run_blocked_then_abort(comms: Vec<Arc<Comm>>, stuck: Vec<usize>, args: impl F
         assert_eq!(e.code(), ResultCode::RemoteError, "{e}");
         assert!(matches!(e, CclError::Aborted(_)), "{e}");
         let took = at.saturating_duration_since(abort_at);
-        assert!(took < Duration::from_secs(1), "returned {took:?} after abort");
+        assert!(
+            took < Duration::from_secs(1),
+            "returned {took:?} after abort"
+        );
     }
     for &r in &stuck {
         assert!(comms[r].async_error().is_err());

@@ -66,7 +66,14 @@ fn one_thread_drives_all_ranks_of_init_all_in_one_group() {
     for r in 0..n {
         let a = allreduce_args(&sends[r], &mut recvs[r]);
         enqueue(&comms[r], a).unwrap();
-        enqueue(&comms[r], CollArgs { op: common::MAX, ..a }).unwrap();
+        enqueue(
+            &comms[r],
+            CollArgs {
+                op: common::MAX,
+                ..a
+            },
+        )
+        .unwrap();
         let b = allreduce_args(&sends[r], &mut recvs2[r]);
         enqueue(&comms[r], b).unwrap();
     }
@@ -93,7 +100,11 @@ fn p2p_in_any_order_including_self_never_deadlocks() {
     let sends: Vec<Vec<Vec<i32>>> = (0..n)
         .map(|r| {
             (0..n)
-                .map(|p| (0..count).map(|i| (r * 1000 + p * 100 + i) as i32).collect())
+                .map(|p| {
+                    (0..count)
+                        .map(|i| (r * 1000 + p * 100 + i) as i32)
+                        .collect()
+                })
                 .collect()
         })
         .collect();
@@ -104,7 +115,12 @@ fn p2p_in_any_order_including_self_never_deadlocks() {
         let mut calls = Vec::new();
         for p in 0..n {
             calls.push(p2p(CollKind::Send, sends[r][p].as_ptr() as usize, count, p));
-            calls.push(p2p(CollKind::Recv, recvs[r][p].as_mut_ptr() as usize, count, p));
+            calls.push(p2p(
+                CollKind::Recv,
+                recvs[r][p].as_mut_ptr() as usize,
+                count,
+                p,
+            ));
         }
         if r % 2 == 1 {
             calls.reverse();
@@ -124,8 +140,16 @@ fn p2p_in_any_order_including_self_never_deadlocks() {
     // Reuse the cached p2p links, one peer at a time, outside a group for a single pair.
     let mut got = vec![0i32; 7];
     group_start().unwrap();
-    enqueue(&comms[0], p2p(CollKind::Send, sends[0][2].as_ptr() as usize, 7, 2)).unwrap();
-    enqueue(&comms[2], p2p(CollKind::Recv, got.as_mut_ptr() as usize, 7, 0)).unwrap();
+    enqueue(
+        &comms[0],
+        p2p(CollKind::Send, sends[0][2].as_ptr() as usize, 7, 2),
+    )
+    .unwrap();
+    enqueue(
+        &comms[2],
+        p2p(CollKind::Recv, got.as_mut_ptr() as usize, 7, 0),
+    )
+    .unwrap();
     group_end().unwrap();
     assert_eq!(got[..], sends[0][2][..7]);
     destroy_all(&comms);
@@ -167,12 +191,22 @@ fn group_end_error_names_the_failing_operation() {
     let mut sink = vec![0i32; 64];
     group_start().unwrap();
     enqueue(&c[0], p2p(CollKind::Send, data.as_ptr() as usize, 10, 1)).unwrap();
-    enqueue(&c[1], p2p(CollKind::Recv, sink.as_mut_ptr() as usize, 20, 0)).unwrap();
+    enqueue(
+        &c[1],
+        p2p(CollKind::Recv, sink.as_mut_ptr() as usize, 20, 0),
+    )
+    .unwrap();
     let e = group_end().unwrap_err();
     let msg = e.to_string();
     assert_eq!(e.code(), ResultCode::RemoteError, "{msg}");
-    assert!(msg.contains("Recv peer 0") && msg.contains("count 20"), "{msg}");
-    assert!(c[1].async_error().is_err(), "the receiving comm is broken now");
+    assert!(
+        msg.contains("Recv peer 0") && msg.contains("count 20"),
+        "{msg}"
+    );
+    assert!(
+        c[1].async_error().is_err(),
+        "the receiving comm is broken now"
+    );
     assert!(c[1].last_error().unwrap().contains("Recv peer 0"));
     for x in &c {
         let _ = x.abort();
@@ -212,7 +246,11 @@ fn split_orders_by_key_and_nocolor_returns_none() {
     let mut recvs = vec![vec![0f32; 333]; 4];
     group_start().unwrap();
     for (r, rv) in recvs.iter_mut().enumerate() {
-        let c = if r % 2 == 0 { &evens[r / 2] } else { &odds[r / 2] };
+        let c = if r % 2 == 0 {
+            &evens[r / 2]
+        } else {
+            &odds[r / 2]
+        };
         enqueue(c, allreduce_args(&sends[r], rv)).unwrap();
     }
     group_end().unwrap();
