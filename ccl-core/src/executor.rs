@@ -576,7 +576,7 @@ impl Worker {
     fn check_peers(&self) -> Result<()> {
         let me = std::process::id();
         for (r, &pid) in self.t.pids.iter().enumerate() {
-            if pid != me && !pid_alive(pid) {
+            if pid != me && !peer_alive(pid) {
                 return Err(CclError::Remote(format!("rank {r} (pid {pid}) exited")));
             }
         }
@@ -753,6 +753,23 @@ impl Worker {
             }
         }
         Ok(true)
+    }
+}
+
+/// A process counts as alive if it exists and is not a zombie (a killed rank whose parent
+/// has not reaped it yet is dead for us).
+fn peer_alive(pid: u32) -> bool {
+    if !pid_alive(pid) {
+        return false;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // Format: "pid (comm) S ...": the state follows the last ')'.
+        Ok(stat) => !matches!(
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next()),
+            Some('Z' | 'X')
+        ),
+        Err(_) => true,
     }
 }
 
