@@ -830,6 +830,7 @@ mod tests {
         (outs, writes)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn check(
         coll: CollKind,
         count: usize,

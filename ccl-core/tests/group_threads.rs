@@ -216,7 +216,7 @@ fn group_end_error_names_the_failing_operation() {
 #[test]
 fn split_orders_by_key_and_nocolor_returns_none() {
     let n = 5;
-    let comms = Comm::init_all(n as i32, None).expect("init_all");
+    let comms = Comm::init_all(n, None).expect("init_all");
     let results: Vec<Option<Arc<Comm>>> = std::thread::scope(|s| {
         let hs: Vec<_> = comms
             .iter()
