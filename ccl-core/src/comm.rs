@@ -147,28 +147,37 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn env_channels(ctas: &str, nch: &str) -> Result<Option<u64>> {
-    match env::var(ctas)? {
-        Some(v) => Ok(Some(env::parse_u64(ctas, &v)?)),
-        None => match env::var(nch)? {
-            Some(v) => Ok(Some(env::parse_u64(nch, &v)?)),
-            None => Ok(None),
-        },
-    }
+/// Looks an environment variable up (`Ok(None)` when unset or empty).
+type EnvGet<'a> = &'a dyn Fn(&str) -> Result<Option<String>>;
+
+fn env_u64(get: EnvGet<'_>, name: &str) -> Result<Option<u64>> {
+    get(name)?.map(|v| env::parse_u64(name, &v)).transpose()
 }
 
 impl Tuning {
-    /// Reads the environment and the config (environment wins).
+    /// Reads the process environment and the config (environment wins).
     fn from_env(cfg: &CommConfig) -> Result<Tuning> {
-        let min = env_channels("NCCL_MIN_CTAS", "NCCL_MIN_NCHANNELS")?
-            .or(cfg.min_ctas.map(u64::from))
-            .unwrap_or(1);
-        let max = env_channels("NCCL_MAX_CTAS", "NCCL_MAX_NCHANNELS")?
-            .or(cfg.max_ctas.map(u64::from))
+        Self::resolve(cfg, &env::var)
+    }
+
+    /// Pure resolution of the channel/buffer settings from `cfg` and the variables `get`
+    /// returns: `NCCL_MIN_CTAS` (else `NCCL_MIN_NCHANNELS`, else `cfg.min_ctas`, else 1),
+    /// `NCCL_MAX_CTAS` (else `NCCL_MAX_NCHANNELS`, else `cfg.max_ctas`, else 4), both
+    /// clamped to 1..=32 with min <= max; `NCCL_BUFFSIZE` (512 B..=1 GiB, default 1 MiB);
+    /// `CCLD_PEER_CHECK_MS` (>= 1, default 200).
+    fn resolve(cfg: &CommConfig, get: EnvGet<'_>) -> Result<Tuning> {
+        let pick = |ctas: &str, nch: &str, c: Option<u32>| -> Result<Option<u64>> {
+            Ok(match env_u64(get, ctas)? {
+                Some(v) => Some(v),
+                None => env_u64(get, nch)?.or(c.map(u64::from)),
+            })
+        };
+        let min = pick("NCCL_MIN_CTAS", "NCCL_MIN_NCHANNELS", cfg.min_ctas)?.unwrap_or(1);
+        let max = pick("NCCL_MAX_CTAS", "NCCL_MAX_NCHANNELS", cfg.max_ctas)?
             .unwrap_or(DEFAULT_MAX_CHANNELS as u64);
         let max = (max.clamp(1, MAX_CHANNELS as u64)) as usize;
         let min = (min.clamp(1, MAX_CHANNELS as u64) as usize).min(max);
-        let buffsize = env::u64_or("NCCL_BUFFSIZE", DEFAULT_BUFFSIZE as u64)?;
+        let buffsize = env_u64(get, "NCCL_BUFFSIZE")?.unwrap_or(DEFAULT_BUFFSIZE as u64);
         let layout_min = (FIFO_SLOTS * 64) as u64;
         if !(layout_min..=(1 << 30)).contains(&buffsize) {
             return Err(CclError::arg(format!(
@@ -178,7 +187,7 @@ impl Tuning {
         let buffsize = buffsize as usize;
         let layout = FifoLayout::for_buffer(buffsize, FIFO_SLOTS)
             .map_err(|e| executor::with_context(e, "NCCL_BUFFSIZE"))?;
-        let peer_check_ms = env::u64_or("CCLD_PEER_CHECK_MS", DEFAULT_PEER_CHECK_MS)?;
+        let peer_check_ms = env_u64(get, "CCLD_PEER_CHECK_MS")?.unwrap_or(DEFAULT_PEER_CHECK_MS);
         if peer_check_ms == 0 {
             return Err(CclError::arg("CCLD_PEER_CHECK_MS must be at least 1"));
         }
@@ -209,6 +218,7 @@ fn mix64(mut z: u64) -> u64 {
 }
 
 fn blocking(cfg: &CommConfig) -> Result<bool> {
+    // config.blocking wins over NCCL_COMM_BLOCKING.
     match cfg.blocking {
         Some(b) => Ok(b),
         None => env::bool_or("NCCL_COMM_BLOCKING", true),
@@ -794,5 +804,101 @@ impl Drop for Comm {
         // Stop the worker if the user never destroyed the communicator. The init thread (if
         // any) holds an Arc, so it has finished by the time we get here.
         self.stop_worker();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resolve(cfg: &CommConfig, vars: &[(&str, &str)]) -> Result<Tuning> {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Tuning::resolve(cfg, &move |name: &str| {
+            Ok(vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()))
+        })
+    }
+
+    #[test]
+    fn defaults() {
+        let t = resolve(&CommConfig::default(), &[]).unwrap();
+        assert_eq!((t.min_channels, t.max_channels), (1, DEFAULT_MAX_CHANNELS));
+        assert_eq!(t.buffsize, DEFAULT_BUFFSIZE);
+        assert_eq!(t.slot_bytes, DEFAULT_BUFFSIZE / FIFO_SLOTS);
+        assert_eq!(t.peer_check, Duration::from_millis(DEFAULT_PEER_CHECK_MS));
+    }
+
+    #[test]
+    fn channel_bounds_env_over_config_and_clamped() {
+        let cfg = CommConfig {
+            min_ctas: Some(2),
+            max_ctas: Some(6),
+            ..CommConfig::default()
+        };
+        let t = resolve(&cfg, &[]).unwrap();
+        assert_eq!((t.min_channels, t.max_channels), (2, 6));
+        let t = resolve(
+            &cfg,
+            &[("NCCL_MAX_NCHANNELS", "3"), ("NCCL_MIN_NCHANNELS", "3")],
+        )
+        .unwrap();
+        assert_eq!((t.min_channels, t.max_channels), (3, 3));
+        // The CTAS names win over the deprecated NCHANNELS names.
+        let t = resolve(&cfg, &[("NCCL_MAX_CTAS", "8"), ("NCCL_MAX_NCHANNELS", "3")]).unwrap();
+        assert_eq!(t.max_channels, 8);
+        let t = resolve(&cfg, &[("NCCL_MAX_CTAS", "1000"), ("NCCL_MIN_CTAS", "0")]).unwrap();
+        assert_eq!((t.min_channels, t.max_channels), (1, MAX_CHANNELS));
+        // min above max is lowered to max.
+        let t = resolve(&cfg, &[("NCCL_MIN_CTAS", "9"), ("NCCL_MAX_CTAS", "4")]).unwrap();
+        assert_eq!((t.min_channels, t.max_channels), (4, 4));
+    }
+
+    #[test]
+    fn malformed_or_out_of_range_values_name_the_variable() {
+        for (k, v) in [
+            ("NCCL_MIN_CTAS", "x"),
+            ("NCCL_MAX_NCHANNELS", "-1"),
+            ("NCCL_BUFFSIZE", "100"),
+            ("NCCL_BUFFSIZE", "2G"),
+            ("NCCL_BUFFSIZE", "1.5M"),
+            ("CCLD_PEER_CHECK_MS", "0"),
+            ("CCLD_PEER_CHECK_MS", "soon"),
+        ] {
+            let e = resolve(&CommConfig::default(), &[(k, v)]).unwrap_err();
+            assert_eq!(e.code(), crate::types::ResultCode::InvalidArgument);
+            assert!(e.to_string().contains(k), "{e}");
+        }
+        let t = resolve(&CommConfig::default(), &[("NCCL_BUFFSIZE", "64K")]).unwrap();
+        assert_eq!(t.slot_bytes, 8192);
+        let t = resolve(&CommConfig::default(), &[("NCCL_BUFFSIZE", "1000")]).unwrap();
+        assert_eq!(t.slot_bytes, 64, "rounded down to whole cache lines");
+    }
+
+    #[test]
+    fn split_lineage_differs_per_color_and_sequence() {
+        let l = |seq: u64, color: i32| mix64(mix64(seq) ^ u64::from(color as u32));
+        assert_ne!(l(0, 0), l(0, 1));
+        assert_ne!(l(0, 0), l(1, 0));
+        assert_eq!(l(3, 7), l(3, 7));
+    }
+
+    #[test]
+    fn config_inherits_unset_fields_from_the_parent() {
+        let parent = CommConfig {
+            blocking: Some(false),
+            max_ctas: Some(7),
+            comm_name: Some("p".into()),
+            ..CommConfig::default()
+        };
+        let child = CommConfig {
+            max_ctas: Some(2),
+            ..CommConfig::default()
+        }
+        .or(&parent);
+        assert_eq!(child.blocking, Some(false));
+        assert_eq!(child.max_ctas, Some(2));
+        assert_eq!(child.comm_name.as_deref(), Some("p"));
     }
 }
