@@ -164,6 +164,48 @@ fn matrix_rank() {
     println!("@@OK {} cases", cases.len());
 }
 
+/// A light case list for many processes on few cores.
+fn smoke_rank() {
+    let comm = child_comm();
+    let n = comm.nranks() as usize;
+    let mut b = Bufs::default();
+    let mut dev = [0u8; 8];
+    let reds = reductions(&comm, DataType::Float32, &mut dev);
+    let mut cases = Vec::new();
+    for coll in [
+        CollKind::AllReduce,
+        CollKind::Reduce,
+        CollKind::ReduceScatter,
+        CollKind::Broadcast,
+        CollKind::AllGather,
+        CollKind::AlltoAll,
+        CollKind::Gather,
+        CollKind::Scatter,
+    ] {
+        for &(red, op) in &reds {
+            for count in [1usize, 1023, 300_001] {
+                let root = (count + 3) % n;
+                cases.push(Case {
+                    coll,
+                    dt: DataType::Float32,
+                    red,
+                    op,
+                    count,
+                    root,
+                    in_place: count % 2 == 0,
+                });
+            }
+        }
+    }
+    for c in &cases {
+        if let Err(e) = run_case(&comm, c, &mut b) {
+            panic!("{e}");
+        }
+    }
+    comm.destroy().expect("destroy");
+    println!("@@OK {} cases", cases.len());
+}
+
 fn kill_rank() {
     let comm = child_comm();
     println!("@@COMM {:016x}", comm.comm_id());
@@ -208,6 +250,7 @@ fn proc_rank_entry() {
     match std::env::var(ENV_MODE).as_deref() {
         Ok("matrix") => matrix_rank(),
         Ok("kill") => kill_rank(),
+        Ok("smoke") => smoke_rank(),
         _ => {}
     }
 }
@@ -285,7 +328,11 @@ fn wait_all(children: &mut [Child], limit: Duration) -> Vec<Option<i32>> {
 }
 
 fn matrix(n: usize) {
-    let mut job = spawn_job(n, "matrix", &[("NCCL_BUFFSIZE", "65536")]);
+    job(n, "matrix");
+}
+
+fn job(n: usize, mode: &str) {
+    let mut job = spawn_job(n, mode, &[("NCCL_BUFFSIZE", "65536")]);
     let codes = wait_all(&mut job.children, Duration::from_secs(200));
     let lines: Vec<(usize, String)> = job.lines.try_iter().collect();
     assert!(
@@ -312,6 +359,11 @@ fn matrix_3_processes() {
 #[test]
 fn matrix_4_processes() {
     matrix(4);
+}
+
+#[test]
+fn eight_processes_make_progress() {
+    job(8, "smoke");
 }
 
 fn shm_entries(needle: &str) -> Vec<String> {
