@@ -6,7 +6,9 @@
 //! - kind 1, "bell": one per rank, its doorbell; created by the rank, mapped by every peer.
 //! - kind 2, "ring": one per directed ring edge `src -> dst = src+1`, created by the
 //!   receiver, holding one FIFO per channel (`max_channels` FIFOs).
-//! - kind 3, "p2p": one per directed pair, created by the receiver on first use.
+//! - kind 3, "p2p": one per directed pair, created by the receiver on first use, holding
+//!   `p2p_channels` FIFOs (at most [`crate::comm::P2P_MAX_CHANNELS`]: p2p links to many
+//!   peers must stay cheap).
 //!
 //! Every segment is unlinked by its creator as soon as the peers that need it have mapped it
 //! (after a bootstrap barrier or acknowledgement), so a job that dies later (even by
@@ -48,7 +50,8 @@ pub(crate) struct PeerLinks {
 pub(crate) struct Transport {
     pub rank: usize,
     pub comm_hash: u64,
-    pub max_channels: usize,
+    /// Channels of every p2p link.
+    pub p2p_channels: usize,
     pub layout: FifoLayout,
     /// This rank's doorbell (rung by peers when they commit to or release from our FIFOs).
     pub bell: Doorbell,
@@ -102,7 +105,12 @@ impl Transport {
     /// Collective over the communicator: creates this rank's doorbell and inbound ring
     /// segment, maps every peer's doorbell and the next rank's ring segment, then unlinks
     /// its own segments.
-    pub fn connect(boot: &Bootstrap, max_channels: usize, layout: FifoLayout) -> Result<Self> {
+    pub fn connect(
+        boot: &Bootstrap,
+        max_channels: usize,
+        p2p_channels: usize,
+        layout: FifoLayout,
+    ) -> Result<Self> {
         let n = boot.nranks();
         let me = boot.rank();
         let prev = (me + n - 1) % n;
@@ -149,7 +157,7 @@ impl Transport {
         Ok(Transport {
             rank: me,
             comm_hash: boot.comm_hash(),
-            max_channels,
+            p2p_channels,
             layout,
             bell,
             bell_region: my_bell_region,
@@ -181,11 +189,11 @@ impl Transport {
             return Ok(());
         }
         let me = self.rank;
-        let bytes = seg_bytes(self.layout, self.max_channels)?;
+        let bytes = seg_bytes(self.layout, self.p2p_channels)?;
         let mut created = Vec::with_capacity(new.len());
         for &p in &new {
             let region = Arc::new(ShmRegion::create(&name(boot, KIND_P2P, p, me, me), bytes)?);
-            let rx = receivers(&region, self.layout, self.max_channels)?;
+            let rx = receivers(&region, self.layout, self.p2p_channels)?;
             boot.send(p, TAG_P2P_READY, &[])?;
             created.push((p, region, rx));
         }
@@ -193,7 +201,7 @@ impl Transport {
         for &p in &new {
             boot.recv(p, TAG_P2P_READY)?;
             let region = Arc::new(ShmRegion::open(&name(boot, KIND_P2P, me, p, p))?);
-            txs.push(senders(&region, self.layout, self.max_channels)?);
+            txs.push(senders(&region, self.layout, self.p2p_channels)?);
             boot.send(p, TAG_P2P_ACK, &[])?;
         }
         for ((p, region, rx), tx) in created.into_iter().zip(txs) {

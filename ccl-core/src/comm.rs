@@ -81,6 +81,9 @@ pub const SPLIT_NOCOLOR: i32 = -1;
 pub const DEFAULT_BUFFSIZE: usize = 1 << 20;
 /// Host-backend default channel maximum.
 pub const DEFAULT_MAX_CHANNELS: usize = 4;
+/// Most channels of a p2p link (Send/Recv, AlltoAll, Gather, Scatter): every pair of
+/// ranks that talks gets its own link, so these stay few (NCCL uses 1-2 per peer too).
+pub const P2P_MAX_CHANNELS: usize = 2;
 /// Slots per FIFO (`NCCL_STEPS`).
 pub const FIFO_SLOTS: usize = 8;
 /// Default of `CCLD_PEER_CHECK_MS`.
@@ -201,6 +204,11 @@ impl Tuning {
         })
     }
 
+    /// Channels of p2p links.
+    pub(crate) fn p2p_channels(&self) -> usize {
+        self.max_channels.min(P2P_MAX_CHANNELS)
+    }
+
     fn layout(&self) -> FifoLayout {
         FifoLayout {
             nslots: self.nslots,
@@ -278,7 +286,12 @@ impl Comm {
             }
         }
         let boot = Arc::new(boot);
-        let transport = Transport::connect(&boot, self.tuning.max_channels, self.tuning.layout())?;
+        let transport = Transport::connect(
+            &boot,
+            self.tuning.max_channels,
+            self.tuning.p2p_channels(),
+            self.tuning.layout(),
+        )?;
         let bell = Doorbell::new(Arc::clone(transport.bell_region()), 0)?;
         let comm_hash = boot.comm_hash();
         let shared = Shared {

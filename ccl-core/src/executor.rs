@@ -220,7 +220,7 @@ pub(crate) fn with_context(e: CclError, ctx: &str) -> CclError {
     }
 }
 
-/// Channels for a collective moving `count` elements of `dtype` per rank.
+/// Channels for a ring collective moving `count` elements of `dtype` per rank.
 fn coll_channels(t: &Tuning, count: usize, dtype: DataType) -> usize {
     schedule::channels_for(
         schedule::channel_bytes(count, dtype.size()),
@@ -229,19 +229,38 @@ fn coll_channels(t: &Tuning, count: usize, dtype: DataType) -> usize {
     )
 }
 
+/// Channels for a p2p transfer of `count` elements of `dtype` (at most the p2p link's).
+fn p2p_channels(t: &Tuning, count: usize, dtype: DataType) -> usize {
+    schedule::channels_for(
+        schedule::channel_bytes(count, dtype.size()),
+        1,
+        t.p2p_channels(),
+    )
+}
+
 /// The plan of a work item on `rank` (pure; also used by tests for expected counts).
 pub(crate) fn plan_for(item: &WorkItem, rank: usize, nranks: usize, t: &Tuning) -> Result<Plan> {
     match item {
-        WorkItem::Coll(c) => schedule::collective(&CollDesc {
-            coll: c.kind,
-            count: c.count,
-            elem_size: c.dtype.size(),
-            nranks,
-            rank,
-            root: c.root,
-            n_channels: coll_channels(t, c.count, c.dtype),
-            slot_bytes: t.slot_bytes,
-        }),
+        WorkItem::Coll(c) => {
+            let p2p_based = matches!(
+                c.kind,
+                CollKind::AlltoAll | CollKind::Gather | CollKind::Scatter
+            );
+            schedule::collective(&CollDesc {
+                coll: c.kind,
+                count: c.count,
+                elem_size: c.dtype.size(),
+                nranks,
+                rank,
+                root: c.root,
+                n_channels: if p2p_based {
+                    p2p_channels(t, c.count, c.dtype)
+                } else {
+                    coll_channels(t, c.count, c.dtype)
+                },
+                slot_bytes: t.slot_bytes,
+            })
+        }
         WorkItem::P2p(calls) => {
             let ops: Vec<P2pOp> = calls
                 .iter()
@@ -252,7 +271,7 @@ pub(crate) fn plan_for(item: &WorkItem, rank: usize, nranks: usize, t: &Tuning) 
                     buf: i,
                     off: 0,
                     bytes: c.count * c.dtype.size(),
-                    n_channels: coll_channels(t, c.count, c.dtype),
+                    n_channels: p2p_channels(t, c.count, c.dtype),
                 })
                 .collect();
             schedule::p2p(rank, nranks, t.slot_bytes, &ops)

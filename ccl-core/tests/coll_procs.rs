@@ -235,6 +235,9 @@ fn kill_rank() {
             }
             Err(e) => {
                 println!("@@ERR {:?} {e}", e.code());
+                // Linger so that the other survivor also finds the victim (and not this
+                // process) dead first.
+                std::thread::sleep(std::time::Duration::from_millis(500));
                 let _ = comm.abort();
                 let ok = matches!(e, ccl_core::CclError::Remote(ref m) if m.contains("exited"));
                 std::process::exit(if ok { 0 } else { 3 });
@@ -405,33 +408,46 @@ fn sigkill_of_a_rank_fails_the_survivors_within_the_bound_and_leaves_no_shm() {
     }
     let hash = hash.unwrap();
     std::thread::sleep(Duration::from_millis(300));
+    let pids: Vec<u32> = job.children.iter().map(|c| c.id()).collect();
     let kill_at = Instant::now();
     job.children[victim].kill().expect("SIGKILL");
     // Deliberately not reaped yet: a dead-but-unreaped (zombie) rank must count as dead.
+    let mut errs: Vec<Option<String>> = vec![None; victim];
+    while errs.iter().any(|e| e.is_none()) {
+        let left = Duration::from_secs(30).saturating_sub(kill_at.elapsed());
+        match job.lines.recv_timeout(left) {
+            Ok((r, l)) if r < victim && l.starts_with("ERR ") => errs[r] = Some(l),
+            Ok(_) => {}
+            Err(_) => break,
+        }
+    }
+    let took = kill_at.elapsed();
     let mut survivors: Vec<Child> = job.children.drain(..victim).collect();
     let codes = wait_all(&mut survivors, Duration::from_secs(30));
-    let took = kill_at.elapsed();
     let _ = job.children[0].wait();
-    let lines: Vec<(usize, String)> = job.lines.try_iter().collect();
     assert!(
         codes.iter().all(|c| *c == Some(0)),
-        "survivor exit codes {codes:?}: {lines:?}"
+        "survivor exit codes {codes:?}: {errs:?}"
     );
-    for r in 0..victim {
-        let err = lines
-            .iter()
-            .find(|(q, l)| *q == r && l.starts_with("ERR "))
-            .map(|(_, l)| l.clone())
-            .unwrap_or_default();
+    for (r, err) in errs.iter().enumerate() {
+        let err = err.as_deref().unwrap_or_default();
         assert!(
             err.contains("RemoteError") && err.contains(&format!("rank {victim} (pid")),
             "rank {r}: {err:?}"
         );
     }
     assert!(
-        took < Duration::from_secs(2),
+        took < Duration::from_secs(1),
         "survivors took {took:?} after the kill"
     );
     let left = shm_entries(&hash);
     assert!(left.is_empty(), "segments left in /dev/shm: {left:?}");
+    let mine: Vec<String> = shm_entries(&format!("{}-", ccl_core::channel::SEGMENT_PREFIX))
+        .into_iter()
+        .filter(|n| pids.iter().any(|p| n.ends_with(&format!("-{p}"))))
+        .collect();
+    assert!(
+        mine.is_empty(),
+        "segments of the job's processes left: {mine:?}"
+    );
 }
