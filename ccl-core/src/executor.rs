@@ -92,34 +92,47 @@ impl WorkItem {
 /// Completion of a submitted job, waited on by `group_end`.
 #[derive(Debug, Default)]
 pub(crate) struct Completion {
-    state: Mutex<Option<Result<()>>>,
+    /// `(finished, result not yet taken)`.
+    state: Mutex<(bool, Option<Result<()>>)>,
     cv: Condvar,
 }
 
 impl Completion {
+    /// Records the result (the first one wins).
     fn set(&self, r: Result<()>) {
         let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        *g = Some(r);
-        self.cv.notify_all();
+        if !g.0 {
+            *g = (true, Some(r));
+            self.cv.notify_all();
+        }
     }
 
     /// Blocks until the job finished.
     pub fn wait(&self) -> Result<()> {
         let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
         loop {
-            if let Some(r) = g.take() {
-                return r;
+            if g.0 {
+                return g.1.take().unwrap_or(Ok(()));
             }
             g = self.cv.wait(g).unwrap_or_else(|p| p.into_inner());
         }
     }
 }
 
-/// A batch of work for one communicator.
+/// A batch of work for one communicator. A job dropped without a result (its worker died)
+/// completes with an internal error, so `group_end` never waits forever.
 #[derive(Debug)]
 pub(crate) struct Job {
     pub items: Vec<WorkItem>,
     pub done: Arc<Completion>,
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        self.done.set(Err(CclError::Internal(
+            "the communicator's worker stopped before running this operation".into(),
+        )));
+    }
 }
 
 /// State shared between a communicator and its worker.
@@ -159,8 +172,17 @@ impl WorkerHandle {
                     broken: None,
                     scratch: Vec::new(),
                 };
-                while let Ok(job) = rx.recv() {
-                    let r = w.run_job(job.items);
+                while let Ok(mut job) = rx.recv() {
+                    let items = std::mem::take(&mut job.items);
+                    // A panic in the worker (a bug) fails the job and breaks the comm
+                    // instead of leaving group_end waiting.
+                    let r =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.run_job(items)))
+                            .unwrap_or_else(|_| {
+                                let e = CclError::Internal("communicator worker panicked".into());
+                                w.broken = Some(e.clone());
+                                Err(e)
+                            });
                     job.done.set(r);
                 }
                 // Dropping `w` unmaps the FIFOs.
