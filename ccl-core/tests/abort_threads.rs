@@ -98,3 +98,24 @@ fn abort_unblocks_a_send_stuck_in_the_p2p_handshake() {
     });
     drop(buf);
 }
+
+#[test]
+fn abort_ends_a_nonblocking_init_that_waits_for_missing_ranks() {
+    let id = ccl_core::bootstrap::get_unique_id().unwrap();
+    let cfg = ccl_core::CommConfig {
+        blocking: Some(false),
+        ..Default::default()
+    };
+    let c = Comm::init_rank(2, id, 0, cfg).expect("returns at once");
+    assert_eq!(c.async_error().unwrap_err(), CclError::InProgress);
+    std::thread::sleep(Duration::from_millis(200));
+    let t = Instant::now();
+    c.abort().expect("abort");
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "abort took {:?}",
+        t.elapsed()
+    );
+    let e = c.async_error().unwrap_err();
+    assert_ne!(e, CclError::InProgress);
+}
