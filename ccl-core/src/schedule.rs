@@ -740,8 +740,10 @@ mod tests {
         inputs: &[Vec<u8>],
         out_bytes: usize,
         depth: usize,
-    ) -> (Vec<Vec<u8>>, Vec<Vec<u32>>) {
+    ) -> (Vec<Vec<u8>>, Vec<Vec<u32>>, Vec<Vec<u32>>) {
         let n = plans.len();
+        // Reads of each input byte by lane steps.
+        let mut reads: Vec<Vec<u32>> = inputs.iter().map(|i| vec![0u32; i.len()]).collect();
         let mut fifos: HashMap<(LinkKind, usize, usize, usize), VecDeque<Vec<u8>>> = HashMap::new();
         let mut outs = vec![vec![0xEEu8; out_bytes]; n];
         let mut writes = vec![vec![0u32; out_bytes]; n];
@@ -790,6 +792,7 @@ mod tests {
                     };
                     let so = step.src_off * p.unit;
                     let local: &[u8] = if step.kind.reads_src() {
+                        reads[r][so..so + nb].iter_mut().for_each(|x| *x += 1);
                         &inputs[r][so..so + nb]
                     } else {
                         &[]
@@ -827,7 +830,7 @@ mod tests {
             assert!(progressed, "deadlock at {pos:?}");
         }
         assert!(fifos.values().all(|q| q.is_empty()), "unconsumed messages");
-        (outs, writes)
+        (outs, writes, reads)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -864,7 +867,25 @@ mod tests {
             })
             .collect();
         let ol = out_len(coll, count, n);
-        let (outs, writes) = simulate(&plans, elem, &inputs, ol * elem, depth);
+        let (outs, writes, reads) = simulate(&plans, elem, &inputs, ol * elem, depth);
+        // Every input element is read at most once by the lanes; for reductions over more
+        // than one rank exactly once (each contribution enters the result once).
+        for (r, rd) in reads.iter().enumerate() {
+            assert!(
+                rd.iter().all(|x| *x <= 1),
+                "{coll:?} n {n} rank {r}: element read twice"
+            );
+            let reduction = matches!(
+                coll,
+                CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce
+            );
+            if reduction && n > 1 {
+                assert!(
+                    rd.iter().all(|x| *x == 1),
+                    "{coll:?} n {n} rank {r}: element not read"
+                );
+            }
+        }
         for r in 0..n {
             let ctx =
                 format!("{coll:?} count {count} n {n} rank {r} root {root} nch {nch} slot {slot}");

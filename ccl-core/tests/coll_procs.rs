@@ -235,6 +235,10 @@ fn kill_rank() {
             }
             Err(e) => {
                 println!("@@ERR {:?} {e}", e.code());
+                // The communicator is broken now: ncclCommGetAsyncError reports it.
+                if comm.async_error().is_ok() {
+                    std::process::exit(4);
+                }
                 // Linger so that the other survivor also finds the victim (and not this
                 // process) dead first.
                 std::thread::sleep(std::time::Duration::from_millis(500));
