@@ -770,6 +770,16 @@ impl Comm {
             .ok_or_else(|| CclError::Internal("ready communicator without runtime".into()))
     }
 
+    /// Runs a job on the calling thread (a batch involving only this communicator).
+    pub(crate) fn run_inline(&self, items: Vec<executor::WorkItem>) -> Result<()> {
+        let rt = self.ready_runtime()?;
+        let state = match &*lock(&rt.worker) {
+            Some(w) => w.inline(),
+            None => return Err(CclError::usage("communicator was destroyed")),
+        };
+        executor::run_inline(&state, items)
+    }
+
     /// Submits a job to this communicator's worker.
     pub(crate) fn submit(&self, job: Job) -> Result<()> {
         let rt = self.ready_runtime()?;

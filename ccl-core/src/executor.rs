@@ -150,11 +150,27 @@ pub(crate) struct Shared {
     pub op_counter: Arc<AtomicU64>,
 }
 
-/// Handle on a running worker thread.
+/// Handle on a communicator's executor: the worker thread, and the executor state it
+/// shares with callers that run a job inline (a batch that involves only this
+/// communicator runs on the caller's thread: no thread hand-off on the latency path).
 #[derive(Debug)]
 pub(crate) struct WorkerHandle {
     tx: Option<mpsc::Sender<Job>>,
     join: Option<JoinHandle<()>>,
+    state: Arc<Mutex<Worker>>,
+}
+
+/// Runs `items` on `w`; a panic (a bug) becomes an internal error and breaks the comm,
+/// instead of leaving `group_end` waiting or unwinding into the caller.
+fn run_guarded(w: &Mutex<Worker>, items: Vec<WorkItem>) -> Result<()> {
+    let mut g = w.lock().unwrap_or_else(|p| p.into_inner());
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| g.run_job(items))).unwrap_or_else(
+        |_| {
+            let e = CclError::Internal("communicator executor panicked".into());
+            g.broken = Some(e.clone());
+            Err(e)
+        },
+    )
 }
 
 impl WorkerHandle {
@@ -162,39 +178,31 @@ impl WorkerHandle {
     pub fn spawn(shared: Shared, boot: Arc<Bootstrap>, transport: Transport) -> Result<Self> {
         let (tx, rx) = mpsc::channel::<Job>();
         let name = format!("ccl-worker-r{}", shared.rank);
+        let state = Arc::new(Mutex::new(Worker {
+            shared,
+            boot,
+            t: transport,
+            broken: None,
+            scratch: Vec::new(),
+        }));
+        let st = Arc::clone(&state);
         let join = std::thread::Builder::new()
             .name(name)
             .spawn(move || {
-                let mut w = Worker {
-                    shared,
-                    boot,
-                    t: transport,
-                    broken: None,
-                    scratch: Vec::new(),
-                };
                 while let Ok(mut job) = rx.recv() {
                     let items = std::mem::take(&mut job.items);
-                    // A panic in the worker (a bug) fails the job and breaks the comm
-                    // instead of leaving group_end waiting.
-                    let r =
-                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.run_job(items)))
-                            .unwrap_or_else(|_| {
-                                let e = CclError::Internal("communicator worker panicked".into());
-                                w.broken = Some(e.clone());
-                                Err(e)
-                            });
-                    job.done.set(r);
+                    job.done.set(run_guarded(&st, items));
                 }
-                // Dropping `w` unmaps the FIFOs.
             })
             .map_err(|e| CclError::sys("spawning the communicator worker thread", e))?;
         Ok(WorkerHandle {
             tx: Some(tx),
             join: Some(join),
+            state,
         })
     }
 
-    /// Queues a job.
+    /// Queues a job for the worker thread.
     pub fn submit(&self, job: Job) -> Result<()> {
         match &self.tx {
             Some(tx) => tx
@@ -202,6 +210,11 @@ impl WorkerHandle {
                 .map_err(|_| CclError::Internal("communicator worker thread is gone".into())),
             None => Err(CclError::usage("communicator was destroyed")),
         }
+    }
+
+    /// The executor state, for running a job inline on the caller's thread.
+    pub fn inline(&self) -> Arc<Mutex<Worker>> {
+        Arc::clone(&self.state)
     }
 
     /// Stops the worker after its current job and waits for it.
@@ -213,6 +226,11 @@ impl WorkerHandle {
             }
         }
     }
+}
+
+/// Runs a job inline on the calling thread (see [`WorkerHandle`]).
+pub(crate) fn run_inline(state: &Mutex<Worker>, items: Vec<WorkItem>) -> Result<()> {
+    run_guarded(state, items)
 }
 
 impl Drop for WorkerHandle {
@@ -427,7 +445,9 @@ mod mem {
     }
 }
 
-struct Worker {
+/// Executor state of one communicator (its FIFOs, scratch space, broken flag).
+#[derive(Debug)]
+pub(crate) struct Worker {
     shared: Shared,
     boot: Arc<Bootstrap>,
     t: Transport,

@@ -309,7 +309,14 @@ fn items_per_comm(ops: Vec<(Arc<Comm>, Valid)>) -> Vec<(Arc<Comm>, Vec<WorkItem>
 }
 
 fn run_batch(ops: Vec<(Arc<Comm>, Valid)>) -> Result<()> {
-    let jobs = items_per_comm(ops);
+    let mut jobs = items_per_comm(ops);
+    if jobs.len() == 1 {
+        // One communicator: run on this thread (no hand-off to the worker thread).
+        let (comm, items) = jobs.remove(0);
+        return comm
+            .run_inline(items)
+            .inspect_err(|e| after_failure(&comm, e));
+    }
     let mut waits = Vec::with_capacity(jobs.len());
     let mut first_err: Option<CclError> = None;
     for (comm, items) in jobs {
@@ -327,17 +334,21 @@ fn run_batch(ops: Vec<(Arc<Comm>, Valid)>) -> Result<()> {
     }
     for (comm, done) in waits {
         if let Err(e) = done.wait() {
-            tracing::warn!(target: "nccl::COLL", rank = comm.rank(), "{e}");
-            comm.record_error(&e);
-            if !matches!(e, CclError::InvalidArgument(_) | CclError::InvalidUsage(_)) {
-                comm.mark_broken(&e);
-            }
+            after_failure(&comm, &e);
             first_err.get_or_insert(e);
         }
     }
     match first_err {
         None => Ok(()),
         Some(e) => Err(e),
+    }
+}
+
+fn after_failure(comm: &Comm, e: &CclError) {
+    tracing::warn!(target: "nccl::COLL", rank = comm.rank(), "{e}");
+    comm.record_error(e);
+    if !matches!(e, CclError::InvalidArgument(_) | CclError::InvalidUsage(_)) {
+        comm.mark_broken(e);
     }
 }
 

@@ -724,6 +724,9 @@ mod tests {
         })
     }
 
+    /// (outputs, writes per output byte, lane reads per input byte), per rank.
+    type SimResult = (Vec<Vec<u8>>, Vec<Vec<u32>>, Vec<Vec<u32>>);
+
     fn rd(b: &[u8], elem: usize) -> i64 {
         let mut v = [0u8; 8];
         v[..elem].copy_from_slice(&b[..elem]);
@@ -740,7 +743,7 @@ mod tests {
         inputs: &[Vec<u8>],
         out_bytes: usize,
         depth: usize,
-    ) -> (Vec<Vec<u8>>, Vec<Vec<u32>>, Vec<Vec<u32>>) {
+    ) -> SimResult {
         let n = plans.len();
         // Reads of each input byte by lane steps.
         let mut reads: Vec<Vec<u32>> = inputs.iter().map(|i| vec![0u32; i.len()]).collect();
