@@ -1,6 +1,12 @@
-//! The host "kernel": one worker thread per communicator runs the operations submitted by
-//! `group_end`, progressing all lanes (channels x links) of the current operation in one
-//! non-blocking loop over the shared-memory FIFOs, updating the probe as it goes.
+//! The host "kernel": the executor of a communicator runs its operations, progressing all
+//! lanes (channels x links) of the current operation in one non-blocking loop over the
+//! shared-memory FIFOs, updating the probe as it goes. Every communicator has a worker
+//! thread; a batch that involves several communicators (a group) is submitted to all their
+//! workers before any is waited for, so they run concurrently. A batch that involves only
+//! one communicator (an operation outside a group, or a group on one communicator) runs
+//! the same executor inline on the calling thread, which saves two thread hand-offs per
+//! operation. The executor state sits behind a mutex, so operations of one communicator
+//! never overlap whichever thread runs them.
 //!
 //! Waiting: the worker reads its doorbell, polls every lane, and when nothing progressed
 //! snoozes on the doorbell (spin, yield, then timed futex parks of at most

@@ -6,8 +6,10 @@
 //! split per communicator, in issue order; for each communicator its collectives run in
 //! issue order, then all its Send/Recv of the group as ONE p2p batch (all progressing
 //! together, so send/recv pairs in any order cannot deadlock; one operation counter per
-//! batch). Every communicator's job is submitted to its own worker before any is waited
-//! for, so one thread can drive all ranks of `ncclCommInitAll` in one group.
+//! batch). With several communicators, every communicator's job is submitted to its own
+//! worker thread before any is waited for, so one thread can drive all ranks of
+//! `ncclCommInitAll` in one group; with one communicator the job runs on the calling
+//! thread.
 
 use std::cell::RefCell;
 use std::sync::Arc;
