@@ -217,6 +217,11 @@ impl Tuning {
     }
 }
 
+fn registry() -> &'static Mutex<Vec<std::sync::Weak<Comm>>> {
+    static REG: OnceLock<Mutex<Vec<std::sync::Weak<Comm>>>> = OnceLock::new();
+    REG.get_or_init(|| Mutex::new(Vec::new()))
+}
+
 /// splitmix64 finaliser (split lineage from the split sequence number and the color).
 fn mix64(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -328,9 +333,10 @@ impl Comm {
         self.life_cv.notify_all();
     }
 
-    fn finish_init(&self, r: Result<()>) -> Result<()> {
+    fn finish_init(self: &Arc<Self>, r: Result<()>) -> Result<()> {
         match r {
             Ok(()) => {
+                lock(registry()).push(Arc::downgrade(self));
                 let mut g = lock(&self.life);
                 if matches!(*g, Life::Initializing) {
                     *g = Life::Ready;
@@ -790,6 +796,19 @@ impl Comm {
     }
 
     // ----- probe access (tests, diagnostic thread) -----
+
+    /// Every communicator of this process that completed init and is still referenced
+    /// (for the diagnostic thread, which samples all frames of the process).
+    pub fn live() -> Vec<Arc<Comm>> {
+        let mut reg = lock(registry());
+        reg.retain(|w| w.strong_count() > 0);
+        reg.iter().filter_map(std::sync::Weak::upgrade).collect()
+    }
+
+    /// `config.commName`, if the caller gave one.
+    pub fn name(&self) -> Option<&str> {
+        self.cfg.comm_name.as_deref()
+    }
 
     /// This rank's probing frame (capacity = the communicator's maximum channel count).
     pub fn probe_frame(&self) -> &Arc<Frame> {

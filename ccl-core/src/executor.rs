@@ -540,8 +540,21 @@ impl Worker {
         if sh.probe_on {
             sh.op_log.start(counter, &info, now_ns());
         }
-        tracing::trace!(target: "nccl::COLL", rank = sh.rank,
-            "op {counter}: {} count {} nChannels {}", item.label(), info.count, plan.n_channels);
+        match item {
+            // NCCL's per-call INFO line (subsystem COLL / P2P).
+            WorkItem::Coll(c) => tracing::info!(target: "nccl::COLL", rank = sh.rank,
+                "{}: opCount {counter:x} sendbuff {:#x} recvbuff {:#x} count {} datatype {} op {} root {} comm {:#018x} [nranks={}] nChannels {}",
+                c.kind.name(), c.sendbuf, c.recvbuf, c.count, c.dtype as i32, info.redop,
+                info.root, sh.comm_id, sh.nranks, plan.n_channels),
+            WorkItem::P2p(calls) => {
+                for c in calls {
+                    tracing::info!(target: "nccl::P2P", rank = sh.rank,
+                        "{}: opCount {counter:x} buff {:#x} count {} datatype {} peer {} comm {:#018x} [nranks={}]",
+                        if c.dir == Dir::Send { "Send" } else { "Recv" }, c.buf, c.count,
+                        c.dtype as i32, c.peer, sh.comm_id, sh.nranks);
+                }
+            }
+        }
         let peers: Vec<usize> = plan
             .lanes
             .iter()

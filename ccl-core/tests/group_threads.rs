@@ -49,6 +49,14 @@ fn destroy_all(comms: &[Arc<Comm>]) {
 fn one_thread_drives_all_ranks_of_init_all_in_one_group() {
     let n = 4;
     let comms = Comm::init_all(n as i32, Some(vec![3, 2, 1, 0])).expect("init_all");
+    let live = Comm::live();
+    for c in &comms {
+        assert!(
+            live.iter().any(|l| Arc::ptr_eq(l, c)),
+            "registered for the diagnostic thread"
+        );
+    }
+    drop(live);
     for (i, c) in comms.iter().enumerate() {
         assert_eq!(c.rank() as usize, i);
         assert_eq!(c.nranks() as usize, n);
@@ -89,6 +97,16 @@ fn one_thread_drives_all_ranks_of_init_all_in_one_group() {
         assert_eq!(comms[r].ops_started(), 3);
     }
     destroy_all(&comms);
+    let weak: Vec<_> = comms.iter().map(Arc::downgrade).collect();
+    drop(comms);
+    let live = Comm::live();
+    assert!(
+        weak.iter().all(|w| w.upgrade().is_none()),
+        "no leaked references"
+    );
+    assert!(!live.iter().any(|l| weak
+        .iter()
+        .any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(l)))));
 }
 
 #[test]
