@@ -17,6 +17,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::bootstrap::Bootstrap;
 use crate::error::{CclError, Result};
@@ -99,6 +100,25 @@ fn senders(region: &Arc<ShmRegion>, layout: FifoLayout, n: usize) -> Result<Vec<
     (0..n)
         .map(|c| FifoSender::new(Arc::clone(region), c * s, layout))
         .collect()
+}
+
+/// Waits for a handshake message without a deadline: like a send in NCCL, a p2p operation
+/// waits for its peer however late the peer is. It still ends on abort (the bootstrap's
+/// abort flag) and when the peer's bootstrap connection breaks (the peer died).
+fn recv_patiently(boot: &Bootstrap, peer: usize, tag: u32) -> Result<Vec<u8>> {
+    let mut waited = 0u64;
+    loop {
+        match boot.recv_timeout(peer, tag, Duration::from_secs(1)) {
+            Err(CclError::Timeout(_)) => {
+                waited += 1;
+                if waited % 60 == 0 {
+                    tracing::info!(target: "nccl::P2P", rank = boot.rank(),
+                        "still waiting for rank {peer} to post its matching p2p operation ({waited} s)");
+                }
+            }
+            other => return other,
+        }
+    }
 }
 
 impl Transport {
@@ -199,13 +219,13 @@ impl Transport {
         }
         let mut txs = Vec::with_capacity(new.len());
         for &p in &new {
-            boot.recv(p, TAG_P2P_READY)?;
+            recv_patiently(boot, p, TAG_P2P_READY)?;
             let region = Arc::new(ShmRegion::open(&name(boot, KIND_P2P, me, p, p))?);
             txs.push(senders(&region, self.layout, self.p2p_channels)?);
             boot.send(p, TAG_P2P_ACK, &[])?;
         }
         for ((p, region, rx), tx) in created.into_iter().zip(txs) {
-            boot.recv(p, TAG_P2P_ACK)?;
+            recv_patiently(boot, p, TAG_P2P_ACK)?;
             region.unlink()?;
             self.p2p.insert(p, PeerLinks { rx, tx });
         }

@@ -217,6 +217,25 @@ impl Tuning {
     }
 }
 
+/// The host backend runs Ring/Simple (and P2P for p2p-built operations) only: say so when
+/// `NCCL_ALGO`/`NCCL_PROTO` ask for something else (once per process).
+fn note_algo_proto_env() -> Result<()> {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    let algo = env::var("NCCL_ALGO")?;
+    let proto = env::var("NCCL_PROTO")?;
+    ONCE.call_once(|| {
+        if let Some(a) = algo.filter(|a| !a.to_ascii_lowercase().contains("ring")) {
+            tracing::warn!(target: "nccl::ENV",
+                "NCCL_ALGO={a}: the host backend implements Ring (and P2P) only; using Ring");
+        }
+        if let Some(p) = proto.filter(|p| !p.to_ascii_lowercase().contains("simple")) {
+            tracing::warn!(target: "nccl::ENV",
+                "NCCL_PROTO={p}: the host backend implements Simple only; using Simple");
+        }
+    });
+    Ok(())
+}
+
 fn registry() -> &'static Mutex<Vec<std::sync::Weak<Comm>>> {
     static REG: OnceLock<Mutex<Vec<std::sync::Weak<Comm>>>> = OnceLock::new();
     REG.get_or_init(|| Mutex::new(Vec::new()))
@@ -290,6 +309,7 @@ impl Comm {
                 )));
             }
         }
+        note_algo_proto_env()?;
         let boot = Arc::new(boot);
         let transport = Transport::connect(
             &boot,
