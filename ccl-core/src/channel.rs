@@ -16,6 +16,7 @@
 //! creating handle drops.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -103,17 +104,25 @@ fn senders(region: &Arc<ShmRegion>, layout: FifoLayout, n: usize) -> Result<Vec<
 }
 
 /// Waits for a handshake message without a deadline: like a send in NCCL, a p2p operation
-/// waits for its peer however late the peer is. It still ends on abort (the bootstrap's
-/// abort flag) and when the peer's bootstrap connection breaks (the peer died).
-fn recv_patiently(boot: &Bootstrap, peer: usize, tag: u32) -> Result<Vec<u8>> {
-    let mut waited = 0u64;
+/// waits for its peer however late the peer is. It ends on abort (the communicator's flag,
+/// checked every 100 ms, and the bootstrap's own) and when the peer's bootstrap connection
+/// breaks (the peer died).
+fn recv_patiently(boot: &Bootstrap, peer: usize, tag: u32, abort: &AtomicBool) -> Result<Vec<u8>> {
+    const SLICE: Duration = Duration::from_millis(100);
+    let mut waited = Duration::ZERO;
     loop {
-        match boot.recv_timeout(peer, tag, Duration::from_secs(1)) {
+        if abort.load(Ordering::Acquire) {
+            return Err(CclError::Aborted(format!(
+                "ncclCommAbort called while waiting for rank {peer} to connect"
+            )));
+        }
+        match boot.recv_timeout(peer, tag, SLICE) {
             Err(CclError::Timeout(_)) => {
-                waited += 1;
-                if waited % 60 == 0 {
+                waited += SLICE;
+                if waited.as_millis() % 60_000 == 0 {
                     tracing::info!(target: "nccl::P2P", rank = boot.rank(),
-                        "still waiting for rank {peer} to post its matching p2p operation ({waited} s)");
+                        "still waiting for rank {peer} to post its matching p2p operation ({} s)",
+                        waited.as_secs());
                 }
             }
             other => return other,
@@ -197,7 +206,12 @@ impl Transport {
     /// listed peer must call this for this rank at the same point of its program (its
     /// matching send/recv in the same group): the handshake first posts all "ready"
     /// messages, then waits, so any order of peers is deadlock-free.
-    pub fn ensure_p2p(&mut self, boot: &Bootstrap, peers: &[usize]) -> Result<()> {
+    pub fn ensure_p2p(
+        &mut self,
+        boot: &Bootstrap,
+        peers: &[usize],
+        abort: &AtomicBool,
+    ) -> Result<()> {
         let mut new: Vec<usize> = peers
             .iter()
             .copied()
@@ -219,13 +233,13 @@ impl Transport {
         }
         let mut txs = Vec::with_capacity(new.len());
         for &p in &new {
-            recv_patiently(boot, p, TAG_P2P_READY)?;
+            recv_patiently(boot, p, TAG_P2P_READY, abort)?;
             let region = Arc::new(ShmRegion::open(&name(boot, KIND_P2P, me, p, p))?);
             txs.push(senders(&region, self.layout, self.p2p_channels)?);
             boot.send(p, TAG_P2P_ACK, &[])?;
         }
         for ((p, region, rx), tx) in created.into_iter().zip(txs) {
-            recv_patiently(boot, p, TAG_P2P_ACK)?;
+            recv_patiently(boot, p, TAG_P2P_ACK, abort)?;
             region.unlink()?;
             self.p2p.insert(p, PeerLinks { rx, tx });
         }

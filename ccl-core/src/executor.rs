@@ -563,7 +563,7 @@ impl Worker {
             .collect();
         let r = self
             .t
-            .ensure_p2p(&self.boot, &peers)
+            .ensure_p2p(&self.boot, &peers, &self.shared.abort)
             .and_then(|()| self.run_plan(&plan, &bufs, reducer.as_ref(), block));
         drop(staged);
         let sh = &self.shared;

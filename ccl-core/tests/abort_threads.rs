@@ -119,3 +119,33 @@ fn abort_ends_a_nonblocking_init_that_waits_for_missing_ranks() {
     let e = c.async_error().unwrap_err();
     assert_ne!(e, CclError::InProgress);
 }
+
+#[test]
+fn abort_of_a_split_child_unblocks_its_p2p_handshake() {
+    let parents = Comm::init_all(2, None).expect("init_all");
+    let children: Vec<Arc<Comm>> = std::thread::scope(|s| {
+        let hs: Vec<_> = parents
+            .iter()
+            .map(|p| s.spawn(move || p.split(0, 0, Default::default()).unwrap().unwrap()))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let buf = vec![7u8; 64];
+    let p = buf.as_ptr() as usize;
+    run_blocked_then_abort(children, vec![0], move |_| CollArgs {
+        kind: CollKind::Send,
+        sendbuf: p,
+        recvbuf: 0,
+        count: 64,
+        dtype: DataType::Uint8 as i32,
+        op: 0,
+        root: 1,
+        stream: 0,
+    });
+    // The parents are unaffected.
+    for c in &parents {
+        c.async_error().expect("parent still fine");
+        c.destroy().unwrap();
+    }
+    drop(buf);
+}
