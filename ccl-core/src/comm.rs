@@ -356,7 +356,11 @@ impl Comm {
     fn finish_init(self: &Arc<Self>, r: Result<()>) -> Result<()> {
         match r {
             Ok(()) => {
-                lock(registry()).push(Arc::downgrade(self));
+                {
+                    let mut reg = lock(registry());
+                    reg.retain(|w| w.strong_count() > 0);
+                    reg.push(Arc::downgrade(self));
+                }
                 let mut g = lock(&self.life);
                 if matches!(*g, Life::Initializing) {
                     *g = Life::Ready;
