@@ -1,7 +1,9 @@
 //! Correctness matrix with ranks as threads of this process (shared-memory transport
 //! between threads): every collective x dtype x reduction (Sum, Prod, Max, Min, Avg,
 //! PreMulSum host-immediate and device-resident) x in/out-of-place x counts
-//! {0, 1, 7, 1023, 65537} for 1..=8 ranks, plus ~4 MiB counts for a subset, each checked
+//! {0, 1, 7, 1023, 65537} for 1..=8 ranks, plus ~4 MiB counts for a subset (AllReduce with
+//! every reduction on Float32/Bfloat16/Int8, Sum on Float32 for Reduce/ReduceScatter, the
+//! other collectives on Float32/Uint8; 1, 2, 3, 4, 5 and 8 ranks), each checked
 //! against an independent reference and the probe counters against the schedule.
 //!
 //! `NCCL_BUFFSIZE=64K` (8 KiB slots) so that the mid-size counts run many pipelined
@@ -279,6 +281,16 @@ fn big_2_ranks() {
 #[test]
 fn big_3_ranks() {
     run_matrix(3, true);
+}
+
+#[test]
+fn big_4_ranks() {
+    run_matrix(4, true);
+}
+
+#[test]
+fn big_5_ranks() {
+    run_matrix(5, true);
 }
 
 #[test]
