@@ -310,6 +310,7 @@ impl Comm {
             }
         }
         note_algo_proto_env()?;
+        self.check_same_tuning(&boot)?;
         let boot = Arc::new(boot);
         let transport = Transport::connect(
             &boot,
@@ -345,6 +346,29 @@ impl Comm {
             comm_hash, self.rank, self.nranks, self.device, self.tuning.min_channels,
             self.tuning.max_channels, self.tuning.buffsize,
             self.cfg.comm_name.as_deref().unwrap_or(""));
+        Ok(())
+    }
+
+    /// Every rank must use the same FIFO layout and channel bounds (schedules and segment
+    /// layouts depend on them): compares them over the bootstrap.
+    fn check_same_tuning(&self, boot: &Bootstrap) -> Result<()> {
+        let t = &self.tuning;
+        let mine: Vec<u8> = [t.buffsize, t.min_channels, t.max_channels]
+            .iter()
+            .flat_map(|v| (*v as u64).to_le_bytes())
+            .collect();
+        for (r, theirs) in boot.allgather(&mine)?.iter().enumerate() {
+            if *theirs != mine {
+                let vals: Vec<u64> = theirs
+                    .chunks_exact(8)
+                    .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+                    .collect();
+                return Err(CclError::usage(format!(
+                    "rank {r} uses NCCL_BUFFSIZE/min/max channels {vals:?}, rank {} uses [{}, {}, {}]: set the same NCCL_BUFFSIZE, NCCL_MIN_CTAS/NCCL_MAX_CTAS and config on every rank",
+                    self.rank, t.buffsize, t.min_channels, t.max_channels
+                )));
+            }
+        }
         Ok(())
     }
 

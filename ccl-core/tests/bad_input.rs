@@ -259,3 +259,52 @@ fn bad_init_arguments_and_env_are_typed_errors() {
     let e = Comm::init_rank(1, junk, 0, CommConfig::default()).unwrap_err();
     assert_ne!(e.code(), ResultCode::Success);
 }
+
+#[test]
+fn ranks_with_different_channel_settings_fail_init_on_every_rank() {
+    let id = ccl_core::bootstrap::get_unique_id().unwrap();
+    let hs: Vec<_> = (0..2)
+        .map(|r| {
+            std::thread::spawn(move || {
+                let cfg = CommConfig {
+                    max_ctas: Some(if r == 0 { 2 } else { 3 }),
+                    ..CommConfig::default()
+                };
+                Comm::init_rank(2, id, r, cfg)
+            })
+        })
+        .collect();
+    for h in hs {
+        let e = h.join().unwrap().unwrap_err();
+        assert_eq!(e.code(), ResultCode::InvalidUsage, "{e}");
+        assert!(e.to_string().contains("NCCL_BUFFSIZE"), "{e}");
+    }
+}
+
+#[test]
+fn per_rank_counts_that_overflow_times_nranks_are_rejected() {
+    let comms = Comm::init_all(2, None).unwrap();
+    let send = vec![1f32; 4];
+    let mut recv = vec![0f32; 8];
+    let count = isize::MAX as usize / 4 / 2 + 1; // count * 4 fits, times 2 ranks does not
+    for kind in [
+        CollKind::AllGather,
+        CollKind::ReduceScatter,
+        CollKind::AlltoAll,
+    ] {
+        let a = CollArgs {
+            kind,
+            count,
+            ..ok_args(&send, &mut recv)
+        };
+        expect_err(
+            &comms[0],
+            a,
+            ResultCode::InvalidArgument,
+            "x 2 ranks overflows",
+        );
+    }
+    for c in &comms {
+        c.destroy().unwrap();
+    }
+}
