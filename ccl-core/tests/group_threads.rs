@@ -149,6 +149,16 @@ fn p2p_in_any_order_including_self_never_deadlocks() {
         }
     }
     group_end().expect("group_end");
+    // Every segment (doorbells, ring and the lazily created p2p links) was unlinked as soon
+    // as its peers had mapped it.
+    let hash = format!("{:016x}", comms[0].comm_id());
+    let left: Vec<String> = std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(&hash))
+        .collect();
+    assert!(left.is_empty(), "segments still linked: {left:?}");
     for r in 0..n {
         for p in 0..n {
             assert_eq!(recvs[r][p], sends[p][r], "rank {r} from {p}");
