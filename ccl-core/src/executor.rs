@@ -753,7 +753,6 @@ impl Worker {
         }
         let sends = step.kind.sends();
         let mut out: Option<&mut [u8]> = None;
-        let mut tx_ref = None;
         if sends {
             let tx = txs.get_mut(ch).ok_or_else(missing)?;
             match tx.try_reserve() {
@@ -762,7 +761,6 @@ impl Worker {
                     out = Some(slot.get_mut(..nb).ok_or_else(missing)?);
                 }
             }
-            tx_ref = Some(());
         }
         let red = || {
             ctx.red
@@ -824,7 +822,7 @@ impl Worker {
         if let Some(b) = ctx.block {
             ctx.frame.add_recv(b, ch, 1);
         }
-        if tx_ref.is_some() {
+        if sends {
             let tx = txs.get_mut(ch).ok_or_else(missing)?;
             tx.commit(nb);
             ring_bell(&t.peer_bells, lane.send_to);
