@@ -235,8 +235,10 @@ fn collective(
             return Err(CclError::arg(format!("{} recvbuff is NULL", kind.name())));
         }
     }
-    tracing::info!(
-        target: "nccl::COLL",
+    // ccl-core logs the NCCL-style INFO line of each operation (with its opCount); this is
+    // the raw call as received, for NCCL_DEBUG=TRACE NCCL_DEBUG_SUBSYS=CALL.
+    tracing::debug!(
+        target: "nccl::CALL",
         rank = c.rank(),
         "{}: sendbuff {:p} recvbuff {:p} count {} datatype {} op {} root {} comm {:p} [nranks={}] stream {:p}",
         kind.name(), sendbuf, recvbuf, count, dtype, op, root, comm, c.nranks(), stream
