@@ -55,7 +55,11 @@ fn parse_args() -> std::result::Result<Opts, String> {
     while let Some(a) = args.next() {
         let mut val = |name: &str| args.next().ok_or(format!("{name} needs a value"));
         match a.as_str() {
-            "--ranks" => o.ranks = val("--ranks")?.parse().map_err(|e| format!("--ranks: {e}"))?,
+            "--ranks" => {
+                o.ranks = val("--ranks")?
+                    .parse()
+                    .map_err(|e| format!("--ranks: {e}"))?
+            }
             "--procs" => o.procs = true,
             "-b" => o.min_bytes = parse_size(&val("-b")?)?,
             "-e" => o.max_bytes = parse_size(&val("-e")?)?,

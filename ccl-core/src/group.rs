@@ -1,15 +1,26 @@
 //! Operations and groups: argument validation, `ncclGroupStart`/`ncclGroupEnd` semantics
 //! (nesting, several communicators, p2p in any order), submission to executors.
 //!
-//! INTERFACE STUB: the runtime work replaces the bodies; signatures are the contract with
-//! `ccl-ffi`.
+//! Groups are per thread (like NCCL's): a nesting depth and the operations queued since
+//! the outermost `group_start`. At the outermost `group_end` the queued operations are
+//! split per communicator, in issue order; for each communicator its collectives run in
+//! issue order, then all its Send/Recv of the group as ONE p2p batch (all progressing
+//! together, so send/recv pairs in any order cannot deadlock; one operation counter per
+//! batch). With several communicators, every communicator's job is submitted to its own
+//! worker thread before any is waited for, so one thread can drive all ranks of
+//! `ncclCommInitAll` in one group; with one communicator the job runs on the calling
+//! thread.
 
+use std::cell::RefCell;
 use std::sync::Arc;
 
 use probe::CollKind;
 
-use crate::comm::Comm;
+use crate::comm::{Comm, FIRST_USER_OP};
 use crate::error::{CclError, Result};
+use crate::executor::{self, CollOp, Completion, Job, P2pCall, RedSpec, WorkItem};
+use crate::schedule::{Dir, ExpectedCounts};
+use crate::types::{DataType, RedOpKind};
 
 /// One collective or p2p call as the C API received it (raw values, unvalidated).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,6 +43,183 @@ pub struct CollArgs {
     pub stream: usize,
 }
 
+/// A validated call waiting for its group to end.
+#[derive(Debug)]
+enum Valid {
+    Coll(CollOp),
+    P2p(P2pCall),
+}
+
+#[derive(Default)]
+struct GroupState {
+    depth: usize,
+    queued: Vec<(Arc<Comm>, Valid)>,
+}
+
+thread_local! {
+    static GROUP: RefCell<GroupState> = RefCell::new(GroupState::default());
+}
+
+fn is_reduction(k: CollKind) -> bool {
+    matches!(
+        k,
+        CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter
+    )
+}
+
+fn is_rooted(k: CollKind) -> bool {
+    matches!(
+        k,
+        CollKind::Broadcast | CollKind::Reduce | CollKind::Gather | CollKind::Scatter
+    )
+}
+
+/// Checks `args` against `comm` and returns the operation to queue.
+fn validate(comm: &Comm, args: &CollArgs) -> Result<Valid> {
+    comm.usable()?;
+    let name = args.kind.name();
+    let dtype = DataType::from_raw(args.dtype)
+        .map_err(|_| CclError::arg(format!("{name}: invalid data type {}", args.dtype)))?;
+    let nranks = comm.nranks() as usize;
+    let rank = comm.rank() as usize;
+    let count = args.count;
+    let bytes = count
+        .checked_mul(dtype.size())
+        .filter(|b| *b <= isize::MAX as usize);
+    let Some(bytes) = bytes else {
+        return Err(CclError::arg(format!(
+            "{name}: count {count} x {} bytes overflows",
+            dtype.size()
+        )));
+    };
+    // Bytes of the larger (per-rank x nranks) side, where there is one.
+    let total = match args.kind {
+        CollKind::AllGather
+        | CollKind::ReduceScatter
+        | CollKind::AlltoAll
+        | CollKind::Gather
+        | CollKind::Scatter => bytes
+            .checked_mul(nranks)
+            .filter(|b| *b <= isize::MAX as usize)
+            .ok_or_else(|| {
+                CclError::arg(format!(
+                    "{name}: count {count} x {} bytes x {nranks} ranks overflows",
+                    dtype.size()
+                ))
+            })?,
+        _ => bytes,
+    };
+    let root_or_peer = |what: &str| -> Result<usize> {
+        usize::try_from(args.root)
+            .ok()
+            .filter(|r| *r < nranks)
+            .ok_or_else(|| {
+                CclError::arg(format!(
+                    "{name}: invalid {what} {} (nranks {nranks})",
+                    args.root
+                ))
+            })
+    };
+    let null = |which: &str| CclError::arg(format!("{name}: {which} is null with count {count}"));
+    let label = |extra: &str| {
+        format!(
+            "{name}{extra} (count {count}, {}) on comm {:#018x} rank {rank}",
+            dtype.name(),
+            comm.comm_id()
+        )
+    };
+    match args.kind {
+        CollKind::Send | CollKind::Recv => {
+            let peer = root_or_peer("peer")?;
+            let (dir, buf, which) = if args.kind == CollKind::Send {
+                (Dir::Send, args.sendbuf, "sendbuff")
+            } else {
+                (Dir::Recv, args.recvbuf, "recvbuff")
+            };
+            if bytes > 0 && buf == 0 {
+                return Err(null(which));
+            }
+            return Ok(Valid::P2p(P2pCall {
+                dir,
+                peer,
+                buf,
+                count,
+                dtype,
+                label: label(&format!(" peer {peer}")),
+            }));
+        }
+        _ => {}
+    }
+    let root = if is_rooted(args.kind) {
+        root_or_peer("root")?
+    } else {
+        0
+    };
+    let red = if is_reduction(args.kind) {
+        Some(match RedOpKind::builtin_from_raw(args.op) {
+            Some(k) => RedSpec::Builtin(k),
+            None if args.op >= FIRST_USER_OP => {
+                let op = comm.user_op(args.op).ok_or_else(|| {
+                    CclError::arg(format!(
+                        "{name}: reduction op {} is not a live PreMulSum op of this communicator",
+                        args.op
+                    ))
+                })?;
+                if op.dtype != dtype {
+                    return Err(CclError::arg(format!(
+                        "{name}: PreMulSum op {} was created for {}, used with {}",
+                        args.op,
+                        op.dtype.name(),
+                        dtype.name()
+                    )));
+                }
+                RedSpec::PreMul(op.scalar)
+            }
+            None => {
+                return Err(CclError::arg(format!(
+                    "{name}: invalid reduction op {}",
+                    args.op
+                )))
+            }
+        })
+    } else {
+        None
+    };
+    // Which buffers this rank uses.
+    let is_root = rank == root;
+    let (needs_send, needs_recv) = match args.kind {
+        CollKind::Broadcast => (is_root, true),
+        CollKind::Reduce => (true, is_root),
+        CollKind::Gather => (true, is_root),
+        CollKind::Scatter => (is_root, true),
+        _ => (true, true),
+    };
+    if total > 0 {
+        if needs_send && args.sendbuf == 0 {
+            return Err(null("sendbuff"));
+        }
+        if needs_recv && args.recvbuf == 0 {
+            return Err(null("recvbuff"));
+        }
+    }
+    let extra = if is_rooted(args.kind) {
+        format!(" root {root}")
+    } else {
+        String::new()
+    };
+    Ok(Valid::Coll(CollOp {
+        kind: args.kind,
+        dtype,
+        count,
+        sendbuf: args.sendbuf,
+        recvbuf: args.recvbuf,
+        root,
+        red,
+        raw_op: args.op,
+        label: label(&extra),
+    }))
+}
+
 /// Validates `args` and runs it: outside a group it returns when the result is in the
 /// receive buffer; inside a group it is queued until the outermost `ncclGroupEnd`.
 ///
@@ -39,16 +227,161 @@ pub struct CollArgs {
 /// The caller guarantees the buffers are valid for the sizes implied by the arguments
 /// until the operation completes (as NCCL requires).
 pub fn enqueue(comm: &Arc<Comm>, args: CollArgs) -> Result<()> {
-    let _ = (comm, args);
-    Err(CclError::usage("collectives are not implemented yet"))
+    let v = match validate(comm, &args) {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::warn!(target: "nccl::CALL", rank = comm.rank(), "{e}");
+            comm.record_error(&e);
+            return Err(e);
+        }
+    };
+    let standalone = GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth > 0 {
+            g.queued.push((Arc::clone(comm), v));
+            None
+        } else {
+            Some(v)
+        }
+    });
+    match standalone {
+        None => Ok(()),
+        Some(v) => run_batch(vec![(Arc::clone(comm), v)]),
+    }
 }
 
 /// `ncclGroupStart`.
 pub fn group_start() -> Result<()> {
-    Err(CclError::usage("ncclGroupStart is not implemented yet"))
+    GROUP.with(|g| g.borrow_mut().depth += 1);
+    Ok(())
 }
 
 /// `ncclGroupEnd`: launches and completes everything queued since the outermost start.
 pub fn group_end() -> Result<()> {
-    Err(CclError::usage("ncclGroupEnd is not implemented yet"))
+    let batch = GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        match g.depth {
+            0 => Err(CclError::usage(
+                "ncclGroupEnd without a matching ncclGroupStart",
+            )),
+            1 => {
+                g.depth = 0;
+                Ok(Some(std::mem::take(&mut g.queued)))
+            }
+            _ => {
+                g.depth -= 1;
+                Ok(None)
+            }
+        }
+    })?;
+    match batch {
+        Some(ops) if !ops.is_empty() => run_batch(ops),
+        _ => Ok(()),
+    }
+}
+
+/// Current group nesting depth of this thread (0 outside a group).
+pub fn group_depth() -> usize {
+    GROUP.with(|g| g.borrow().depth)
+}
+
+fn items_per_comm(ops: Vec<(Arc<Comm>, Valid)>) -> Vec<(Arc<Comm>, Vec<WorkItem>)> {
+    let mut per: Vec<(Arc<Comm>, Vec<WorkItem>, Vec<P2pCall>)> = Vec::new();
+    for (comm, v) in ops {
+        let i = match per.iter().position(|(c, _, _)| Arc::ptr_eq(c, &comm)) {
+            Some(i) => i,
+            None => {
+                per.push((comm, Vec::new(), Vec::new()));
+                per.len() - 1
+            }
+        };
+        match v {
+            Valid::Coll(c) => per[i].1.push(WorkItem::Coll(c)),
+            Valid::P2p(p) => per[i].2.push(p),
+        }
+    }
+    per.into_iter()
+        .map(|(c, mut items, p2p)| {
+            if !p2p.is_empty() {
+                items.push(WorkItem::P2p(p2p));
+            }
+            (c, items)
+        })
+        .collect()
+}
+
+fn run_batch(ops: Vec<(Arc<Comm>, Valid)>) -> Result<()> {
+    let mut jobs = items_per_comm(ops);
+    if jobs.len() == 1 {
+        // One communicator: run on this thread (no hand-off to the worker thread).
+        let (comm, items) = jobs.remove(0);
+        return comm
+            .run_inline(items)
+            .inspect_err(|e| after_failure(&comm, e));
+    }
+    let mut waits = Vec::with_capacity(jobs.len());
+    let mut first_err: Option<CclError> = None;
+    for (comm, items) in jobs {
+        let done = Arc::new(Completion::default());
+        match comm.submit(Job {
+            items,
+            done: Arc::clone(&done),
+        }) {
+            Ok(()) => waits.push((comm, done)),
+            Err(e) => {
+                comm.record_error(&e);
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    for (comm, done) in waits {
+        if let Err(e) = done.wait() {
+            after_failure(&comm, &e);
+            first_err.get_or_insert(e);
+        }
+    }
+    match first_err {
+        None => Ok(()),
+        Some(e) => Err(e),
+    }
+}
+
+fn after_failure(comm: &Comm, e: &CclError) {
+    tracing::warn!(target: "nccl::COLL", rank = comm.rank(), "{e}");
+    comm.record_error(e);
+    if !matches!(e, CclError::InvalidArgument(_) | CclError::InvalidUsage(_)) {
+        comm.mark_broken(e);
+    }
+}
+
+/// The per-channel probe counts the schedule expects on `comm` for `ops`: either one
+/// collective, or the Send/Recv calls of one group (in issue order). For tests and
+/// progress reporting; validates like [`enqueue`] but runs nothing.
+pub fn expected_counts(comm: &Comm, ops: &[CollArgs]) -> Result<Vec<ExpectedCounts>> {
+    let mut coll = None;
+    let mut p2p = Vec::new();
+    for a in ops {
+        match validate(comm, a)? {
+            Valid::Coll(c) => {
+                if coll.is_some() || ops.len() != 1 {
+                    return Err(CclError::usage(
+                        "expected_counts takes one collective or a list of Send/Recv",
+                    ));
+                }
+                coll = Some(c);
+            }
+            Valid::P2p(p) => p2p.push(p),
+        }
+    }
+    let item = match coll {
+        Some(c) => WorkItem::Coll(c),
+        None => WorkItem::P2p(p2p),
+    };
+    let plan = executor::plan_for(
+        &item,
+        comm.rank() as usize,
+        comm.nranks() as usize,
+        comm.tuning(),
+    )?;
+    Ok(plan.expected_counts())
 }

@@ -2,11 +2,15 @@
 //! executors. `ccl-ffi` wraps this crate behind NVIDIA's C ABI; nothing here is `extern "C"`.
 
 pub mod bootstrap;
+pub mod channel;
 pub mod comm;
+pub mod debug;
 pub mod env;
 pub mod error;
+pub mod executor;
 pub mod group;
 pub mod reduce;
+pub mod schedule;
 pub mod transport;
 pub mod types;
 

@@ -1,0 +1,250 @@
+//! Connection setup over shared memory: per-rank doorbells, the ring links of every channel
+//! (created at init) and per-peer p2p links (created lazily, on first use, and cached).
+//!
+//! Segments (all in `/dev/shm`, names from [`segment_name_for_pid`] with prefix
+//! [`SEGMENT_PREFIX`], the communicator hash, `[kind, src, dst]` and the creator's pid):
+//! - kind 1, "bell": one per rank, its doorbell; created by the rank, mapped by every peer.
+//! - kind 2, "ring": one per directed ring edge `src -> dst = src+1`, created by the
+//!   receiver, holding one FIFO per channel (`max_channels` FIFOs).
+//! - kind 3, "p2p": one per directed pair, created by the receiver on first use, holding
+//!   `p2p_channels` FIFOs (at most [`crate::comm::P2P_MAX_CHANNELS`]: p2p links to many
+//!   peers must stay cheap).
+//!
+//! Every segment is unlinked by its creator as soon as the peers that need it have mapped it
+//! (after a bootstrap barrier or acknowledgement), so a job that dies later (even by
+//! SIGKILL) leaves nothing in `/dev/shm`. A segment whose setup fails is unlinked when its
+//! creating handle drops.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::bootstrap::Bootstrap;
+use crate::error::{CclError, Result};
+use crate::transport::shm::{
+    align_up, segment_name_for_pid, Doorbell, FifoLayout, FifoReceiver, FifoSender, ShmRegion,
+    CACHE_LINE,
+};
+
+/// Prefix of every segment name of this library (`/dev/shm/ccld-<comm hash>-...`).
+pub const SEGMENT_PREFIX: &str = "ccld";
+
+const KIND_BELL: u64 = 1;
+const KIND_RING: u64 = 2;
+const KIND_P2P: u64 = 3;
+
+/// Bootstrap tags of the lazy p2p handshake (user tags of the communicator's bootstrap).
+const TAG_P2P_READY: u32 = 0x7032_7001;
+const TAG_P2P_ACK: u32 = 0x7032_7002;
+
+/// One direction-pair of FIFOs (per channel) with one peer.
+#[derive(Debug, Default)]
+pub(crate) struct PeerLinks {
+    /// Per channel: messages from the peer.
+    pub rx: Vec<FifoReceiver>,
+    /// Per channel: messages to the peer.
+    pub tx: Vec<FifoSender>,
+}
+
+/// All shared-memory connections of one rank of one communicator.
+#[derive(Debug)]
+pub(crate) struct Transport {
+    pub rank: usize,
+    pub comm_hash: u64,
+    /// Channels of every p2p link.
+    pub p2p_channels: usize,
+    pub layout: FifoLayout,
+    /// This rank's doorbell (rung by peers when they commit to or release from our FIFOs).
+    pub bell: Doorbell,
+    /// The (unlinked, still mapped) segment holding `bell`.
+    bell_region: Arc<ShmRegion>,
+    /// Peers' doorbells by rank (`None` for this rank).
+    pub peer_bells: Vec<Option<Doorbell>>,
+    /// Ring links (empty with one rank).
+    pub ring: PeerLinks,
+    /// Lazily created p2p links by peer.
+    pub p2p: HashMap<usize, PeerLinks>,
+    /// Pids of all ranks (for liveness checks).
+    pub pids: Vec<u32>,
+}
+
+fn stride(layout: FifoLayout) -> Result<usize> {
+    align_up(layout.bytes(), CACHE_LINE)
+        .ok_or_else(|| CclError::arg("NCCL_BUFFSIZE too large: FIFO size overflows"))
+}
+
+fn seg_bytes(layout: FifoLayout, channels: usize) -> Result<usize> {
+    stride(layout)?
+        .checked_mul(channels)
+        .ok_or_else(|| CclError::arg("NCCL_BUFFSIZE x channels overflows"))
+}
+
+fn name(boot: &Bootstrap, kind: u64, src: usize, dst: usize, creator: usize) -> String {
+    segment_name_for_pid(
+        SEGMENT_PREFIX,
+        boot.comm_hash(),
+        &[kind, src as u64, dst as u64],
+        boot.peer_pid(creator),
+    )
+}
+
+fn receivers(region: &Arc<ShmRegion>, layout: FifoLayout, n: usize) -> Result<Vec<FifoReceiver>> {
+    let s = stride(layout)?;
+    (0..n)
+        .map(|c| FifoReceiver::new(Arc::clone(region), c * s, layout))
+        .collect()
+}
+
+fn senders(region: &Arc<ShmRegion>, layout: FifoLayout, n: usize) -> Result<Vec<FifoSender>> {
+    let s = stride(layout)?;
+    (0..n)
+        .map(|c| FifoSender::new(Arc::clone(region), c * s, layout))
+        .collect()
+}
+
+/// Waits for a handshake message without a deadline: like a send in NCCL, a p2p operation
+/// waits for its peer however late the peer is. It ends on abort (the communicator's flag,
+/// checked every 100 ms, and the bootstrap's own) and when the peer's bootstrap connection
+/// breaks (the peer died).
+fn recv_patiently(boot: &Bootstrap, peer: usize, tag: u32, abort: &AtomicBool) -> Result<Vec<u8>> {
+    const SLICE: Duration = Duration::from_millis(100);
+    let mut waited = Duration::ZERO;
+    loop {
+        if abort.load(Ordering::Acquire) {
+            return Err(CclError::Aborted(format!(
+                "ncclCommAbort called while waiting for rank {peer} to connect"
+            )));
+        }
+        match boot.recv_timeout(peer, tag, SLICE) {
+            Err(CclError::Timeout(_)) => {
+                waited += SLICE;
+                if waited.as_millis() % 60_000 == 0 {
+                    tracing::info!(target: "nccl::P2P", rank = boot.rank(),
+                        "still waiting for rank {peer} to post its matching p2p operation ({} s)",
+                        waited.as_secs());
+                }
+            }
+            other => return other,
+        }
+    }
+}
+
+impl Transport {
+    /// Collective over the communicator: creates this rank's doorbell and inbound ring
+    /// segment, maps every peer's doorbell and the next rank's ring segment, then unlinks
+    /// its own segments.
+    pub fn connect(
+        boot: &Bootstrap,
+        max_channels: usize,
+        p2p_channels: usize,
+        layout: FifoLayout,
+    ) -> Result<Self> {
+        let n = boot.nranks();
+        let me = boot.rank();
+        let prev = (me + n - 1) % n;
+        let next = (me + 1) % n;
+        let my_bell_region = Arc::new(ShmRegion::create(
+            &name(boot, KIND_BELL, me, me, me),
+            CACHE_LINE,
+        )?);
+        let bell = Doorbell::new(Arc::clone(&my_bell_region), 0)?;
+        let ring_in = if n > 1 {
+            Some(Arc::new(ShmRegion::create(
+                &name(boot, KIND_RING, prev, me, me),
+                seg_bytes(layout, max_channels)?,
+            )?))
+        } else {
+            None
+        };
+        let mut ring = PeerLinks::default();
+        if let Some(r) = &ring_in {
+            ring.rx = receivers(r, layout, max_channels)?;
+        }
+        boot.barrier()?;
+        let mut peer_bells = Vec::with_capacity(n);
+        for p in 0..n {
+            if p == me {
+                peer_bells.push(None);
+                continue;
+            }
+            let region = Arc::new(ShmRegion::open(&name(boot, KIND_BELL, p, p, p))?);
+            peer_bells.push(Some(Doorbell::new(region, 0)?));
+        }
+        if n > 1 {
+            let region = Arc::new(ShmRegion::open(&name(boot, KIND_RING, me, next, next))?);
+            ring.tx = senders(&region, layout, max_channels)?;
+        }
+        boot.barrier()?;
+        my_bell_region.unlink()?;
+        if let Some(r) = &ring_in {
+            r.unlink()?;
+        }
+        tracing::info!(target: "nccl::SHM", rank = me,
+            "comm {:#018x} ring {prev} -> {me} -> {next}: {max_channels} channel(s) x {} slots of {} bytes, segments unlinked",
+            boot.comm_hash(), layout.nslots, layout.slot_bytes);
+        Ok(Transport {
+            rank: me,
+            comm_hash: boot.comm_hash(),
+            p2p_channels,
+            layout,
+            bell,
+            bell_region: my_bell_region,
+            peer_bells,
+            ring,
+            p2p: HashMap::new(),
+            pids: (0..n).map(|r| boot.peer_pid(r)).collect(),
+        })
+    }
+
+    /// The segment of this rank's doorbell (to make more handles on it).
+    pub fn bell_region(&self) -> &Arc<ShmRegion> {
+        &self.bell_region
+    }
+
+    /// Makes sure a p2p link exists with every peer in `peers` (both directions). Every
+    /// listed peer must call this for this rank at the same point of its program (its
+    /// matching send/recv in the same group): the handshake first posts all "ready"
+    /// messages, then waits, so any order of peers is deadlock-free.
+    pub fn ensure_p2p(
+        &mut self,
+        boot: &Bootstrap,
+        peers: &[usize],
+        abort: &AtomicBool,
+    ) -> Result<()> {
+        let mut new: Vec<usize> = peers
+            .iter()
+            .copied()
+            .filter(|p| *p != self.rank && !self.p2p.contains_key(p))
+            .collect();
+        new.sort_unstable();
+        new.dedup();
+        if new.is_empty() {
+            return Ok(());
+        }
+        let me = self.rank;
+        let bytes = seg_bytes(self.layout, self.p2p_channels)?;
+        let mut created = Vec::with_capacity(new.len());
+        for &p in &new {
+            let region = Arc::new(ShmRegion::create(&name(boot, KIND_P2P, p, me, me), bytes)?);
+            let rx = receivers(&region, self.layout, self.p2p_channels)?;
+            boot.send(p, TAG_P2P_READY, &[])?;
+            created.push((p, region, rx));
+        }
+        let mut txs = Vec::with_capacity(new.len());
+        for &p in &new {
+            recv_patiently(boot, p, TAG_P2P_READY, abort)?;
+            let region = Arc::new(ShmRegion::open(&name(boot, KIND_P2P, me, p, p))?);
+            txs.push(senders(&region, self.layout, self.p2p_channels)?);
+            boot.send(p, TAG_P2P_ACK, &[])?;
+        }
+        for ((p, region, rx), tx) in created.into_iter().zip(txs) {
+            recv_patiently(boot, p, TAG_P2P_ACK, abort)?;
+            region.unlink()?;
+            self.p2p.insert(p, PeerLinks { rx, tx });
+        }
+        tracing::debug!(target: "nccl::P2P", rank = me,
+            "comm {:#018x}: connected p2p with {new:?}", self.comm_hash);
+        Ok(())
+    }
+}

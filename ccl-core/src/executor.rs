@@ -1,0 +1,983 @@
+//! The host "kernel": the executor of a communicator runs its operations, progressing all
+//! lanes (channels x links) of the current operation in one non-blocking loop over the
+//! shared-memory FIFOs, updating the probe as it goes. Every communicator has a worker
+//! thread; a batch that involves several communicators (a group) is submitted to all their
+//! workers before any is waited for, so they run concurrently. A batch that involves only
+//! one communicator (an operation outside a group, or a group on one communicator) runs
+//! the same executor inline on the calling thread, which saves two thread hand-offs per
+//! operation. The executor state sits behind a mutex, so operations of one communicator
+//! never overlap whichever thread runs them.
+//!
+//! Waiting: the worker reads its doorbell, polls every lane, and when nothing progressed
+//! snoozes on the doorbell (spin, yield, then timed futex parks of at most
+//! `Backoff::MAX_PARK` = 5 ms). Peers ring our doorbell when they commit into or release
+//! from a FIFO we use; `Comm::abort` rings it too. While idle in an operation the worker
+//! checks the abort flag on every wake-up (so an abort ends a blocked operation within a few
+//! milliseconds) and the liveness of the peers' processes every `CCLD_PEER_CHECK_MS`
+//! (default 200 ms): a dead peer fails the operation with
+//! `Remote("rank N (pid P) exited")` within `CCLD_PEER_CHECK_MS + 5 ms`.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use probe::{Algo, CollKind, Frame, OpLog, OpTypeSet, Proto};
+
+use crate::bootstrap::Bootstrap;
+use crate::channel::Transport;
+use crate::comm::ScalarArg;
+use crate::error::{CclError, Result};
+use crate::reduce::Reducer;
+use crate::schedule::{self, CollDesc, Dir, Lane, LinkKind, LocalKind, P2pOp, Plan, StepKind};
+use crate::transport::shm::{pid_alive, Backoff};
+use crate::types::{DataType, RedOpKind};
+
+/// Channel/buffer settings of a communicator (from config and environment).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Tuning {
+    pub min_channels: usize,
+    pub max_channels: usize,
+    pub buffsize: usize,
+    pub nslots: usize,
+    pub slot_bytes: usize,
+    pub peer_check: Duration,
+}
+
+/// The reduction of a validated operation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum RedSpec {
+    Builtin(RedOpKind),
+    PreMul(ScalarArg),
+}
+
+/// A validated collective.
+#[derive(Clone, Debug)]
+pub(crate) struct CollOp {
+    pub kind: CollKind,
+    pub dtype: DataType,
+    pub count: usize,
+    pub sendbuf: usize,
+    pub recvbuf: usize,
+    pub root: usize,
+    pub red: Option<RedSpec>,
+    pub raw_op: i32,
+    pub label: String,
+}
+
+/// A validated Send or Recv.
+#[derive(Clone, Debug)]
+pub(crate) struct P2pCall {
+    pub dir: Dir,
+    pub peer: usize,
+    pub buf: usize,
+    pub count: usize,
+    pub dtype: DataType,
+    pub label: String,
+}
+
+/// One unit of work: a collective, or all Send/Recv of one group on this communicator.
+#[derive(Clone, Debug)]
+pub(crate) enum WorkItem {
+    Coll(CollOp),
+    P2p(Vec<P2pCall>),
+}
+
+impl WorkItem {
+    pub fn label(&self) -> String {
+        match self {
+            WorkItem::Coll(c) => c.label.clone(),
+            WorkItem::P2p(v) => {
+                let names: Vec<&str> = v.iter().map(|c| c.label.as_str()).collect();
+                format!("p2p group [{}]", names.join(", "))
+            }
+        }
+    }
+}
+
+/// Completion of a submitted job, waited on by `group_end`.
+#[derive(Debug, Default)]
+pub(crate) struct Completion {
+    /// `(finished, result not yet taken)`.
+    state: Mutex<(bool, Option<Result<()>>)>,
+    cv: Condvar,
+}
+
+impl Completion {
+    /// Records the result (the first one wins).
+    fn set(&self, r: Result<()>) {
+        let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if !g.0 {
+            *g = (true, Some(r));
+            self.cv.notify_all();
+        }
+    }
+
+    /// Blocks until the job finished.
+    pub fn wait(&self) -> Result<()> {
+        let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if g.0 {
+                return g.1.take().unwrap_or(Ok(()));
+            }
+            g = self.cv.wait(g).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+/// A batch of work for one communicator. A job dropped without a result (its worker died)
+/// completes with an internal error, so `group_end` never waits forever.
+#[derive(Debug)]
+pub(crate) struct Job {
+    pub items: Vec<WorkItem>,
+    pub done: Arc<Completion>,
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        self.done.set(Err(CclError::Internal(
+            "the communicator's worker stopped before running this operation".into(),
+        )));
+    }
+}
+
+/// State shared between a communicator and its worker.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub rank: usize,
+    pub nranks: usize,
+    pub comm_id: u64,
+    pub tuning: Tuning,
+    pub abort: Arc<AtomicBool>,
+    pub frame: Arc<Frame>,
+    pub op_log: Arc<OpLog>,
+    pub probe_on: bool,
+    /// Operations started so far (the next operation's counter).
+    pub op_counter: Arc<AtomicU64>,
+}
+
+/// Handle on a communicator's executor: the worker thread, and the executor state it
+/// shares with callers that run a job inline (a batch that involves only this
+/// communicator runs on the caller's thread: no thread hand-off on the latency path).
+#[derive(Debug)]
+pub(crate) struct WorkerHandle {
+    tx: Option<mpsc::Sender<Job>>,
+    join: Option<JoinHandle<()>>,
+    state: Arc<Mutex<Worker>>,
+}
+
+/// Runs `items` on `w`; a panic (a bug) becomes an internal error and breaks the comm,
+/// instead of leaving `group_end` waiting or unwinding into the caller.
+fn run_guarded(w: &Mutex<Worker>, items: Vec<WorkItem>) -> Result<()> {
+    let mut g = w.lock().unwrap_or_else(|p| p.into_inner());
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| g.run_job(items))).unwrap_or_else(
+        |_| {
+            let e = CclError::Internal("communicator executor panicked".into());
+            g.broken = Some(e.clone());
+            Err(e)
+        },
+    )
+}
+
+impl WorkerHandle {
+    /// Starts the worker, which owns `transport`.
+    pub fn spawn(shared: Shared, boot: Arc<Bootstrap>, transport: Transport) -> Result<Self> {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let name = format!("ccl-worker-r{}", shared.rank);
+        let state = Arc::new(Mutex::new(Worker {
+            shared,
+            boot,
+            t: transport,
+            broken: None,
+            scratch: Vec::new(),
+        }));
+        let st = Arc::clone(&state);
+        let join = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || {
+                while let Ok(mut job) = rx.recv() {
+                    let items = std::mem::take(&mut job.items);
+                    job.done.set(run_guarded(&st, items));
+                }
+            })
+            .map_err(|e| CclError::sys("spawning the communicator worker thread", e))?;
+        Ok(WorkerHandle {
+            tx: Some(tx),
+            join: Some(join),
+            state,
+        })
+    }
+
+    /// Queues a job for the worker thread.
+    pub fn submit(&self, job: Job) -> Result<()> {
+        match &self.tx {
+            Some(tx) => tx
+                .send(job)
+                .map_err(|_| CclError::Internal("communicator worker thread is gone".into())),
+            None => Err(CclError::usage("communicator was destroyed")),
+        }
+    }
+
+    /// The executor state, for running a job inline on the caller's thread.
+    pub fn inline(&self) -> Arc<Mutex<Worker>> {
+        Arc::clone(&self.state)
+    }
+
+    /// Stops the worker after its current job and waits for it.
+    pub fn shutdown(&mut self) {
+        self.tx = None;
+        if let Some(j) = self.join.take() {
+            if j.join().is_err() {
+                tracing::error!(target: "nccl::INIT", "communicator worker thread panicked");
+            }
+        }
+    }
+}
+
+/// Runs a job inline on the calling thread (see [`WorkerHandle`]).
+pub(crate) fn run_inline(state: &Mutex<Worker>, items: Vec<WorkItem>) -> Result<()> {
+    run_guarded(state, items)
+}
+
+impl Drop for WorkerHandle {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Monotonic nanoseconds since the first call in this process.
+pub(crate) fn now_ns() -> u64 {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    let base = *BASE.get_or_init(Instant::now);
+    u64::try_from(base.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Maps an error to the same kind with `ctx: ` prepended to its message.
+pub(crate) fn with_context(e: CclError, ctx: &str) -> CclError {
+    match e {
+        CclError::InvalidArgument(m) => CclError::InvalidArgument(format!("{ctx}: {m}")),
+        CclError::InvalidUsage(m) => CclError::InvalidUsage(format!("{ctx}: {m}")),
+        CclError::System(m) => CclError::System(format!("{ctx}: {m}")),
+        CclError::Remote(m) => CclError::Remote(format!("{ctx}: {m}")),
+        CclError::Internal(m) => CclError::Internal(format!("{ctx}: {m}")),
+        CclError::Aborted(m) => CclError::Aborted(format!("{ctx}: {m}")),
+        CclError::Timeout(m) => CclError::Timeout(format!("{ctx}: {m}")),
+        CclError::InProgress => CclError::InProgress,
+    }
+}
+
+/// Channels for a ring collective moving `count` elements of `dtype` per rank.
+fn coll_channels(t: &Tuning, count: usize, dtype: DataType) -> usize {
+    schedule::channels_for(
+        schedule::channel_bytes(count, dtype.size()),
+        t.min_channels,
+        t.max_channels,
+    )
+}
+
+/// Channels for a p2p transfer of `count` elements of `dtype` (at most the p2p link's).
+fn p2p_channels(t: &Tuning, count: usize, dtype: DataType) -> usize {
+    schedule::channels_for(
+        schedule::channel_bytes(count, dtype.size()),
+        1,
+        t.p2p_channels(),
+    )
+}
+
+/// The plan of a work item on `rank` (pure; also used by tests for expected counts).
+pub(crate) fn plan_for(item: &WorkItem, rank: usize, nranks: usize, t: &Tuning) -> Result<Plan> {
+    match item {
+        WorkItem::Coll(c) => {
+            let p2p_based = matches!(
+                c.kind,
+                CollKind::AlltoAll | CollKind::Gather | CollKind::Scatter
+            );
+            schedule::collective(&CollDesc {
+                coll: c.kind,
+                count: c.count,
+                elem_size: c.dtype.size(),
+                nranks,
+                rank,
+                root: c.root,
+                n_channels: if p2p_based {
+                    p2p_channels(t, c.count, c.dtype)
+                } else {
+                    coll_channels(t, c.count, c.dtype)
+                },
+                slot_bytes: t.slot_bytes,
+            })
+        }
+        WorkItem::P2p(calls) => {
+            let ops: Vec<P2pOp> = calls
+                .iter()
+                .enumerate()
+                .map(|(i, c)| P2pOp {
+                    dir: c.dir,
+                    peer: c.peer,
+                    buf: i,
+                    off: 0,
+                    bytes: c.count * c.dtype.size(),
+                    n_channels: p2p_channels(t, c.count, c.dtype),
+                })
+                .collect();
+            schedule::p2p(rank, nranks, t.slot_bytes, &ops)
+        }
+    }
+}
+
+/// The operation type set of a work item.
+pub(crate) fn type_set(item: &WorkItem, nranks: usize, plan: &Plan) -> OpTypeSet {
+    let n_channels = u32::try_from(plan.n_channels).unwrap_or(u32::MAX);
+    match item {
+        WorkItem::Coll(c) => {
+            let es = c.dtype.size() as u64;
+            let count = c.count as u64;
+            let per_rank_total = matches!(
+                c.kind,
+                CollKind::AllGather
+                    | CollKind::ReduceScatter
+                    | CollKind::AlltoAll
+                    | CollKind::Gather
+                    | CollKind::Scatter
+            );
+            let bytes = if per_rank_total {
+                count * es * nranks as u64
+            } else {
+                count * es
+            };
+            let rooted = matches!(
+                c.kind,
+                CollKind::Broadcast | CollKind::Reduce | CollKind::Gather | CollKind::Scatter
+            );
+            OpTypeSet {
+                coll: c.kind,
+                algo: if matches!(
+                    c.kind,
+                    CollKind::AlltoAll | CollKind::Gather | CollKind::Scatter
+                ) {
+                    Algo::P2p
+                } else {
+                    Algo::Ring
+                },
+                proto: Proto::Simple,
+                dtype: c.dtype as u8,
+                redop: if c.red.is_some() { c.raw_op } else { -1 },
+                count,
+                bytes,
+                root: if rooted { c.root as i32 } else { -1 },
+                peer: -1,
+                n_channels,
+            }
+        }
+        WorkItem::P2p(calls) => {
+            let any_send = calls.iter().any(|c| c.dir == Dir::Send);
+            let first = calls.first();
+            let same_peer = first.is_some_and(|f| calls.iter().all(|c| c.peer == f.peer));
+            let same_dtype = first.is_some_and(|f| calls.iter().all(|c| c.dtype == f.dtype));
+            OpTypeSet {
+                coll: if any_send {
+                    CollKind::Send
+                } else {
+                    CollKind::Recv
+                },
+                algo: Algo::P2p,
+                proto: Proto::Simple,
+                dtype: first.map_or(0, |f| f.dtype as u8),
+                redop: -1,
+                count: if same_dtype {
+                    calls.iter().map(|c| c.count as u64).sum()
+                } else {
+                    0
+                },
+                bytes: calls
+                    .iter()
+                    .map(|c| (c.count * c.dtype.size()) as u64)
+                    .sum(),
+                root: -1,
+                peer: match (same_peer, first) {
+                    (true, Some(f)) => f.peer as i32,
+                    _ => -1,
+                },
+                n_channels,
+            }
+        }
+    }
+}
+
+/// Raw access to user buffers. The C API's contract (NCCL's) is that every buffer is valid
+/// for the sizes implied by the operation's arguments until the operation completes, and
+/// the caller blocks in `group_end` until then; schedules only address units inside those
+/// sizes (checked by the schedule simulation tests).
+mod mem {
+    /// # Safety
+    /// `addr + off .. + len` must be readable for the returned lifetime and not written
+    /// through any other reference while the slice lives.
+    pub(super) unsafe fn src<'a>(addr: usize, off: usize, len: usize) -> &'a [u8] {
+        // SAFETY: forwarded to the caller (see the function contract); addr is non-null
+        // for any operation that moves bytes (validated by group::validate).
+        unsafe { std::slice::from_raw_parts((addr + off) as *const u8, len) }
+    }
+
+    /// # Safety
+    /// `addr + off .. + len` must be writable for the returned lifetime and not accessed
+    /// through any other reference while the slice lives.
+    pub(super) unsafe fn dst<'a>(addr: usize, off: usize, len: usize) -> &'a mut [u8] {
+        // SAFETY: as for `src`, for writing.
+        unsafe { std::slice::from_raw_parts_mut((addr + off) as *mut u8, len) }
+    }
+
+    /// memmove of `len` bytes (ranges may overlap or coincide).
+    ///
+    /// # Safety
+    /// Both ranges must be valid for `len` bytes.
+    pub(super) unsafe fn copy(src: usize, dst: usize, len: usize) {
+        if src != dst && len > 0 {
+            // SAFETY: both ranges valid (caller); ptr::copy allows overlap.
+            unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len) }
+        }
+    }
+
+    /// Reads `len` bytes at `addr` (a device-resident PreMulSum scalar on the host backend).
+    ///
+    /// # Safety
+    /// `addr` must be readable for `len` bytes.
+    pub(super) unsafe fn read_bytes(addr: usize, len: usize) -> Vec<u8> {
+        // SAFETY: caller guarantees readability; no alignment needed for u8.
+        unsafe { std::slice::from_raw_parts(addr as *const u8, len) }.to_vec()
+    }
+
+    pub(super) fn overlap(a: usize, b: usize, len: usize) -> bool {
+        len > 0 && a < b + len && b < a + len
+    }
+}
+
+/// Executor state of one communicator (its FIFOs, scratch space, broken flag).
+#[derive(Debug)]
+pub(crate) struct Worker {
+    shared: Shared,
+    boot: Arc<Bootstrap>,
+    t: Transport,
+    broken: Option<CclError>,
+    scratch: Vec<u8>,
+}
+
+/// The state of one lane being run.
+struct LaneRun<'p> {
+    lane: &'p Lane,
+    pos: usize,
+}
+
+/// Everything a step needs besides the FIFOs.
+struct OpCtx<'a> {
+    bufs: &'a [usize],
+    unit: usize,
+    red: Option<&'a Reducer>,
+    block: Option<usize>,
+    frame: &'a Frame,
+}
+
+fn is_fatal(e: &CclError) -> bool {
+    !matches!(
+        e,
+        CclError::InvalidArgument(_) | CclError::InvalidUsage(_) | CclError::InProgress
+    )
+}
+
+impl Worker {
+    fn run_job(&mut self, items: Vec<WorkItem>) -> Result<()> {
+        for item in &items {
+            if let Some(e) = &self.broken {
+                return Err(with_context(
+                    e.clone(),
+                    &format!("{}: communicator is broken", item.label()),
+                ));
+            }
+            if let Err(e) = self.run_item(item) {
+                let e = with_context(e, &item.label());
+                if is_fatal(&e) {
+                    self.broken = Some(e.clone());
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    fn run_item(&mut self, item: &WorkItem) -> Result<()> {
+        let sh = &self.shared;
+        let plan = plan_for(item, sh.rank, sh.nranks, &sh.tuning)?;
+        // Buffers by index, staging AlltoAll input that overlaps its output.
+        let mut staged: Option<Vec<u8>> = None;
+        let bufs: Vec<usize> = match item {
+            WorkItem::Coll(c) => {
+                let mut send = c.sendbuf;
+                if c.kind == CollKind::AlltoAll {
+                    let total = c.count * c.dtype.size() * sh.nranks;
+                    if mem::overlap(c.sendbuf, c.recvbuf, total) {
+                        // SAFETY: sendbuf is valid for `total` bytes (enqueue contract).
+                        let v = unsafe { mem::src(c.sendbuf, 0, total) }.to_vec();
+                        send = v.as_ptr() as usize;
+                        staged = Some(v);
+                    }
+                }
+                vec![send, c.recvbuf]
+            }
+            WorkItem::P2p(calls) => calls.iter().map(|c| c.buf).collect(),
+        };
+        let reducer = match item {
+            WorkItem::Coll(CollOp {
+                red: Some(spec),
+                dtype,
+                ..
+            }) => Some(self.reducer(spec, *dtype)?),
+            _ => None,
+        };
+        let info = type_set(item, sh.nranks, &plan);
+        let counter = sh.op_counter.fetch_add(1, Ordering::AcqRel);
+        let block = sh
+            .probe_on
+            .then(|| sh.frame.begin_op(sh.comm_id, counter, plan.n_channels));
+        if sh.probe_on {
+            sh.op_log.start(counter, &info, now_ns());
+        }
+        match item {
+            // NCCL's per-call INFO line (subsystem COLL / P2P).
+            WorkItem::Coll(c) => tracing::info!(target: "nccl::COLL", rank = sh.rank,
+                "{}: opCount {counter:x} sendbuff {:#x} recvbuff {:#x} count {} datatype {} op {} root {} comm {:#018x} [nranks={}] nChannels {}",
+                c.kind.name(), c.sendbuf, c.recvbuf, c.count, c.dtype as i32, info.redop,
+                info.root, sh.comm_id, sh.nranks, plan.n_channels),
+            WorkItem::P2p(calls) => {
+                for c in calls {
+                    tracing::info!(target: "nccl::P2P", rank = sh.rank,
+                        "{}: opCount {counter:x} buff {:#x} count {} datatype {} peer {} comm {:#018x} [nranks={}]",
+                        if c.dir == Dir::Send { "Send" } else { "Recv" }, c.buf, c.count,
+                        c.dtype as i32, c.peer, sh.comm_id, sh.nranks);
+                }
+            }
+        }
+        let peers: Vec<usize> = plan
+            .lanes
+            .iter()
+            .filter(|l| l.link == LinkKind::P2p)
+            .flat_map(|l| l.recv_from.into_iter().chain(l.send_to))
+            .collect();
+        let r = self
+            .t
+            .ensure_p2p(&self.boot, &peers, &self.shared.abort)
+            .and_then(|()| self.run_plan(&plan, &bufs, reducer.as_ref(), block));
+        drop(staged);
+        let sh = &self.shared;
+        if sh.probe_on {
+            sh.op_log.finish(counter, now_ns(), r.is_ok());
+        }
+        r
+    }
+
+    fn reducer(&self, spec: &RedSpec, dtype: DataType) -> Result<Reducer> {
+        let n = self.shared.nranks;
+        match spec {
+            RedSpec::Builtin(k) => Reducer::new(dtype, *k, None, n),
+            RedSpec::PreMul(ScalarArg::HostImmediate(v)) => {
+                Reducer::new(dtype, RedOpKind::PreMulSum, Some(v), n)
+            }
+            RedSpec::PreMul(ScalarArg::Device(addr)) => {
+                // Host backend: the "device" scalar is host memory, read at execution time.
+                // SAFETY: the caller of ncclRedOpCreatePreMulSum guarantees the scalar stays
+                // valid while operations using the op run; addr is non-null (validated).
+                let v = unsafe { mem::read_bytes(*addr, dtype.size()) };
+                Reducer::new(dtype, RedOpKind::PreMulSum, Some(&v), n)
+            }
+        }
+    }
+
+    fn run_plan(
+        &mut self,
+        plan: &Plan,
+        bufs: &[usize],
+        red: Option<&Reducer>,
+        block: Option<usize>,
+    ) -> Result<()> {
+        let frame = Arc::clone(&self.shared.frame);
+        let ctx = OpCtx {
+            bufs,
+            unit: plan.unit,
+            red,
+            block,
+            frame: &frame,
+        };
+        for l in &plan.local {
+            self.run_local(&ctx, l)?;
+        }
+        let mut lanes: Vec<LaneRun<'_>> = plan
+            .lanes
+            .iter()
+            .filter(|l| !l.steps.is_empty())
+            .map(|lane| LaneRun { lane, pos: 0 })
+            .collect();
+        let mut backoff = Backoff::new();
+        let check_every = self.shared.tuning.peer_check;
+        let mut next_check = Instant::now() + check_every;
+        while !lanes.is_empty() {
+            let seen = self.t.bell.value();
+            let mut progressed = false;
+            for lr in lanes.iter_mut() {
+                while let Some(step) = lr.lane.steps.get(lr.pos) {
+                    if !self.try_step(&ctx, lr.lane, step)? {
+                        break;
+                    }
+                    lr.pos += 1;
+                    progressed = true;
+                }
+            }
+            lanes.retain(|lr| lr.pos < lr.lane.steps.len());
+            if lanes.is_empty() {
+                break;
+            }
+            if self.shared.abort.load(Ordering::Acquire) {
+                return Err(CclError::Aborted(format!(
+                    "rank {}: ncclCommAbort called while the operation was in flight",
+                    self.shared.rank
+                )));
+            }
+            if progressed {
+                backoff.reset();
+                continue;
+            }
+            let now = Instant::now();
+            if now >= next_check {
+                self.check_peers()?;
+                next_check = now + check_every;
+            }
+            backoff.snooze(&self.t.bell, seen);
+        }
+        Ok(())
+    }
+
+    fn check_peers(&self) -> Result<()> {
+        let me = std::process::id();
+        for (r, &pid) in self.t.pids.iter().enumerate() {
+            if pid != me && !peer_alive(pid) {
+                return Err(CclError::Remote(format!("rank {r} (pid {pid}) exited")));
+            }
+        }
+        Ok(())
+    }
+
+    fn run_local(&mut self, ctx: &OpCtx<'_>, l: &schedule::LocalStep) -> Result<()> {
+        let nb = l.count * ctx.unit;
+        let src = ctx.bufs[l.src_buf] + l.src_off * ctx.unit;
+        let dst = ctx.bufs[l.dst_buf] + l.dst_off * ctx.unit;
+        match (l.kind, ctx.red) {
+            (LocalKind::Copy, _) => {
+                // SAFETY: both ranges lie inside the operation's buffers (schedule bounds,
+                // enqueue contract); memmove handles the in-place cases.
+                unsafe { mem::copy(src, dst, nb) };
+            }
+            (LocalKind::Reduce, Some(r)) => {
+                if mem::overlap(src, dst, nb) {
+                    self.scratch.resize(nb, 0);
+                    // SAFETY: src range valid (as above); the scratch is ours.
+                    r.load(&mut self.scratch[..nb], unsafe { mem::src(src, 0, nb) });
+                    // SAFETY: dst range valid; the src slice above is no longer used.
+                    unsafe { mem::dst(dst, 0, nb) }.copy_from_slice(&self.scratch[..nb]);
+                } else {
+                    // SAFETY: disjoint valid ranges (checked just above).
+                    let (d, s) = unsafe { (mem::dst(dst, 0, nb), mem::src(src, 0, nb)) };
+                    r.load(d, s);
+                }
+                if r.needs_finish() {
+                    // SAFETY: dst range valid, no other live reference.
+                    r.finish(unsafe { mem::dst(dst, 0, nb) });
+                }
+            }
+            (LocalKind::Reduce, None) => {
+                return Err(CclError::Internal(
+                    "local reduction without a reducer".into(),
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs one step if its inbound message is there and its outbound slot is free.
+    fn try_step(&mut self, ctx: &OpCtx<'_>, lane: &Lane, step: &schedule::Step) -> Result<bool> {
+        let t = &mut self.t;
+        let ch = lane.channel;
+        let nb = step.count * ctx.unit;
+        let links = match lane.link {
+            LinkKind::Ring => &mut t.ring,
+            LinkKind::P2p => {
+                let peer = lane
+                    .send_to
+                    .or(lane.recv_from)
+                    .ok_or_else(|| CclError::Internal("p2p lane without a peer".into()))?;
+                t.p2p
+                    .get_mut(&peer)
+                    .ok_or_else(|| CclError::Internal(format!("no p2p link to rank {peer}")))?
+            }
+        };
+        let missing = || CclError::Internal(format!("channel {ch}: link missing"));
+        let src_addr = ctx.bufs[step.src_buf] + step.src_off * ctx.unit;
+        let dst_addr = ctx.bufs[step.dst_buf] + step.dst_off * ctx.unit;
+        if step.kind == StepKind::Send {
+            let tx = links.tx.get_mut(ch).ok_or_else(missing)?;
+            let Some(slot) = tx.try_reserve() else {
+                return Ok(false);
+            };
+            let slot = slot.get_mut(..nb).ok_or_else(missing)?;
+            // SAFETY: src range inside the send buffer (schedule bounds, enqueue contract);
+            // the slot is FIFO memory, disjoint from user buffers.
+            let s = unsafe { mem::src(src_addr, 0, nb) };
+            match ctx.red {
+                Some(r) => r.load(slot, s),
+                None => slot.copy_from_slice(s),
+            }
+            tx.commit(nb);
+            ring_bell(&t.peer_bells, lane.send_to);
+            if let Some(b) = ctx.block {
+                ctx.frame.add_send(b, ch, 1);
+            }
+            return Ok(true);
+        }
+        let (rxs, txs) = (&mut links.rx, &mut links.tx);
+        let rx = rxs.get_mut(ch).ok_or_else(missing)?;
+        let Some(inb) = rx.try_peek_checked()? else {
+            return Ok(false);
+        };
+        if inb.len() != nb {
+            return Err(CclError::Remote(format!(
+                "channel {ch}: message of {} bytes from rank {}, expected {nb} (mismatched operations?)",
+                inb.len(),
+                lane.recv_from.map_or(-1, |r| r as i64)
+            )));
+        }
+        let sends = step.kind.sends();
+        let mut out: Option<&mut [u8]> = None;
+        if sends {
+            let tx = txs.get_mut(ch).ok_or_else(missing)?;
+            match tx.try_reserve() {
+                None => return Ok(false),
+                Some(slot) => {
+                    out = Some(slot.get_mut(..nb).ok_or_else(missing)?);
+                }
+            }
+        }
+        let red = || {
+            ctx.red
+                .ok_or_else(|| CclError::Internal("reduction step without a reducer".into()))
+        };
+        match (step.kind, out) {
+            (StepKind::Recv, _) => {
+                // SAFETY: dst range inside the receive buffer; FIFO memory is disjoint.
+                unsafe { mem::dst(dst_addr, 0, nb) }.copy_from_slice(inb);
+            }
+            (StepKind::RecvCopySend, Some(o)) => {
+                o.copy_from_slice(inb);
+                // SAFETY: as for Recv.
+                unsafe { mem::dst(dst_addr, 0, nb) }.copy_from_slice(inb);
+            }
+            (StepKind::RecvReduceSend, Some(o)) => {
+                // SAFETY: src range inside the send buffer, only read here.
+                red()?.combine(o, inb, unsafe { mem::src(src_addr, 0, nb) });
+            }
+            (StepKind::RecvReduceCopySend, Some(o)) => {
+                let r = red()?;
+                // SAFETY: src range inside the send buffer; the slice dies before `dst`
+                // below is created (in-place operations alias the two).
+                r.combine(o, inb, unsafe { mem::src(src_addr, 0, nb) });
+                if r.needs_finish() {
+                    r.finish(o);
+                }
+                // SAFETY: dst range inside the receive buffer; no other live reference.
+                unsafe { mem::dst(dst_addr, 0, nb) }.copy_from_slice(o);
+            }
+            (StepKind::RecvReduceCopy, _) => {
+                let r = red()?;
+                if mem::overlap(src_addr, dst_addr, nb) {
+                    self.scratch.resize(nb, 0);
+                    // SAFETY: src range valid; the scratch is ours.
+                    r.combine(&mut self.scratch[..nb], inb, unsafe {
+                        mem::src(src_addr, 0, nb)
+                    });
+                    // SAFETY: dst range valid; the src slice is dead.
+                    unsafe { mem::dst(dst_addr, 0, nb) }.copy_from_slice(&self.scratch[..nb]);
+                } else {
+                    // SAFETY: disjoint valid ranges (checked above).
+                    let (d, s) = unsafe { (mem::dst(dst_addr, 0, nb), mem::src(src_addr, 0, nb)) };
+                    r.combine(d, inb, s);
+                }
+                if r.needs_finish() {
+                    // SAFETY: dst range valid; no other live reference.
+                    r.finish(unsafe { mem::dst(dst_addr, 0, nb) });
+                }
+            }
+            (k, _) => {
+                return Err(CclError::Internal(format!(
+                    "step {k:?} without its outbound slot"
+                )))
+            }
+        }
+        rx.release();
+        ring_bell(&t.peer_bells, lane.recv_from);
+        if let Some(b) = ctx.block {
+            ctx.frame.add_recv(b, ch, 1);
+        }
+        if sends {
+            let tx = txs.get_mut(ch).ok_or_else(missing)?;
+            tx.commit(nb);
+            ring_bell(&t.peer_bells, lane.send_to);
+            if let Some(b) = ctx.block {
+                ctx.frame.add_send(b, ch, 1);
+            }
+        }
+        Ok(true)
+    }
+}
+
+/// A process counts as alive if it exists and is not a zombie (a killed rank whose parent
+/// has not reaped it yet is dead for us).
+fn peer_alive(pid: u32) -> bool {
+    if !pid_alive(pid) {
+        return false;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // Format: "pid (comm) S ...": the state follows the last ')'.
+        Ok(stat) => !matches!(
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next()),
+            Some('Z' | 'X')
+        ),
+        Err(_) => true,
+    }
+}
+
+fn ring_bell(bells: &[Option<crate::transport::shm::Doorbell>], peer: Option<usize>) {
+    if let Some(Some(b)) = peer.and_then(|p| bells.get(p)) {
+        b.ring();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tuning() -> Tuning {
+        Tuning {
+            min_channels: 1,
+            max_channels: 4,
+            buffsize: 1 << 20,
+            nslots: 8,
+            slot_bytes: 1 << 17,
+            peer_check: Duration::from_millis(200),
+        }
+    }
+
+    fn coll(kind: CollKind, count: usize, dtype: DataType) -> WorkItem {
+        WorkItem::Coll(CollOp {
+            kind,
+            dtype,
+            count,
+            sendbuf: 8,
+            recvbuf: 16,
+            root: 1,
+            red: (kind == CollKind::AllReduce).then_some(RedSpec::Builtin(RedOpKind::Sum)),
+            raw_op: 0,
+            label: "x".into(),
+        })
+    }
+
+    #[test]
+    fn channels_grow_with_size_and_p2p_is_capped() {
+        let t = tuning();
+        let small = plan_for(&coll(CollKind::AllReduce, 10, DataType::Float32), 0, 4, &t).unwrap();
+        assert_eq!(small.n_channels, 1);
+        let big = plan_for(
+            &coll(CollKind::AllReduce, 1 << 22, DataType::Float32),
+            0,
+            4,
+            &t,
+        )
+        .unwrap();
+        assert_eq!(big.n_channels, 4);
+        let a2a = plan_for(
+            &coll(CollKind::AlltoAll, 1 << 22, DataType::Float32),
+            0,
+            4,
+            &t,
+        )
+        .unwrap();
+        assert_eq!(a2a.n_channels, 2, "p2p links have at most P2P_MAX_CHANNELS");
+        assert!(a2a.lanes.iter().all(|l| l.channel < 2));
+    }
+
+    #[test]
+    fn type_sets() {
+        let t = tuning();
+        let item = coll(CollKind::AllGather, 100, DataType::Float16);
+        let plan = plan_for(&item, 0, 4, &t).unwrap();
+        let ts = type_set(&item, 4, &plan);
+        assert_eq!(
+            (ts.coll, ts.algo, ts.proto),
+            (CollKind::AllGather, Algo::Ring, Proto::Simple)
+        );
+        assert_eq!(
+            (ts.count, ts.bytes, ts.redop, ts.root, ts.peer),
+            (100, 800, -1, -1, -1)
+        );
+        let ar = coll(CollKind::AllReduce, 100, DataType::Float32);
+        let ts = type_set(&ar, 4, &plan_for(&ar, 0, 4, &t).unwrap());
+        assert_eq!((ts.bytes, ts.redop), (400, 0));
+        let g = coll(CollKind::Gather, 10, DataType::Int8);
+        let ts = type_set(&g, 4, &plan_for(&g, 0, 4, &t).unwrap());
+        assert_eq!((ts.algo, ts.root, ts.bytes), (Algo::P2p, 1, 40));
+        let call = |dir, peer, count| P2pCall {
+            dir,
+            peer,
+            buf: 64,
+            count,
+            dtype: DataType::Int32,
+            label: "p".into(),
+        };
+        let p = WorkItem::P2p(vec![call(Dir::Recv, 2, 5), call(Dir::Send, 2, 7)]);
+        let ts = type_set(&p, 4, &plan_for(&p, 0, 4, &t).unwrap());
+        assert_eq!(
+            (ts.coll, ts.peer, ts.count, ts.bytes),
+            (CollKind::Send, 2, 12, 48)
+        );
+        let p = WorkItem::P2p(vec![call(Dir::Recv, 1, 5), call(Dir::Recv, 3, 7)]);
+        let ts = type_set(&p, 4, &plan_for(&p, 0, 4, &t).unwrap());
+        assert_eq!((ts.coll, ts.peer), (CollKind::Recv, -1));
+    }
+
+    #[test]
+    fn context_keeps_the_error_kind() {
+        let e = with_context(CclError::Remote("boom".into()), "AllReduce #1");
+        assert_eq!(e, CclError::Remote("AllReduce #1: boom".into()));
+        assert_eq!(
+            with_context(CclError::InProgress, "x"),
+            CclError::InProgress
+        );
+    }
+
+    #[test]
+    fn completion_first_result_wins_and_dropped_jobs_complete() {
+        let done = Arc::new(Completion::default());
+        drop(Job {
+            items: Vec::new(),
+            done: Arc::clone(&done),
+        });
+        assert!(matches!(done.wait(), Err(CclError::Internal(_))));
+        let done = Arc::new(Completion::default());
+        done.set(Ok(()));
+        done.set(Err(CclError::Internal("late".into())));
+        assert_eq!(done.wait(), Ok(()));
+    }
+
+    #[test]
+    fn overlap_detection() {
+        assert!(mem::overlap(100, 100, 1));
+        assert!(mem::overlap(100, 150, 51));
+        assert!(!mem::overlap(100, 150, 50));
+        assert!(!mem::overlap(100, 100, 0));
+    }
+}

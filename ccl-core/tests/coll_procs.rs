@@ -1,0 +1,457 @@
+//! Ranks as separate PROCESSES (the test binary re-executes itself: the ignored test
+//! `proc_rank_entry` is the rank's main, the unique id travels in an environment variable).
+//!
+//! - A representative subset of the thread matrix (every collective; dtypes Float32,
+//!   Bfloat16, Int8, Uint64, Float8e5m2; every reduction incl. both PreMulSum kinds;
+//!   in/out-of-place; counts {0, 1, 7, 1023, 65537}; Send/Recv ring; one ~4 MiB AllReduce
+//!   per type) for 2, 3 and 4 ranks, probe counters checked.
+//! - A rank SIGKILLed while the others loop AllReduce: the survivors get
+//!   `Remote("rank N (pid P) exited")` within `CCLD_PEER_CHECK_MS` (200 ms) + 5 ms of
+//!   waiting (asserted: < 2 s after the kill, process exit included), and `/dev/shm` holds
+//!   no segment of the job afterwards.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use ccl_core::bootstrap::get_unique_id;
+use ccl_core::{enqueue, CollArgs, Comm, CommConfig, DataType, UniqueId};
+use common::*;
+use probe::CollKind;
+
+const ENV_MODE: &str = "CCL_RT_TEST_MODE";
+const ENV_UID: &str = "CCL_RT_TEST_UID";
+const ENV_RANK: &str = "CCL_RT_TEST_RANK";
+const ENV_NRANKS: &str = "CCL_RT_TEST_NRANKS";
+
+const DTYPES: [DataType; 5] = [
+    DataType::Float32,
+    DataType::Bfloat16,
+    DataType::Int8,
+    DataType::Uint64,
+    DataType::Float8e5m2,
+];
+const COUNTS: [usize; 5] = [0, 1, 7, 1023, 65537];
+
+fn env_usize(name: &str) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing"))
+}
+
+fn child_comm() -> std::sync::Arc<Comm> {
+    let uid = unhex(&std::env::var(ENV_UID).expect("uid")).expect("uid hex");
+    let mut id = [0u8; 128];
+    id.copy_from_slice(&uid);
+    Comm::init_rank(
+        env_usize(ENV_NRANKS) as i32,
+        UniqueId(id),
+        env_usize(ENV_RANK) as i32,
+        CommConfig::default(),
+    )
+    .expect("init_rank")
+}
+
+fn matrix_rank() {
+    let comm = child_comm();
+    let n = comm.nranks() as usize;
+    let mut b = Bufs::default();
+    let mut dev = [[0u8; 8]; DTYPES.len()];
+    let mut cases = Vec::new();
+    for (di, dt) in DTYPES.into_iter().enumerate() {
+        let reds = reductions(&comm, dt, &mut dev[di]);
+        for coll in [
+            CollKind::AllReduce,
+            CollKind::Reduce,
+            CollKind::ReduceScatter,
+        ] {
+            for &(red, op) in &reds {
+                for in_place in [false, true] {
+                    for count in COUNTS {
+                        let root = (count + 1) % n;
+                        cases.push(Case {
+                            coll,
+                            dt,
+                            red,
+                            op,
+                            count,
+                            root,
+                            in_place,
+                        });
+                    }
+                }
+            }
+        }
+        for coll in [
+            CollKind::Broadcast,
+            CollKind::AllGather,
+            CollKind::AlltoAll,
+            CollKind::Gather,
+            CollKind::Scatter,
+        ] {
+            for in_place in [false, true] {
+                for count in COUNTS {
+                    let root = (count + 2) % n;
+                    cases.push(Case {
+                        coll,
+                        dt,
+                        red: Red::Sum,
+                        op: SUM,
+                        count,
+                        root,
+                        in_place,
+                    });
+                }
+            }
+        }
+        cases.push(Case {
+            coll: CollKind::AllReduce,
+            dt,
+            red: Red::PreMul(4.0),
+            op: reds[6].1,
+            count: (4 << 20) / dt.size() + 1,
+            root: 0,
+            in_place: false,
+        });
+    }
+    for c in &cases {
+        if let Err(e) = run_case(&comm, c, &mut b) {
+            panic!("{e}");
+        }
+    }
+    // Send/Recv ring in one group, receive posted first on even ranks.
+    let r = comm.rank() as usize;
+    for count in COUNTS {
+        let send: Vec<u32> = (0..count).map(|i| (r * 100_000 + i) as u32).collect();
+        let mut recv = vec![0u32; count];
+        let s = CollArgs {
+            kind: CollKind::Send,
+            sendbuf: send.as_ptr() as usize,
+            recvbuf: 0,
+            count,
+            dtype: DataType::Uint32 as i32,
+            op: 0,
+            root: ((r + 1) % n) as i32,
+            stream: 0,
+        };
+        let rv = CollArgs {
+            kind: CollKind::Recv,
+            sendbuf: 0,
+            recvbuf: recv.as_mut_ptr() as usize,
+            root: ((r + n - 1) % n) as i32,
+            ..s
+        };
+        let order = if r % 2 == 0 { [rv, s] } else { [s, rv] };
+        let before = comm.ops_started();
+        ccl_core::group_start().unwrap();
+        for a in order {
+            enqueue(&comm, a).unwrap();
+        }
+        ccl_core::group_end().expect("sendrecv group");
+        let prev = (r + n - 1) % n;
+        assert!(recv
+            .iter()
+            .enumerate()
+            .all(|(i, v)| *v == (prev * 100_000 + i) as u32));
+        let want = ccl_core::group::expected_counts(&comm, &order).unwrap();
+        check_probe(&comm, before, &want).expect("sendrecv probe");
+    }
+    comm.destroy().expect("destroy");
+    println!("@@OK {} cases", cases.len());
+}
+
+/// A light case list for many processes on few cores.
+fn smoke_rank() {
+    let comm = child_comm();
+    let n = comm.nranks() as usize;
+    let mut b = Bufs::default();
+    let mut dev = [0u8; 8];
+    let reds = reductions(&comm, DataType::Float32, &mut dev);
+    let mut cases = Vec::new();
+    for coll in [
+        CollKind::AllReduce,
+        CollKind::Reduce,
+        CollKind::ReduceScatter,
+        CollKind::Broadcast,
+        CollKind::AllGather,
+        CollKind::AlltoAll,
+        CollKind::Gather,
+        CollKind::Scatter,
+    ] {
+        for &(red, op) in &reds {
+            for count in [1usize, 1023, 300_001] {
+                let root = (count + 3) % n;
+                cases.push(Case {
+                    coll,
+                    dt: DataType::Float32,
+                    red,
+                    op,
+                    count,
+                    root,
+                    in_place: count % 2 == 0,
+                });
+            }
+        }
+    }
+    for c in &cases {
+        if let Err(e) = run_case(&comm, c, &mut b) {
+            panic!("{e}");
+        }
+    }
+    comm.destroy().expect("destroy");
+    println!("@@OK {} cases", cases.len());
+}
+
+fn kill_rank() {
+    let comm = child_comm();
+    println!("@@COMM {:016x}", comm.comm_id());
+    let send = vec![1f32; 1 << 18];
+    let mut recv = vec![0f32; 1 << 18];
+    let mut i = 0u64;
+    loop {
+        let r = enqueue(
+            &comm,
+            CollArgs {
+                kind: CollKind::AllReduce,
+                sendbuf: send.as_ptr() as usize,
+                recvbuf: recv.as_mut_ptr() as usize,
+                count: send.len(),
+                dtype: DataType::Float32 as i32,
+                op: 0,
+                root: -1,
+                stream: 0,
+            },
+        );
+        match r {
+            Ok(()) => {
+                i += 1;
+                if i == 1 {
+                    println!("@@RUNNING");
+                }
+            }
+            Err(e) => {
+                println!("@@ERR {:?} {e}", e.code());
+                // The communicator is broken now: ncclCommGetAsyncError reports it.
+                if comm.async_error().is_ok() {
+                    std::process::exit(4);
+                }
+                // Linger so that the other survivor also finds the victim (and not this
+                // process) dead first.
+                std::thread::sleep(std::time::Duration::from_millis(500));
+                let _ = comm.abort();
+                let ok = matches!(e, ccl_core::CclError::Remote(ref m) if m.contains("exited"));
+                std::process::exit(if ok { 0 } else { 3 });
+            }
+        }
+    }
+}
+
+/// Entry point of a rank process (does nothing when run without the environment).
+#[test]
+#[ignore = "entry point of the rank processes spawned by the other tests"]
+fn proc_rank_entry() {
+    match std::env::var(ENV_MODE).as_deref() {
+        Ok("matrix") => matrix_rank(),
+        Ok("kill") => kill_rank(),
+        Ok("smoke") => smoke_rank(),
+        _ => {}
+    }
+}
+
+struct Job {
+    children: Vec<Child>,
+    lines: mpsc::Receiver<(usize, String)>,
+}
+
+fn spawn_job(n: usize, mode: &str, extra: &[(&str, &str)]) -> Job {
+    let id = get_unique_id().expect("unique id");
+    let exe = std::env::current_exe().expect("current_exe");
+    let (tx, lines) = mpsc::channel();
+    let children = (0..n)
+        .map(|r| {
+            let mut cmd = Command::new(&exe);
+            cmd.args([
+                "--exact",
+                "proc_rank_entry",
+                "--ignored",
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
+            .env(ENV_MODE, mode)
+            .env(ENV_UID, hex(&id.0))
+            .env(ENV_RANK, r.to_string())
+            .env(ENV_NRANKS, n.to_string())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+            for (k, v) in extra {
+                cmd.env(k, v);
+            }
+            let mut child = cmd.spawn().expect("spawn rank");
+            let out = child.stdout.take().expect("stdout");
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                // Markers are "@@..." (the test harness may print text before them).
+                for line in BufReader::new(out).lines().map_while(|l| l.ok()) {
+                    if let Some((_, m)) = line.split_once("@@") {
+                        let _ = tx.send((r, m.to_string()));
+                    }
+                }
+            });
+            child
+        })
+        .collect();
+    Job { children, lines }
+}
+
+/// Waits for every child, killing all of them if `limit` passes. Returns exit codes.
+fn wait_all(children: &mut [Child], limit: Duration) -> Vec<Option<i32>> {
+    let deadline = Instant::now() + limit;
+    let mut codes = vec![None; children.len()];
+    let mut done = vec![false; children.len()];
+    while done.iter().any(|d| !d) {
+        for (i, c) in children.iter_mut().enumerate() {
+            if !done[i] {
+                if let Ok(Some(st)) = c.try_wait() {
+                    codes[i] = st.code();
+                    done[i] = true;
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            for c in children.iter_mut() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            panic!("rank processes did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    codes
+}
+
+fn matrix(n: usize) {
+    job(n, "matrix");
+}
+
+fn job(n: usize, mode: &str) {
+    let mut job = spawn_job(n, mode, &[("NCCL_BUFFSIZE", "65536")]);
+    let codes = wait_all(&mut job.children, Duration::from_secs(200));
+    let lines: Vec<(usize, String)> = job.lines.try_iter().collect();
+    assert!(
+        codes.iter().all(|c| *c == Some(0)),
+        "exit codes {codes:?}, output {lines:?}"
+    );
+    assert_eq!(
+        lines.iter().filter(|(_, l)| l.starts_with("OK ")).count(),
+        n,
+        "{lines:?}"
+    );
+}
+
+#[test]
+fn matrix_2_processes() {
+    matrix(2);
+}
+
+#[test]
+fn matrix_3_processes() {
+    matrix(3);
+}
+
+#[test]
+fn matrix_4_processes() {
+    matrix(4);
+}
+
+#[test]
+fn eight_processes_make_progress() {
+    job(8, "smoke");
+}
+
+fn shm_entries(needle: &str) -> Vec<String> {
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.contains(needle))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn sigkill_of_a_rank_fails_the_survivors_within_the_bound_and_leaves_no_shm() {
+    let n = 3;
+    let victim = n - 1;
+    let mut job = spawn_job(n, "kill", &[]);
+    let mut hash = None;
+    let mut running = false;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !(running && hash.is_some()) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match job.lines.recv_timeout(left) {
+            Ok((r, l)) => {
+                if let Some(h) = l.strip_prefix("COMM ") {
+                    hash = Some(h.to_string());
+                }
+                running |= r == victim && l == "RUNNING";
+            }
+            Err(_) => {
+                for c in &mut job.children {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                }
+                panic!("ranks never started");
+            }
+        }
+    }
+    let hash = hash.unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let pids: Vec<u32> = job.children.iter().map(|c| c.id()).collect();
+    let kill_at = Instant::now();
+    job.children[victim].kill().expect("SIGKILL");
+    // Deliberately not reaped yet: a dead-but-unreaped (zombie) rank must count as dead.
+    let mut errs: Vec<Option<String>> = vec![None; victim];
+    while errs.iter().any(|e| e.is_none()) {
+        let left = Duration::from_secs(30).saturating_sub(kill_at.elapsed());
+        match job.lines.recv_timeout(left) {
+            Ok((r, l)) if r < victim && l.starts_with("ERR ") => errs[r] = Some(l),
+            Ok(_) => {}
+            Err(_) => break,
+        }
+    }
+    let took = kill_at.elapsed();
+    let mut survivors: Vec<Child> = job.children.drain(..victim).collect();
+    let codes = wait_all(&mut survivors, Duration::from_secs(30));
+    let _ = job.children[0].wait();
+    assert!(
+        codes.iter().all(|c| *c == Some(0)),
+        "survivor exit codes {codes:?}: {errs:?}"
+    );
+    for (r, err) in errs.iter().enumerate() {
+        let err = err.as_deref().unwrap_or_default();
+        assert!(
+            err.contains("RemoteError") && err.contains(&format!("rank {victim} (pid")),
+            "rank {r}: {err:?}"
+        );
+    }
+    assert!(
+        took < Duration::from_secs(1),
+        "survivors took {took:?} after the kill"
+    );
+    let left = shm_entries(&hash);
+    assert!(left.is_empty(), "segments left in /dev/shm: {left:?}");
+    let mine: Vec<String> = shm_entries(&format!("{}-", ccl_core::channel::SEGMENT_PREFIX))
+        .into_iter()
+        .filter(|n| pids.iter().any(|p| n.ends_with(&format!("-{p}"))))
+        .collect();
+    assert!(
+        mine.is_empty(),
+        "segments of the job's processes left: {mine:?}"
+    );
+}
