@@ -5,3 +5,6 @@ pub mod auth;
 pub mod metrics;
 pub mod shard;
 pub mod store;
+pub mod cli;
+pub mod client;
+pub mod server;

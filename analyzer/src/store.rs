@@ -257,6 +257,22 @@ impl Store {
         rows.collect::<Result<Vec<_>, _>>().map_err(|e| self.err(e))
     }
 
+    /// Number of stored diagnoses per communicator.
+    pub fn count_by_comm(&self) -> Result<std::collections::HashMap<u64, u32>, StoreError> {
+        let conn = self.lock()?;
+        let mut st = conn
+            .prepare_cached("SELECT comm_id, COUNT(*) FROM diagnoses GROUP BY comm_id")
+            .map_err(|e| self.err(e))?;
+        let rows = st
+            .query_map([], |r| {
+                let c: i64 = r.get(0)?;
+                let n: i64 = r.get(1)?;
+                Ok((u64_of(c), u32::try_from(n).unwrap_or(u32::MAX)))
+            })
+            .map_err(|e| self.err(e))?;
+        rows.collect::<Result<_, _>>().map_err(|e| self.err(e))
+    }
+
     /// Number of stored diagnoses.
     pub fn count(&self) -> Result<u64, StoreError> {
         let conn = self.lock()?;
