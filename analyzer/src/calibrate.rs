@@ -1,0 +1,1 @@
+//! Statistical calibration of `theta_slow` from recorded clean runs.

@@ -1,0 +1,1 @@
+//! Deterministic rank simulator producing record streams (clean or with one anomaly).
