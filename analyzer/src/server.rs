@@ -322,7 +322,9 @@ impl Shared {
         let t0 = Instant::now();
         let (mut diags, ncomms, mem) = {
             let mut eng = self.engine();
-            let d = eng.tick(now);
+            let mono = Instant::now();
+            let mut clock = || u64::try_from(mono.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            let d = eng.tick_with_clock(now, &mut clock);
             (d, eng.comm_ids().len(), eng.memory_bytes())
         };
         let cost = t0.elapsed();
@@ -406,26 +408,15 @@ impl Shared {
     }
 
     fn local_comms(&self, limit: usize) -> Vec<CommSummary> {
-        let now = now_ns();
         let counts = self.store.count_by_comm().unwrap_or_default();
-        let eng = self.engine();
-        let mut ids = eng.comm_ids();
-        ids.sort_unstable();
-        ids.into_iter()
-            .take(limit)
-            .filter_map(|id| {
-                let st = eng.comm_state(id, now)?;
-                Some(CommSummary {
-                    comm_id: id,
-                    nranks: st.nranks,
-                    tracked_rounds: st.tracked_rounds,
-                    rounds_completed: st.rounds_completed,
-                    last_seen_ns: st.last_seen_ns,
-                    shard: self.shard_name.clone(),
-                    anomalies: counts.get(&id).copied().unwrap_or(0),
-                })
-            })
-            .collect()
+        let mut v = self.engine().comm_summaries();
+        v.sort_unstable_by_key(|c| c.comm_id);
+        v.truncate(limit);
+        for c in &mut v {
+            c.shard = self.shard_name.clone();
+            c.anomalies = counts.get(&c.comm_id).copied().unwrap_or(c.anomalies);
+        }
+        v
     }
 }
 

@@ -22,7 +22,7 @@ pub const DEFAULT_ADDR: &str = "127.0.0.1:7070";
 /// CCL-D analyzer: ingest probe records, detect slow/hang anomalies in collective
 /// communication, name the root-cause ranks.
 #[derive(Debug, Parser)]
-#[command(name = "ccld", version, about, long_about = None, propagate_version = true)]
+#[command(name = "ccld", version, propagate_version = true)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
