@@ -3,9 +3,12 @@
 //! Pure: no I/O and no clocks. Every call takes the analyzer's current time (`now_ns`,
 //! nanoseconds on the analyzer's wall clock); the service owns the clock and the locking.
 
+use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
-use crate::wire;
+use crate::detect::{self, Baseline, SlowKind, SlowStreak};
+use crate::locate::{self, ChanWait, HangFinding, HangState, HangView};
+use crate::wire::{self, AnomalyClass, BaselineKind};
 
 /// Tunables of detection and location (CCL-D section 4.2; design.md section 5).
 #[derive(Clone, Debug, PartialEq)]
@@ -261,11 +264,478 @@ pub struct EngineStats {
     pub comms_evicted: u64,
 }
 
+fn dur_ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+const ST_NONE: u8 = 0;
+const ST_INFLIGHT: u8 = 1;
+const ST_DONE: u8 = 2;
+const ST_FAILED: u8 = 3;
+const NO_TYPE: u16 = u16::MAX;
+const MAX_ALT_TYPES: usize = 15;
+
+/// The comparable part of an op type set (tree layers excluded: they differ per rank).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct TypeKey {
+    coll: i32,
+    algo: i32,
+    proto: i32,
+    dtype: u32,
+    count: u64,
+    bytes: u64,
+    redop: i32,
+    root: i32,
+    peer: i32,
+    n_channels: u32,
+}
+
+impl TypeKey {
+    fn of(o: &wire::OpTypeSet) -> Self {
+        TypeKey {
+            coll: o.collective,
+            algo: o.algorithm,
+            proto: o.protocol,
+            dtype: o.dtype,
+            count: o.count,
+            bytes: o.bytes,
+            redop: o.redop,
+            root: o.root,
+            peer: o.peer,
+            n_channels: o.n_channels,
+        }
+    }
+
+    fn to_wire(self) -> wire::OpTypeSet {
+        wire::OpTypeSet {
+            collective: self.coll,
+            algorithm: self.algo,
+            protocol: self.proto,
+            dtype: self.dtype,
+            count: self.count,
+            bytes: self.bytes,
+            redop: self.redop,
+            root: self.root,
+            peer: self.peer,
+            n_channels: self.n_channels,
+            tree_layer: Vec::new(),
+        }
+    }
+
+    fn p2p(&self) -> bool {
+        self.algo == wire::Algorithm::P2p as i32
+            || self.coll == wire::CollKind::Send as i32
+            || self.coll == wire::CollKind::Recv as i32
+    }
+}
+
+/// Operation kind with its own baseline: collective, algorithm, size class (power of 4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct KindKey {
+    coll: i32,
+    algo: i32,
+    size_class: u8,
+}
+
+impl KindKey {
+    fn of(t: &TypeKey) -> Self {
+        let bits = 64 - t.bytes.leading_zeros();
+        KindKey {
+            coll: t.coll,
+            algo: t.algo,
+            size_class: (bits / 2) as u8,
+        }
+    }
+}
+
+/// One rank's record of one round, compacted.
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    state: u8,
+    type_idx: u16,
+    send_rate: f32,
+    recv_rate: f32,
+    start_est_ns: u64,
+    duration_ns: u64,
+    send: u64,
+    recv: u64,
+    exp_send: u64,
+    exp_recv: u64,
+    wait_up: u64,
+    wait_down: u64,
+    group: u64,
+    depth: u32,
+}
+
+impl Default for Entry {
+    fn default() -> Self {
+        Entry {
+            state: ST_NONE,
+            type_idx: NO_TYPE,
+            send_rate: 0.0,
+            recv_rate: 0.0,
+            start_est_ns: u64::MAX,
+            duration_ns: 0,
+            send: 0,
+            recv: 0,
+            exp_send: 0,
+            exp_recv: 0,
+            wait_up: 0,
+            wait_down: 0,
+            group: 0,
+            depth: 0,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Round {
+    op_counter: u64,
+    entries: Vec<Entry>,
+    created_ns: u64,
+    present: u32,
+    done: u32,
+    failed: u32,
+    in_flight: u32,
+    types: Vec<TypeKey>,
+    /// Cached lower bound of the start estimate of any in-flight entry (u64::MAX: none).
+    earliest_ns: u64,
+    finalized: bool,
+}
+
+impl Round {
+    fn new(op_counter: u64) -> Self {
+        Round {
+            op_counter,
+            entries: Vec::new(),
+            created_ns: 0,
+            present: 0,
+            done: 0,
+            failed: 0,
+            in_flight: 0,
+            types: Vec::new(),
+            earliest_ns: u64::MAX,
+            finalized: false,
+        }
+    }
+
+    fn barrier(&self, max_bytes: u64) -> bool {
+        !self.types.is_empty()
+            && self
+                .types
+                .iter()
+                .all(|t| detect::is_barrier(t.coll, t.bytes, max_bytes))
+    }
+
+    fn p2p(&self) -> bool {
+        self.types.first().is_some_and(TypeKey::p2p)
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct ChanAcc {
+    up_ns: u64,
+    down_ns: u64,
+    dur_ns: u64,
+    next: u32,
+    has_wait: bool,
+}
+
+#[derive(Debug)]
+struct RankInfo {
+    host: String,
+    pid: u32,
+    reported: bool,
+    newest_op: Option<u64>,
+    last_seen_ns: u64,
+    last_state: u8,
+    last_op_start_ns: u64,
+    last_start_op: Option<u64>,
+    last_duration_ns: u64,
+    last_send: u64,
+    last_recv: u64,
+    last_send_rate: f32,
+    last_recv_rate: f32,
+    last_in_flight_start_est: u64,
+    records: u64,
+    win_ops: u32,
+    win_send_rate: f64,
+    win_recv_rate: f64,
+    win_ch: Vec<ChanAcc>,
+}
+
+impl RankInfo {
+    fn new() -> Self {
+        RankInfo {
+            host: String::new(),
+            pid: 0,
+            reported: false,
+            newest_op: None,
+            last_seen_ns: 0,
+            last_state: ST_NONE,
+            last_op_start_ns: 0,
+            last_start_op: None,
+            last_duration_ns: 0,
+            last_send: 0,
+            last_recv: 0,
+            last_send_rate: 0.0,
+            last_recv_rate: 0.0,
+            last_in_flight_start_est: u64::MAX,
+            records: 0,
+            win_ops: 0,
+            win_send_rate: 0.0,
+            win_recv_rate: 0.0,
+            win_ch: Vec::new(),
+        }
+    }
+
+    fn silent(&self, now_ns: u64, silent_after_ns: u64) -> bool {
+        !self.reported || now_ns.saturating_sub(self.last_seen_ns) > silent_after_ns
+    }
+}
+
+/// The widest round of a window for one op kind (eq. 2), with its per-rank detail.
+#[derive(Debug)]
+struct BestRound {
+    op_counter: u64,
+    t_base_ns: u64,
+    baseline: BaselineKind,
+    m: u32,
+    ty: TypeKey,
+    entries: Vec<Entry>,
+}
+
+#[derive(Debug)]
+struct OpKind {
+    key: KindKey,
+    baseline: Baseline,
+    best: detect::WindowBest<BestRound>,
+}
+
+#[derive(Debug)]
+struct Comm {
+    id: u64,
+    nranks: u32,
+    ranks: Vec<RankInfo>,
+    rounds: VecDeque<Round>,
+    base: u64,
+    spare: Vec<Vec<Entry>>,
+    kinds: Vec<OpKind>,
+    created_ns: u64,
+    last_seen_ns: u64,
+    window_start_ns: u64,
+    streak: SlowStreak,
+    slow_onset_ns: u64,
+    hang_round: Option<u64>,
+    rounds_completed: u64,
+    anomaly_ids: Vec<String>,
+    algo: i32,
+}
+
+impl Comm {
+    fn new(id: u64, nranks: u32, now_ns: u64) -> Self {
+        Comm {
+            id,
+            nranks,
+            ranks: (0..nranks).map(|_| RankInfo::new()).collect(),
+            rounds: VecDeque::new(),
+            base: 0,
+            spare: Vec::new(),
+            kinds: Vec::new(),
+            created_ns: now_ns,
+            last_seen_ns: now_ns,
+            window_start_ns: now_ns,
+            streak: SlowStreak::default(),
+            slow_onset_ns: 0,
+            hang_round: None,
+            rounds_completed: 0,
+            anomaly_ids: Vec::new(),
+            algo: 0,
+        }
+    }
+
+    fn take_entries(&mut self) -> Vec<Entry> {
+        let n = self.nranks as usize;
+        let mut v = self.spare.pop().unwrap_or_default();
+        v.clear();
+        v.resize(n, Entry::default());
+        v
+    }
+
+    fn recycle(&mut self, mut v: Vec<Entry>) {
+        if v.capacity() > 0 && self.spare.len() < 4 {
+            v.clear();
+            self.spare.push(v);
+        }
+    }
+
+    fn round_index(&mut self, c: u64, max_rounds: usize, stats: &mut EngineStats) -> Option<usize> {
+        if self.rounds.is_empty() {
+            self.base = c;
+        }
+        if c < self.base {
+            return None;
+        }
+        let max_rounds = max_rounds.max(1);
+        let len = self.rounds.len() as u64;
+        if c - self.base >= len + max_rounds as u64 {
+            // A jump far ahead: drop everything held.
+            while let Some(r) = self.rounds.pop_front() {
+                self.evict(r, stats);
+            }
+            self.base = c;
+        }
+        while c - self.base >= self.rounds.len() as u64 {
+            let op = self.base + self.rounds.len() as u64;
+            self.rounds.push_back(Round::new(op));
+        }
+        while self.rounds.len() > max_rounds {
+            if let Some(r) = self.rounds.pop_front() {
+                self.evict(r, stats);
+            }
+            self.base += 1;
+        }
+        Some((c - self.base) as usize)
+    }
+
+    fn evict(&mut self, r: Round, stats: &mut EngineStats) {
+        if !r.finalized && r.present > 0 {
+            stats.rounds_evicted_incomplete += 1;
+        }
+        self.recycle(r.entries);
+    }
+
+    fn pop_finalized(&mut self) {
+        while self.rounds.front().is_some_and(|r| r.finalized) {
+            if let Some(r) = self.rounds.pop_front() {
+                self.recycle(r.entries);
+            }
+            self.base += 1;
+        }
+    }
+
+    fn kind_index(&mut self, key: KindKey, cfg: &EngineConfig) -> usize {
+        if let Some(i) = self.kinds.iter().position(|k| k.key == key) {
+            return i;
+        }
+        if self.kinds.len() >= cfg.max_op_kinds.max(1) {
+            // Catch-all: the last kind absorbs further ones.
+            return self.kinds.len() - 1;
+        }
+        self.kinds.push(OpKind {
+            key,
+            baseline: Baseline::new(
+                dur_ns(cfg.t_base_init),
+                cfg.baseline_rounds_max,
+                dur_ns(cfg.baseline_span),
+            ),
+            best: detect::WindowBest::new(),
+        });
+        self.kinds.len() - 1
+    }
+
+    fn heap_bytes(&self) -> usize {
+        let e = std::mem::size_of::<Entry>();
+        let rounds: usize = self
+            .rounds
+            .iter()
+            .map(|r| r.entries.capacity() * e + r.types.capacity() * 64)
+            .sum::<usize>()
+            + self.rounds.capacity() * std::mem::size_of::<Round>();
+        let ranks: usize = self
+            .ranks
+            .iter()
+            .map(|r| {
+                std::mem::size_of::<RankInfo>()
+                    + r.host.capacity()
+                    + r.win_ch.capacity() * std::mem::size_of::<ChanAcc>()
+            })
+            .sum();
+        let spare: usize = self.spare.iter().map(|v| v.capacity() * e).sum();
+        let kinds: usize = self
+            .kinds
+            .iter()
+            .map(|k| {
+                std::mem::size_of::<OpKind>()
+                    + k.best.get().map_or(0, |b| b.2.entries.capacity() * e)
+            })
+            .sum();
+        let ids: usize = self.anomaly_ids.iter().map(|s| s.capacity() + 24).sum();
+        rounds + ranks + spare + kinds + ids + std::mem::size_of::<Comm>()
+    }
+}
+
 /// The analyzer core. See the module documentation.
 #[derive(Debug)]
 pub struct Engine {
     cfg: EngineConfig,
     stats: EngineStats,
+    comms: HashMap<u64, Comm>,
+    pending: Vec<wire::Diagnosis>,
+    window_log: Vec<WindowEval>,
+}
+
+/// Per-record aggregates over the channels.
+struct ChanSums {
+    send: u64,
+    recv: u64,
+    exp_send: u64,
+    exp_recv: u64,
+    send_rate: f32,
+    recv_rate: f32,
+    wait_up: u64,
+    wait_down: u64,
+}
+
+fn chan_sums(chs: &[wire::ChannelStat]) -> ChanSums {
+    let mut s = ChanSums {
+        send: 0,
+        recv: 0,
+        exp_send: 0,
+        exp_recv: 0,
+        send_rate: f32::INFINITY,
+        recv_rate: f32::INFINITY,
+        wait_up: 0,
+        wait_down: 0,
+    };
+    for c in chs {
+        s.send = s.send.saturating_add(c.send_count);
+        s.recv = s.recv.saturating_add(c.recv_count);
+        s.exp_send = s.exp_send.saturating_add(c.expected_send);
+        s.exp_recv = s.exp_recv.saturating_add(c.expected_recv);
+        s.send_rate = s.send_rate.min(c.send_rate as f32);
+        s.recv_rate = s.recv_rate.min(c.recv_rate as f32);
+        s.wait_up = s.wait_up.saturating_add(c.wait_upstream_ns.unwrap_or(0));
+        s.wait_down = s.wait_down.saturating_add(c.wait_downstream_ns.unwrap_or(0));
+    }
+    if !s.send_rate.is_finite() {
+        s.send_rate = 0.0;
+    }
+    if !s.recv_rate.is_finite() {
+        s.recv_rate = 0.0;
+    }
+    s
+}
+
+/// FNV-1a over the tree layers: the comparison group of a rank (0 for ring).
+fn layer_group(layers: &[u32]) -> u64 {
+    if layers.is_empty() {
+        return 0;
+    }
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for l in layers {
+        for b in l.to_le_bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h | 1
+}
+
+fn check_enum<T: TryFrom<i32>>(v: i32, field: &'static str) -> Result<(), Reject> {
+    T::try_from(v)
+        .map(|_| ())
+        .map_err(|_| Reject::UnknownEnum { field, value: v })
 }
 
 impl Engine {
@@ -274,6 +744,9 @@ impl Engine {
         Engine {
             cfg,
             stats: EngineStats::default(),
+            comms: HashMap::new(),
+            pending: Vec::new(),
+            window_log: Vec::new(),
         }
     }
 
@@ -282,22 +755,452 @@ impl Engine {
         &self.cfg
     }
 
-    /// Takes one record received at analyzer time `now_ns`. O(channels).
+    /// Takes one record received at analyzer time `now_ns`. O(channels), no allocation in
+    /// the steady state (round buffers are recycled).
     pub fn ingest(&mut self, rec: &wire::OpRecord, now_ns: u64) -> Result<(), Reject> {
-        let _ = (rec, now_ns);
+        let r = self.ingest_inner(rec, now_ns);
+        match r {
+            Ok(()) => self.stats.records += 1,
+            Err(_) => self.stats.rejected += 1,
+        }
+        r
+    }
+
+    fn validate(&self, rec: &wire::OpRecord) -> Result<(u64, u64), Reject> {
+        let trace = rec.trace.as_ref().ok_or(Reject::MissingTrace)?;
+        let (comm_id, c) = (trace.comm_id, trace.op_counter);
+        let op = rec.op.as_ref().ok_or(Reject::MissingOpTypeSet {
+            comm_id,
+            op_counter: c,
+        })?;
+        check_enum::<wire::CollKind>(op.collective, "collective")?;
+        check_enum::<wire::Algorithm>(op.algorithm, "algorithm")?;
+        check_enum::<wire::Protocol>(op.protocol, "protocol")?;
+        check_enum::<wire::OpState>(rec.state, "state")?;
+        if rec.nranks == 0 {
+            return Err(Reject::ZeroRanks { comm_id });
+        }
+        if rec.nranks > self.cfg.max_ranks {
+            return Err(Reject::TooManyRanks {
+                comm_id,
+                nranks: rec.nranks,
+                max: self.cfg.max_ranks,
+            });
+        }
+        if rec.rank >= rec.nranks {
+            return Err(Reject::RankOutOfRange {
+                comm_id,
+                rank: rec.rank,
+                nranks: rec.nranks,
+            });
+        }
+        if rec.channels.len() > self.cfg.max_channels {
+            return Err(Reject::TooManyChannels {
+                got: rec.channels.len(),
+                max: self.cfg.max_channels,
+            });
+        }
+        if rec.duration_ns > dur_ns(self.cfg.max_duration)
+            || rec.start_ns.checked_add(rec.duration_ns).is_none()
+        {
+            return Err(Reject::AbsurdDuration {
+                comm_id,
+                rank: rec.rank,
+                op_counter: c,
+                duration_ns: rec.duration_ns,
+            });
+        }
+        for ch in &rec.channels {
+            for n in [ch.ring_prev, ch.ring_next].into_iter().flatten() {
+                if n >= rec.nranks {
+                    return Err(Reject::BadRingNeighbour {
+                        comm_id,
+                        rank: rec.rank,
+                        neighbour: n,
+                    });
+                }
+            }
+        }
+        Ok((comm_id, c))
+    }
+
+    fn ingest_inner(&mut self, rec: &wire::OpRecord, now_ns: u64) -> Result<(), Reject> {
+        let (comm_id, c) = self.validate(rec)?;
+        let Some(op) = rec.op.as_ref() else {
+            return Err(Reject::MissingOpTypeSet {
+                comm_id,
+                op_counter: c,
+            });
+        };
+        if !self.comms.contains_key(&comm_id) && self.comms.len() >= self.cfg.max_comms {
+            return Err(Reject::TooManyComms {
+                max: self.cfg.max_comms,
+            });
+        }
+        let cfg = &self.cfg;
+        let comm = self
+            .comms
+            .entry(comm_id)
+            .or_insert_with(|| Comm::new(comm_id, rec.nranks, now_ns));
+        if comm.nranks != rec.nranks {
+            return Err(Reject::NranksMismatch {
+                comm_id,
+                got: rec.nranks,
+                expected: comm.nranks,
+            });
+        }
+        let rank = rec.rank;
+        let ri = rank as usize;
+        let skew = dur_ns(cfg.max_future_skew);
+        {
+            let info = &comm.ranks[ri];
+            if let Some(newest) = info.newest_op {
+                if c.saturating_add(cfg.max_reorder) < newest {
+                    return Err(Reject::CounterBackwards {
+                        comm_id,
+                        rank,
+                        got: c,
+                        newest,
+                    });
+                }
+            }
+            if let Some(prev_op) = info.last_start_op {
+                if prev_op < c && rec.start_ns.saturating_add(skew) < info.last_op_start_ns {
+                    return Err(Reject::ClockBackwards {
+                        comm_id,
+                        rank,
+                        op_counter: c,
+                        detail: "operation starts before an earlier operation of the rank",
+                    });
+                }
+            }
+        }
+        let state = match rec.state {
+            x if x == wire::OpState::Completed as i32 => ST_DONE,
+            x if x == wire::OpState::Failed as i32 => ST_FAILED,
+            _ => ST_INFLIGHT,
+        };
+        let nranks = comm.nranks;
+        let max_rounds = cfg.max_rounds_per_comm;
+        let Some(idx) = comm.round_index(c, max_rounds, &mut self.stats) else {
+            // Round no longer held: liveness only.
+            self.stats.stale_records += 1;
+            Self::touch_rank(comm, rec, c, now_ns);
+            return Ok(());
+        };
+        let mut entries = if comm.rounds[idx].entries.is_empty() && !comm.rounds[idx].finalized {
+            Some(comm.take_entries())
+        } else {
+            None
+        };
+        let round = &mut comm.rounds[idx];
+        if let Some(e) = entries.take() {
+            round.entries = e;
+            round.created_ns = now_ns;
+        }
+        if round.finalized {
+            if state != ST_INFLIGHT {
+                return Err(Reject::DuplicateCompleted {
+                    comm_id,
+                    rank,
+                    op_counter: c,
+                });
+            }
+            self.stats.stale_records += 1;
+            Self::touch_rank(comm, rec, c, now_ns);
+            return Ok(());
+        }
+        let e = round.entries[ri];
+        if e.state == ST_DONE || e.state == ST_FAILED {
+            if state != ST_INFLIGHT {
+                return Err(Reject::DuplicateCompleted {
+                    comm_id,
+                    rank,
+                    op_counter: c,
+                });
+            }
+            // A late snapshot of an operation already completed: nothing to learn.
+            self.stats.stale_records += 1;
+            Self::touch_rank(comm, rec, c, now_ns);
+            return Ok(());
+        }
+        if e.state == ST_INFLIGHT && rec.duration_ns.saturating_add(skew) < e.duration_ns {
+            return Err(Reject::ClockBackwards {
+                comm_id,
+                rank,
+                op_counter: c,
+                detail: "duration shorter than an earlier in-flight snapshot",
+            });
+        }
+        // Type set.
+        let tk = TypeKey::of(op);
+        let type_idx = match round.types.iter().position(|t| *t == tk) {
+            Some(i) => i as u16,
+            None if round.types.len() <= MAX_ALT_TYPES => {
+                round.types.push(tk);
+                (round.types.len() - 1) as u16
+            }
+            None => MAX_ALT_TYPES as u16,
+        };
+        let sums = chan_sums(&rec.channels);
+        let start_est = now_ns.saturating_sub(rec.duration_ns).min(e.start_est_ns);
+        let ne = Entry {
+            state,
+            type_idx,
+            send_rate: sums.send_rate,
+            recv_rate: sums.recv_rate,
+            start_est_ns: start_est,
+            duration_ns: rec.duration_ns,
+            send: sums.send,
+            recv: sums.recv,
+            exp_send: sums.exp_send,
+            exp_recv: sums.exp_recv,
+            wait_up: sums.wait_up,
+            wait_down: sums.wait_down,
+            group: if op.algorithm == wire::Algorithm::Tree as i32 {
+                layer_group(&op.tree_layer)
+            } else {
+                0
+            },
+            depth: op.tree_layer.iter().copied().max().unwrap_or(0),
+        };
+        if e.state == ST_NONE {
+            round.present += 1;
+        }
+        if e.state == ST_INFLIGHT {
+            round.in_flight -= 1;
+        }
+        match state {
+            ST_INFLIGHT => {
+                round.in_flight += 1;
+                round.earliest_ns = round.earliest_ns.min(start_est);
+            }
+            ST_DONE => round.done += 1,
+            _ => round.failed += 1,
+        }
+        round.entries[ri] = ne;
+        let all_done = round.done + round.failed == nranks;
+        comm.algo = op.algorithm;
+        // Rank info.
+        Self::touch_rank(comm, rec, c, now_ns);
+        let info = &mut comm.ranks[ri];
+        info.last_state = state;
+        info.last_duration_ns = rec.duration_ns;
+        info.last_send = sums.send;
+        info.last_recv = sums.recv;
+        info.last_send_rate = sums.send_rate;
+        info.last_recv_rate = sums.recv_rate;
+        info.last_in_flight_start_est = if state == ST_INFLIGHT {
+            start_est
+        } else {
+            u64::MAX
+        };
+        if info.last_start_op.is_none_or(|p| p <= c) {
+            info.last_start_op = Some(c);
+            info.last_op_start_ns = rec.start_ns;
+        }
+        if state == ST_DONE {
+            info.win_ops += 1;
+            info.win_send_rate += f64::from(sums.send_rate);
+            info.win_recv_rate += f64::from(sums.recv_rate);
+            if info.win_ch.len() < rec.channels.len() {
+                info.win_ch.resize(rec.channels.len(), ChanAcc::default());
+            }
+            for (k, ch) in rec.channels.iter().enumerate() {
+                let a = &mut info.win_ch[k];
+                a.dur_ns = a.dur_ns.saturating_add(rec.duration_ns);
+                if ch.wait_upstream_ns.is_some() || ch.wait_downstream_ns.is_some() {
+                    a.has_wait = true;
+                    a.up_ns = a.up_ns.saturating_add(ch.wait_upstream_ns.unwrap_or(0));
+                    a.down_ns = a.down_ns.saturating_add(ch.wait_downstream_ns.unwrap_or(0));
+                }
+                a.next = ch.ring_next.unwrap_or((rank + 1) % nranks);
+            }
+        }
+        if all_done {
+            self.finalize(comm_id, idx, now_ns);
+        }
+        self.roll_windows(comm_id, now_ns, None);
         Ok(())
     }
 
+    fn touch_rank(comm: &mut Comm, rec: &wire::OpRecord, c: u64, now_ns: u64) {
+        comm.last_seen_ns = comm.last_seen_ns.max(now_ns);
+        let info = &mut comm.ranks[rec.rank as usize];
+        if info.host != rec.host {
+            info.host.clone_from(&rec.host);
+        }
+        info.pid = rec.pid;
+        info.reported = true;
+        info.last_seen_ns = info.last_seen_ns.max(now_ns);
+        info.records += 1;
+        info.newest_op = Some(info.newest_op.map_or(c, |n| n.max(c)));
+    }
+
+    /// Every rank completed (or failed) round `idx`: feed the slow detector.
+    fn finalize(&mut self, comm_id: u64, idx: usize, now_ns: u64) {
+        let cfg = &self.cfg;
+        let Some(comm) = self.comms.get_mut(&comm_id) else {
+            return;
+        };
+        let round = &mut comm.rounds[idx];
+        round.finalized = true;
+        let entries = std::mem::take(&mut round.entries);
+        let usable = round.failed == 0
+            && !round.barrier(cfg.barrier_max_bytes)
+            && !round.p2p()
+            && round.types.len() == 1;
+        let op_counter = round.op_counter;
+        let ty = round.types.first().copied();
+        comm.rounds_completed += 1;
+        self.stats.rounds_completed += 1;
+        let mut leftover = Some(entries);
+        if let (true, Some(ty)) = (usable, ty) {
+            let es = leftover.as_ref().map(Vec::as_slice).unwrap_or(&[]);
+            let t_max = es.iter().map(|e| e.duration_ns).max().unwrap_or(0);
+            let t_min = es.iter().map(|e| e.duration_ns).min().unwrap_or(0);
+            let ki = comm.kind_index(KindKey::of(&ty), cfg);
+            let kind = &mut comm.kinds[ki];
+            kind.baseline.observe(t_max, now_ns);
+            if kind.best.would_take(t_max, t_min) {
+                let (t_base_ns, baseline, m) = kind.baseline.current();
+                let best = BestRound {
+                    op_counter,
+                    t_base_ns,
+                    baseline,
+                    m,
+                    ty,
+                    entries: leftover.take().unwrap_or_default(),
+                };
+                leftover = kind.best.offer(t_max, t_min, best).map(|b| b.entries);
+            }
+        }
+        if let Some(v) = leftover {
+            comm.recycle(v);
+        }
+        comm.pop_finalized();
+    }
+
+    /// Closes every detection window of `comm_id` that ended by `now_ns`. Diagnoses go to
+    /// `self.pending`.
+    fn roll_windows(&mut self, comm_id: u64, now_ns: u64, clock: Option<&mut dyn FnMut() -> u64>) {
+        let window = dur_ns(self.cfg.detect_window).max(1);
+        let Some(comm) = self.comms.get_mut(&comm_id) else {
+            return;
+        };
+        if now_ns < comm.window_start_ns.saturating_add(window) {
+            return;
+        }
+        let end = comm.window_start_ns.saturating_add(window);
+        let cfg = &self.cfg;
+        // Evaluate each op kind's widest round; the slowest kind decides.
+        let mut worst: Option<(usize, f64)> = None;
+        let mut any = false;
+        for (i, k) in comm.kinds.iter().enumerate() {
+            if let Some((t_max, t_min, b)) = k.best.get() {
+                any = true;
+                let r = detect::slowdown_ratio(*t_max, b.t_base_ns);
+                if cfg.record_windows {
+                    self.window_log.push(WindowEval {
+                        comm_id,
+                        window_end_ns: end,
+                        r,
+                        t_base_ns: b.t_base_ns,
+                        dynamic: b.baseline == BaselineKind::Dynamic,
+                        t_max_ns: *t_max,
+                        t_min_ns: *t_min,
+                    });
+                }
+                if r > cfg.theta_slow && worst.is_none_or(|(_, w)| r > w) {
+                    worst = Some((i, r));
+                }
+            }
+        }
+        let verdict = if any { Some(worst.is_some()) } else { None };
+        if verdict == Some(true) && comm.streak.count() == 0 {
+            comm.slow_onset_ns = comm.window_start_ns;
+        }
+        let fire = comm.streak.window(verdict, cfg.repeat_threshold);
+        if let (true, Some((ki, r))) = (fire, worst) {
+            let mut clock = clock;
+            let start = clock.as_mut().map(|f| f());
+            let mut d = locate_slow(cfg, comm, ki, r, end, now_ns);
+            if let (Some(s), Some(f)) = (start, clock.as_mut()) {
+                if let Some(ev) = d.evidence.as_mut() {
+                    ev.location_cost_ns = f().saturating_sub(s);
+                }
+            }
+            comm.anomaly_ids.push(d.id.clone());
+            if comm.anomaly_ids.len() > 64 {
+                comm.anomaly_ids.remove(0);
+            }
+            d.detected_at_ns = now_ns;
+            self.pending.push(d);
+            self.stats.diagnoses += 1;
+        }
+        // Start the window containing now; reset accumulators and window bests.
+        let skipped = (now_ns - comm.window_start_ns) / window;
+        comm.window_start_ns = comm.window_start_ns.saturating_add(skipped * window);
+        let mut freed = Vec::new();
+        for k in &mut comm.kinds {
+            if let Some((_, _, b)) = k.best.take() {
+                freed.push(b.entries);
+            }
+        }
+        for v in freed {
+            comm.recycle(v);
+        }
+        for r in &mut comm.ranks {
+            r.win_ops = 0;
+            r.win_send_rate = 0.0;
+            r.win_recv_rate = 0.0;
+            for a in &mut r.win_ch {
+                let next = a.next;
+                *a = ChanAcc {
+                    next,
+                    ..ChanAcc::default()
+                };
+            }
+        }
+    }
+
     /// Takes one heartbeat received at `now_ns` (liveness and op counters of its ranks).
+    /// Memberships naming an unknown communicator create it (so that a rank that never
+    /// sent a record is known); invalid memberships are skipped.
     pub fn heartbeat(&mut self, hb: &wire::Heartbeat, now_ns: u64) {
-        let _ = (hb, now_ns);
+        self.stats.heartbeats += 1;
+        for m in &hb.ranks {
+            if m.nranks == 0 || m.nranks > self.cfg.max_ranks || m.rank >= m.nranks {
+                continue;
+            }
+            if !self.comms.contains_key(&m.comm_id) && self.comms.len() >= self.cfg.max_comms {
+                continue;
+            }
+            let comm = self
+                .comms
+                .entry(m.comm_id)
+                .or_insert_with(|| Comm::new(m.comm_id, m.nranks, now_ns));
+            if comm.nranks != m.nranks {
+                continue;
+            }
+            comm.last_seen_ns = comm.last_seen_ns.max(now_ns);
+            let info = &mut comm.ranks[m.rank as usize];
+            if info.host != hb.host {
+                info.host.clone_from(&hb.host);
+            }
+            info.pid = hb.pid;
+            info.reported = true;
+            info.last_seen_ns = info.last_seen_ns.max(now_ns);
+            if let Some(c) = m.last_op_counter {
+                info.newest_op = Some(info.newest_op.map_or(c, |n| n.max(c)));
+            }
+        }
     }
 
     /// Runs detection and location at `now_ns`; returns the NEW diagnoses only (one per
-    /// anomaly episode).
+    /// anomaly episode), ordered by communicator id.
     pub fn tick(&mut self, now_ns: u64) -> Vec<wire::Diagnosis> {
-        let _ = now_ns;
-        Vec::new()
+        self.tick_inner(now_ns, None)
     }
 
     /// Like [`Engine::tick`], with a clock used only to measure the cost of each location
@@ -307,29 +1210,176 @@ impl Engine {
         now_ns: u64,
         clock: &mut dyn FnMut() -> u64,
     ) -> Vec<wire::Diagnosis> {
-        let _ = clock;
-        self.tick(now_ns)
+        self.tick_inner(now_ns, Some(clock))
+    }
+
+    fn tick_inner(
+        &mut self,
+        now_ns: u64,
+        mut clock: Option<&mut dyn FnMut() -> u64>,
+    ) -> Vec<wire::Diagnosis> {
+        let mut ids: Vec<u64> = self.comms.keys().copied().collect();
+        ids.sort_unstable();
+        let idle = dur_ns(self.cfg.comm_idle_evict);
+        for id in ids {
+            match clock.as_mut() {
+                Some(f) => self.roll_windows(id, now_ns, Some(&mut **f)),
+                None => self.roll_windows(id, now_ns, None),
+            }
+            let start = clock.as_mut().map(|f| f());
+            if let Some(mut d) = self.check_hang(id, now_ns) {
+                if let (Some(s), Some(f)) = (start, clock.as_mut()) {
+                    if let Some(ev) = d.evidence.as_mut() {
+                        ev.location_cost_ns = f().saturating_sub(s);
+                    }
+                }
+                self.pending.push(d);
+                self.stats.diagnoses += 1;
+            }
+            if self
+                .comms
+                .get(&id)
+                .is_some_and(|c| now_ns.saturating_sub(c.last_seen_ns) > idle)
+            {
+                self.comms.remove(&id);
+                self.stats.comms_evicted += 1;
+            }
+        }
+        let mut out = std::mem::take(&mut self.pending);
+        out.sort_by_key(|d| d.comm_id);
+        out
+    }
+
+    fn check_hang(&mut self, comm_id: u64, now_ns: u64) -> Option<wire::Diagnosis> {
+        let cfg = &self.cfg;
+        let thr = dur_ns(cfg.hang_threshold);
+        let comm = self.comms.get_mut(&comm_id)?;
+        let mut hung_idx = None;
+        for (i, round) in comm.rounds.iter_mut().enumerate() {
+            if round.finalized
+                || round.earliest_ns == u64::MAX
+                || now_ns.saturating_sub(round.earliest_ns) <= thr
+            {
+                continue;
+            }
+            // Candidate: recompute the exact earliest start among in-flight entries.
+            let earliest = round
+                .entries
+                .iter()
+                .filter(|e| e.state == ST_INFLIGHT)
+                .map(|e| e.start_est_ns)
+                .min()
+                .unwrap_or(u64::MAX);
+            round.earliest_ns = earliest;
+            if earliest == u64::MAX || now_ns.saturating_sub(earliest) <= thr {
+                continue;
+            }
+            if round.barrier(cfg.barrier_max_bytes) {
+                continue;
+            }
+            hung_idx = Some(i);
+            break;
+        }
+        let i = hung_idx?;
+        let c = comm.rounds[i].op_counter;
+        if comm.hang_round == Some(c) {
+            return None;
+        }
+        comm.hang_round = Some(c);
+        let mut d = locate_hang_round(cfg, comm, i, now_ns);
+        d.detected_at_ns = now_ns;
+        comm.anomaly_ids.push(d.id.clone());
+        if comm.anomaly_ids.len() > 64 {
+            comm.anomaly_ids.remove(0);
+        }
+        Some(d)
     }
 
     /// Per-rank state of one communicator.
     pub fn comm_state(&self, comm_id: u64, now_ns: u64) -> Option<wire::CommState> {
-        let _ = (comm_id, now_ns);
-        None
+        let comm = self.comms.get(&comm_id)?;
+        let silent_after = dur_ns(self.cfg.silent_after);
+        let ranks = comm
+            .ranks
+            .iter()
+            .enumerate()
+            .map(|(r, i)| wire::RankState {
+                rank: r as u32,
+                host: i.host.clone(),
+                pid: i.pid,
+                last_op_counter: i.newest_op.unwrap_or(0),
+                state: state_wire(i.last_state) as i32,
+                in_flight_ns: if i.last_state == ST_INFLIGHT && i.last_in_flight_start_est != u64::MAX {
+                    now_ns.saturating_sub(i.last_in_flight_start_est)
+                } else {
+                    0
+                },
+                last_seen_ns: i.last_seen_ns,
+                last_duration_ns: i.last_duration_ns,
+                send_count: i.last_send,
+                recv_count: i.last_recv,
+                send_rate: f64::from(i.last_send_rate),
+                recv_rate: f64::from(i.last_recv_rate),
+                silent: i.silent(now_ns, silent_after),
+                reported: i.reported,
+                records: i.records,
+            })
+            .collect();
+        let (t_base_ns, baseline) = comm
+            .kinds
+            .first()
+            .map(|k| {
+                let (t, b, _) = k.baseline.current();
+                (t, b)
+            })
+            .unwrap_or((0, BaselineKind::None));
+        Some(wire::CommState {
+            comm_id,
+            nranks: comm.nranks,
+            ranks,
+            tracked_rounds: comm.rounds.len() as u32,
+            rounds_completed: comm.rounds_completed,
+            t_base_ns,
+            baseline: baseline as i32,
+            first_seen_ns: comm.created_ns,
+            last_seen_ns: comm.last_seen_ns,
+            anomaly_ids: comm.anomaly_ids.clone(),
+            shard: String::new(),
+        })
     }
 
-    /// Communicators tracked.
+    /// Communicators tracked, ascending.
     pub fn comm_ids(&self) -> Vec<u64> {
-        Vec::new()
+        let mut v: Vec<u64> = self.comms.keys().copied().collect();
+        v.sort_unstable();
+        v
     }
 
-    /// One summary line per communicator.
+    /// One summary line per communicator, ascending by id.
     pub fn comm_summaries(&self) -> Vec<wire::CommSummary> {
-        Vec::new()
+        self.comm_ids()
+            .into_iter()
+            .filter_map(|id| self.comms.get(&id))
+            .map(|c| wire::CommSummary {
+                comm_id: c.id,
+                nranks: c.nranks,
+                tracked_rounds: c.rounds.len() as u32,
+                rounds_completed: c.rounds_completed,
+                last_seen_ns: c.last_seen_ns,
+                shard: String::new(),
+                anomalies: c.anomaly_ids.len() as u32,
+            })
+            .collect()
     }
 
     /// Estimated heap bytes held.
     pub fn memory_bytes(&self) -> usize {
-        0
+        self.comms
+            .values()
+            .map(|c| c.heap_bytes() + 32)
+            .sum::<usize>()
+            + self.window_log.capacity() * std::mem::size_of::<WindowEval>()
+            + std::mem::size_of::<Engine>()
     }
 
     /// Counters.
@@ -339,6 +1389,641 @@ impl Engine {
 
     /// Takes the log of closed windows (empty unless `record_windows`).
     pub fn take_window_log(&mut self) -> Vec<WindowEval> {
-        Vec::new()
+        std::mem::take(&mut self.window_log)
+    }
+}
+
+fn state_wire(s: u8) -> wire::OpState {
+    match s {
+        ST_DONE => wire::OpState::Completed,
+        ST_FAILED => wire::OpState::Failed,
+        _ => wire::OpState::InFlight,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Diagnosis assembly
+// ---------------------------------------------------------------------------------------
+
+fn who(comm: &Comm, rank: u32) -> String {
+    match comm.ranks.get(rank as usize) {
+        Some(i) if i.reported => format!("rank {rank} (pid {}, host {})", i.pid, i.host),
+        _ => format!("rank {rank} (never reported)"),
+    }
+}
+
+fn ranks_phrase(comm: &Comm, ranks: &[u32]) -> String {
+    match ranks {
+        [] => "no rank".to_string(),
+        [r] => who(comm, *r),
+        _ => {
+            let shown: Vec<String> = ranks.iter().take(5).map(u32::to_string).collect();
+            let more = ranks.len().saturating_sub(5);
+            if more > 0 {
+                format!("ranks {} (+{more} more)", shown.join(", "))
+            } else {
+                format!("ranks {}", shown.join(", "))
+            }
+        }
+    }
+}
+
+fn secs(ns: u64) -> String {
+    format!("{:.1}", ns as f64 / 1e9)
+}
+
+fn summary_of(vals: impl Iterator<Item = (u32, f64)>) -> Option<wire::Summary> {
+    let mut s = wire::Summary {
+        min: f64::INFINITY,
+        max: f64::NEG_INFINITY,
+        ..Default::default()
+    };
+    let mut sum = 0.0;
+    for (r, v) in vals {
+        if v < s.min {
+            s.min = v;
+            s.min_rank = r;
+        }
+        if v > s.max {
+            s.max = v;
+            s.max_rank = r;
+        }
+        sum += v;
+        s.n += 1;
+    }
+    if s.n == 0 {
+        return None;
+    }
+    s.mean = sum / f64::from(s.n);
+    Some(s)
+}
+
+fn root_cause(
+    comm: &Comm,
+    rank: u32,
+    class: AnomalyClass,
+    reason: String,
+    silent: bool,
+) -> wire::RootCause {
+    let info = comm.ranks.get(rank as usize);
+    wire::RootCause {
+        rank,
+        host: info.map(|i| i.host.clone()).unwrap_or_default(),
+        pid: info.map_or(0, |i| i.pid),
+        reason,
+        class: class as i32,
+        silent,
+        link_peer: None,
+        channel: None,
+    }
+}
+
+fn rank_evidence(
+    comm: &Comm,
+    rank: u32,
+    e: Option<&Entry>,
+    now_ns: u64,
+    silent_after: u64,
+) -> wire::RankEvidence {
+    let info = &comm.ranks[rank as usize];
+    let mut ev = wire::RankEvidence {
+        rank,
+        host: info.host.clone(),
+        pid: info.pid,
+        last_op_counter: info.newest_op.unwrap_or(0),
+        silent: info.silent(now_ns, silent_after),
+        last_seen_ns: info.last_seen_ns,
+        ..Default::default()
+    };
+    if let Some(e) = e.filter(|e| e.state != ST_NONE) {
+        ev.entered = true;
+        ev.state = state_wire(e.state) as i32;
+        ev.duration_ns = if e.state == ST_INFLIGHT {
+            now_ns.saturating_sub(e.start_est_ns)
+        } else {
+            e.duration_ns
+        };
+        ev.send_count = e.send;
+        ev.recv_count = e.recv;
+        ev.send_rate = f64::from(e.send_rate);
+        ev.recv_rate = f64::from(e.recv_rate);
+        ev.wait_upstream_ns = e.wait_up;
+        ev.wait_downstream_ns = e.wait_down;
+    }
+    ev
+}
+
+fn diag_id(comm_id: u64, op_counter: u64, class: AnomalyClass) -> String {
+    format!("{comm_id:016x}-{op_counter}-{}", wire::class_code(class))
+}
+
+fn locate_hang_round(cfg: &EngineConfig, comm: &Comm, idx: usize, now_ns: u64) -> wire::Diagnosis {
+    let round = &comm.rounds[idx];
+    let c = round.op_counter;
+    let n = comm.nranks as usize;
+    let silent_after = dur_ns(cfg.silent_after);
+    let thr = dur_ns(cfg.hang_threshold);
+    let p2p = round.p2p();
+    let none = Entry::default();
+    let entry = |j: usize| round.entries.get(j).unwrap_or(&none);
+    let views: Vec<HangView> = (0..n)
+        .map(|j| {
+            let e = entry(j);
+            let info = &comm.ranks[j];
+            let state = match e.state {
+                ST_INFLIGHT => HangState::InFlight,
+                ST_DONE => HangState::Completed,
+                ST_FAILED => HangState::Failed,
+                _ => match info.newest_op {
+                    Some(x) if x > c => HangState::PassedBeyond,
+                    Some(x) if x == c => HangState::EnteredNoRecord,
+                    _ => HangState::NotEntered,
+                },
+            };
+            HangView {
+                state,
+                silent: info.silent(now_ns, silent_after),
+                type_group: if e.state != ST_NONE && !p2p {
+                    u32::from(e.type_idx)
+                } else {
+                    u32::MAX
+                },
+                send: e.send,
+                recv: e.recv,
+                exp_send: e.exp_send,
+                exp_recv: e.exp_recv,
+                group: e.group,
+                depth: e.depth,
+            }
+        })
+        .collect();
+    let finding = locate::locate_hang(&views);
+    let class = finding.class();
+    let roots_all = finding.ranks();
+    let cap = cfg.evidence_cap.max(1);
+    // Majority type set (the reference for names).
+    let mut type_counts = vec![0u32; round.types.len().max(1)];
+    for v in &views {
+        if let Some(x) = type_counts.get_mut(v.type_group as usize) {
+            *x += 1;
+        }
+    }
+    let major = type_counts
+        .iter()
+        .enumerate()
+        .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(&a.0)))
+        .map_or(0, |(i, _)| i);
+    let major_ty = round.types.get(major).copied();
+    let coll = major_ty.map_or(0, |t| t.coll);
+    let coll_name = wire::coll_name(coll);
+    let earliest = round
+        .entries
+        .iter()
+        .filter(|e| e.state == ST_INFLIGHT)
+        .map(|e| e.start_est_ns)
+        .min()
+        .unwrap_or(now_ns);
+    let max_in_flight = now_ns.saturating_sub(earliest);
+    let hung = views
+        .iter()
+        .filter(|v| matches!(v.state, HangState::InFlight | HangState::EnteredNoRecord))
+        .count();
+    let entered = views
+        .iter()
+        .filter(|v| v.state != HangState::NotEntered)
+        .count();
+    let silent: Vec<u32> = views
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| v.silent)
+        .map(|(j, _)| j as u32)
+        .collect();
+    // Roots with reasons.
+    let mut roots = Vec::new();
+    for &r in roots_all.iter().take(cap) {
+        let info = &comm.ranks[r as usize];
+        let v = views[r as usize];
+        let e = entry(r as usize);
+        let quiet = now_ns.saturating_sub(info.last_seen_ns);
+        let newest = info
+            .newest_op
+            .map_or_else(|| "none".to_string(), |x| format!("#{x}"));
+        let reason = match &finding {
+            HangFinding::NotEntered(_) if !info.reported => format!(
+                "did not enter op #{c}: never reported (no record or heartbeat): process likely not started, stopped or dead"
+            ),
+            HangFinding::NotEntered(_) if v.silent => format!(
+                "did not enter op #{c} (newest op {newest}); no record or heartbeat for {} s: process likely stopped or dead",
+                secs(quiet)
+            ),
+            HangFinding::NotEntered(_) => format!(
+                "did not enter op #{c} (newest op {newest}); still reporting ({} s ago): stuck before the collective",
+                secs(quiet)
+            ),
+            HangFinding::InconsistentTypes(_) => {
+                let t = round.types.get(e.type_idx as usize).copied();
+                match (t, major_ty) {
+                    (Some(t), Some(m)) => format!(
+                        "issued {} ({} B, count {}, dtype {}, {}) as op #{c} where the majority issued {} ({} B, count {}, dtype {}, {})",
+                        wire::coll_name(t.coll), t.bytes, t.count, t.dtype, wire::algo_name(t.algo),
+                        wire::coll_name(m.coll), m.bytes, m.count, m.dtype, wire::algo_name(m.algo)
+                    ),
+                    _ => format!("issued a different operation as op #{c}"),
+                }
+            }
+            HangFinding::NotHung(_) => match v.state {
+                HangState::Failed => format!("op #{c} failed on this rank while its peers hang"),
+                HangState::PassedBeyond => format!(
+                    "already moved past op #{c} (newest op {newest}) while its peers hang in it"
+                ),
+                _ => format!("completed op #{c} while its peers hang in it"),
+            },
+            HangFinding::Silent(_) => format!(
+                "stopped reporting during op #{c} (no record or heartbeat for {} s): process likely stopped or dead",
+                secs(quiet)
+            ),
+            HangFinding::FewestCounts(_) => {
+                let exp = if e.exp_send + e.exp_recv > 0 {
+                    format!(" of expected {}/{}", e.exp_send, e.exp_recv)
+                } else {
+                    String::new()
+                };
+                format!(
+                    "least progress in op #{c}: SendCount/RecvCount {}/{}{exp} while every rank hangs",
+                    e.send, e.recv
+                )
+            }
+        };
+        roots.push(root_cause(comm, r, class, reason, v.silent));
+    }
+    let present = || {
+        round
+            .entries
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.state != ST_NONE)
+            .map(|(j, e)| (j as u32, e))
+    };
+    let mut type_sets = Vec::new();
+    if round.types.len() > 1 {
+        let mut order: Vec<usize> = (0..round.types.len()).collect();
+        order.sort_by(|a, b| type_counts[*b].cmp(&type_counts[*a]).then(a.cmp(b)));
+        for t in order {
+            let ranks: Vec<u32> = views
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| v.type_group as usize == t)
+                .map(|(j, _)| j as u32)
+                .take(cap)
+                .collect();
+            type_sets.push(wire::TypeSetGroup {
+                op: Some(round.types[t].to_wire()),
+                rank_count: type_counts[t],
+                ranks,
+            });
+        }
+    }
+    let lagging_all: Vec<u32> = views
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| v.state == HangState::NotEntered)
+        .map(|(j, _)| j as u32)
+        .collect();
+    let evidence = wire::Evidence {
+        hang_threshold_ns: thr,
+        max_in_flight_ns: max_in_flight,
+        entered_ranks: entered as u32,
+        hung_ranks: hung as u32,
+        nranks: comm.nranks,
+        duration_ns: summary_of(present().map(|(j, e)| {
+            let d = if e.state == ST_INFLIGHT {
+                now_ns.saturating_sub(e.start_est_ns)
+            } else {
+                e.duration_ns
+            };
+            (j, d as f64)
+        })),
+        send_count: summary_of(present().map(|(j, e)| (j, e.send as f64))),
+        recv_count: summary_of(present().map(|(j, e)| (j, e.recv as f64))),
+        send_rate: summary_of(present().map(|(j, e)| (j, f64::from(e.send_rate)))),
+        recv_rate: summary_of(present().map(|(j, e)| (j, f64::from(e.recv_rate)))),
+        lagging: lagging_all
+            .iter()
+            .take(cap)
+            .map(|&j| rank_evidence(comm, j, None, now_ns, silent_after))
+            .collect(),
+        lagging_total: lagging_all.len() as u32,
+        silent_ranks: silent.iter().take(cap).copied().collect(),
+        silent_total: silent.len() as u32,
+        type_sets,
+        ranks: roots_all
+            .iter()
+            .take(cap)
+            .map(|&j| rank_evidence(comm, j, round.entries.get(j as usize), now_ns, silent_after))
+            .collect(),
+        algorithm: major_ty.map_or(0, |t| t.algo),
+        ..Default::default()
+    };
+    let phrase = ranks_phrase(comm, roots_all);
+    let verb_s = if roots_all.len() == 1 { "" } else { "" };
+    let summary = match &finding {
+        HangFinding::NotEntered(_) => format!(
+            "{phrase} did not enter {coll_name} #{c}: not-entered hang ({hung} of {n} ranks in flight for {} s)",
+            secs(max_in_flight)
+        ),
+        HangFinding::InconsistentTypes(_) => format!(
+            "{phrase} issued a different operation than the other ranks at {coll_name} #{c}: inconsistent hang ({hung} of {n} ranks in flight for {} s)",
+            secs(max_in_flight)
+        ),
+        HangFinding::NotHung(_) => format!(
+            "{phrase} left {coll_name} #{c} while {hung} of {n} ranks hang in it: inconsistent hang ({} s)",
+            secs(max_in_flight)
+        ),
+        HangFinding::Silent(_) => format!(
+            "{phrase} stopped reporting during {coll_name} #{c} while all {n} ranks hang: hardware fault or stopped process ({} s)",
+            secs(max_in_flight)
+        ),
+        HangFinding::FewestCounts(_) => format!(
+            "{phrase} made the least progress{verb_s} in {coll_name} #{c} while all {n} ranks hang: hardware fault ({} s)",
+            secs(max_in_flight)
+        ),
+    };
+    let onset = earliest;
+    wire::Diagnosis {
+        id: diag_id(comm.id, c, class),
+        class: class as i32,
+        roots,
+        comm_id: comm.id,
+        trace: Some(wire::TraceId {
+            comm_id: comm.id,
+            op_counter: c,
+            extension: 0,
+        }),
+        collective: coll,
+        evidence: Some(evidence),
+        detected_at_ns: now_ns,
+        location_latency_ns: now_ns.saturating_sub(onset.saturating_add(thr)),
+        summary,
+        onset_ns: onset,
+        nranks: comm.nranks,
+        shard: String::new(),
+    }
+}
+
+fn locate_slow(
+    cfg: &EngineConfig,
+    comm: &Comm,
+    ki: usize,
+    r: f64,
+    window_end: u64,
+    now_ns: u64,
+) -> wire::Diagnosis {
+    let silent_after = dur_ns(cfg.silent_after);
+    let cap = cfg.evidence_cap.max(1);
+    let kind = &comm.kinds[ki];
+    let empty: Vec<Entry> = Vec::new();
+    let (t_max, t_min, best) = match kind.best.get() {
+        Some((a, b, c)) => (*a, *b, Some(c)),
+        None => (0, 0, None),
+    };
+    let entries = best.map_or(&empty, |b| &b.entries);
+    let t_base = best.map_or(0, |b| b.t_base_ns);
+    let op_counter = best.map_or(0, |b| b.op_counter);
+    let ty = best.map(|b| b.ty);
+    let coll = ty.map_or(0, |t| t.coll);
+    let coll_name = wire::coll_name(coll);
+    let algo = ty.map_or(comm.algo, |t| t.algo);
+    let p = detect::p_ratio(t_max, t_min, t_base).unwrap_or(0.0);
+    let kind_s = detect::classify_slow(p, cfg.alpha, cfg.beta);
+    let class = match kind_s {
+        SlowKind::Computation => AnomalyClass::S1ComputationSlow,
+        SlowKind::Communication => AnomalyClass::S2CommunicationSlow,
+        SlowKind::Mixed => AnomalyClass::S3MixedSlow,
+    };
+    // S1 candidates.
+    let durations: Vec<Option<u64>> = entries.iter().map(|e| Some(e.duration_ns)).collect();
+    let s1 = locate::min_duration(&durations);
+    // S2 candidates: wait metrics on ring channels, else rates.
+    let mut links = Vec::new();
+    let mut s2: Vec<u32> = Vec::new();
+    let mut lockstep = false;
+    let mut by_links = false;
+    if kind_s != SlowKind::Computation {
+        if algo == wire::Algorithm::Ring as i32 {
+            let nch = comm.ranks.iter().map(|r| r.win_ch.len()).max().unwrap_or(0);
+            let mut chans: Vec<Vec<Option<ChanWait>>> = Vec::with_capacity(nch);
+            for ch in 0..nch {
+                chans.push(
+                    comm.ranks
+                        .iter()
+                        .map(|ri| {
+                            ri.win_ch.get(ch).filter(|a| a.has_wait && a.dur_ns > 0).map(|a| {
+                                ChanWait {
+                                    up: a.up_ns as f64 / a.dur_ns as f64,
+                                    down: a.down_ns as f64 / a.dur_ns as f64,
+                                    next: a.next,
+                                }
+                            })
+                        })
+                        .collect(),
+                );
+            }
+            let (roots, found) = locate::slow_links(&chans);
+            if !roots.is_empty() {
+                s2 = roots;
+                links = found;
+                by_links = true;
+            }
+        }
+        if !by_links {
+            let rates: Vec<(f64, f64, u64)> = comm
+                .ranks
+                .iter()
+                .enumerate()
+                .map(|(j, ri)| {
+                    let g = entries.get(j).map_or(0, |e| e.group);
+                    if ri.win_ops > 0 {
+                        let n = f64::from(ri.win_ops);
+                        (ri.win_send_rate / n, ri.win_recv_rate / n, g)
+                    } else {
+                        let e = entries.get(j);
+                        (
+                            e.map_or(0.0, |e| f64::from(e.send_rate)),
+                            e.map_or(0.0, |e| f64::from(e.recv_rate)),
+                            g,
+                        )
+                    }
+                })
+                .collect();
+            let (roots, ls) = locate::lowest_rate(&rates);
+            s2 = roots;
+            lockstep = ls;
+        }
+    }
+    let fmt_pr = format!("P = {p:.2}, R = {r:.1}");
+    let mut roots: Vec<wire::RootCause> = Vec::new();
+    let add = |rank: u32, cls: AnomalyClass, reason: String, roots: &mut Vec<wire::RootCause>| {
+        if let Some(x) = roots.iter_mut().find(|x| x.rank == rank) {
+            x.class = AnomalyClass::S3MixedSlow as i32;
+            x.reason = format!("{}; {}", x.reason, reason);
+        } else if roots.len() < cap {
+            let silent = comm.ranks[rank as usize].silent(now_ns, silent_after);
+            roots.push(root_cause(comm, rank, cls, reason, silent));
+        }
+    };
+    if kind_s != SlowKind::Communication {
+        for &j in &s1 {
+            let d = entries.get(j as usize).map_or(0, |e| e.duration_ns);
+            add(
+                j,
+                AnomalyClass::S1ComputationSlow,
+                format!(
+                    "shortest duration in {coll_name} #{op_counter} ({} ms vs T_max {} ms): entered last, the others waited for it",
+                    d / 1_000_000,
+                    t_max / 1_000_000
+                ),
+                &mut roots,
+            );
+        }
+    }
+    if kind_s != SlowKind::Computation {
+        for &j in &s2 {
+            let reason = if by_links {
+                let mine: Vec<&locate::SlowLink> =
+                    links.iter().filter(|l| l.from == j || l.to == j).collect();
+                let desc: Vec<String> = mine
+                    .iter()
+                    .take(4)
+                    .map(|l| {
+                        format!(
+                            "ch {}: {} -> {} (sender waits downstream {:.0}%, receiver waits upstream {:.0}%)",
+                            l.channel,
+                            l.from,
+                            l.to,
+                            l.sender_down * 100.0,
+                            l.receiver_up * 100.0
+                        )
+                    })
+                    .collect();
+                format!("end of the slow link(s) {}", desc.join("; "))
+            } else if lockstep {
+                "lowest SendRate/RecvRate, but all ranks advance in lockstep: weak evidence (no wait metrics)".to_string()
+            } else {
+                "lowest SendRate/RecvRate among its peers".to_string()
+            };
+            add(j, AnomalyClass::S2CommunicationSlow, reason, &mut roots);
+            if by_links {
+                if let (Some(l), Some(x)) = (
+                    links.iter().find(|l| l.from == j || l.to == j),
+                    roots.iter_mut().find(|x| x.rank == j),
+                ) {
+                    x.link_peer = Some(if l.from == j { l.to } else { l.from });
+                    x.channel = Some(l.channel);
+                }
+            }
+        }
+    }
+    let s1_phrase = ranks_phrase(comm, &s1);
+    let s2_phrase = if by_links {
+        match s2.as_slice() {
+            [a, b] if links.iter().all(|l| (l.from, l.to) == (*a, *b)) => {
+                format!("the link {} -> {} is slow", who(comm, *a), who(comm, *b))
+            }
+            _ => format!("{} has a slow transport", ranks_phrase(comm, &s2)),
+        }
+    } else {
+        format!(
+            "{} has the lowest send rate{}",
+            ranks_phrase(comm, &s2),
+            if lockstep { " (lockstep: weak evidence)" } else { "" }
+        )
+    };
+    let baseline = best.map_or(BaselineKind::None, |b| b.baseline);
+    let phase = if baseline == BaselineKind::Static {
+        " [slow-at-start]"
+    } else {
+        ""
+    };
+    let summary = match kind_s {
+        SlowKind::Computation => {
+            format!("{s1_phrase} enters {coll_name} #{op_counter} late: computation-slow ({fmt_pr}){phase}")
+        }
+        SlowKind::Communication => {
+            format!("{s2_phrase} in {coll_name} #{op_counter}: communication-slow ({fmt_pr}){phase}")
+        }
+        SlowKind::Mixed => format!(
+            "{s1_phrase} enters {coll_name} #{op_counter} late and {s2_phrase}: mixed-slow ({fmt_pr}){phase}"
+        ),
+    };
+    let root_ranks: Vec<u32> = roots.iter().map(|x| x.rank).collect();
+    let window = dur_ns(cfg.detect_window);
+    let win_rates = |j: usize, send: bool| -> f64 {
+        let ri = &comm.ranks[j];
+        if ri.win_ops == 0 {
+            return 0.0;
+        }
+        (if send { ri.win_send_rate } else { ri.win_recv_rate }) / f64::from(ri.win_ops)
+    };
+    let evidence = wire::Evidence {
+        r,
+        p,
+        t_max_ns: t_max,
+        t_min_ns: t_min,
+        t_base_ns: t_base,
+        baseline: baseline as i32,
+        baseline_rounds: best.map_or(0, |b| b.m),
+        slow_windows: comm.streak.count(),
+        window_start_ns: window_end.saturating_sub(window),
+        window_end_ns: window_end,
+        theta_slow: cfg.theta_slow,
+        nranks: comm.nranks,
+        duration_ns: summary_of(
+            entries
+                .iter()
+                .enumerate()
+                .map(|(j, e)| (j as u32, e.duration_ns as f64)),
+        ),
+        send_count: summary_of(entries.iter().enumerate().map(|(j, e)| (j as u32, e.send as f64))),
+        recv_count: summary_of(entries.iter().enumerate().map(|(j, e)| (j as u32, e.recv as f64))),
+        send_rate: summary_of((0..comm.ranks.len()).map(|j| (j as u32, win_rates(j, true)))),
+        recv_rate: summary_of((0..comm.ranks.len()).map(|j| (j as u32, win_rates(j, false)))),
+        silent_ranks: Vec::new(),
+        ranks: root_ranks
+            .iter()
+            .map(|&j| rank_evidence(comm, j, entries.get(j as usize), now_ns, silent_after))
+            .collect(),
+        links: links
+            .iter()
+            .take(cap)
+            .map(|l| wire::LinkEvidence {
+                channel: l.channel,
+                from_rank: l.from,
+                to_rank: l.to,
+                sender_wait_downstream: l.sender_down,
+                receiver_wait_upstream: l.receiver_up,
+            })
+            .collect(),
+        lockstep,
+        algorithm: algo,
+        ..Default::default()
+    };
+    wire::Diagnosis {
+        id: diag_id(comm.id, op_counter, class),
+        class: class as i32,
+        roots,
+        comm_id: comm.id,
+        trace: Some(wire::TraceId {
+            comm_id: comm.id,
+            op_counter,
+            extension: 0,
+        }),
+        collective: coll,
+        evidence: Some(evidence),
+        detected_at_ns: now_ns,
+        location_latency_ns: now_ns.saturating_sub(window_end),
+        summary,
+        onset_ns: comm.slow_onset_ns,
+        nranks: comm.nranks,
+        shard: String::new(),
     }
 }

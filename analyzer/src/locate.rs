@@ -1,1 +1,599 @@
-//! Root-cause location: the decision tree of CCL-D Figure 7 (pure functions, O(N)).
+//! Root-cause location: the decision tree of CCL-D Figure 7, as pure O(N) functions over
+//! per-rank views that the engine prepares.
+//!
+//! Hang (a round in which some rank is in flight longer than the hang threshold):
+//! 1. some ranks did not reach the round (operation counter below it)  -> **H1**, those ranks;
+//! 2. all entered, but the op type sets disagree                      -> **H2**, the minority;
+//! 3. all entered, some ranks are not hung (completed / failed / moved past the round)
+//!    -> **H2**, those ranks;
+//! 4. all hung: ranks that went silent (no record or heartbeat for `silent_after`; the process
+//!    is stopped or dead, its counters are stale) -> **H3**, those ranks; otherwise
+//!    [`fewest_counts`] -> **H3**.
+//!
+//! Slow (see [`crate::detect`]): P > beta -> **S1**, [`min_duration`]; P < alpha -> **S2**,
+//! [`slow_links`] when the per-channel wait metrics are present, else [`lowest_rate`];
+//! otherwise **S3**, both candidate sets.
+//!
+//! Ring: every rank is compared with every other. Tree: counts and rates are compared only
+//! among ranks with the same tree layers (the `group` of a view); S1 compares durations over
+//! all ranks, because every rank of a tree waits for a late one.
+
+use std::collections::HashMap;
+
+use crate::wire::AnomalyClass;
+
+/// Where a rank stands in the hung round.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HangState {
+    /// Its operation counter did not reach the round.
+    NotEntered,
+    /// In flight in the round.
+    InFlight,
+    /// Completed the round.
+    Completed,
+    /// The operation failed (aborted) on this rank.
+    Failed,
+    /// No record for the round, but the rank already started a later round.
+    PassedBeyond,
+    /// A heartbeat says the rank started the round, but no record arrived yet.
+    EnteredNoRecord,
+}
+
+/// One rank of a hung round.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HangView {
+    /// State in the round.
+    pub state: HangState,
+    /// No record / heartbeat for `silent_after`.
+    pub silent: bool,
+    /// Op type set group (index of the distinct type set); `u32::MAX` when unknown.
+    pub type_group: u32,
+    /// SendCount summed over channels.
+    pub send: u64,
+    /// RecvCount summed over channels.
+    pub recv: u64,
+    /// Expected SendCount / RecvCount of the whole operation (0 = unknown).
+    pub exp_send: u64,
+    /// Expected RecvCount.
+    pub exp_recv: u64,
+    /// Comparison group: 0 for ring, a hash of the per-channel tree layers for tree.
+    pub group: u64,
+    /// Tree depth (0 for ring).
+    pub depth: u32,
+}
+
+/// Result of [`locate_hang`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HangFinding {
+    /// H1: these ranks did not enter the round.
+    NotEntered(Vec<u32>),
+    /// H2: these ranks issued an operation whose type set differs from the majority's.
+    InconsistentTypes(Vec<u32>),
+    /// H2: these ranks are not hung in the round while the others are.
+    NotHung(Vec<u32>),
+    /// H3: every rank hangs; these stopped reporting mid-operation.
+    Silent(Vec<u32>),
+    /// H3: every rank hangs; these made the least progress.
+    FewestCounts(Vec<u32>),
+}
+
+impl HangFinding {
+    /// The anomaly class.
+    pub fn class(&self) -> AnomalyClass {
+        match self {
+            HangFinding::NotEntered(_) => AnomalyClass::H1NotEntered,
+            HangFinding::InconsistentTypes(_) | HangFinding::NotHung(_) => {
+                AnomalyClass::H2Inconsistent
+            }
+            HangFinding::Silent(_) | HangFinding::FewestCounts(_) => AnomalyClass::H3Hardware,
+        }
+    }
+
+    /// The root-cause ranks, ascending.
+    pub fn ranks(&self) -> &[u32] {
+        match self {
+            HangFinding::NotEntered(r)
+            | HangFinding::InconsistentTypes(r)
+            | HangFinding::NotHung(r)
+            | HangFinding::Silent(r)
+            | HangFinding::FewestCounts(r) => r,
+        }
+    }
+}
+
+fn ranks_where(v: &[HangView], f: impl Fn(&HangView) -> bool) -> Vec<u32> {
+    v.iter()
+        .enumerate()
+        .filter(|(_, x)| f(x))
+        .map(|(i, _)| i as u32)
+        .collect()
+}
+
+/// The decision tree for a hung round; `v[rank]` describes each rank.
+pub fn locate_hang(v: &[HangView]) -> HangFinding {
+    let not_entered = ranks_where(v, |x| x.state == HangState::NotEntered);
+    if !not_entered.is_empty() {
+        return HangFinding::NotEntered(not_entered);
+    }
+    let minority = type_minority(v);
+    if !minority.is_empty() {
+        return HangFinding::InconsistentTypes(minority);
+    }
+    let not_hung = ranks_where(v, |x| {
+        matches!(
+            x.state,
+            HangState::Completed | HangState::Failed | HangState::PassedBeyond
+        )
+    });
+    if !not_hung.is_empty() {
+        return HangFinding::NotHung(not_hung);
+    }
+    let silent = ranks_where(v, |x| x.silent);
+    if !silent.is_empty() && silent.len() < v.len() {
+        return HangFinding::Silent(silent);
+    }
+    let counts: Vec<CountView> = v
+        .iter()
+        .map(|x| CountView {
+            send: x.send,
+            recv: x.recv,
+            exp_send: x.exp_send,
+            exp_recv: x.exp_recv,
+            group: x.group,
+            depth: x.depth,
+        })
+        .collect();
+    HangFinding::FewestCounts(fewest_counts(&counts))
+}
+
+/// Ranks outside the largest op-type-set group (ties: the group with the smallest id, the
+/// first type set seen, is the majority). Empty when all known type sets agree.
+pub fn type_minority(v: &[HangView]) -> Vec<u32> {
+    let mut sizes: HashMap<u32, u32> = HashMap::new();
+    for x in v.iter().filter(|x| x.type_group != u32::MAX) {
+        *sizes.entry(x.type_group).or_default() += 1;
+    }
+    if sizes.len() <= 1 {
+        return Vec::new();
+    }
+    let majority = sizes
+        .iter()
+        .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))
+        .map(|(g, _)| *g)
+        .unwrap_or(0);
+    ranks_where(v, |x| x.type_group != u32::MAX && x.type_group != majority)
+}
+
+/// One rank's progress in a hung round, for [`fewest_counts`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CountView {
+    /// SendCount summed over channels.
+    pub send: u64,
+    /// RecvCount summed over channels.
+    pub recv: u64,
+    /// Expected SendCount of the whole operation (0 = unknown).
+    pub exp_send: u64,
+    /// Expected RecvCount (0 = unknown).
+    pub exp_recv: u64,
+    /// Comparison group (0 for ring, tree layers hash for tree).
+    pub group: u64,
+    /// Tree depth (0 for ring).
+    pub depth: u32,
+}
+
+/// H3 "fewest SendCount/RecvCount".
+///
+/// Progress of a rank = (send + recv) / (expected send + expected recv) when every rank
+/// reports its expected counts (the schedule knows them; this makes ranks with different
+/// roles, e.g. tree layers, comparable), else (send + recv) relative to the largest
+/// (send + recv) in the rank's group (same tree layers; the whole ring). The ranks with the
+/// smallest progress are returned. In a tree a frozen rank starves its ancestors, which then
+/// show the same relative progress: among tied ranks only the deepest are kept (the chain is
+/// blocked from below). When every rank ties (nobody lags relative to its group), the smallest
+/// absolute progress decides.
+pub fn fewest_counts(v: &[CountView]) -> Vec<u32> {
+    let use_expected = !v.is_empty() && v.iter().all(|x| x.exp_send + x.exp_recv > 0);
+    let mut group_max: HashMap<u64, u128> = HashMap::new();
+    if !use_expected {
+        for x in v {
+            let e = group_max.entry(x.group).or_default();
+            *e = (*e).max(u128::from(x.send) + u128::from(x.recv));
+        }
+    }
+    // Progress as an exact fraction p/q; compare p1*q2 with p2*q1.
+    let frac = |x: &CountView| -> (u128, u128) {
+        let p = u128::from(x.send) + u128::from(x.recv);
+        let q = if use_expected {
+            u128::from(x.exp_send) + u128::from(x.exp_recv)
+        } else {
+            group_max.get(&x.group).copied().unwrap_or(0)
+        };
+        if q == 0 {
+            (1, 1)
+        } else {
+            (p.min(q), q)
+        }
+    };
+    let mut best: Vec<u32> = Vec::new();
+    let mut best_f = (u128::MAX, 1u128);
+    for (i, x) in v.iter().enumerate() {
+        let f = frac(x);
+        let lhs = f.0 * best_f.1;
+        let rhs = best_f.0.saturating_mul(f.1);
+        if best.is_empty() || lhs < rhs {
+            best.clear();
+            best.push(i as u32);
+            best_f = f;
+        } else if lhs == rhs {
+            best.push(i as u32);
+        }
+    }
+    if best.len() == v.len() && v.len() > 1 {
+        let min = v.iter().map(|x| u128::from(x.send) + u128::from(x.recv)).min();
+        return v
+            .iter()
+            .enumerate()
+            .filter(|(_, x)| Some(u128::from(x.send) + u128::from(x.recv)) == min)
+            .map(|(i, _)| i as u32)
+            .collect();
+    }
+    let deepest = best.iter().map(|&i| v[i as usize].depth).max().unwrap_or(0);
+    best.retain(|&i| v[i as usize].depth == deepest);
+    best
+}
+
+/// S1: the ranks with the minimal duration in the round (the last to enter: every other
+/// rank waited for it). `durations[rank]`, `None` for ranks without a duration.
+pub fn min_duration(durations: &[Option<u64>]) -> Vec<u32> {
+    let min = durations.iter().flatten().min();
+    match min {
+        None => Vec::new(),
+        Some(&m) => durations
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| **d == Some(m))
+            .map(|(i, _)| i as u32)
+            .collect(),
+    }
+}
+
+/// S2 without wait metrics: the paper's "minimal SendRate/RecvRate" rule. `v[rank] =
+/// (send_rate, recv_rate, group)`; each rate is divided by the median send (recv) rate of
+/// the rank's group (of all ranks for groups smaller than 3); the rank with the lowest relative send rate wins, ties broken by the
+/// relative recv rate. Returns the ranks and whether the ranks advanced in lockstep (all
+/// relative send rates within 2 %: the rule cannot discriminate then and the answer is weak).
+pub fn lowest_rate(v: &[(f64, f64, u64)]) -> (Vec<u32>, bool) {
+    if v.is_empty() {
+        return (Vec::new(), false);
+    }
+    let mut by_group: HashMap<u64, (Vec<f64>, Vec<f64>)> = HashMap::new();
+    for &(s, r, g) in v {
+        let e = by_group.entry(g).or_default();
+        e.0.push(s);
+        e.1.push(r);
+    }
+    let mut all_s: Vec<f64> = v.iter().map(|x| x.0).collect();
+    let mut all_r: Vec<f64> = v.iter().map(|x| x.1).collect();
+    let global = (median(&mut all_s), median(&mut all_r));
+    // Groups of fewer than 3 ranks have no meaningful median of their own (a rank alone in
+    // its layer would always look normal): they are compared with the global median.
+    let medians: HashMap<u64, (f64, f64)> = by_group
+        .into_iter()
+        .map(|(g, (mut s, mut r))| {
+            if s.len() < 3 {
+                (g, global)
+            } else {
+                (g, (median(&mut s), median(&mut r)))
+            }
+        })
+        .collect();
+    let rel = |x: f64, m: f64| if m > 0.0 { x / m } else { x };
+    let norm: Vec<(f64, f64)> = v
+        .iter()
+        .map(|&(s, r, g)| {
+            let (ms, mr) = medians.get(&g).copied().unwrap_or((0.0, 0.0));
+            (rel(s, ms), rel(r, mr))
+        })
+        .collect();
+    let mut best: Vec<u32> = Vec::new();
+    let mut best_v = (f64::INFINITY, f64::INFINITY);
+    for (i, &(s, r)) in norm.iter().enumerate() {
+        if s < best_v.0 || (s == best_v.0 && r < best_v.1) {
+            best.clear();
+            best.push(i as u32);
+            best_v = (s, r);
+        } else if s == best_v.0 && r == best_v.1 {
+            best.push(i as u32);
+        }
+    }
+    let max = norm.iter().map(|x| x.0).fold(f64::NEG_INFINITY, f64::max);
+    let lockstep = max <= 0.0 || (max - best_v.0) / max < 0.02;
+    (best, lockstep)
+}
+
+/// Median of a scratch slice (mean of the two middle values for even lengths); 0 if empty.
+pub fn median(x: &mut [f64]) -> f64 {
+    if x.is_empty() {
+        return 0.0;
+    }
+    x.sort_unstable_by(f64::total_cmp);
+    let n = x.len();
+    if n % 2 == 1 {
+        x[n / 2]
+    } else {
+        (x[n / 2 - 1] + x[n / 2]) / 2.0
+    }
+}
+
+/// One rank's waiting on one channel over the detection window.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ChanWait {
+    /// Fraction of its operation time spent waiting for data from the upstream peer.
+    pub up: f64,
+    /// Fraction spent waiting for free slots at the downstream peer.
+    pub down: f64,
+    /// The downstream peer (ring next) on this channel.
+    pub next: u32,
+}
+
+/// A slow ring link found by [`slow_links`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SlowLink {
+    /// Channel.
+    pub channel: u32,
+    /// Sender.
+    pub from: u32,
+    /// Receiver.
+    pub to: u32,
+    /// The sender's downstream wait fraction.
+    pub sender_down: f64,
+    /// The receiver's upstream wait fraction.
+    pub receiver_up: f64,
+}
+
+/// Minimal margin, in fraction of operation time, by which the bottleneck sender's
+/// (down - up) wait must exceed the channel's median.
+pub const LINK_MARGIN: f64 = 0.1;
+
+/// S2 with wait metrics, for pipelined rings where every rank advances in lockstep (rates
+/// and durations are equal everywhere, so the paper's min-rate rule cannot tell).
+///
+/// Rule: on a ring channel the bottleneck link a -> b makes its sender a wait for free
+/// downstream slots (data piles up in front of the slow link) while every other rank,
+/// starved by the ring, waits for upstream data. So per channel the sender of the slow link
+/// is the rank maximising (down - up), provided it exceeds the channel's median by
+/// [`LINK_MARGIN`] and its down wait is at least [`LINK_MARGIN`]. Each link found gives one
+/// vote to both ends; the ranks with the most votes are the root (a rank whose transport is
+/// slow is an end of the slow link on every channel, and channels with different ring
+/// orders pair it with different peers). When every link found is the same pair, the two
+/// ends cannot be told apart from waits alone and both are returned, sender first.
+///
+/// `chans[channel][rank]` (`None`: no metric from that rank). Returns (roots, links).
+pub fn slow_links(chans: &[Vec<Option<ChanWait>>]) -> (Vec<u32>, Vec<SlowLink>) {
+    let mut links = Vec::new();
+    let mut scratch = Vec::new();
+    for (c, ranks) in chans.iter().enumerate() {
+        scratch.clear();
+        let mut best: Option<(usize, f64)> = None;
+        for (j, w) in ranks.iter().enumerate() {
+            if let Some(w) = w {
+                let s = w.down - w.up;
+                scratch.push(s);
+                if best.is_none_or(|(_, b)| s > b) {
+                    best = Some((j, s));
+                }
+            }
+        }
+        let Some((a, s_a)) = best else { continue };
+        if scratch.len() < 2 {
+            continue;
+        }
+        let med = median(&mut scratch);
+        let Some(wa) = ranks[a] else { continue };
+        if s_a - med < LINK_MARGIN || wa.down < LINK_MARGIN {
+            continue;
+        }
+        let b = wa.next as usize;
+        let receiver_up = ranks.get(b).copied().flatten().map_or(0.0, |w| w.up);
+        links.push(SlowLink {
+            channel: c as u32,
+            from: a as u32,
+            to: wa.next,
+            sender_down: wa.down,
+            receiver_up,
+        });
+    }
+    let mut votes: HashMap<u32, (u32, u32)> = HashMap::new();
+    for l in &links {
+        votes.entry(l.from).or_default().0 += 1;
+        votes.entry(l.from).or_default().1 += 1;
+        votes.entry(l.to).or_default().0 += 1;
+    }
+    let top = votes.values().map(|v| v.0).max().unwrap_or(0);
+    let mut roots: Vec<(u32, u32)> = votes
+        .iter()
+        .filter(|(_, v)| v.0 == top)
+        .map(|(r, v)| (*r, v.1))
+        .collect();
+    // Senders first, then by rank.
+    roots.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    (roots.into_iter().map(|(r, _)| r).collect(), links)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hv(state: HangState) -> HangView {
+        HangView {
+            state,
+            silent: false,
+            type_group: 0,
+            send: 10,
+            recv: 10,
+            exp_send: 0,
+            exp_recv: 0,
+            group: 0,
+            depth: 0,
+        }
+    }
+
+    #[test]
+    fn h1_not_entered_ranks_win_over_everything() {
+        let mut v = vec![hv(HangState::InFlight); 6];
+        v[4].state = HangState::NotEntered;
+        v[4].type_group = u32::MAX;
+        v[1].state = HangState::Completed; // would be H2 otherwise
+        v[2].silent = true;
+        let f = locate_hang(&v);
+        assert_eq!(f, HangFinding::NotEntered(vec![4]));
+        assert_eq!(f.class(), AnomalyClass::H1NotEntered);
+    }
+
+    #[test]
+    fn h2_type_set_minority_then_not_hung_ranks() {
+        let mut v = vec![hv(HangState::InFlight); 5];
+        v[3].type_group = 1;
+        assert_eq!(locate_hang(&v), HangFinding::InconsistentTypes(vec![3]));
+        // 2 vs 2 vs 1: the tie between groups 0 and 1 goes to the first seen (0).
+        v[0].type_group = 1;
+        v[4].type_group = 2;
+        assert_eq!(locate_hang(&v), HangFinding::InconsistentTypes(vec![0, 3, 4]));
+        let mut w = vec![hv(HangState::InFlight); 5];
+        w[0].state = HangState::Completed;
+        w[2].state = HangState::PassedBeyond;
+        w[2].type_group = u32::MAX;
+        w[3].state = HangState::EnteredNoRecord; // counts as hung
+        w[3].type_group = u32::MAX;
+        let f = locate_hang(&w);
+        assert_eq!(f, HangFinding::NotHung(vec![0, 2]));
+        assert_eq!(f.class(), AnomalyClass::H2Inconsistent);
+    }
+
+    #[test]
+    fn h3_silent_rank_is_the_root_else_fewest_counts() {
+        let mut v = vec![hv(HangState::InFlight); 4];
+        v[2].silent = true;
+        v[0].send = 1;
+        assert_eq!(locate_hang(&v), HangFinding::Silent(vec![2]));
+        v[2].silent = false;
+        let f = locate_hang(&v);
+        assert_eq!(f, HangFinding::FewestCounts(vec![0]));
+        assert_eq!(f.class(), AnomalyClass::H3Hardware);
+        // Everyone silent is no discrimination: fall back to counts.
+        for x in &mut v {
+            x.silent = true;
+        }
+        assert_eq!(locate_hang(&v), HangFinding::FewestCounts(vec![0]));
+    }
+
+    fn cv(send: u64, recv: u64, group: u64) -> CountView {
+        CountView { send, recv, group, ..Default::default() }
+    }
+
+    #[test]
+    fn fewest_counts_ring_uses_send_plus_recv() {
+        // Stalled rank 1 at s = 5: (5, 5); its successor (6, 5); others further.
+        let v = [cv(9, 8, 0), cv(5, 5, 0), cv(6, 5, 0), cv(7, 6, 0)];
+        assert_eq!(fewest_counts(&v), vec![1]);
+        let tie = [cv(4, 4, 0), cv(9, 9, 0), cv(4, 4, 0)];
+        assert_eq!(fewest_counts(&tie), vec![0, 2]);
+    }
+
+    #[test]
+    fn fewest_counts_without_expected_compares_within_layers() {
+        // Layer A (group 1): max 100, rank 1 at 60 = 0.6 of its layer.
+        // Layer B (group 2): max 300, rank 3 at 0.8, rank 4 at 0.667.
+        let v = [cv(50, 50, 1), cv(30, 30, 1), cv(150, 150, 2), cv(120, 120, 2), cv(100, 100, 2)];
+        assert_eq!(fewest_counts(&v), vec![1]);
+        // group 2: 120/300 = 0.4 < group 1: 90/100 = 0.9; absolute 120 > 90 would pick rank 1.
+        let w = [cv(50, 50, 1), cv(45, 45, 1), cv(150, 150, 2), cv(60, 60, 2)];
+        assert_eq!(fewest_counts(&w), vec![3]);
+        // Single-rank groups only: absolute fallback.
+        assert_eq!(fewest_counts(&[cv(5, 5, 1), cv(3, 3, 2), cv(9, 9, 3)]), vec![1]);
+        assert_eq!(fewest_counts(&[]), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn fewest_counts_with_expected_uses_fractions_and_prefers_the_deepest_tie() {
+        let x = |send, recv, es, er, depth| CountView { send, recv, exp_send: es, exp_recv: er, group: depth as u64, depth };
+        // Root (depth 0): 8/32 = 0.25; internal rank 1 (depth 1): 12/48 = 0.25, rank 3
+        // (depth 2): 4/16 = 0.25, leaf 4 at 10/16. All three tie; rank 3 is the deepest.
+        let v = [x(0, 8, 16, 16, 0), x(4, 8, 24, 24, 1), x(10, 14, 24, 24, 1), x(4, 0, 8, 8, 2), x(6, 4, 8, 8, 2)];
+        assert_eq!(fewest_counts(&v), vec![3]);
+        // Fractions, not absolute counts: rank 0 has more absolute progress (20) than rank 1
+        // (6) but a smaller fraction (20/100 < 6/8).
+        let w = [x(10, 10, 50, 50, 0), x(3, 3, 4, 4, 1), x(50, 50, 50, 50, 1)];
+        assert_eq!(fewest_counts(&w), vec![0]);
+    }
+
+    #[test]
+    fn min_duration_returns_all_minima() {
+        assert_eq!(min_duration(&[Some(9), Some(3), None, Some(3)]), vec![1, 3]);
+        assert_eq!(min_duration(&[None, None]), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn lowest_rate_normalises_by_group_median() {
+        // Ring, rank 2 has the lowest send rate.
+        let (r, lock) = lowest_rate(&[(0.5, 0.5, 0), (0.5, 0.4, 0), (0.2, 0.5, 0), (0.5, 0.5, 0)]);
+        assert_eq!((r, lock), (vec![2], false));
+        // Tree: layer 1 runs at 0.1, layer 2 at 1.0. Rank 1 (0.08) is the lowest in absolute
+        // terms but only 0.8 of its layer's median; rank 3 (0.5) is 0.5 of its layer's: root.
+        let (r, _) = lowest_rate(&[(0.1, 0.1, 1), (0.08, 0.1, 1), (0.1, 0.1, 1), (0.5, 1.0, 2), (1.0, 1.0, 2), (1.0, 1.0, 2)]);
+        assert_eq!(r, vec![3]);
+        // Lockstep: all equal within 2 %.
+        let (r, lock) = lowest_rate(&[(0.25, 0.25, 0), (0.249, 0.25, 0), (0.25, 0.25, 0)]);
+        assert_eq!((r, lock), (vec![1], true));
+        // Tie on send broken by recv.
+        let (r, _) = lowest_rate(&[(0.2, 0.5, 0), (0.2, 0.4, 0), (0.9, 0.9, 0)]);
+        assert_eq!(r, vec![1]);
+    }
+
+    fn ring_waits(n: u32, slow_from: u32, stride: u32) -> Vec<Option<ChanWait>> {
+        // Lockstep ring with the link slow_from -> next slow: its sender waits downstream,
+        // everyone else upstream.
+        (0..n)
+            .map(|j| {
+                let next = (j + stride) % n;
+                Some(if j == slow_from {
+                    ChanWait { up: 0.0, down: 0.7, next }
+                } else {
+                    ChanWait { up: 0.7, down: 0.0, next }
+                })
+            })
+            .collect()
+    }
+
+    #[test]
+    fn slow_links_single_ring_order_names_both_ends_sender_first() {
+        let chans = vec![ring_waits(8, 5, 1), ring_waits(8, 5, 1)];
+        let (roots, links) = slow_links(&chans);
+        assert_eq!(roots, vec![5, 6]);
+        assert_eq!(links.len(), 2);
+        assert_eq!((links[0].from, links[0].to), (5, 6));
+        assert!((links[0].receiver_up - 0.7).abs() < 1e-12);
+    }
+
+    #[test]
+    fn slow_links_varied_ring_orders_isolate_the_rank() {
+        // Rank 5's transport is slow: forward ring 5 -> 6, reverse ring 5 -> 4.
+        let chans = vec![ring_waits(8, 5, 1), ring_waits(8, 5, 7)];
+        let (roots, _) = slow_links(&chans);
+        assert_eq!(roots, vec![5]);
+        // Receiver side slow at rank 5: forward link 4 -> 5, reverse link 6 -> 5.
+        let chans = vec![ring_waits(8, 4, 1), ring_waits(8, 6, 7)];
+        let (roots, links) = slow_links(&chans);
+        assert_eq!(roots, vec![5]);
+        assert_eq!(links.len(), 2);
+    }
+
+    #[test]
+    fn slow_links_ignores_uniform_waiting_and_missing_metrics() {
+        let flat: Vec<Option<ChanWait>> = (0..4)
+            .map(|j| Some(ChanWait { up: 0.3, down: 0.3, next: (j + 1) % 4 }))
+            .collect();
+        assert_eq!(slow_links(&[flat]), (vec![], vec![]));
+        assert_eq!(slow_links(&[vec![None, None, None]]), (vec![], vec![]));
+    }
+}
