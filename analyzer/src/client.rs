@@ -250,13 +250,25 @@ impl Client {
     /// Sends a batch: each record to the first live shard in its communicator's failover
     /// order, heartbeats split the same way. Returns the engine's accept/reject counts.
     pub async fn ingest(&mut self, batch: Batch) -> Result<IngestOutcome, ClientError> {
+        self.ingest_at(batch, None).await
+    }
+
+    /// Like [`Client::ingest`], telling shards running a driven clock
+    /// ([`crate::server::ClockMode::Driven`]) that the time is `now_ns`.
+    pub async fn ingest_at(
+        &mut self,
+        batch: Batch,
+        now_ns: Option<u64>,
+    ) -> Result<IngestOutcome, ClientError> {
         let mut out = IngestOutcome::default();
         let mut pending = batch;
         let mut last_err = String::from("none");
         // Each round either delivers everything or marks at least one shard down, so at
         // most `shards + 1` rounds run.
-        for _round in 0..=self.conns.len() {
-            if pending.records.is_empty() && pending.heartbeats.is_empty() {
+        for round in 0..=self.conns.len() {
+            // A driven clock must reach every shard, with or without records.
+            let tell_time = round == 0 && now_ns.is_some();
+            if pending.records.is_empty() && pending.heartbeats.is_empty() && !tell_time {
                 return Ok(out);
             }
             let now = Instant::now();
@@ -279,6 +291,13 @@ impl Client {
                 }
                 for (s, hp) in parts {
                     groups.entry(s).or_default().heartbeats.push(hp);
+                }
+            }
+            if tell_time {
+                for (i, &u) in up.iter().enumerate() {
+                    if u {
+                        groups.entry(i).or_default();
+                    }
                 }
             }
             if groups.is_empty() {
@@ -305,7 +324,7 @@ impl Client {
                 .into_iter()
                 .map(|(s, b)| {
                     let keep = b.clone();
-                    let fut = send_batch(self.conns[s].rpc.clone(), b, chunk, timeout);
+                    let fut = send_batch(self.conns[s].rpc.clone(), b, chunk, timeout, now_ns);
                     async move { (s, keep, fut.await) }
                 })
                 .collect();
@@ -431,11 +450,22 @@ async fn send_batch(
     batch: Batch,
     chunk: usize,
     timeout: Duration,
+    now_ns: Option<u64>,
 ) -> Result<crate::wire::IngestReply, Status> {
     let chunk = chunk.max(1);
+    fn with_now<T>(msg: T, now_ns: Option<u64>) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(msg);
+        if let Some(t) = now_ns {
+            // A decimal number is always a valid ASCII metadata value.
+            if let Ok(v) = t.to_string().parse() {
+                r.metadata_mut().insert(crate::server::NOW_METADATA, v);
+            }
+        }
+        r
+    }
     let fut = async move {
         if batch.records.len() <= chunk {
-            rpc.ingest_one(batch).await
+            rpc.ingest_one(with_now(batch, now_ns)).await
         } else {
             let Batch {
                 records,
@@ -454,7 +484,7 @@ async fn send_batch(
                     heartbeats: hb.take().unwrap_or_default(),
                 });
             }
-            rpc.ingest(tokio_stream::iter(msgs)).await
+            rpc.ingest(with_now(tokio_stream::iter(msgs), now_ns)).await
         }
     };
     match tokio::time::timeout(timeout, fut).await {
@@ -486,6 +516,15 @@ impl BlockingClient {
     /// See [`Client::ingest`].
     pub fn ingest(&mut self, batch: Batch) -> Result<IngestOutcome, ClientError> {
         self.rt.block_on(self.inner.ingest(batch))
+    }
+
+    /// See [`Client::ingest_at`].
+    pub fn ingest_at(
+        &mut self,
+        batch: Batch,
+        now_ns: Option<u64>,
+    ) -> Result<IngestOutcome, ClientError> {
+        self.rt.block_on(self.inner.ingest_at(batch, now_ns))
     }
 
     /// See [`Client::list_anomalies`].

@@ -109,6 +109,22 @@ pub enum ServeError {
     Runtime(std::io::Error),
 }
 
+/// Metadata key carrying the sender's notion of "now" (ns) in [`ClockMode::Driven`].
+pub const NOW_METADATA: &str = "ccld-now-ns";
+
+/// Where a shard's notion of the current time comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ClockMode {
+    /// The wall clock; a tick task runs every `tick_interval` (production).
+    #[default]
+    Wall,
+    /// Time is driven by the ingest calls: each carries `ccld-now-ns` metadata, the shard's
+    /// clock moves to it (never backwards) and the engine ticks after the batch. For
+    /// replaying recordings and running simulations faster than real time
+    /// (`ccld simulate --compressed`); never for live probes.
+    Driven,
+}
+
 /// How a shard talks to its peers during fan-out.
 #[derive(Debug, Clone)]
 pub struct PeerConfig {
@@ -156,6 +172,8 @@ pub struct ServerConfig {
     pub tick_interval: Duration,
     /// Largest accepted gRPC message.
     pub max_message_bytes: usize,
+    /// Clock source.
+    pub clock: ClockMode,
 }
 
 impl ServerConfig {
@@ -172,6 +190,7 @@ impl ServerConfig {
             engine,
             tick_interval: Duration::from_millis(200),
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            clock: ClockMode::Wall,
         }
     }
 
@@ -207,6 +226,9 @@ struct Shared {
     peers: Vec<Peer>,
     peer_timeout: Duration,
     auth: AuthInterceptor,
+    clock: ClockMode,
+    /// Driven clock value (ns); unused with the wall clock.
+    driven_now: AtomicU64,
 }
 
 fn reject_label(r: &Reject) -> String {
@@ -269,6 +291,32 @@ fn location_latency_ns(d: &Diagnosis) -> u64 {
 }
 
 impl Shared {
+    fn now(&self) -> u64 {
+        match self.clock {
+            ClockMode::Wall => now_ns(),
+            ClockMode::Driven => self.driven_now.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Driven clock: moves time to the request's `ccld-now-ns` (never backwards).
+    fn drive_clock<T>(&self, req: &Request<T>) -> bool {
+        if self.clock != ClockMode::Driven {
+            return false;
+        }
+        let v = req
+            .metadata()
+            .get(NOW_METADATA)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|s| s.parse::<u64>().ok());
+        match v {
+            Some(t) => {
+                self.driven_now.fetch_max(t, Ordering::Relaxed);
+                true
+            }
+            None => false,
+        }
+    }
+
     fn engine(&self) -> std::sync::MutexGuard<'_, Engine> {
         // The engine is pure and does not panic on input; should it ever, keep serving
         // with its state as it is rather than failing every later call.
@@ -276,7 +324,7 @@ impl Shared {
     }
 
     fn apply(&self, b: &Batch, acc: &mut IngestAcc) {
-        let now = now_ns();
+        let now = self.now();
         let mut not_owned = 0u64;
         let mut rejects: HashMap<String, u64> = HashMap::new();
         {
@@ -318,7 +366,7 @@ impl Shared {
 
     /// One engine tick: diagnose, persist, publish. Returns the new diagnoses.
     fn tick(&self) -> Vec<Diagnosis> {
-        let now = now_ns();
+        let now = self.now();
         let t0 = Instant::now();
         let (mut diags, ncomms, mem) = {
             let mut eng = self.engine();
@@ -392,7 +440,7 @@ impl Shared {
     }
 
     fn local_comm(&self, comm_id: u64) -> Option<CommState> {
-        let now = now_ns();
+        let now = self.now();
         let mut st = self.engine().comm_state(comm_id, now)?;
         st.shard = self.shard_name.clone();
         if st.anomaly_ids.is_empty() {
@@ -491,6 +539,7 @@ impl Analyzer for Service {
         request: Request<Streaming<Batch>>,
     ) -> Result<Response<IngestReply>, Status> {
         self.sh.auth.check(&request)?;
+        let driven = self.sh.drive_clock(&request);
         let mut s = request.into_inner();
         let mut acc = IngestAcc::default();
         loop {
@@ -503,13 +552,20 @@ impl Analyzer for Service {
                 }
             }
         }
+        if driven {
+            self.sh.tick();
+        }
         Ok(Response::new(acc.into_reply()))
     }
 
     async fn ingest_one(&self, request: Request<Batch>) -> Result<Response<IngestReply>, Status> {
         self.sh.auth.check(&request)?;
+        let driven = self.sh.drive_clock(&request);
         let mut acc = IngestAcc::default();
         self.sh.apply(request.get_ref(), &mut acc);
+        if driven {
+            self.sh.tick();
+        }
         Ok(Response::new(acc.into_reply()))
     }
 
@@ -623,11 +679,12 @@ impl Analyzer for Service {
                 let ptx = tx.clone();
                 let mut sub = req;
                 sub.local_only = true;
+                let psh = self.sh.clone();
                 tokio::spawn(async move {
                     let mut seen: HashSet<String> = HashSet::new();
                     let mut backoff = Duration::from_millis(200);
                     loop {
-                        let attempt_start = now_ns();
+                        let attempt_start = psh.now();
                         let r = tokio::select! {
                             _ = ptx.closed() => return,
                             r = client.watch(sub) => r,
@@ -878,6 +935,8 @@ pub async fn start(
         peers,
         peer_timeout: cfg.peer.timeout,
         auth: AuthInterceptor::new(cfg.token.as_deref(), metrics.clone()),
+        clock: cfg.clock,
+        driven_now: AtomicU64::new(0),
     });
 
     let metrics_addr = match cfg.metrics_listen {
@@ -913,11 +972,16 @@ pub async fn start(
         .max_encoding_message_size(usize::MAX);
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
 
-    // Tick task.
+    // Tick task (wall clock only: a driven clock ticks after each ingest call).
     let tick_sh = sh.clone();
+    let ticking = cfg.clock == ClockMode::Wall;
     let mut tick_stop = inner_stop_tx.subscribe();
     let tick_every = cfg.tick_interval.max(Duration::from_millis(1));
     tokio::spawn(async move {
+        if !ticking {
+            let _ = tick_stop.recv().await;
+            return;
+        }
         let mut iv = tokio::time::interval(tick_every);
         iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

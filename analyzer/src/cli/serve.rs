@@ -9,7 +9,7 @@ use clap::Args;
 use super::{secs, CliError, DEFAULT_ADDR};
 use crate::auth;
 use crate::engine::EngineConfig;
-use crate::server::{self, PeerConfig, ServerConfig, DEFAULT_MAX_MESSAGE_BYTES};
+use crate::server::{self, ClockMode, PeerConfig, ServerConfig, DEFAULT_MAX_MESSAGE_BYTES};
 use crate::shard::ShardMap;
 
 /// Detection and location parameters (CCL-D section 4.2).
@@ -114,6 +114,15 @@ impl DetectArgs {
     }
 }
 
+/// Clock source of a shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ClockArg {
+    /// Wall clock.
+    Wall,
+    /// Driven by ingest metadata.
+    Driven,
+}
+
 /// `ccld serve` arguments.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -160,6 +169,10 @@ pub struct ServeArgs {
     /// Largest accepted gRPC message (one ingest batch), bytes.
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_MESSAGE_BYTES)]
     pub max_message_bytes: usize,
+    /// Clock: `wall` (production) or `driven` (time taken from the `ccld-now-ns` metadata
+    /// of ingest calls, for `ccld simulate --compressed` and replays).
+    #[arg(long, value_enum, default_value_t = ClockArg::Wall)]
+    pub clock: ClockArg,
     /// Async worker threads.
     #[arg(long, value_name = "N", default_value_t = 4)]
     pub workers: usize,
@@ -221,6 +234,10 @@ impl ServeArgs {
             ));
         }
         cfg.max_message_bytes = self.max_message_bytes;
+        cfg.clock = match self.clock {
+            ClockArg::Wall => ClockMode::Wall,
+            ClockArg::Driven => ClockMode::Driven,
+        };
         Ok(cfg)
     }
 }
