@@ -443,14 +443,13 @@ impl Shared {
         let now = self.now();
         let mut st = self.engine().comm_state(comm_id, now)?;
         st.shard = self.shard_name.clone();
-        if st.anomaly_ids.is_empty() {
-            if let Ok(rows) = self.store.list(&Query {
-                comm_id: Some(comm_id),
-                since_ns: None,
-                limit: Some(100),
-            }) {
-                st.anomaly_ids = rows.iter().map(|r| format_diag_id(r.id)).collect();
-            }
+        // The service's ids (what ListAnomalies shows), oldest first.
+        if let Ok(rows) = self.store.list(&Query {
+            comm_id: Some(comm_id),
+            since_ns: None,
+            limit: Some(100),
+        }) {
+            st.anomaly_ids = rows.iter().rev().map(|r| format_diag_id(r.id)).collect();
         }
         Some(st)
     }
