@@ -273,7 +273,11 @@ mod tests {
         b.observe(500, 3);
         assert_eq!(b.current(), (20, BaselineKind::Dynamic, 3));
         b.observe(9999, 4);
-        assert_eq!(b.current(), (20, BaselineKind::Dynamic, 3), "later rounds do not move it");
+        assert_eq!(
+            b.current(),
+            (20, BaselineKind::Dynamic, 3),
+            "later rounds do not move it"
+        );
         assert_eq!(b.rounds(), 5);
     }
 
@@ -308,7 +312,10 @@ mod tests {
     fn streak_fires_once_per_episode_after_threshold() {
         let mut s = SlowStreak::default();
         assert!(!s.window(Some(true), 3));
-        assert!(!s.window(None, 3), "an empty window neither counts nor resets");
+        assert!(
+            !s.window(None, 3),
+            "an empty window neither counts nor resets"
+        );
         assert!(!s.window(Some(true), 3));
         assert!(s.window(Some(true), 3));
         assert!(!s.window(Some(true), 3), "same episode");

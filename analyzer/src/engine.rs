@@ -2,6 +2,43 @@
 //!
 //! Pure: no I/O and no clocks. Every call takes the analyzer's current time (`now_ns`,
 //! nanoseconds on the analyzer's wall clock); the service owns the clock and the locking.
+//! One `Engine` per shard (or per lock): it is `Send`, not internally synchronised.
+//!
+//! # State
+//! Per communicator (grouped by the Trace ID's communicator id): per rank liveness (last
+//! record or heartbeat), newest operation counter, last operation; a window of at most
+//! `max_rounds_per_comm` rounds (operation counters), each with one compact entry per rank
+//! (state, duration, counts, rates, waits, type set index). A round that every rank
+//! completed is handed to slow detection and its buffer recycled; older rounds are evicted.
+//! Ingest is O(channels) per record and allocation-free in the steady state.
+//!
+//! # Hang (section 4.2.1)
+//! A rank is in flight in a round from its analyzer-time start estimate, the minimum over
+//! its snapshots of (receive time - reported duration): this is at most the first time the
+//! analyzer saw it and keeps growing with `now` when the rank goes silent. The oldest round
+//! in which some rank has been in flight longer than `hang_threshold` is hung, unless it is a
+//! barrier (AllReduce below `barrier_max_bytes`, for every type set seen); location then runs
+//! once for that round (one diagnosis per episode): [`crate::locate::locate_hang`]. A
+//! point-to-point round involves only its reporters and their peers. For H3 the expected
+//! SendCount/RecvCount of a rank are the probe's (schedule totals) or, when it sends none,
+//! the rank's own counts in its latest completed operation with the same type set.
+//!
+//! # Slow (section 4.2.1)
+//! Every fully completed, failure-free, non-barrier, non-p2p round with consistent type sets
+//! feeds eq. (1)-(2) for its *operation kind* (collective, algorithm, size class of powers of
+//! 4): the paper keeps one baseline per communicator; a communicator that mixes, say, 1 KiB
+//! and 1 GiB operations would otherwise flag its large ones as slow. With a single kind (the
+//! common case) this is exactly the paper's rule. Detection windows of `detect_window` are
+//! aligned to the communicator's first appearance and closed by `tick` or by the first record
+//! after their end; the kind with the largest R decides the window; `repeat_threshold`
+//! consecutive slow windows run location once per episode ([`crate::detect::SlowStreak`]).
+//! R uses the baseline in force when the widest round completed (static while r <= m).
+//!
+//! # Location latency
+//! `Diagnosis::location_latency_ns` is the analyzer time from the moment the anomaly became
+//! detectable (hang: onset + threshold; slow: end of the deciding window) to the diagnosis;
+//! the CPU cost of the location step itself is `Evidence::location_cost_ns`, filled by
+//! [`Engine::tick_with_clock`] with the caller's clock.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
@@ -48,7 +85,8 @@ pub struct EngineConfig {
     pub max_channels: usize,
     /// Communicators tracked at most (new ones are rejected beyond this).
     pub max_comms: usize,
-    /// A record may be this many rounds older than the newest round its rank reported.
+    /// A record may be this many rounds older than the newest round its rank reported in a
+    /// record (heartbeats, which run ahead of a backlog of records, do not count).
     pub max_reorder: u64,
     /// Communicators without any record or heartbeat for this long are dropped.
     pub comm_idle_evict: Duration,
@@ -82,12 +120,67 @@ impl Default for EngineConfig {
             max_duration: Duration::from_secs(7 * 24 * 3600),
             max_channels: 64,
             max_comms: 100_000,
-            max_reorder: 8,
+            max_reorder: 64,
             comm_idle_evict: Duration::from_secs(3600),
             max_op_kinds: 16,
             evidence_cap: 64,
             record_windows: false,
         }
+    }
+}
+
+/// An [`EngineConfig`] value out of range (see [`EngineConfig::validate`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid analyzer setting {field}: {why}")]
+pub struct ConfigError {
+    /// Field name.
+    pub field: &'static str,
+    /// What is wrong.
+    pub why: &'static str,
+}
+
+impl EngineConfig {
+    /// Checks every value; the service calls it after mapping its settings (e.g.
+    /// `CCLD_HANG_TIMEOUT_S`, `CCLD_SLOW_WINDOW_S`, `CCLD_SLOW_THETA`) onto the config.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |field, why| Err(ConfigError { field, why });
+        if self.hang_threshold.is_zero() {
+            return bad("hang_threshold", "must be > 0");
+        }
+        if self.detect_window.is_zero() {
+            return bad("detect_window", "must be > 0");
+        }
+        if self.t_base_init.is_zero() {
+            return bad("t_base_init", "must be > 0");
+        }
+        if self.baseline_rounds_max == 0 {
+            return bad("baseline_rounds_max", "must be >= 1");
+        }
+        if self.theta_slow.is_nan() || self.theta_slow <= 0.0 {
+            return bad(
+                "theta_slow",
+                "must be > 0 (or +inf to disable slow detection)",
+            );
+        }
+        if self.repeat_threshold == 0 {
+            return bad("repeat_threshold", "must be >= 1");
+        }
+        if !(0.0..=1.0).contains(&self.alpha) || !(0.0..=1.0).contains(&self.beta) {
+            return bad("alpha/beta", "must be within [0, 1]");
+        }
+        if self.alpha > self.beta {
+            return bad("alpha/beta", "alpha must not exceed beta");
+        }
+        if self.silent_after.is_zero() {
+            return bad("silent_after", "must be > 0");
+        }
+        if self.max_rounds_per_comm == 0 || self.max_ranks == 0 || self.max_comms == 0 {
+            return bad("max_rounds_per_comm/max_ranks/max_comms", "must be >= 1");
+        }
+        if self.max_channels == 0 || self.max_op_kinds == 0 || self.evidence_cap == 0 {
+            return bad("max_channels/max_op_kinds/evidence_cap", "must be >= 1");
+        }
+        Ok(())
     }
 }
 
@@ -216,12 +309,47 @@ pub enum Reject {
         /// Neighbour claimed.
         neighbour: u32,
     },
+    /// A metric is negative, NaN or infinite.
+    #[error("comm {comm_id:#x} rank {rank}: bad {field} value in channel {channel}")]
+    BadMetric {
+        /// Communicator.
+        comm_id: u64,
+        /// Rank.
+        rank: u32,
+        /// Channel index.
+        channel: usize,
+        /// Field name.
+        field: &'static str,
+    },
     /// The analyzer already tracks `max_comms` communicators.
     #[error("too many communicators (limit {max})")]
     TooManyComms {
         /// Limit.
         max: usize,
     },
+}
+
+impl Reject {
+    /// A short stable label for the reason (metrics label), e.g. `"rank_out_of_range"`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Reject::MissingTrace => "missing_trace",
+            Reject::MissingOpTypeSet { .. } => "missing_op_type_set",
+            Reject::ZeroRanks { .. } => "zero_ranks",
+            Reject::TooManyRanks { .. } => "too_many_ranks",
+            Reject::RankOutOfRange { .. } => "rank_out_of_range",
+            Reject::NranksMismatch { .. } => "nranks_mismatch",
+            Reject::CounterBackwards { .. } => "counter_backwards",
+            Reject::DuplicateCompleted { .. } => "duplicate_completed",
+            Reject::AbsurdDuration { .. } => "absurd_duration",
+            Reject::ClockBackwards { .. } => "clock_backwards",
+            Reject::UnknownEnum { .. } => "unknown_enum",
+            Reject::TooManyChannels { .. } => "too_many_channels",
+            Reject::BadRingNeighbour { .. } => "bad_ring_neighbour",
+            Reject::BadMetric { .. } => "bad_metric",
+            Reject::TooManyComms { .. } => "too_many_comms",
+        }
+    }
 }
 
 /// One closed detection window (for calibration), see [`EngineConfig::record_windows`].
@@ -447,6 +575,8 @@ struct RankInfo {
     pid: u32,
     reported: bool,
     newest_op: Option<u64>,
+    /// Newest operation counter seen in this rank's records (heartbeats excluded).
+    newest_rec_op: Option<u64>,
     last_seen_ns: u64,
     last_state: u8,
     last_op_start_ns: u64,
@@ -457,6 +587,11 @@ struct RankInfo {
     last_send_rate: f32,
     last_recv_rate: f32,
     last_in_flight_start_est: u64,
+    /// Type set and counts of the rank's latest completed operation: the expected counts of
+    /// a hung operation of the same type set when the probe does not report them.
+    done_ty: Option<TypeKey>,
+    done_send: u64,
+    done_recv: u64,
     records: u64,
     win_ops: u32,
     win_send_rate: f64,
@@ -471,6 +606,7 @@ impl RankInfo {
             pid: 0,
             reported: false,
             newest_op: None,
+            newest_rec_op: None,
             last_seen_ns: 0,
             last_state: ST_NONE,
             last_op_start_ns: 0,
@@ -481,6 +617,9 @@ impl RankInfo {
             last_send_rate: 0.0,
             last_recv_rate: 0.0,
             last_in_flight_start_est: u64::MAX,
+            done_ty: None,
+            done_send: 0,
+            done_recv: 0,
             records: 0,
             win_ops: 0,
             win_send_rate: 0.0,
@@ -706,7 +845,9 @@ fn chan_sums(chs: &[wire::ChannelStat]) -> ChanSums {
         s.send_rate = s.send_rate.min(c.send_rate as f32);
         s.recv_rate = s.recv_rate.min(c.recv_rate as f32);
         s.wait_up = s.wait_up.saturating_add(c.wait_upstream_ns.unwrap_or(0));
-        s.wait_down = s.wait_down.saturating_add(c.wait_downstream_ns.unwrap_or(0));
+        s.wait_down = s
+            .wait_down
+            .saturating_add(c.wait_downstream_ns.unwrap_or(0));
     }
     if !s.send_rate.is_finite() {
         s.send_rate = 0.0;
@@ -810,7 +951,22 @@ impl Engine {
                 duration_ns: rec.duration_ns,
             });
         }
-        for ch in &rec.channels {
+        for (i, ch) in rec.channels.iter().enumerate() {
+            for (field, v) in [
+                ("send_rate", ch.send_rate),
+                ("recv_rate", ch.recv_rate),
+                ("send_per_sec", ch.send_per_sec),
+                ("recv_per_sec", ch.recv_per_sec),
+            ] {
+                if !(v.is_finite() && v >= 0.0) {
+                    return Err(Reject::BadMetric {
+                        comm_id,
+                        rank: rec.rank,
+                        channel: i,
+                        field,
+                    });
+                }
+            }
             for n in [ch.ring_prev, ch.ring_next].into_iter().flatten() {
                 if n >= rec.nranks {
                     return Err(Reject::BadRingNeighbour {
@@ -854,7 +1010,7 @@ impl Engine {
         let skew = dur_ns(cfg.max_future_skew);
         {
             let info = &comm.ranks[ri];
-            if let Some(newest) = info.newest_op {
+            if let Some(newest) = info.newest_rec_op {
                 if c.saturating_add(cfg.max_reorder) < newest {
                     return Err(Reject::CounterBackwards {
                         comm_id,
@@ -979,7 +1135,24 @@ impl Engine {
             _ => round.failed += 1,
         }
         round.entries[ri] = ne;
-        let all_done = round.done + round.failed == nranks;
+        let mut all_done = round.done + round.failed == nranks;
+        if !all_done
+            && state != ST_INFLIGHT
+            && round.p2p()
+            && round.done + round.failed == round.present
+        {
+            // A point-to-point round is over when every participant (reporter or peer of a
+            // reporter) completed.
+            all_done = round.entries.iter().all(|x| {
+                x.state == ST_NONE
+                    || round
+                        .types
+                        .get(x.type_idx as usize)
+                        .and_then(|t| usize::try_from(t.peer).ok())
+                        .and_then(|p| round.entries.get(p))
+                        .is_none_or(|pe| pe.state == ST_DONE || pe.state == ST_FAILED)
+            });
+        }
         comm.algo = op.algorithm;
         // Rank info.
         Self::touch_rank(comm, rec, c, now_ns);
@@ -1000,6 +1173,9 @@ impl Engine {
             info.last_op_start_ns = rec.start_ns;
         }
         if state == ST_DONE {
+            info.done_ty = Some(tk);
+            info.done_send = sums.send;
+            info.done_recv = sums.recv;
             info.win_ops += 1;
             info.win_send_rate += f64::from(sums.send_rate);
             info.win_recv_rate += f64::from(sums.recv_rate);
@@ -1035,6 +1211,7 @@ impl Engine {
         info.last_seen_ns = info.last_seen_ns.max(now_ns);
         info.records += 1;
         info.newest_op = Some(info.newest_op.map_or(c, |n| n.max(c)));
+        info.newest_rec_op = Some(info.newest_rec_op.map_or(c, |n| n.max(c)));
     }
 
     /// Every rank completed (or failed) round `idx`: feed the slow detector.
@@ -1056,7 +1233,7 @@ impl Engine {
         self.stats.rounds_completed += 1;
         let mut leftover = Some(entries);
         if let (true, Some(ty)) = (usable, ty) {
-            let es = leftover.as_ref().map(Vec::as_slice).unwrap_or(&[]);
+            let es = leftover.as_deref().unwrap_or(&[]);
             let t_max = es.iter().map(|e| e.duration_ns).max().unwrap_or(0);
             let t_min = es.iter().map(|e| e.duration_ns).min().unwrap_or(0);
             let ki = comm.kind_index(KindKey::of(&ty), cfg);
@@ -1309,7 +1486,9 @@ impl Engine {
                 pid: i.pid,
                 last_op_counter: i.newest_op.unwrap_or(0),
                 state: state_wire(i.last_state) as i32,
-                in_flight_ns: if i.last_state == ST_INFLIGHT && i.last_in_flight_start_est != u64::MAX {
+                in_flight_ns: if i.last_state == ST_INFLIGHT
+                    && i.last_in_flight_start_est != u64::MAX
+                {
                     now_ns.saturating_sub(i.last_in_flight_start_est)
                 } else {
                     0
@@ -1509,6 +1688,9 @@ fn rank_evidence(
         ev.recv_rate = f64::from(e.recv_rate);
         ev.wait_upstream_ns = e.wait_up;
         ev.wait_downstream_ns = e.wait_down;
+        if e.group != 0 {
+            ev.tree_layer = Some(e.depth);
+        }
     }
     ev
 }
@@ -1526,11 +1708,41 @@ fn locate_hang_round(cfg: &EngineConfig, comm: &Comm, idx: usize, now_ns: u64) -
     let p2p = round.p2p();
     let none = Entry::default();
     let entry = |j: usize| round.entries.get(j).unwrap_or(&none);
+    // Point-to-point rounds involve only the ranks that reported and their peers.
+    let mut involved = vec![!p2p; n];
+    if p2p {
+        for (j, e) in round.entries.iter().enumerate() {
+            if e.state != ST_NONE {
+                involved[j] = true;
+                if let Some(peer) = round
+                    .types
+                    .get(e.type_idx as usize)
+                    .and_then(|t| usize::try_from(t.peer).ok())
+                    .filter(|&p| p < n)
+                {
+                    involved[peer] = true;
+                }
+            }
+        }
+    }
     let views: Vec<HangView> = (0..n)
         .map(|j| {
             let e = entry(j);
             let info = &comm.ranks[j];
+            // Expected counts: reported by the probe, else the rank's own counts in its
+            // latest completed operation with the same type set.
+            let exp = if e.exp_send + e.exp_recv > 0 {
+                (e.exp_send, e.exp_recv)
+            } else if e.state != ST_NONE
+                && info.done_ty.is_some()
+                && info.done_ty == round.types.get(e.type_idx as usize).copied()
+            {
+                (info.done_send, info.done_recv)
+            } else {
+                (0, 0)
+            };
             let state = match e.state {
+                _ if !involved[j] => HangState::NotInvolved,
                 ST_INFLIGHT => HangState::InFlight,
                 ST_DONE => HangState::Completed,
                 ST_FAILED => HangState::Failed,
@@ -1550,8 +1762,8 @@ fn locate_hang_round(cfg: &EngineConfig, comm: &Comm, idx: usize, now_ns: u64) -
                 },
                 send: e.send,
                 recv: e.recv,
-                exp_send: e.exp_send,
-                exp_recv: e.exp_recv,
+                exp_send: exp.0,
+                exp_recv: exp.1,
                 group: e.group,
                 depth: e.depth,
             }
@@ -1590,12 +1802,12 @@ fn locate_hang_round(cfg: &EngineConfig, comm: &Comm, idx: usize, now_ns: u64) -
         .count();
     let entered = views
         .iter()
-        .filter(|v| v.state != HangState::NotEntered)
+        .filter(|v| !matches!(v.state, HangState::NotEntered | HangState::NotInvolved))
         .count();
     let silent: Vec<u32> = views
         .iter()
         .enumerate()
-        .filter(|(_, v)| v.silent)
+        .filter(|(_, v)| v.silent && v.state != HangState::NotInvolved)
         .map(|(j, _)| j as u32)
         .collect();
     // Roots with reasons.
@@ -1725,7 +1937,6 @@ fn locate_hang_round(cfg: &EngineConfig, comm: &Comm, idx: usize, now_ns: u64) -
         ..Default::default()
     };
     let phrase = ranks_phrase(comm, roots_all);
-    let verb_s = if roots_all.len() == 1 { "" } else { "" };
     let summary = match &finding {
         HangFinding::NotEntered(_) => format!(
             "{phrase} did not enter {coll_name} #{c}: not-entered hang ({hung} of {n} ranks in flight for {} s)",
@@ -1744,7 +1955,7 @@ fn locate_hang_round(cfg: &EngineConfig, comm: &Comm, idx: usize, now_ns: u64) -
             secs(max_in_flight)
         ),
         HangFinding::FewestCounts(_) => format!(
-            "{phrase} made the least progress{verb_s} in {coll_name} #{c} while all {n} ranks hang: hardware fault ({} s)",
+            "{phrase} made the least progress in {coll_name} #{c} while all {n} ranks hang: hardware fault ({} s)",
             secs(max_in_flight)
         ),
     };
@@ -1817,13 +2028,14 @@ fn locate_slow(
                     comm.ranks
                         .iter()
                         .map(|ri| {
-                            ri.win_ch.get(ch).filter(|a| a.has_wait && a.dur_ns > 0).map(|a| {
-                                ChanWait {
+                            ri.win_ch
+                                .get(ch)
+                                .filter(|a| a.has_wait && a.dur_ns > 0)
+                                .map(|a| ChanWait {
                                     up: a.up_ns as f64 / a.dur_ns as f64,
                                     down: a.down_ns as f64 / a.dur_ns as f64,
                                     next: a.next,
-                                }
-                            })
+                                })
                         })
                         .collect(),
                 );
@@ -1931,11 +2143,17 @@ fn locate_slow(
             }
             _ => format!("{} has a slow transport", ranks_phrase(comm, &s2)),
         }
+    } else if s2.is_empty() {
+        "no rank stands out (equal send/recv rates, no wait metrics)".to_string()
     } else {
         format!(
             "{} has the lowest send rate{}",
             ranks_phrase(comm, &s2),
-            if lockstep { " (lockstep: weak evidence)" } else { "" }
+            if lockstep {
+                " (lockstep: weak evidence)"
+            } else {
+                ""
+            }
         )
     };
     let baseline = best.map_or(BaselineKind::None, |b| b.baseline);
@@ -1962,7 +2180,11 @@ fn locate_slow(
         if ri.win_ops == 0 {
             return 0.0;
         }
-        (if send { ri.win_send_rate } else { ri.win_recv_rate }) / f64::from(ri.win_ops)
+        (if send {
+            ri.win_send_rate
+        } else {
+            ri.win_recv_rate
+        }) / f64::from(ri.win_ops)
     };
     let evidence = wire::Evidence {
         r,
@@ -1983,8 +2205,18 @@ fn locate_slow(
                 .enumerate()
                 .map(|(j, e)| (j as u32, e.duration_ns as f64)),
         ),
-        send_count: summary_of(entries.iter().enumerate().map(|(j, e)| (j as u32, e.send as f64))),
-        recv_count: summary_of(entries.iter().enumerate().map(|(j, e)| (j as u32, e.recv as f64))),
+        send_count: summary_of(
+            entries
+                .iter()
+                .enumerate()
+                .map(|(j, e)| (j as u32, e.send as f64)),
+        ),
+        recv_count: summary_of(
+            entries
+                .iter()
+                .enumerate()
+                .map(|(j, e)| (j as u32, e.recv as f64)),
+        ),
         send_rate: summary_of((0..comm.ranks.len()).map(|j| (j as u32, win_rates(j, true)))),
         recv_rate: summary_of((0..comm.ranks.len()).map(|j| (j as u32, win_rates(j, false)))),
         silent_ranks: Vec::new(),
@@ -2005,6 +2237,11 @@ fn locate_slow(
             .collect(),
         lockstep,
         algorithm: algo,
+        tree_layer: root_ranks
+            .first()
+            .and_then(|&j| entries.get(j as usize))
+            .filter(|e| e.group != 0)
+            .map(|e| e.depth),
         ..Default::default()
     };
     wire::Diagnosis {
@@ -2025,5 +2262,826 @@ fn locate_slow(
         onset_ns: comm.slow_onset_ns,
         nranks: comm.nranks,
         shard: String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{ChannelStat, CollKind, OpRecord, OpState, OpTypeSet, TraceId};
+
+    const S: u64 = 1_000_000_000;
+    const MS: u64 = 1_000_000;
+    const T0: u64 = 1_000 * S;
+
+    fn op(coll: CollKind, bytes: u64) -> OpTypeSet {
+        OpTypeSet {
+            collective: coll as i32,
+            bytes,
+            count: bytes / 4,
+            redop: -1,
+            root: -1,
+            peer: -1,
+            n_channels: 1,
+            ..Default::default()
+        }
+    }
+
+    fn rec(comm: u64, c: u64, rank: u32, n: u32, state: OpState, dur: u64) -> OpRecord {
+        OpRecord {
+            trace: Some(TraceId {
+                comm_id: comm,
+                op_counter: c,
+                extension: 0,
+            }),
+            rank,
+            nranks: n,
+            host: format!("h{rank}"),
+            pid: 100 + rank,
+            op: Some(op(CollKind::AllReduce, 1 << 20)),
+            start_ns: c * 10 * S,
+            duration_ns: dur,
+            channels: vec![ChannelStat {
+                send_count: 10,
+                recv_count: 10,
+                expected_send: 10,
+                expected_recv: 10,
+                ..Default::default()
+            }],
+            state: state as i32,
+            seq: c,
+            device: -1,
+        }
+    }
+
+    fn cfg() -> EngineConfig {
+        EngineConfig {
+            hang_threshold: Duration::from_secs(300),
+            silent_after: Duration::from_secs(60),
+            ..EngineConfig::default()
+        }
+    }
+
+    #[test]
+    fn bad_records_are_rejected_with_typed_reasons() {
+        let mut e = Engine::new(EngineConfig {
+            max_ranks: 100,
+            max_channels: 2,
+            max_comms: 2,
+            ..cfg()
+        });
+        let ok = rec(1, 5, 0, 4, OpState::InFlight, S);
+        let mut r = ok.clone();
+        r.trace = None;
+        assert_eq!(e.ingest(&r, T0), Err(Reject::MissingTrace));
+        let mut r = ok.clone();
+        r.op = None;
+        assert!(matches!(
+            e.ingest(&r, T0),
+            Err(Reject::MissingOpTypeSet { .. })
+        ));
+        let mut r = ok.clone();
+        r.nranks = 0;
+        assert_eq!(e.ingest(&r, T0), Err(Reject::ZeroRanks { comm_id: 1 }));
+        let mut r = ok.clone();
+        r.nranks = 101;
+        assert!(matches!(
+            e.ingest(&r, T0),
+            Err(Reject::TooManyRanks {
+                nranks: 101,
+                max: 100,
+                ..
+            })
+        ));
+        let mut r = ok.clone();
+        r.rank = 4;
+        let err = e.ingest(&r, T0).unwrap_err();
+        assert_eq!(
+            err,
+            Reject::RankOutOfRange {
+                comm_id: 1,
+                rank: 4,
+                nranks: 4
+            }
+        );
+        assert_eq!(
+            err.to_string(),
+            "comm 0x1: rank 4 out of range for nranks 4"
+        );
+        let mut r = ok.clone();
+        r.op.as_mut().unwrap().collective = 42;
+        assert_eq!(
+            e.ingest(&r, T0),
+            Err(Reject::UnknownEnum {
+                field: "collective",
+                value: 42
+            })
+        );
+        let mut r = ok.clone();
+        r.state = 7;
+        assert_eq!(
+            e.ingest(&r, T0),
+            Err(Reject::UnknownEnum {
+                field: "state",
+                value: 7
+            })
+        );
+        let mut r = ok.clone();
+        r.channels = vec![ChannelStat::default(); 3];
+        assert_eq!(
+            e.ingest(&r, T0),
+            Err(Reject::TooManyChannels { got: 3, max: 2 })
+        );
+        let mut r = ok.clone();
+        r.channels[0].ring_next = Some(9);
+        assert!(matches!(
+            e.ingest(&r, T0),
+            Err(Reject::BadRingNeighbour { neighbour: 9, .. })
+        ));
+        let mut r = ok.clone();
+        r.duration_ns = 30 * 24 * 3600 * S;
+        assert!(matches!(
+            e.ingest(&r, T0),
+            Err(Reject::AbsurdDuration { .. })
+        ));
+        let mut r = ok.clone();
+        r.start_ns = u64::MAX - 5;
+        assert!(matches!(
+            e.ingest(&r, T0),
+            Err(Reject::AbsurdDuration { .. })
+        ));
+        // Now valid records, then inconsistencies against what is known.
+        assert_eq!(e.ingest(&ok, T0), Ok(()));
+        let mut r = ok.clone();
+        r.nranks = 8;
+        assert_eq!(
+            e.ingest(&r, T0),
+            Err(Reject::NranksMismatch {
+                comm_id: 1,
+                got: 8,
+                expected: 4
+            })
+        );
+        let mut r = ok.clone();
+        r.duration_ns = 0; // earlier snapshot said 1 s, skew tolerance 5 s: still fine
+        assert_eq!(e.ingest(&r, T0), Ok(()));
+        let mut r = ok.clone();
+        r.duration_ns = 20 * S;
+        assert_eq!(e.ingest(&r, T0), Ok(()));
+        let mut r = ok.clone();
+        r.duration_ns = S; // 19 s shorter than the snapshot before
+        assert!(matches!(
+            e.ingest(&r, T0),
+            Err(Reject::ClockBackwards { .. })
+        ));
+        let mut done = ok.clone();
+        done.state = OpState::Completed as i32;
+        done.duration_ns = 21 * S;
+        assert_eq!(e.ingest(&done, T0), Ok(()));
+        assert!(matches!(
+            e.ingest(&done, T0),
+            Err(Reject::DuplicateCompleted { op_counter: 5, .. })
+        ));
+        // A late in-flight snapshot of a completed op is accepted and ignored.
+        assert_eq!(e.ingest(&ok, T0), Ok(()));
+        // A heartbeat far ahead does not make older records "backwards".
+        e.heartbeat(
+            &wire::Heartbeat {
+                host: "h0".into(),
+                pid: 100,
+                ranks: vec![wire::RankMembership {
+                    comm_id: 1,
+                    rank: 0,
+                    nranks: 4,
+                    last_op_counter: Some(500),
+                }],
+                records_dropped: 0,
+                time_ns: 0,
+            },
+            T0,
+        );
+        // Rank 0 reaches op 80: op 15 is more than max_reorder (64) behind.
+        let mut r = rec(1, 80, 0, 4, OpState::InFlight, S);
+        r.start_ns = 300 * S;
+        assert_eq!(e.ingest(&r, T0), Ok(()));
+        let r = rec(1, 15, 0, 4, OpState::InFlight, S);
+        assert_eq!(
+            e.ingest(&r, T0),
+            Err(Reject::CounterBackwards {
+                comm_id: 1,
+                rank: 0,
+                got: 15,
+                newest: 80
+            })
+        );
+        // Op 81 starting 100 s before op 80 on the same rank's clock.
+        let mut r = rec(1, 81, 0, 4, OpState::InFlight, S);
+        r.start_ns = 200 * S;
+        assert!(matches!(
+            e.ingest(&r, T0),
+            Err(Reject::ClockBackwards { .. })
+        ));
+        // Communicator limit.
+        assert_eq!(e.ingest(&rec(2, 0, 0, 4, OpState::InFlight, 0), T0), Ok(()));
+        assert_eq!(
+            e.ingest(&rec(3, 0, 0, 4, OpState::InFlight, 0), T0),
+            Err(Reject::TooManyComms { max: 2 })
+        );
+        assert!(e.stats().rejected >= 15);
+        assert!(e.tick(T0 + S).is_empty());
+    }
+
+    fn feed_hang(e: &mut Engine, n: u32, skip: Option<u32>, coll_bytes: (CollKind, u64)) -> u64 {
+        // Round 7 completed by all; round 8 entered by all but `skip`, in flight.
+        for r in 0..n {
+            e.ingest(&rec(9, 7, r, n, OpState::Completed, 100 * MS), T0)
+                .unwrap();
+        }
+        let mut t = T0;
+        while t <= T0 + 400 * S {
+            for r in 0..n {
+                if Some(r) == skip {
+                    continue;
+                }
+                let mut x = rec(9, 8, r, n, OpState::InFlight, t - T0);
+                x.op = Some(op(coll_bytes.0, coll_bytes.1));
+                x.channels[0].send_count = 3 + u64::from(r != 2);
+                e.ingest(&x, t).unwrap();
+            }
+            if let Some(s) = skip {
+                e.heartbeat(
+                    &wire::Heartbeat {
+                        host: format!("h{s}"),
+                        pid: 100 + s,
+                        ranks: vec![wire::RankMembership {
+                            comm_id: 9,
+                            rank: s,
+                            nranks: n,
+                            last_op_counter: Some(7),
+                        }],
+                        records_dropped: 0,
+                        time_ns: 0,
+                    },
+                    t,
+                );
+            }
+            t += 10 * S;
+        }
+        t
+    }
+
+    #[test]
+    fn engine_can_move_between_threads() {
+        fn send<T: Send + 'static>() {}
+        send::<Engine>();
+        send::<wire::Diagnosis>();
+    }
+
+    #[test]
+    fn config_validation_names_the_bad_field() {
+        assert_eq!(EngineConfig::default().validate(), Ok(()));
+        let c = EngineConfig {
+            alpha: 0.7,
+            beta: 0.6,
+            ..EngineConfig::default()
+        };
+        assert_eq!(c.validate().unwrap_err().field, "alpha/beta");
+        let c = EngineConfig {
+            theta_slow: f64::NAN,
+            ..EngineConfig::default()
+        };
+        assert_eq!(c.validate().unwrap_err().field, "theta_slow");
+        let c = EngineConfig {
+            theta_slow: f64::INFINITY,
+            ..EngineConfig::default()
+        };
+        assert_eq!(c.validate(), Ok(()));
+        let c = EngineConfig {
+            hang_threshold: Duration::ZERO,
+            ..EngineConfig::default()
+        };
+        assert_eq!(
+            c.validate().unwrap_err().to_string(),
+            "invalid analyzer setting hang_threshold: must be > 0"
+        );
+    }
+
+    #[test]
+    fn non_finite_or_negative_metrics_are_rejected() {
+        let mut e = Engine::new(cfg());
+        let mut r = rec(1, 1, 0, 2, OpState::Completed, MS);
+        r.channels[0].send_rate = f64::NAN;
+        assert!(matches!(
+            e.ingest(&r, T0),
+            Err(Reject::BadMetric {
+                field: "send_rate",
+                channel: 0,
+                ..
+            })
+        ));
+        r.channels[0].send_rate = 0.5;
+        r.channels[0].recv_per_sec = -1.0;
+        assert!(matches!(
+            e.ingest(&r, T0),
+            Err(Reject::BadMetric {
+                field: "recv_per_sec",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn hang_fires_once_just_after_the_threshold() {
+        let mut e = Engine::new(cfg());
+        let mut got = Vec::new();
+        for r in 0..4 {
+            e.ingest(&rec(9, 8, r, 4, OpState::InFlight, 0), T0)
+                .unwrap();
+        }
+        // Snapshots every 10 s; rank 2 has the fewest sends.
+        for step in 1..=40u64 {
+            let t = T0 + step * 10 * S;
+            for r in 0..4 {
+                let mut x = rec(9, 8, r, 4, OpState::InFlight, step * 10 * S);
+                x.channels[0].send_count = if r == 2 { 3 } else { 4 };
+                e.ingest(&x, t).unwrap();
+            }
+            let d = e.tick(t);
+            if step * 10 <= 300 {
+                assert!(d.is_empty(), "no hang at {} s", step * 10);
+            }
+            got.extend(d);
+        }
+        assert_eq!(got.len(), 1, "one diagnosis per episode");
+        let d = &got[0];
+        assert_eq!(d.class(), AnomalyClass::H3Hardware);
+        assert_eq!(d.roots.iter().map(|r| r.rank).collect::<Vec<_>>(), vec![2]);
+        assert_eq!(d.detected_at_ns, T0 + 310 * S);
+        assert_eq!(d.onset_ns, T0);
+        assert_eq!(d.location_latency_ns, 10 * S);
+        let ev = d.evidence.as_ref().unwrap();
+        assert_eq!((ev.entered_ranks, ev.hung_ranks, ev.nranks), (4, 4, 4));
+        assert_eq!(ev.max_in_flight_ns, 310 * S);
+        assert_eq!(
+            ev.send_count.as_ref().map(|s| (s.min, s.min_rank)),
+            Some((3.0, 2))
+        );
+        assert!(
+            d.summary
+                .starts_with("rank 2 (pid 102, host h2) made the least progress in AllReduce #8"),
+            "{}",
+            d.summary
+        );
+    }
+
+    #[test]
+    fn a_rank_that_went_silent_still_counts_by_analyzer_time() {
+        // One snapshot at T0 (duration 0), then nothing from anybody; the estimate grows with
+        // the analyzer's clock.
+        let mut e = Engine::new(cfg());
+        for r in 0..3 {
+            e.ingest(&rec(9, 1, r, 3, OpState::InFlight, 0), T0)
+                .unwrap();
+        }
+        assert!(e.tick(T0 + 300 * S).is_empty());
+        let d = e.tick(T0 + 300 * S + 1);
+        assert_eq!(d.len(), 1);
+        // Everyone silent: no discrimination by silence, fewest counts all tie.
+        assert_eq!(d[0].roots.len(), 3);
+        assert_eq!(d[0].evidence.as_ref().unwrap().silent_total, 3);
+    }
+
+    #[test]
+    fn h1_alive_rank_behind_the_round_is_the_root() {
+        let mut e = Engine::new(cfg());
+        let t = feed_hang(&mut e, 4, Some(1), (CollKind::AllReduce, 1 << 20));
+        let d = e.tick(t);
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].class(), AnomalyClass::H1NotEntered);
+        assert_eq!(d[0].roots[0].rank, 1);
+        assert!(!d[0].roots[0].silent);
+        assert!(
+            d[0].roots[0].reason.contains("newest op #7"),
+            "{}",
+            d[0].roots[0].reason
+        );
+        let ev = d[0].evidence.as_ref().unwrap();
+        assert_eq!(
+            (ev.lagging_total, ev.entered_ranks, ev.hung_ranks),
+            (1, 3, 3)
+        );
+        assert_eq!(ev.lagging[0].last_op_counter, 7);
+    }
+
+    #[test]
+    fn barriers_never_hang_but_four_byte_allreduce_does() {
+        let mut e = Engine::new(cfg());
+        let t = feed_hang(&mut e, 4, None, (CollKind::AllReduce, 3));
+        assert!(e.tick(t).is_empty(), "AllReduce of 3 bytes is a barrier");
+        let mut e = Engine::new(cfg());
+        let t = feed_hang(&mut e, 4, None, (CollKind::AllReduce, 4));
+        assert_eq!(e.tick(t).len(), 1);
+    }
+
+    #[test]
+    fn p2p_round_involves_only_the_peers() {
+        let mut e = Engine::new(cfg());
+        let mut x = rec(5, 3, 1, 8, OpState::InFlight, 0);
+        x.op = Some(OpTypeSet {
+            peer: 6,
+            algorithm: wire::Algorithm::P2p as i32,
+            ..op(CollKind::Send, 1 << 20)
+        });
+        e.ingest(&x, T0).unwrap();
+        x.duration_ns = 301 * S;
+        e.ingest(&x, T0 + 301 * S).unwrap();
+        let d = e.tick(T0 + 301 * S);
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].class(), AnomalyClass::H1NotEntered);
+        assert_eq!(
+            d[0].roots.iter().map(|r| r.rank).collect::<Vec<_>>(),
+            vec![6]
+        );
+        // A completed send/recv pair finalizes the round.
+        let mut e = Engine::new(cfg());
+        for (r, peer, coll) in [(1, 6, CollKind::Send), (6, 1, CollKind::Recv)] {
+            let mut y = rec(5, 3, r, 8, OpState::Completed, MS);
+            y.op = Some(OpTypeSet {
+                peer,
+                algorithm: wire::Algorithm::P2p as i32,
+                ..op(coll, 1 << 20)
+            });
+            e.ingest(&y, T0).unwrap();
+        }
+        assert_eq!(e.comm_state(5, T0).unwrap().rounds_completed, 1);
+        assert_eq!(e.comm_state(5, T0).unwrap().tracked_rounds, 0);
+    }
+
+    /// Completes round `c` of comm 4 (4 ranks) at `t` with the given durations.
+    fn round(e: &mut Engine, c: u64, t: u64, durs: [u64; 4]) {
+        for (r, d) in durs.into_iter().enumerate() {
+            e.ingest(&rec(4, c, r as u32, 4, OpState::Completed, d), t)
+                .unwrap();
+        }
+    }
+
+    fn slow_cfg() -> EngineConfig {
+        EngineConfig {
+            baseline_rounds_max: 3,
+            repeat_threshold: 1,
+            theta_slow: 3.0,
+            detect_window: Duration::from_secs(60),
+            record_windows: true,
+            ..cfg()
+        }
+    }
+
+    #[test]
+    fn slow_detection_matches_hand_computed_r_and_p() {
+        let mut e = Engine::new(slow_cfg());
+        // Window 1 (T0 .. T0+60 s): rounds 1..3, T_max 100, 120, 140 ms: baseline collecting.
+        round(&mut e, 1, T0 + S, [100 * MS, 90 * MS, 95 * MS, 99 * MS]);
+        round(&mut e, 2, T0 + 2 * S, [120 * MS, 90 * MS, 95 * MS, 99 * MS]);
+        round(&mut e, 3, T0 + 3 * S, [140 * MS, 90 * MS, 95 * MS, 99 * MS]);
+        // Round 4 fixes T_base = (100 + 120 + 140) / 3 = 120 ms, m = 3.
+        round(&mut e, 4, T0 + 4 * S, [110 * MS; 4]);
+        assert!(
+            e.tick(T0 + 61 * S).is_empty(),
+            "static T_base 10 s: nothing is slow"
+        );
+        // Window 2: a round with rank 3 entering late: T_max 500, T_min 100.
+        // R = (500 - 120) / 120 = 3.1667 > 3; P = (500 - 100) / (500 - 120) > 1 -> 1.
+        round(
+            &mut e,
+            5,
+            T0 + 70 * S,
+            [500 * MS, 500 * MS, 500 * MS, 100 * MS],
+        );
+        // A round with a larger T_max but a smaller range does not replace it (eq. 2).
+        round(
+            &mut e,
+            6,
+            T0 + 71 * S,
+            [600 * MS, 590 * MS, 595 * MS, 599 * MS],
+        );
+        // The comm was first seen at T0 + 1 s: windows end at T0 + 61 s, 121 s, 181 s.
+        let d = e.tick(T0 + 122 * S);
+        assert_eq!(d.len(), 1);
+        let ev = d[0].evidence.as_ref().unwrap();
+        assert_eq!(d[0].class(), AnomalyClass::S1ComputationSlow);
+        assert_eq!(d[0].roots[0].rank, 3);
+        assert_eq!(
+            (ev.t_max_ns, ev.t_min_ns, ev.t_base_ns),
+            (500 * MS, 100 * MS, 120 * MS)
+        );
+        assert!((ev.r - 380.0 / 120.0).abs() < 1e-12, "R = {}", ev.r);
+        assert_eq!(ev.p, 1.0);
+        assert_eq!(ev.baseline(), BaselineKind::Dynamic);
+        assert_eq!(ev.baseline_rounds, 3);
+        assert_eq!(d[0].trace.as_ref().unwrap().op_counter, 5);
+        assert_eq!(
+            d[0].location_latency_ns, S,
+            "window ended at T0 + 121 s, tick at 122 s"
+        );
+        assert_eq!(ev.window_end_ns, T0 + 121 * S);
+        assert!(
+            d[0].summary.contains("(P = 1.00, R = 3.2)"),
+            "{}",
+            d[0].summary
+        );
+        let log = e.take_window_log();
+        assert_eq!(log.len(), 2);
+        assert!(!log[0].dynamic && log[1].dynamic);
+        // Same episode: another slow window gives nothing new.
+        round(
+            &mut e,
+            7,
+            T0 + 130 * S,
+            [500 * MS, 500 * MS, 500 * MS, 100 * MS],
+        );
+        assert!(e.tick(T0 + 181 * S).is_empty());
+    }
+
+    #[test]
+    fn r_equal_to_theta_is_not_slow_and_p_picks_the_class() {
+        let mut e = Engine::new(slow_cfg());
+        for c in 1..=4 {
+            round(&mut e, c, T0 + c * S, [100 * MS; 4]);
+        }
+        // T_base = 100 ms. T_max 400: R = 3.0, not > 3.
+        round(
+            &mut e,
+            5,
+            T0 + 70 * S,
+            [400 * MS, 400 * MS, 400 * MS, 390 * MS],
+        );
+        assert!(e.tick(T0 + 121 * S).is_empty());
+        // Communication-slow: everyone 800 ms, spread 20: R = 7, P = 20 / 700 < 0.4.
+        round(
+            &mut e,
+            6,
+            T0 + 130 * S,
+            [800 * MS, 790 * MS, 780 * MS, 795 * MS],
+        );
+        let d = e.tick(T0 + 181 * S);
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].class(), AnomalyClass::S2CommunicationSlow);
+        let ev = d[0].evidence.as_ref().unwrap();
+        assert!((ev.p - 20.0 / 700.0).abs() < 1e-12);
+        // Mixed: T_max 800, T_min 450 (entered 350 ms late): P = 350 / 700 = 0.5.
+        let mut e = Engine::new(slow_cfg());
+        for c in 1..=4 {
+            round(&mut e, c, T0 + c * S, [100 * MS; 4]);
+        }
+        round(
+            &mut e,
+            5,
+            T0 + 70 * S,
+            [800 * MS, 450 * MS, 800 * MS, 800 * MS],
+        );
+        let d = e.tick(T0 + 121 * S);
+        assert_eq!(d[0].class(), AnomalyClass::S3MixedSlow);
+        assert_eq!(d[0].evidence.as_ref().unwrap().p, 0.5);
+        // S1 candidate: rank 1; S2 candidates: none (no rank reports different rates).
+        assert_eq!(d[0].roots.len(), 1);
+        assert_eq!(
+            (d[0].roots[0].rank, d[0].roots[0].class()),
+            (1, AnomalyClass::S1ComputationSlow)
+        );
+    }
+
+    #[test]
+    fn operation_kinds_keep_separate_baselines() {
+        // Small (1 ms) and large (500 ms) AllReduces alternate; one baseline for both would
+        // be about 250 ms and flag every large one (R = 1 at theta 0.5 here).
+        let mut e = Engine::new(EngineConfig {
+            theta_slow: 0.5,
+            ..slow_cfg()
+        });
+        let mut t = T0;
+        for c in 1..=200u64 {
+            let (bytes, d) = if c % 2 == 0 {
+                (1 << 30, 500 * MS)
+            } else {
+                (1 << 10, MS)
+            };
+            for r in 0..4 {
+                let mut x = rec(4, c, r, 4, OpState::Completed, d + u64::from(r) * MS / 10);
+                x.op = Some(op(CollKind::AllReduce, bytes));
+                e.ingest(&x, t).unwrap();
+            }
+            t += 2 * S;
+            assert!(e.tick(t).is_empty(), "round {c}");
+        }
+        let log = e.take_window_log();
+        assert!(log.iter().filter(|w| w.dynamic).count() >= 10);
+        assert!(log.iter().all(|w| w.r < 0.5), "{log:?}");
+    }
+
+    #[test]
+    fn random_junk_never_panics_and_stays_bounded() {
+        let mut rng = crate::sim::Rng::new(42);
+        let mut e = Engine::new(EngineConfig {
+            max_comms: 8,
+            max_rounds_per_comm: 8,
+            hang_threshold: Duration::from_secs(5),
+            detect_window: Duration::from_secs(3),
+            silent_after: Duration::from_secs(2),
+            ..EngineConfig::default()
+        });
+        let mut now = T0;
+        let mut accepted = 0;
+        for i in 0..20_000u64 {
+            // Mostly consistent sizes per communicator (so that records get deep into the
+            // engine), sometimes not.
+            let comm = 1 + rng.below(12);
+            let n = if rng.below(10) == 0 {
+                1 + rng.below(6) as u32
+            } else {
+                1 + (comm % 6) as u32
+            };
+            let mut x = rec(
+                comm,
+                rng.below(40),
+                rng.below(n.into()) as u32,
+                n,
+                match rng.below(3) {
+                    0 => OpState::InFlight,
+                    1 => OpState::Completed,
+                    _ => OpState::Failed,
+                },
+                rng.below(20 * S),
+            );
+            let o = x.op.as_mut().unwrap();
+            o.collective = if rng.below(20) == 0 {
+                10
+            } else {
+                rng.below(10) as i32
+            };
+            o.algorithm = if rng.below(20) == 0 {
+                3
+            } else {
+                rng.below(3) as i32
+            };
+            o.bytes = rng.below(8);
+            o.peer = rng.below(9) as i32 - 1;
+            o.tree_layer = (0..rng.below(3)).map(|_| rng.below(4) as u32).collect();
+            x.start_ns = rng.below(1 << 40);
+            x.channels = (0..rng.below(4))
+                .map(|_| ChannelStat {
+                    send_count: rng.below(100),
+                    recv_count: rng.below(100),
+                    expected_send: rng.below(3) * 50,
+                    send_rate: rng.unit(),
+                    wait_upstream_ns: (rng.below(2) == 0).then(|| rng.below(S)),
+                    ring_next: (rng.below(2) == 0).then(|| rng.below(u64::from(n) + 1) as u32),
+                    ..Default::default()
+                })
+                .collect();
+            if e.ingest(&x, now).is_ok() {
+                accepted += 1;
+            }
+            if i % 7 == 0 {
+                e.heartbeat(
+                    &wire::Heartbeat {
+                        host: "j".into(),
+                        pid: 1,
+                        ranks: vec![wire::RankMembership {
+                            comm_id: 1 + rng.below(12),
+                            rank: rng.below(8) as u32,
+                            nranks: 1 + rng.below(6) as u32,
+                            last_op_counter: (rng.below(2) == 0).then(|| rng.below(50)),
+                        }],
+                        records_dropped: 0,
+                        time_ns: 0,
+                    },
+                    now,
+                );
+            }
+            if i % 50 == 0 {
+                now += rng.below(2 * S);
+                for d in e.tick(now) {
+                    assert!(!d.summary.is_empty());
+                }
+                for id in e.comm_ids() {
+                    assert!(e.comm_state(id, now).is_some());
+                }
+            }
+        }
+        // Deep paths were reached: rounds completed, hangs located, rounds evicted.
+        let st = e.stats();
+        assert!(accepted > 500, "{accepted}");
+        assert!(
+            st.rounds_completed > 0 && st.diagnoses > 0 && st.stale_records > 0,
+            "{st:?}"
+        );
+        assert!(e.comm_ids().len() <= 8);
+        assert!(e.memory_bytes() < 8 << 20, "{}", e.memory_bytes());
+    }
+
+    #[test]
+    fn memory_is_bounded_when_rounds_never_complete() {
+        let mut e = Engine::new(EngineConfig {
+            max_rounds_per_comm: 16,
+            ..cfg()
+        });
+        let n = 64;
+        let mut mem = Vec::new();
+        for c in 0..3000u64 {
+            // Rank 0's completion records are lost: no round ever completes.
+            for r in 1..n {
+                e.ingest(&rec(8, c, r, n, OpState::Completed, MS), T0 + c * MS)
+                    .unwrap();
+            }
+            if c == 1000 || c == 2999 {
+                mem.push(e.memory_bytes());
+            }
+        }
+        let st = e.comm_state(8, T0 + 3 * S).unwrap();
+        assert_eq!(st.tracked_rounds, 16);
+        assert!(mem[1] <= mem[0] + 4096, "memory grew: {mem:?}");
+        assert!(e.stats().rounds_evicted_incomplete >= 2984);
+        assert!(e.tick(T0 + 4 * S).is_empty());
+    }
+
+    #[test]
+    fn comm_state_reports_every_rank_and_idle_comms_are_dropped() {
+        let mut e = Engine::new(EngineConfig {
+            comm_idle_evict: Duration::from_secs(100),
+            ..cfg()
+        });
+        e.ingest(&rec(3, 1, 0, 3, OpState::Completed, 7 * MS), T0)
+            .unwrap();
+        e.ingest(&rec(3, 2, 0, 3, OpState::InFlight, 2 * S), T0 + 5 * S)
+            .unwrap();
+        let st = e.comm_state(3, T0 + 65 * S + 1).unwrap();
+        assert_eq!(st.nranks, 3);
+        assert_eq!(st.ranks.len(), 3);
+        let r0 = &st.ranks[0];
+        assert_eq!(
+            (r0.last_op_counter, r0.state(), r0.records),
+            (2, OpState::InFlight, 2)
+        );
+        assert_eq!(r0.in_flight_ns, 62 * S + 1);
+        assert_eq!((r0.host.as_str(), r0.pid), ("h0", 100));
+        assert!(r0.silent, "65 s without a report > silent_after 60 s");
+        assert!(!st.ranks[1].reported && st.ranks[1].silent);
+        assert_eq!(e.comm_ids(), vec![3]);
+        assert_eq!(e.comm_summaries()[0].nranks, 3);
+        assert!(e.comm_state(4, T0).is_none());
+        e.tick(T0 + 106 * S);
+        assert!(e.comm_ids().is_empty());
+        assert_eq!(e.stats().comms_evicted, 1);
+    }
+
+    #[test]
+    fn tick_with_clock_measures_location_cost() {
+        let mut e = Engine::new(cfg());
+        let t = feed_hang(&mut e, 4, None, (CollKind::AllReduce, 1 << 20));
+        let mut fake = 1000u64;
+        let mut clock = || {
+            fake += 250;
+            fake
+        };
+        let d = e.tick_with_clock(t, &mut clock);
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].evidence.as_ref().unwrap().location_cost_ns, 250);
+    }
+
+    #[test]
+    fn heartbeats_create_ranks_and_bad_memberships_are_skipped() {
+        let mut e = Engine::new(cfg());
+        let hb = wire::Heartbeat {
+            host: "hx".into(),
+            pid: 7,
+            ranks: vec![
+                wire::RankMembership {
+                    comm_id: 1,
+                    rank: 2,
+                    nranks: 4,
+                    last_op_counter: Some(9),
+                },
+                wire::RankMembership {
+                    comm_id: 1,
+                    rank: 5,
+                    nranks: 4,
+                    last_op_counter: None,
+                },
+                wire::RankMembership {
+                    comm_id: 2,
+                    rank: 0,
+                    nranks: 0,
+                    last_op_counter: None,
+                },
+            ],
+            records_dropped: 0,
+            time_ns: 0,
+        };
+        e.heartbeat(&hb, T0);
+        assert_eq!(e.comm_ids(), vec![1]);
+        let st = e.comm_state(1, T0).unwrap();
+        assert!(st.ranks[2].reported);
+        assert_eq!(st.ranks[2].last_op_counter, 9);
+        assert_eq!(st.ranks[2].host, "hx");
     }
 }

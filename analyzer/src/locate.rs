@@ -37,6 +37,8 @@ pub enum HangState {
     PassedBeyond,
     /// A heartbeat says the rank started the round, but no record arrived yet.
     EnteredNoRecord,
+    /// Not a participant of the round (point-to-point rounds involve only the peers).
+    NotInvolved,
 }
 
 /// One rank of a hung round.
@@ -128,22 +130,35 @@ pub fn locate_hang(v: &[HangView]) -> HangFinding {
     if !not_hung.is_empty() {
         return HangFinding::NotHung(not_hung);
     }
-    let silent = ranks_where(v, |x| x.silent);
-    if !silent.is_empty() && silent.len() < v.len() {
+    let involved = v
+        .iter()
+        .filter(|x| x.state != HangState::NotInvolved)
+        .count();
+    let silent = ranks_where(v, |x| x.silent && x.state != HangState::NotInvolved);
+    if !silent.is_empty() && silent.len() < involved {
         return HangFinding::Silent(silent);
     }
-    let counts: Vec<CountView> = v
+    let idx: Vec<u32> = ranks_where(v, |x| x.state != HangState::NotInvolved);
+    let counts: Vec<CountView> = idx
         .iter()
-        .map(|x| CountView {
-            send: x.send,
-            recv: x.recv,
-            exp_send: x.exp_send,
-            exp_recv: x.exp_recv,
-            group: x.group,
-            depth: x.depth,
+        .map(|&i| {
+            let x = &v[i as usize];
+            CountView {
+                send: x.send,
+                recv: x.recv,
+                exp_send: x.exp_send,
+                exp_recv: x.exp_recv,
+                group: x.group,
+                depth: x.depth,
+            }
         })
         .collect();
-    HangFinding::FewestCounts(fewest_counts(&counts))
+    HangFinding::FewestCounts(
+        fewest_counts(&counts)
+            .into_iter()
+            .map(|i| idx[i as usize])
+            .collect(),
+    )
 }
 
 /// Ranks outside the largest op-type-set group (ties: the group with the smallest id, the
@@ -229,7 +244,10 @@ pub fn fewest_counts(v: &[CountView]) -> Vec<u32> {
         }
     }
     if best.len() == v.len() && v.len() > 1 {
-        let min = v.iter().map(|x| u128::from(x.send) + u128::from(x.recv)).min();
+        let min = v
+            .iter()
+            .map(|x| u128::from(x.send) + u128::from(x.recv))
+            .min();
         return v
             .iter()
             .enumerate()
@@ -262,6 +280,7 @@ pub fn min_duration(durations: &[Option<u64>]) -> Vec<u32> {
 /// the rank's group (of all ranks for groups smaller than 3); the rank with the lowest relative send rate wins, ties broken by the
 /// relative recv rate. Returns the ranks and whether the ranks advanced in lockstep (all
 /// relative send rates within 2 %: the rule cannot discriminate then and the answer is weak).
+/// When every rank has exactly the same rates (or none reported) no rank is returned.
 pub fn lowest_rate(v: &[(f64, f64, u64)]) -> (Vec<u32>, bool) {
     if v.is_empty() {
         return (Vec::new(), false);
@@ -308,6 +327,10 @@ pub fn lowest_rate(v: &[(f64, f64, u64)]) -> (Vec<u32>, bool) {
     }
     let max = norm.iter().map(|x| x.0).fold(f64::NEG_INFINITY, f64::max);
     let lockstep = max <= 0.0 || (max - best_v.0) / max < 0.02;
+    if best.len() == v.len() && v.len() > 1 {
+        // Every rank identical (or no rate reported at all): nobody stands out.
+        return (Vec::new(), true);
+    }
     (best, lockstep)
 }
 
@@ -458,7 +481,10 @@ mod tests {
         // 2 vs 2 vs 1: the tie between groups 0 and 1 goes to the first seen (0).
         v[0].type_group = 1;
         v[4].type_group = 2;
-        assert_eq!(locate_hang(&v), HangFinding::InconsistentTypes(vec![0, 3, 4]));
+        assert_eq!(
+            locate_hang(&v),
+            HangFinding::InconsistentTypes(vec![0, 3, 4])
+        );
         let mut w = vec![hv(HangState::InFlight); 5];
         w[0].state = HangState::Completed;
         w[2].state = HangState::PassedBeyond;
@@ -468,6 +494,18 @@ mod tests {
         let f = locate_hang(&w);
         assert_eq!(f, HangFinding::NotHung(vec![0, 2]));
         assert_eq!(f.class(), AnomalyClass::H2Inconsistent);
+    }
+
+    #[test]
+    fn ranks_not_involved_in_a_p2p_round_are_ignored() {
+        let mut v = vec![hv(HangState::NotInvolved); 6];
+        v[1] = hv(HangState::InFlight);
+        v[4] = hv(HangState::InFlight);
+        v[4].send = 2;
+        v[0].silent = true;
+        assert_eq!(locate_hang(&v), HangFinding::FewestCounts(vec![4]));
+        v[4].state = HangState::NotEntered;
+        assert_eq!(locate_hang(&v), HangFinding::NotEntered(vec![4]));
     }
 
     #[test]
@@ -488,7 +526,12 @@ mod tests {
     }
 
     fn cv(send: u64, recv: u64, group: u64) -> CountView {
-        CountView { send, recv, group, ..Default::default() }
+        CountView {
+            send,
+            recv,
+            group,
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -504,22 +547,44 @@ mod tests {
     fn fewest_counts_without_expected_compares_within_layers() {
         // Layer A (group 1): max 100, rank 1 at 60 = 0.6 of its layer.
         // Layer B (group 2): max 300, rank 3 at 0.8, rank 4 at 0.667.
-        let v = [cv(50, 50, 1), cv(30, 30, 1), cv(150, 150, 2), cv(120, 120, 2), cv(100, 100, 2)];
+        let v = [
+            cv(50, 50, 1),
+            cv(30, 30, 1),
+            cv(150, 150, 2),
+            cv(120, 120, 2),
+            cv(100, 100, 2),
+        ];
         assert_eq!(fewest_counts(&v), vec![1]);
         // group 2: 120/300 = 0.4 < group 1: 90/100 = 0.9; absolute 120 > 90 would pick rank 1.
         let w = [cv(50, 50, 1), cv(45, 45, 1), cv(150, 150, 2), cv(60, 60, 2)];
         assert_eq!(fewest_counts(&w), vec![3]);
         // Single-rank groups only: absolute fallback.
-        assert_eq!(fewest_counts(&[cv(5, 5, 1), cv(3, 3, 2), cv(9, 9, 3)]), vec![1]);
+        assert_eq!(
+            fewest_counts(&[cv(5, 5, 1), cv(3, 3, 2), cv(9, 9, 3)]),
+            vec![1]
+        );
         assert_eq!(fewest_counts(&[]), Vec::<u32>::new());
     }
 
     #[test]
     fn fewest_counts_with_expected_uses_fractions_and_prefers_the_deepest_tie() {
-        let x = |send, recv, es, er, depth| CountView { send, recv, exp_send: es, exp_recv: er, group: depth as u64, depth };
+        let x = |send, recv, es, er, depth| CountView {
+            send,
+            recv,
+            exp_send: es,
+            exp_recv: er,
+            group: depth as u64,
+            depth,
+        };
         // Root (depth 0): 8/32 = 0.25; internal rank 1 (depth 1): 12/48 = 0.25, rank 3
         // (depth 2): 4/16 = 0.25, leaf 4 at 10/16. All three tie; rank 3 is the deepest.
-        let v = [x(0, 8, 16, 16, 0), x(4, 8, 24, 24, 1), x(10, 14, 24, 24, 1), x(4, 0, 8, 8, 2), x(6, 4, 8, 8, 2)];
+        let v = [
+            x(0, 8, 16, 16, 0),
+            x(4, 8, 24, 24, 1),
+            x(10, 14, 24, 24, 1),
+            x(4, 0, 8, 8, 2),
+            x(6, 4, 8, 8, 2),
+        ];
         assert_eq!(fewest_counts(&v), vec![3]);
         // Fractions, not absolute counts: rank 0 has more absolute progress (20) than rank 1
         // (6) but a smaller fraction (20/100 < 6/8).
@@ -540,7 +605,14 @@ mod tests {
         assert_eq!((r, lock), (vec![2], false));
         // Tree: layer 1 runs at 0.1, layer 2 at 1.0. Rank 1 (0.08) is the lowest in absolute
         // terms but only 0.8 of its layer's median; rank 3 (0.5) is 0.5 of its layer's: root.
-        let (r, _) = lowest_rate(&[(0.1, 0.1, 1), (0.08, 0.1, 1), (0.1, 0.1, 1), (0.5, 1.0, 2), (1.0, 1.0, 2), (1.0, 1.0, 2)]);
+        let (r, _) = lowest_rate(&[
+            (0.1, 0.1, 1),
+            (0.08, 0.1, 1),
+            (0.1, 0.1, 1),
+            (0.5, 1.0, 2),
+            (1.0, 1.0, 2),
+            (1.0, 1.0, 2),
+        ]);
         assert_eq!(r, vec![3]);
         // Lockstep: all equal within 2 %.
         let (r, lock) = lowest_rate(&[(0.25, 0.25, 0), (0.249, 0.25, 0), (0.25, 0.25, 0)]);
@@ -548,6 +620,12 @@ mod tests {
         // Tie on send broken by recv.
         let (r, _) = lowest_rate(&[(0.2, 0.5, 0), (0.2, 0.4, 0), (0.9, 0.9, 0)]);
         assert_eq!(r, vec![1]);
+        // No information at all.
+        assert_eq!(lowest_rate(&[(0.0, 0.0, 0); 4]), (vec![], true));
+        // Singleton layers are compared with the global median: rank 0 (alone in layer 0)
+        // at 0.1 against a global median of 1.0.
+        let (r, _) = lowest_rate(&[(0.1, 1.0, 0), (1.0, 1.0, 1), (1.0, 1.0, 1), (0.9, 1.0, 1)]);
+        assert_eq!(r, vec![0]);
     }
 
     fn ring_waits(n: u32, slow_from: u32, stride: u32) -> Vec<Option<ChanWait>> {
@@ -557,9 +635,17 @@ mod tests {
             .map(|j| {
                 let next = (j + stride) % n;
                 Some(if j == slow_from {
-                    ChanWait { up: 0.0, down: 0.7, next }
+                    ChanWait {
+                        up: 0.0,
+                        down: 0.7,
+                        next,
+                    }
                 } else {
-                    ChanWait { up: 0.7, down: 0.0, next }
+                    ChanWait {
+                        up: 0.7,
+                        down: 0.0,
+                        next,
+                    }
                 })
             })
             .collect()
@@ -591,7 +677,13 @@ mod tests {
     #[test]
     fn slow_links_ignores_uniform_waiting_and_missing_metrics() {
         let flat: Vec<Option<ChanWait>> = (0..4)
-            .map(|j| Some(ChanWait { up: 0.3, down: 0.3, next: (j + 1) % 4 }))
+            .map(|j| {
+                Some(ChanWait {
+                    up: 0.3,
+                    down: 0.3,
+                    next: (j + 1) % 4,
+                })
+            })
             .collect();
         assert_eq!(slow_links(&[flat]), (vec![], vec![]));
         assert_eq!(slow_links(&[vec![None, None, None]]), (vec![], vec![]));

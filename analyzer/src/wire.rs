@@ -166,7 +166,10 @@ mod tests {
         assert_eq!(w.collective(), CollKind::ReduceScatter);
         assert_eq!(w.algorithm(), Algorithm::Tree);
         assert_eq!(w.protocol(), Protocol::Ll128);
-        assert_eq!((w.dtype, w.redop, w.count, w.bytes), (7, 2, 1 << 33, 1 << 35));
+        assert_eq!(
+            (w.dtype, w.redop, w.count, w.bytes),
+            (7, 2, 1 << 33, 1 << 35)
+        );
         assert_eq!((w.root, w.peer, w.n_channels), (-1, 3, 4));
         assert_eq!(w.tree_layer, vec![1, 2, 2, 3]);
         let t = TraceId::from(probe::TraceId {
@@ -174,18 +177,31 @@ mod tests {
             op_counter: u32::MAX,
             extension: 9,
         });
-        assert_eq!((t.comm_id, t.op_counter, t.extension), (0xdead_beef_0000_0001, u64::from(u32::MAX), 9));
+        assert_eq!(
+            (t.comm_id, t.op_counter, t.extension),
+            (0xdead_beef_0000_0001, u64::from(u32::MAX), 9)
+        );
     }
 
     #[test]
     fn record_round_trips_through_protobuf_bytes_and_junk_is_an_error() {
         let rec = OpRecord {
-            trace: Some(TraceId { comm_id: 5, op_counter: 77, extension: 0 }),
+            trace: Some(TraceId {
+                comm_id: 5,
+                op_counter: 77,
+                extension: 0,
+            }),
             rank: 3,
             nranks: 8,
             host: "h0".into(),
             pid: 4711,
-            op: Some(OpTypeSet { redop: -1, root: -1, peer: -1, n_channels: 2, ..Default::default() }),
+            op: Some(OpTypeSet {
+                redop: -1,
+                root: -1,
+                peer: -1,
+                n_channels: 2,
+                ..Default::default()
+            }),
             start_ns: 123,
             duration_ns: 456,
             channels: vec![ChannelStat {
@@ -197,7 +213,11 @@ mod tests {
             seq: 9,
             device: -1,
         };
-        let bytes = Batch { records: vec![rec.clone()], heartbeats: vec![] }.encode_to_vec();
+        let bytes = Batch {
+            records: vec![rec.clone()],
+            heartbeats: vec![],
+        }
+        .encode_to_vec();
         let back = Batch::decode(bytes.as_slice()).unwrap();
         assert_eq!(back.records, vec![rec]);
         assert!(Batch::decode(&[0xff, 0xff, 0xff][..]).is_err());

@@ -181,8 +181,14 @@ mod tests {
             .unwrap();
         assert_eq!(back, batches);
         // Bad magic, truncation, junk length.
-        assert!(matches!(read_recording(&b"NOTCCLD!"[..]), Err(RecordingError::BadMagic)));
-        assert!(matches!(read_recording(&b"CCL"[..]), Err(RecordingError::BadMagic)));
+        assert!(matches!(
+            read_recording(&b"NOTCCLD!"[..]),
+            Err(RecordingError::BadMagic)
+        ));
+        assert!(matches!(
+            read_recording(&b"CCL"[..]),
+            Err(RecordingError::BadMagic)
+        ));
         let cut = &file[..file.len() - 3];
         let res: Result<Vec<_>, _> = read_recording(cut).unwrap().collect();
         assert!(matches!(res, Err(RecordingError::Truncated { .. })));
