@@ -165,7 +165,11 @@ fn is_transport(s: &Status) -> bool {
 }
 
 /// Splits a heartbeat into one per shard holding only that shard's memberships.
-fn split_heartbeat(map: &ShardMap, h: &Heartbeat, route: &dyn Fn(u64) -> Option<usize>) -> Vec<(usize, Heartbeat)> {
+fn split_heartbeat(
+    map: &ShardMap,
+    h: &Heartbeat,
+    route: &dyn Fn(u64) -> Option<usize>,
+) -> Vec<(usize, Heartbeat)> {
     let mut per: BTreeMap<usize, Vec<RankMembership>> = BTreeMap::new();
     for m in &h.ranks {
         if let Some(s) = route(m.comm_id) {
@@ -178,15 +182,7 @@ fn split_heartbeat(map: &ShardMap, h: &Heartbeat, route: &dyn Fn(u64) -> Option<
         return route(0).map(|s| vec![(s, h.clone())]).unwrap_or_default();
     }
     per.into_iter()
-        .map(|(s, ranks)| {
-            (
-                s,
-                Heartbeat {
-                    ranks,
-                    ..h.clone()
-                },
-            )
-        })
+        .map(|(s, ranks)| (s, Heartbeat { ranks, ..h.clone() }))
         .collect()
 }
 
@@ -197,12 +193,13 @@ impl Client {
         let tok = TokenInterceptor::new(cfg.token.as_deref()).map_err(ClientError::Token)?;
         let mut conns = Vec::with_capacity(map.len());
         for name in map.names() {
-            let ch = lazy_channel(name, cfg.tls.as_ref(), cfg.connect_timeout).map_err(
-                |reason| ClientError::Address {
-                    shard: name.clone(),
-                    reason,
-                },
-            )?;
+            let ch =
+                lazy_channel(name, cfg.tls.as_ref(), cfg.connect_timeout).map_err(|reason| {
+                    ClientError::Address {
+                        shard: name.clone(),
+                        reason,
+                    }
+                })?;
             let rpc = AnalyzerClient::with_interceptor(ch, tok.clone())
                 .max_decoding_message_size(cfg.max_message_bytes)
                 .max_encoding_message_size(cfg.max_message_bytes);
@@ -312,7 +309,11 @@ impl Client {
                     let moved = b
                         .records
                         .iter()
-                        .filter(|r| self.map.owner(r.trace.as_ref().map(|t| t.comm_id).unwrap_or(0)) != *s)
+                        .filter(|r| {
+                            self.map
+                                .owner(r.trace.as_ref().map(|t| t.comm_id).unwrap_or(0))
+                                != *s
+                        })
                         .count() as u64;
                     (*s, moved)
                 })
@@ -381,11 +382,14 @@ impl Client {
     {
         let mut last = String::from("no shard tried");
         let now = Instant::now();
-        let mut order: Vec<usize> = (0..self.conns.len()).filter(|&i| self.is_up(i, now)).collect();
+        let mut order: Vec<usize> = (0..self.conns.len())
+            .filter(|&i| self.is_up(i, now))
+            .collect();
         // Shards in back-off last, but still tried: a query is worth a retry.
         order.extend((0..self.conns.len()).filter(|&i| !self.is_up(i, now)));
         for i in order {
-            let r = tokio::time::timeout(self.cfg.rpc_timeout, call(self.conns[i].rpc.clone())).await;
+            let r =
+                tokio::time::timeout(self.cfg.rpc_timeout, call(self.conns[i].rpc.clone())).await;
             match r {
                 Ok(Ok(v)) => {
                     self.mark_up(i);
@@ -528,7 +532,10 @@ impl BlockingClient {
     }
 
     /// See [`Client::list_anomalies`].
-    pub fn list_anomalies(&mut self, req: ListAnomaliesRequest) -> Result<AnomalyList, ClientError> {
+    pub fn list_anomalies(
+        &mut self,
+        req: ListAnomaliesRequest,
+    ) -> Result<AnomalyList, ClientError> {
         self.rt.block_on(self.inner.list_anomalies(req))
     }
 

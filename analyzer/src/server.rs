@@ -33,15 +33,15 @@ use tonic::transport::{Channel, ClientTlsConfig, Endpoint, ServerTlsConfig};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::{AuthInterceptor, TokenInterceptor};
-use crate::engine::{Engine, EngineConfig, Reject};
+use crate::engine::{Engine, EngineConfig};
 use crate::metrics::{self, Metrics};
 use crate::shard::ShardMap;
 use crate::store::{Query, Store, StoreError, StoredDiagnosis};
 use crate::wire::analyzer_client::AnalyzerClient;
 use crate::wire::analyzer_server::{Analyzer, AnalyzerServer};
 use crate::wire::{
-    AnomalyClass, AnomalyList, Batch, CommList, CommState, CommSummary, Diagnosis,
-    GetCommRequest, IngestReply, ListAnomaliesRequest, ListCommsRequest, WatchRequest,
+    AnomalyClass, AnomalyList, Batch, CommList, CommState, CommSummary, Diagnosis, GetCommRequest,
+    IngestReply, ListAnomaliesRequest, ListCommsRequest, WatchRequest,
 };
 
 /// Default limit of `ListAnomalies` when the request says 0.
@@ -231,31 +231,6 @@ struct Shared {
     driven_now: AtomicU64,
 }
 
-fn reject_label(r: &Reject) -> String {
-    // The variant name, snake_cased: stable, low-cardinality metric label.
-    let dbg = format!("{r:?}");
-    let name: String = dbg
-        .chars()
-        .take_while(|c| c.is_ascii_alphanumeric())
-        .collect();
-    let mut out = String::with_capacity(name.len() + 4);
-    for (i, ch) in name.chars().enumerate() {
-        if ch.is_ascii_uppercase() {
-            if i > 0 {
-                out.push('_');
-            }
-            out.push(ch.to_ascii_lowercase());
-        } else {
-            out.push(ch);
-        }
-    }
-    if out.is_empty() {
-        "other".into()
-    } else {
-        out
-    }
-}
-
 #[derive(Default)]
 struct IngestAcc {
     accepted: u64,
@@ -278,7 +253,9 @@ impl IngestAcc {
 fn location_latency_ns(d: &Diagnosis) -> u64 {
     let ev = d.evidence.as_ref();
     let detectable = match AnomalyClass::try_from(d.class) {
-        Ok(AnomalyClass::H1NotEntered | AnomalyClass::H2Inconsistent | AnomalyClass::H3Hardware) => {
+        Ok(
+            AnomalyClass::H1NotEntered | AnomalyClass::H2Inconsistent | AnomalyClass::H3Hardware,
+        ) => {
             let th = ev.map(|e| e.hang_threshold_ns).unwrap_or(0);
             d.onset_ns.saturating_add(th)
         }
@@ -326,7 +303,7 @@ impl Shared {
     fn apply(&self, b: &Batch, acc: &mut IngestAcc) {
         let now = self.now();
         let mut not_owned = 0u64;
-        let mut rejects: HashMap<String, u64> = HashMap::new();
+        let mut rejects: HashMap<&'static str, u64> = HashMap::new();
         {
             let mut eng = self.engine();
             for r in &b.records {
@@ -341,7 +318,7 @@ impl Shared {
                     }
                     Err(e) => {
                         acc.rejected += 1;
-                        *rejects.entry(reject_label(&e)).or_insert(0) += 1;
+                        *rejects.entry(e.code()).or_insert(0) += 1;
                         if acc.reasons.len() < MAX_REPLY_REASONS {
                             acc.reasons.push(e.to_string());
                         }
@@ -354,13 +331,15 @@ impl Shared {
         }
         let m = &self.metrics;
         m.batches.fetch_add(1, Ordering::Relaxed);
-        m.records_ingested
-            .fetch_add(b.records.len() as u64 - rejects.values().sum::<u64>(), Ordering::Relaxed);
+        m.records_ingested.fetch_add(
+            b.records.len() as u64 - rejects.values().sum::<u64>(),
+            Ordering::Relaxed,
+        );
         m.heartbeats
             .fetch_add(b.heartbeats.len() as u64, Ordering::Relaxed);
         m.records_not_owned.fetch_add(not_owned, Ordering::Relaxed);
         for (k, v) in rejects {
-            m.records_rejected.add(&k, v);
+            m.records_rejected.add(k, v);
         }
     }
 
@@ -492,11 +471,7 @@ impl std::fmt::Debug for Service {
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
-async fn fan_out<T, F, Fut>(
-    sh: &Shared,
-    method: &'static str,
-    call: F,
-) -> (Vec<T>, Vec<String>)
+async fn fan_out<T, F, Fut>(sh: &Shared, method: &'static str, call: F) -> (Vec<T>, Vec<String>)
 where
     F: Fn(PeerClient) -> Fut,
     Fut: std::future::Future<Output = Result<T, Status>>,
@@ -698,7 +673,9 @@ impl Analyzer for Service {
                                 };
                                 match m {
                                     Ok(Some(d)) => {
-                                        if seen.insert(d.id.clone()) && ptx.send(Ok(d)).await.is_err() {
+                                        if seen.insert(d.id.clone())
+                                            && ptx.send(Ok(d)).await.is_err()
+                                        {
                                             return;
                                         }
                                     }
@@ -786,7 +763,11 @@ impl Analyzer for Service {
             }
             unreachable = down;
         }
-        comms.sort_by(|a, b| a.comm_id.cmp(&b.comm_id).then_with(|| a.shard.cmp(&b.shard)));
+        comms.sort_by(|a, b| {
+            a.comm_id
+                .cmp(&b.comm_id)
+                .then_with(|| a.shard.cmp(&b.shard))
+        });
         comms.truncate(limit);
         unreachable.sort();
         Ok(Response::new(CommList {
@@ -908,11 +889,12 @@ pub async fn start(
             if i == cfg.shard_id {
                 continue;
             }
-            let ch = lazy_channel(name, cfg.peer.tls.as_ref(), cfg.peer.connect_timeout)
-                .map_err(|reason| ServeError::Peer {
+            let ch = lazy_channel(name, cfg.peer.tls.as_ref(), cfg.peer.connect_timeout).map_err(
+                |reason| ServeError::Peer {
                     peer: name.clone(),
                     reason,
-                })?;
+                },
+            )?;
             let client = AnalyzerClient::with_interceptor(ch, tok.clone())
                 .max_decoding_message_size(cfg.max_message_bytes.max(64 << 20));
             peers.push(Peer {

@@ -80,21 +80,46 @@ fn serve(extra: &[&str]) -> Server {
 fn help_documents_every_command_and_option() {
     let (code, out, _) = run(&["--help"]);
     assert_eq!(code, 0);
-    for c in ["serve", "anomalies", "watch", "comm", "comms", "simulate", "calibrate"] {
+    for c in [
+        "serve",
+        "anomalies",
+        "watch",
+        "comm",
+        "comms",
+        "simulate",
+        "calibrate",
+    ] {
         assert!(out.contains(c), "--help lists {c}");
     }
     let (code, out, _) = run(&["serve", "--help"]);
     assert_eq!(code, 0);
     for o in [
-        "--listen", "--shards", "--shard-id", "--data-dir", "--token-file", "--tls-cert",
-        "--tls-key", "--metrics-listen", "--hang-timeout-s", "--slow-theta", "--slow-window-s",
+        "--listen",
+        "--shards",
+        "--shard-id",
+        "--data-dir",
+        "--token-file",
+        "--tls-cert",
+        "--tls-key",
+        "--metrics-listen",
+        "--hang-timeout-s",
+        "--slow-theta",
+        "--slow-window-s",
         "--clock",
     ] {
         assert!(out.contains(o), "serve --help documents {o}");
     }
     let (code, out, _) = run(&["simulate", "--help"]);
     assert_eq!(code, 0);
-    for o in ["--comms", "--ranks", "--topology", "--anomaly", "--root-rank", "--seed", "--compressed"] {
+    for o in [
+        "--comms",
+        "--ranks",
+        "--topology",
+        "--anomaly",
+        "--root-rank",
+        "--seed",
+        "--compressed",
+    ] {
         assert!(out.contains(o), "simulate --help documents {o}");
     }
     for sub in ["anomalies", "watch", "comm", "comms"] {
@@ -130,8 +155,19 @@ fn simulate_then_query_as_table_and_json() {
     let data = dir.path().join("data");
     let srv = serve(&["--clock", "driven", "--data-dir", data.to_str().unwrap()]);
     let (code, out, err) = run(&[
-        "simulate", "--server", &srv.addr, "--compressed", "--ranks", "8", "--anomaly", "H1",
-        "--root-rank", "3", "--expect-within-s", "10", "--json",
+        "simulate",
+        "--server",
+        &srv.addr,
+        "--compressed",
+        "--ranks",
+        "8",
+        "--anomaly",
+        "H1",
+        "--root-rank",
+        "3",
+        "--expect-within-s",
+        "10",
+        "--json",
     ]);
     assert_eq!(code, 0, "{out}\n{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -154,7 +190,10 @@ fn simulate_then_query_as_table_and_json() {
     let header = lines.next().unwrap();
     assert!(header.starts_with("ID") && header.contains("CLASS") && header.contains("ROOT RANKS"));
     let row = lines.next().unwrap();
-    assert!(row.contains("H1") && row.contains(&format!("{comm:#018x}")), "{out}");
+    assert!(
+        row.contains("H1") && row.contains(&format!("{comm:#018x}")),
+        "{out}"
+    );
     // Columns line up: CLASS starts at the same offset in the header and the row.
     let col = header.find("CLASS").unwrap();
     assert_eq!(&row[col..col + 2], "H1", "{out}");
@@ -199,8 +238,15 @@ fn watch_streams_json_lines() {
     // Give the watcher a moment to subscribe.
     std::thread::sleep(Duration::from_millis(500));
     let (code, out, err) = run(&[
-        "simulate", "--server", &srv.addr, "--compressed", "--anomaly", "S1", "--root-rank",
-        "1", "--json",
+        "simulate",
+        "--server",
+        &srv.addr,
+        "--compressed",
+        "--anomaly",
+        "S1",
+        "--root-rank",
+        "1",
+        "--json",
     ]);
     assert_eq!(code, 0, "{out}{err}");
     let t0 = Instant::now();

@@ -239,7 +239,10 @@ fn three_shards_kill_and_restart() {
             ..Default::default()
         })
         .unwrap();
-    assert!(diagnosed(&local.diagnoses, &t_fail), "backup shard {backup} diagnosed it");
+    assert!(
+        diagnosed(&local.diagnoses, &t_fail),
+        "backup shard {backup} diagnosed it"
+    );
 
     // Phase 4: restart shard 1 on the same data directory and port.
     shards[1] = Some(start(&map, 1, dir.path(), rebind(addrs[1])));
@@ -254,8 +257,16 @@ fn three_shards_kill_and_restart() {
     for (i, name) in names.iter().enumerate() {
         let mut q = client(std::slice::from_ref(name));
         let all = q.list_anomalies(ListAnomaliesRequest::default()).unwrap();
-        assert!(all.unreachable_shards.is_empty(), "{:?}", all.unreachable_shards);
-        assert_eq!(ids(&all.diagnoses), expected, "shard {i}: no diagnosis lost");
+        assert!(
+            all.unreachable_shards.is_empty(),
+            "{:?}",
+            all.unreachable_shards
+        );
+        assert_eq!(
+            ids(&all.diagnoses),
+            expected,
+            "shard {i}: no diagnosis lost"
+        );
         for t in truths.iter().chain([&t_fail]) {
             assert!(diagnosed(&all.diagnoses, t));
         }

@@ -40,7 +40,13 @@ fn sim_cfg(algo: SimAlgo, n: u32, class: AnomalyClass, rank: u32) -> SimConfig {
     }
 }
 
-fn through_grpc(cfg: &SimConfig) -> (Vec<Diagnosis>, Truth, std::sync::Arc<analyzer::metrics::Metrics>) {
+fn through_grpc(
+    cfg: &SimConfig,
+) -> (
+    Vec<Diagnosis>,
+    Truth,
+    std::sync::Arc<analyzer::metrics::Metrics>,
+) {
     let mut sc = single(EngineConfig::default());
     sc.clock = ClockMode::Driven;
     let s = spawn(sc);
@@ -50,13 +56,15 @@ fn through_grpc(cfg: &SimConfig) -> (Vec<Diagnosis>, Truth, std::sync::Arc<analy
     let sim = Sim::new(cfg.clone()).unwrap();
     let truth = sim.truth().unwrap();
     for tb in sim {
-        let out = c.ingest_at(tb.batch.unwrap_or_default(), Some(tb.now_ns)).unwrap();
+        let out = c
+            .ingest_at(tb.batch.unwrap_or_default(), Some(tb.now_ns))
+            .unwrap();
         assert_eq!(out.rejected, 0, "{:?}", out.reasons);
     }
     let mut l = c.list_anomalies(ListAnomaliesRequest::default()).unwrap();
     assert!(l.unreachable_shards.is_empty());
     l.diagnoses.reverse(); // oldest first, like the engine's emission order
-    // The communicator state is queryable too.
+                           // The communicator state is queryable too.
     let st = c
         .get_comm(GetCommRequest {
             comm_id: truth.comm_id,
@@ -80,7 +88,10 @@ fn check(algo: SimAlgo, n: u32, class: AnomalyClass, rank: u32) {
     let cfg = sim_cfg(algo, n, class, rank);
     let (got, truth, metrics) = through_grpc(&cfg);
     let want = reference(&cfg);
-    assert!(!want.is_empty(), "reference engine found nothing for {class:?}");
+    assert!(
+        !want.is_empty(),
+        "reference engine found nothing for {class:?}"
+    );
     assert_eq!(got.len(), want.len(), "{class:?}: {got:#?} vs {want:#?}");
     for (g, w) in got.iter().zip(&want) {
         assert_eq!(g.class, w.class);
@@ -96,9 +107,16 @@ fn check(algo: SimAlgo, n: u32, class: AnomalyClass, rank: u32) {
     let d = &got[0];
     assert_eq!(d.class, truth.class as i32, "{}", d.summary);
     assert_eq!(d.comm_id, truth.comm_id);
-    assert!(d.roots.iter().any(|r| r.rank == truth.rank), "{}", d.summary);
+    assert!(
+        d.roots.iter().any(|r| r.rank == truth.rank),
+        "{}",
+        d.summary
+    );
     let code = analyzer::wire::class_code(truth.class);
-    assert_eq!(metrics.diagnoses.get(code), got.iter().filter(|g| g.class == truth.class as i32).count() as u64);
+    assert_eq!(
+        metrics.diagnoses.get(code),
+        got.iter().filter(|g| g.class == truth.class as i32).count() as u64
+    );
     assert_eq!(metrics.location_latency.count(), got.len() as u64);
 }
 

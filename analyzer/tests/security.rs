@@ -28,7 +28,9 @@ fn token_is_required_and_refusals_are_counted() {
     let mut none = client(s.addr, None);
     let e = none.ingest(batch.clone()).unwrap_err();
     assert_eq!(e.code(), Some(Code::Unauthenticated), "{e}");
-    let e = none.list_anomalies(ListAnomaliesRequest::default()).unwrap_err();
+    let e = none
+        .list_anomalies(ListAnomaliesRequest::default())
+        .unwrap_err();
     assert_eq!(e.code(), Some(Code::Unauthenticated), "{e}");
 
     let mut wrong = client(s.addr, Some("s3cret-tokem"));
@@ -38,7 +40,9 @@ fn token_is_required_and_refusals_are_counted() {
     let mut right = client(s.addr, Some("s3cret-token"));
     let out = right.ingest(batch).unwrap();
     assert_eq!(out.accepted, 12);
-    assert!(right.list_anomalies(ListAnomaliesRequest::default()).is_ok());
+    assert!(right
+        .list_anomalies(ListAnomaliesRequest::default())
+        .is_ok());
 
     assert_eq!(
         s.metrics
@@ -78,7 +82,9 @@ fn tls_round_trip_with_self_signed_certificate() {
 
     // A plaintext client cannot talk to the TLS port.
     let mut plain = client(s.addr, Some("tok"));
-    assert!(plain.list_anomalies(ListAnomaliesRequest::default()).is_err());
+    assert!(plain
+        .list_anomalies(ListAnomaliesRequest::default())
+        .is_err());
 
     // A client trusting another CA refuses the server.
     let other = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
@@ -97,24 +103,61 @@ fn tls_round_trip_with_self_signed_certificate() {
 fn bad_records_are_rejected_and_counted() {
     let s = spawn(single(EngineConfig::default()));
     let mut c = client(s.addr, None);
-    let good = rounds(0xabc, 4, 0..2);
+    let good = rounds(0xabc, 4, 0..12);
     let mut b = good.clone();
     // rank >= nranks
-    b.records.push(rec(0xabc, 2, 4, 4, 1_000));
-    b.records.push(rec(0xabc, 2, 99, 4, 1_000));
+    b.records.push(rec(0xabc, 12, 4, 4, 1_000));
+    b.records.push(rec(0xabc, 12, 99, 4, 1_000));
+    // nranks disagreeing with the communicator's
+    b.records.push(rec(0xabc, 12, 1, 5, 1_000));
+    // a second, different completed record for the same rank and round (an identical
+    // resend, as after a client failover, is accepted idempotently)
+    b.records.push(rec(0xabc, 11, 2, 4, 1_000_000));
+    b.records.push(rec(0xabc, 11, 2, 4, 2_000_000));
+    // op counter far behind the rank's newest (beyond the reorder tolerance)
+    let mut r = rec(0xabc, 100, 3, 4, 1_000_000);
+    r.start_ns = 2_000 * 10_000_000;
+    b.records.push(r);
+    b.records.push(rec(0xabc, 1, 3, 4, 1_000_000));
+    // absurd duration (years)
+    b.records.push(rec(0xabc, 12, 0, 4, u64::MAX / 2));
+    // no trace id / no op type set / unknown enum value
+    let mut r = rec(0xabc, 12, 1, 4, 1_000);
+    r.trace = None;
+    b.records.push(r);
+    let mut r = rec(0xabc, 12, 1, 4, 1_000);
+    r.op = None;
+    b.records.push(r);
+    let mut r = rec(0xabc, 12, 1, 4, 1_000);
+    r.state = 77;
+    b.records.push(r);
     let out = c.ingest(b).unwrap();
-    assert_eq!(out.accepted, 8, "{out:?}");
-    assert_eq!(out.rejected, 2, "{out:?}");
-    assert_eq!(out.reasons.len(), 2);
+    assert_eq!(out.accepted, 50, "{out:?}");
+    assert_eq!(out.rejected, 9, "{out:?}");
+    assert_eq!(out.reasons.len(), 9);
 
     let (_, body) = http_get(s.metrics_addr.unwrap(), "/metrics");
-    let rejected: f64 = analyzer::metrics::parse_text(&body)
-        .into_iter()
+    let series = analyzer::metrics::parse_text(&body);
+    let rejected: f64 = series
+        .iter()
         .filter(|(k, _)| k.starts_with("ccld_records_rejected_total{"))
-        .map(|(_, v)| v)
+        .map(|(_, v)| *v)
         .sum();
-    assert_eq!(rejected, 2.0, "{body}");
-    assert_eq!(metric(&body, "ccld_records_ingested_total"), Some(8.0));
+    assert_eq!(rejected, 9.0, "{body}");
+    for reason in [
+        "rank_out_of_range",
+        "nranks_mismatch",
+        "duplicate_completed",
+        "counter_backwards",
+        "absurd_duration",
+        "missing_trace",
+        "missing_op_type_set",
+        "unknown_enum",
+    ] {
+        let k = format!("ccld_records_rejected_total{{reason=\"{reason}\"}}");
+        assert!(metric(&body, &k).is_some_and(|v| v >= 1.0), "{k} in {body}");
+    }
+    assert_eq!(metric(&body, "ccld_records_ingested_total"), Some(50.0));
     s.stop();
 }
 
@@ -133,7 +176,10 @@ fn oversized_and_junk_input_is_refused_without_harm() {
     match c.ingest(big) {
         Err(ClientError::Refused { code, .. }) => {
             assert!(
-                matches!(code, Code::OutOfRange | Code::ResourceExhausted | Code::Internal),
+                matches!(
+                    code,
+                    Code::OutOfRange | Code::ResourceExhausted | Code::Internal
+                ),
                 "{code:?}"
             )
         }

@@ -31,7 +31,11 @@ pub fn linear_fit(xs: &[f64], ys: &[f64]) -> (f64, f64, f64) {
             e * e
         })
         .sum();
-    let r2 = if ss_tot == 0.0 { 1.0 } else { 1.0 - ss_res / ss_tot };
+    let r2 = if ss_tot == 0.0 {
+        1.0
+    } else {
+        1.0 - ss_res / ss_tot
+    };
     (a, b, r2)
 }
 
@@ -61,7 +65,9 @@ impl RecordGen {
     /// A generator; `salt` makes the communicator ids distinct between generators.
     pub fn new(salt: u64, comms: usize, nranks: u32, channels: u32) -> Self {
         Self {
-            comm_ids: (0..comms as u64).map(|k| mix64((salt << 24) ^ k) | 1).collect(),
+            comm_ids: (0..comms as u64)
+                .map(|k| mix64((salt << 24) ^ k) | 1)
+                .collect(),
             nranks,
             channels,
             next_op: 1,

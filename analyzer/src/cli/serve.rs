@@ -187,7 +187,8 @@ impl ServeArgs {
         let engine = self.detect.engine_config()?;
         let mut cfg = ServerConfig::single(engine);
         if let Some(list) = &self.shards {
-            let map = ShardMap::parse(list).map_err(|e| CliError::Usage(format!("--shards: {e}")))?;
+            let map =
+                ShardMap::parse(list).map_err(|e| CliError::Usage(format!("--shards: {e}")))?;
             let id = match self.shard_id {
                 Some(i) => i,
                 None => map

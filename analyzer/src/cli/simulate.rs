@@ -269,9 +269,7 @@ pub fn run(a: SimulateArgs) -> Result<(), CliError> {
             .map_err(|e| CliError::Other(format!("writing {}: {e}", path.display())))?;
     }
     let matches = match (&truth, &diag) {
-        (Some(t), Some(d)) => {
-            d.class == t.class as i32 && d.roots.iter().any(|r| r.rank == t.rank)
-        }
+        (Some(t), Some(d)) => d.class == t.class as i32 && d.roots.iter().any(|r| r.rank == t.rank),
         _ => false,
     };
     if a.json {
@@ -362,8 +360,18 @@ mod tests {
     #[test]
     fn builds_sim_config() {
         let a = parse(&[
-            "--ranks", "16", "--topology", "tree", "--anomaly", "S2", "--root-rank", "5",
-            "--inject-at-s", "10", "--comms", "3",
+            "--ranks",
+            "16",
+            "--topology",
+            "tree",
+            "--anomaly",
+            "S2",
+            "--root-rank",
+            "5",
+            "--inject-at-s",
+            "10",
+            "--comms",
+            "3",
         ])
         .unwrap();
         let c = a.sim_config(7).unwrap();
@@ -378,7 +386,12 @@ mod tests {
         assert_eq!(c.duration_ns, 210_000_000_000);
         let h = parse(&["--anomaly", "h1"]).unwrap().sim_config(0).unwrap();
         assert_eq!(h.duration_ns, 530_000_000_000);
-        assert!(parse(&["--anomaly", "none"]).unwrap().sim_config(0).unwrap().inject.is_none());
+        assert!(parse(&["--anomaly", "none"])
+            .unwrap()
+            .sim_config(0)
+            .unwrap()
+            .inject
+            .is_none());
     }
 
     #[test]

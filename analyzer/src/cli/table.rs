@@ -55,7 +55,11 @@ mod tests {
     #[test]
     fn aligns_columns() {
         let t = render(
-            &[("NAME", Align::Left), ("N", Align::Right), ("NOTE", Align::Left)],
+            &[
+                ("NAME", Align::Left),
+                ("N", Align::Right),
+                ("NOTE", Align::Left),
+            ],
             &[
                 vec!["a".into(), "1".into(), "x".into()],
                 vec!["longer".into(), "1234".into(), "".into()],

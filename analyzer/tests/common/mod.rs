@@ -93,7 +93,10 @@ pub fn http_get(addr: SocketAddr, path: &str) -> (String, String) {
     let mut out = String::new();
     s.read_to_string(&mut out).expect("read");
     let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
-    (head.lines().next().unwrap_or("").to_string(), body.to_string())
+    (
+        head.lines().next().unwrap_or("").to_string(),
+        body.to_string(),
+    )
 }
 
 /// Value of one metric series in a Prometheus text body.

@@ -136,18 +136,22 @@ fn drive(rt: &tokio::runtime::Runtime, shards: &[SocketAddr], o: &Opts) -> (f64,
                     for (i, r) in recs.into_iter().enumerate() {
                         per[owners[i / RANKS as usize]].records.push(r);
                     }
-                    let futs = per.into_iter().enumerate().filter(|(_, b)| !b.records.is_empty()).map(
-                        |(s, b)| {
+                    let futs = per
+                        .into_iter()
+                        .enumerate()
+                        .filter(|(_, b)| !b.records.is_empty())
+                        .map(|(s, b)| {
                             let mut rpc = rpcs[s].clone();
                             async move { rpc.ingest_one(b).await }
-                        },
-                    );
+                        });
                     for r in futures_util::future::join_all(futs).await {
                         match r {
                             Ok(rep) => {
                                 let rep = rep.into_inner();
                                 accepted.fetch_add(rep.accepted, Ordering::Relaxed);
-                                if rep.rejected > 0 && rejected.fetch_add(rep.rejected, Ordering::Relaxed) == 0 {
+                                if rep.rejected > 0
+                                    && rejected.fetch_add(rep.rejected, Ordering::Relaxed) == 0
+                                {
                                     eprintln!("first reject: {:?}", rep.reasons.first());
                                 }
                             }
@@ -172,7 +176,10 @@ fn drive(rt: &tokio::runtime::Runtime, shards: &[SocketAddr], o: &Opts) -> (f64,
         }
         (dt, a1 - a0)
     });
-    (a0 as f64 / t_meas.as_secs_f64(), rejected.load(Ordering::Relaxed))
+    (
+        a0 as f64 / t_meas.as_secs_f64(),
+        rejected.load(Ordering::Relaxed),
+    )
 }
 
 fn shards(n: usize, workers: usize) -> Vec<ShardProcess> {
@@ -200,7 +207,9 @@ fn shards(n: usize, workers: usize) -> Vec<ShardProcess> {
 
 fn main() {
     let o = parse();
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     println!(
         "# analyzer ingest rate; {cores} CPU cores visible; batches of {} records ({} comms x {RANKS} ranks), {} client streams, {} s windows",
         o.batch,

@@ -7,9 +7,12 @@
 //!   the whole tick: what delays the diagnosis after the data is in);
 //! * `locate`: the location step alone (`Evidence.location_cost_ns`, measured by the
 //!   engine around the decision tree);
-//! * `idle tick`: median tick cost of the other ticks (steady-state detection overhead).
-//! and a least-squares line tick = a + b N per class. Target (design.md section 8): linear
-//! in N, <= 5 ms at 4,096 ranks.
+//! * `idle tick`: median tick cost of the other ticks (steady-state detection overhead);
+//! * `batch`: ingest of the decisive batch plus its tick (some location work happens
+//!   while records are ingested).
+//!
+//! and least-squares lines tick = a + b N and batch = a + b N per class. Target
+//! (design.md section 8): linear in N, <= 5 ms at 4,096 ranks.
 //!
 //! Usage: analyzer_location [--max-n N] [--reps R]
 
@@ -34,7 +37,11 @@ fn cfg(n: u32, class: AnomalyClass, seed: u64) -> SimConfig {
         class,
         AnomalyClass::H1NotEntered | AnomalyClass::H2Inconsistent | AnomalyClass::H3Hardware
     );
-    let start: u64 = if hang { 20_000_000_000 } else { 130_000_000_000 };
+    let start: u64 = if hang {
+        20_000_000_000
+    } else {
+        130_000_000_000
+    };
     SimConfig {
         seed,
         comms: 1,
@@ -83,7 +90,11 @@ fn measure(n: u32, class: AnomalyClass, seed: u64) -> Sample {
         } else if found.is_none() {
             let d = &ds[0];
             let ok = d.class == truth.class as i32 && d.roots.iter().any(|r| r.rank == truth.rank);
-            let loc = d.evidence.as_ref().map(|ev| ev.location_cost_ns).unwrap_or(0) as f64;
+            let loc = d
+                .evidence
+                .as_ref()
+                .map(|ev| ev.location_cost_ns)
+                .unwrap_or(0) as f64;
             found = Some((dbatch, dt, loc, ok));
         }
     }
