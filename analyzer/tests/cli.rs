@@ -260,3 +260,43 @@ fn watch_streams_json_lines() {
     let v: serde_json::Value = serde_json::from_str(line.lines().next().unwrap()).unwrap();
     assert_eq!(v["class"], "S1");
 }
+
+#[test]
+fn record_a_clean_run_and_calibrate_theta() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("clean.rec");
+    let srv = serve(&["--clock", "driven"]);
+    let (code, out, err) = run(&[
+        "simulate",
+        "--server",
+        &srv.addr,
+        "--compressed",
+        "--duration-s",
+        "900",
+        "--record",
+        rec.to_str().unwrap(),
+        "--seed",
+        "3",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, out, err) = run(&["calibrate", rec.to_str().unwrap(), "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let f = &v["files"][0];
+    assert!(f["windows"].as_u64().unwrap() >= 10, "{out}");
+    let max_r = f["max_r"].as_f64().unwrap();
+    let theta = v["theta_slow"].as_f64().unwrap();
+    // Above every clean window by the safety factor, never below the floor.
+    assert!(theta >= 1.0 && theta >= 1.5 * max_r * 0.99, "{out}");
+    let (code, out, _) = run(&["calibrate", rec.to_str().unwrap()]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("theta_slow =") && out.contains("--slow-theta"),
+        "{out}"
+    );
+    let junk = dir.path().join("junk.rec");
+    std::fs::write(&junk, b"not a recording").unwrap();
+    let (code, _, err) = run(&["calibrate", junk.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(err.contains("junk.rec"), "{err}");
+}

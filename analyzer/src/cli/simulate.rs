@@ -325,9 +325,26 @@ pub fn run(a: SimulateArgs) -> Result<(), CliError> {
 /// `ccld calibrate` arguments.
 #[derive(Debug, Args)]
 pub struct CalibrateArgs {
-    /// Recording files of clean runs (`ccld simulate --record`, or the probe's recorder).
+    /// Recording files of clean runs (`ccld simulate --record`). Each file is replayed on
+    /// its own engine (they are independent runs); the theta printed last is the largest
+    /// per-file theta.
     #[arg(value_name = "FILE", required = true)]
     pub files: Vec<PathBuf>,
+    /// Quantile q of the clean windows' slowdown ratios R.
+    #[arg(long, default_value_t = 0.999)]
+    pub quantile: f64,
+    /// Safety factor: theta = max(floor, safety x Q_q(R)).
+    #[arg(long, default_value_t = 1.5)]
+    pub safety: f64,
+    /// Smallest theta ever proposed.
+    #[arg(long, default_value_t = 1.0)]
+    pub floor: f64,
+    /// Histogram bins.
+    #[arg(long, default_value_t = 20)]
+    pub bins: usize,
+    /// Detection window used during replay (the window the servers run with).
+    #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
+    pub slow_window_s: f64,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -335,10 +352,59 @@ pub struct CalibrateArgs {
 
 /// Runs `ccld calibrate`.
 pub fn run_calibrate(a: CalibrateArgs) -> Result<(), CliError> {
-    let _ = a;
-    Err(CliError::Other(
-        "calibrate is not available in this build (waiting for the calibration module)".into(),
-    ))
+    let mut cfg =
+        crate::calibrate::config_with_window(super::secs("--slow-window-s", a.slow_window_s)?);
+    cfg.quantile = a.quantile;
+    cfg.safety = a.safety;
+    cfg.floor = a.floor;
+    cfg.bins = a.bins;
+    let mut results = Vec::new();
+    for f in &a.files {
+        let file = std::fs::File::open(f).map_err(|source| CliError::Io {
+            what: format!("opening {}", f.display()),
+            source,
+        })?;
+        let c = crate::calibrate::calibrate_recording(std::io::BufReader::new(file), &cfg)
+            .map_err(|e| CliError::Other(format!("{}: {e}", f.display())))?;
+        results.push((f.display().to_string(), c));
+    }
+    let theta = results
+        .iter()
+        .map(|(_, c)| c.theta)
+        .fold(f64::NEG_INFINITY, f64::max);
+    if a.json {
+        let v = json!({
+            "theta_slow": theta,
+            "files": results.iter().map(|(f, c)| json!({
+                "file": f,
+                "theta_slow": c.theta,
+                "windows": c.windows,
+                "excluded": c.excluded,
+                "min_r": c.min,
+                "max_r": c.max,
+                "quantiles": c.quantiles.iter().map(|(q, v)| json!({"q": q, "r": v})).collect::<Vec<_>>(),
+                "histogram": c.histogram.iter().map(|(lo, hi, n)| json!({"lo": lo, "hi": hi, "count": n})).collect::<Vec<_>>(),
+                "statistic": c.statistic,
+            })).collect::<Vec<_>>(),
+        });
+        print(&json_line(&v, true))
+    } else {
+        let mut s = String::new();
+        for (f, c) in &results {
+            s.push_str(&format!("== {f}\n{c}"));
+        }
+        if results.len() > 1 {
+            s.push_str(&format!(
+                "theta_slow = {theta:.3} (largest over {} files)\n",
+                results.len()
+            ));
+        }
+        s.push_str(&format!(
+            "use: ccld serve --slow-theta {theta:.3} --slow-window-s {}\n",
+            a.slow_window_s
+        ));
+        print(&s)
+    }
 }
 
 #[cfg(test)]
