@@ -10,14 +10,14 @@ use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::time::Duration;
 
-use analyzer::client::{BlockingClient, ClientConfig};
+use analyzer::client::{BlockingClient, Client, ClientConfig};
 use analyzer::engine::EngineConfig;
 use analyzer::server::{ClockMode, ServerConfig, ShardProcess};
 use analyzer::shard::ShardMap;
 use analyzer::sim::{comm_id, H2Variant, Injection, Sim, SimAlgo, SimConfig, Truth};
 use analyzer::wire::{
     AnomalyClass, Batch, Diagnosis, GetCommRequest, ListAnomaliesRequest, ListCommsRequest,
-    TimedBatch,
+    TimedBatch, WatchRequest,
 };
 
 const START: u64 = 100_000_000_000;
@@ -132,6 +132,28 @@ fn three_shards_kill_and_restart() {
         .map(|(i, l)| Some(start(&map, i, dir.path(), l)))
         .collect();
 
+    // A cluster-wide watch opened on shard 2 before anything happens.
+    let (wtx, wrx) = std::sync::mpsc::channel::<Diagnosis>();
+    let waddr = names[2].clone();
+    let watcher = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let mut c = Client::new(ClientConfig::new([waddr])).unwrap();
+            let mut st = c.watch(WatchRequest::default()).await.unwrap();
+            while let Ok(Ok(Some(d))) =
+                tokio::time::timeout(Duration::from_secs(20), st.message()).await
+            {
+                if wtx.send(d).is_err() {
+                    break;
+                }
+            }
+        });
+    });
+    std::thread::sleep(Duration::from_millis(300));
+
     // Phase 1: one anomalous communicator owned by each shard (plus a clean one each).
     let classes = [
         AnomalyClass::H1NotEntered,
@@ -202,6 +224,20 @@ fn three_shards_kill_and_restart() {
             assert_eq!(st.shard, names[map.owner(t.comm_id)]);
         }
     }
+
+    // The watcher on shard 2 saw the diagnoses of all three shards.
+    let mut watched = BTreeSet::new();
+    while watched != before {
+        match wrx.recv_timeout(Duration::from_secs(10)) {
+            Ok(d) => {
+                watched.insert(d.id);
+            }
+            Err(_) => panic!("watch missed diagnoses: got {watched:?}, want {before:?}"),
+        }
+    }
+    let shards_seen: BTreeSet<&str> = watched.iter().map(|id| &id[..2]).collect();
+    assert_eq!(shards_seen.len(), 3, "{watched:?}");
+    drop(wrx);
 
     // Phase 2: kill shard 1 outright.
     shards[1].take().unwrap().kill();
@@ -302,4 +338,5 @@ fn three_shards_kill_and_restart() {
     for s in shards.into_iter().flatten() {
         s.stop();
     }
+    watcher.join().unwrap();
 }

@@ -235,3 +235,73 @@ fn metrics_endpoint_content() {
     assert!(st.contains("404"), "{st}");
     s.stop();
 }
+
+#[test]
+fn tls_and_token_between_shards_during_fan_out() {
+    let ck =
+        rcgen::generate_simple_self_signed(vec!["localhost".to_string(), "127.0.0.1".to_string()])
+            .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let cert = dir.path().join("cert.pem");
+    let key = dir.path().join("key.pem");
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
+    let ls: Vec<_> = (0..2).map(|_| bind()).collect();
+    let names: Vec<String> = ls
+        .iter()
+        .map(|l| l.local_addr().unwrap().to_string())
+        .collect();
+    let map = analyzer::shard::ShardMap::new(&names).unwrap();
+    let shards: Vec<_> = ls
+        .into_iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let mut c = single(EngineConfig::default());
+            c.shards = Some(map.clone());
+            c.shard_id = i;
+            c.token = Some("tok".into());
+            c.tls = Some(analyzer::auth::server_tls(&cert, &key).unwrap());
+            c.peer.token = Some("tok".into());
+            c.peer.tls = Some(analyzer::auth::client_tls(&cert, Some("localhost")).unwrap());
+            let a = l.local_addr().unwrap();
+            analyzer::server::ShardProcess::spawn(c, a, Some(l), 1).unwrap()
+        })
+        .collect();
+    let mut cc = ClientConfig::new(names.clone());
+    cc.tls = Some(analyzer::auth::client_tls(&cert, Some("localhost")).unwrap());
+    cc.token = Some("tok".into());
+    let mut c = BlockingClient::new(cc).unwrap();
+    // Communicators on both shards.
+    let mut b = Batch::default();
+    for comm in 1..=20u64 {
+        b.records.extend(rounds(comm, 2, 0..1).records);
+    }
+    let out = c.ingest(b).unwrap();
+    assert_eq!(out.accepted, 40);
+    assert_eq!(out.per_shard.len(), 2, "{out:?}");
+    // Ask one shard only: it must reach the other over TLS with the token.
+    let mut one = ClientConfig::new([names[0].clone()]);
+    one.tls = Some(analyzer::auth::client_tls(&cert, Some("localhost")).unwrap());
+    one.token = Some("tok".into());
+    let mut one = BlockingClient::new(one).unwrap();
+    let comms = wait_for(Duration::from_secs(5), || {
+        let l = one
+            .list_comms(analyzer::wire::ListCommsRequest::default())
+            .ok()?;
+        (l.comms.len() == 20).then_some(l)
+    })
+    .expect("all 20 communicators listed through the fan-out");
+    assert!(comms.unreachable_shards.is_empty());
+    // No peer call was refused.
+    for s in &shards {
+        assert_eq!(
+            s.metrics
+                .auth_failures
+                .load(std::sync::atomic::Ordering::Relaxed),
+            0
+        );
+    }
+    for s in shards {
+        s.stop();
+    }
+}
