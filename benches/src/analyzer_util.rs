@@ -10,6 +10,43 @@ fn mix64(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// CPU seconds (user + system) consumed so far by this process (`self`) or this thread
+/// (`thread-self`), from `/proc/<who>/stat` (Linux, 100 clock ticks per second). `None`
+/// where unavailable.
+pub fn cpu_seconds(who: &str) -> Option<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{who}/stat")).ok()?;
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let rest = s.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ut: f64 = f.get(11)?.parse().ok()?;
+    let st: f64 = f.get(12)?.parse().ok()?;
+    Some((ut + st) / 100.0)
+}
+
+/// CPU seconds consumed so far by this process's threads whose name starts with `prefix`
+/// (e.g. `ccld-shard`, the analyzer shard runtimes' threads), from `/proc/self/task`.
+pub fn cpu_seconds_of_threads(prefix: &str) -> Option<f64> {
+    let mut total = 0.0;
+    for e in std::fs::read_dir("/proc/self/task").ok()? {
+        let Ok(e) = e else { continue };
+        let Ok(s) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        let (Some(open), Some((head, rest))) = (s.find('('), s.rsplit_once(')')) else {
+            continue;
+        };
+        let name = &head[open + 1..];
+        if !name.starts_with(prefix) {
+            continue;
+        }
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ut: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+        let st: f64 = f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+        total += (ut + st) / 100.0;
+    }
+    Some(total)
+}
+
 /// Least-squares fit y = a + b x; returns (a, b, r^2).
 pub fn linear_fit(xs: &[f64], ys: &[f64]) -> (f64, f64, f64) {
     let n = xs.len() as f64;
@@ -143,6 +180,19 @@ impl RecordGen {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_time_is_readable_and_grows() {
+        let a = cpu_seconds("self").unwrap();
+        let t = std::time::Instant::now();
+        let mut x = 0u64;
+        while t.elapsed() < std::time::Duration::from_millis(50) {
+            x = x.wrapping_add(1);
+        }
+        assert!(x > 0);
+        assert!(cpu_seconds("self").unwrap() >= a);
+        assert!(cpu_seconds("thread-self").is_some());
+    }
 
     #[test]
     fn fit_recovers_a_line() {

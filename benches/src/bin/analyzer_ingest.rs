@@ -10,6 +10,9 @@
 //!
 //! Target (design.md section 8): >= 1,000,000 records/s per shard, batched.
 //!
+//! Wall-clock rates depend on how busy the machine is; the per-CPU-second figures (from
+//! /proc) do much less.
+//!
 //! Usage: analyzer_ingest [--seconds S] [--clients C] [--batch B] [--workers W]
 
 use std::net::SocketAddr;
@@ -23,7 +26,7 @@ use analyzer::shard::ShardMap;
 use analyzer::wire::analyzer_client::AnalyzerClient;
 use analyzer::wire::Batch;
 use analyzer::Engine;
-use benches::analyzer_util::RecordGen;
+use benches::analyzer_util::{cpu_seconds, cpu_seconds_of_threads, RecordGen};
 use prost::Message;
 
 const RANKS: u32 = 64;
@@ -79,6 +82,7 @@ fn part_a(batch: usize) {
     let bytes: usize = encoded.iter().map(Vec::len).sum();
     let mut e = Engine::new(EngineConfig::default());
     let now = 1_700_000_000_000_000_000u64;
+    let c0 = cpu_seconds("thread-self");
     let t0 = Instant::now();
     let mut n = 0u64;
     let mut rej = 0u64;
@@ -92,20 +96,30 @@ fn part_a(batch: usize) {
         }
     }
     let dt = t0.elapsed().as_secs_f64();
+    let cpu = match (c0, cpu_seconds("thread-self")) {
+        (Some(a), Some(b)) if b > a => format!(
+            "; {:.2} CPU s = {:.0} records per CPU-second",
+            b - a,
+            n as f64 / (b - a)
+        ),
+        _ => String::new(),
+    };
     println!(
-        "A  decode+ingest, 1 thread: {n} records in {dt:.3} s = {:.0} records/s ({:.0} B/record on the wire, {rej} rejected)",
+        "A  decode+ingest, 1 thread: {n} records in {dt:.3} s wall = {:.0} records/s{cpu} ({:.0} B/record on the wire, {rej} rejected)",
         n as f64 / dt,
         bytes as f64 / (n + rej).max(1) as f64
     );
 }
 
 /// Runs `clients` senders against `shards` for `secs`; returns accepted records/s.
-fn drive(rt: &tokio::runtime::Runtime, shards: &[SocketAddr], o: &Opts) -> (f64, u64) {
+fn drive(rt: &tokio::runtime::Runtime, shards: &[SocketAddr], o: &Opts) -> (f64, u64, f64, f64) {
     let names: Vec<String> = shards.iter().map(|a| a.to_string()).collect();
     let map = ShardMap::new(&names).expect("distinct shard addresses");
     let accepted = Arc::new(AtomicU64::new(0));
     let rejected = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
+    let cpu = AtomicU64::new(0);
+    let shard_cpu = AtomicU64::new(0);
     let comms = (o.batch / RANKS as usize).max(1);
     let warmup = Duration::from_millis(500);
     let window = Duration::from_secs_f64(o.seconds);
@@ -166,19 +180,39 @@ fn drive(rt: &tokio::runtime::Runtime, shards: &[SocketAddr], o: &Opts) -> (f64,
         }
         tokio::time::sleep(warmup).await;
         let a0 = accepted.load(Ordering::Relaxed);
+        let c0 = cpu_seconds("self");
+        let s0 = cpu_seconds_of_threads("ccld-shard");
         let t0 = Instant::now();
         tokio::time::sleep(window).await;
         let a1 = accepted.load(Ordering::Relaxed);
         let dt = t0.elapsed();
+        if let (Some(c0), Some(c1)) = (c0, cpu_seconds("self")) {
+            cpu.store(((c1 - c0) * 1000.0) as u64, Ordering::Relaxed);
+        }
+        if let (Some(s0), Some(s1)) = (s0, cpu_seconds_of_threads("ccld-shard")) {
+            shard_cpu.store(((s1 - s0) * 1000.0) as u64, Ordering::Relaxed);
+        }
         stop.store(true, Ordering::Relaxed);
         for t in tasks {
             let _ = t.await;
         }
         (dt, a1 - a0)
     });
+    let cpu_s = cpu.load(Ordering::Relaxed) as f64 / 1000.0;
+    let shard_s = shard_cpu.load(Ordering::Relaxed) as f64 / 1000.0;
     (
         a0 as f64 / t_meas.as_secs_f64(),
         rejected.load(Ordering::Relaxed),
+        if cpu_s > 0.0 {
+            a0 as f64 / cpu_s
+        } else {
+            f64::NAN
+        },
+        if shard_s > 0.0 {
+            a0 as f64 / shard_s
+        } else {
+            f64::NAN
+        },
     )
 }
 
@@ -226,9 +260,9 @@ fn main() {
     for n in 1..=3usize {
         let s = shards(n, o.workers);
         let addrs: Vec<SocketAddr> = s.iter().map(|p| p.addr).collect();
-        let (rate, rej) = drive(&rt, &addrs, &o);
+        let (rate, rej, per_cpu, per_shard_cpu) = drive(&rt, &addrs, &o);
         println!(
-            "{}  {n} shard(s) on loopback gRPC: {rate:.0} records/s in total, {:.0} per shard ({rej} rejected)",
+            "{}  {n} shard(s) on loopback gRPC: {rate:.0} records/s in total, {:.0} per shard ({rej} rejected); {per_cpu:.0} records per CPU-second of clients + shards together, {per_shard_cpu:.0} per CPU-second of the shard threads alone",
             if n == 1 { "B" } else { "C" },
             rate / n as f64
         );
