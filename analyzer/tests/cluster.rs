@@ -29,7 +29,7 @@ fn shard_cfg(map: &ShardMap, id: usize, dir: &Path) -> ServerConfig {
     c.shards = Some(map.clone());
     c.data_dir = Some(dir.join(format!("shard{id}")));
     c.clock = ClockMode::Driven;
-    c.peer.timeout = Duration::from_secs(1);
+    c.peer.timeout = Duration::from_secs(5);
     c.peer.connect_timeout = Duration::from_millis(300);
     c
 }
