@@ -139,10 +139,7 @@ fn supported_archs(nvcc: &Path) -> Vec<&'static str> {
 fn build_cuda(nvcc: &Path) {
     let archs = supported_archs(nvcc);
     if archs.is_empty() {
-        panic!(
-            "kernels: {} supports none of {ARCHS:?}",
-            nvcc.display()
-        );
+        panic!("kernels: {} supports none of {ARCHS:?}", nvcc.display());
     }
     // cc picks nvcc up from $NVCC (setting it as `.compiler()` would lose nvcc's flag
     // translation); only this build script's process sees the change.
@@ -172,7 +169,12 @@ fn build_cuda(nvcc: &Path) {
         .map(Path::to_path_buf)
         .unwrap_or_default();
     let mut found = false;
-    for sub in ["lib", "lib64", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib"] {
+    for sub in [
+        "lib",
+        "lib64",
+        "targets/x86_64-linux/lib",
+        "targets/sbsa-linux/lib",
+    ] {
         let dir = root.join(sub);
         if dir.join("libcudart_static.a").is_file() {
             println!("cargo:rustc-link-search=native={}", dir.display());

@@ -285,7 +285,9 @@ pub fn c_layout() -> Vec<(String, u64)> {
                 return None;
             }
             // SAFETY: non-null static string (see above).
-            let name = unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned();
+            let name = unsafe { std::ffi::CStr::from_ptr(p) }
+                .to_string_lossy()
+                .into_owned();
             // SAFETY: no preconditions.
             Some((name, unsafe { ccl_layout_value(i) }))
         })
