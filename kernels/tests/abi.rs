@@ -182,7 +182,7 @@ fn header_prototypes() -> Vec<(String, Vec<String>, String)> {
         let open = d.find('(').unwrap();
         let close = d.rfind(')').unwrap();
         let head = &d[..open];
-        let (ret, name) = head.rsplit_once(|c: char| c == ' ' || c == '*').unwrap();
+        let (ret, name) = head.rsplit_once([' ', '*']).unwrap();
         let ret = if head[..head.len() - name.len()].ends_with('*') {
             format!("{ret}*")
         } else {
@@ -194,7 +194,7 @@ fn header_prototypes() -> Vec<(String, Vec<String>, String)> {
             .filter(|p| !p.is_empty() && *p != "void")
             .map(|p| {
                 // Drop the parameter name: the last identifier.
-                let cut = p.rfind(|c: char| c == ' ' || c == '*').unwrap();
+                let cut = p.rfind([' ', '*']).unwrap();
                 p[..=cut].trim().to_string()
             })
             .collect();
