@@ -58,7 +58,7 @@
 #define cudaEventRecord hipEventRecord
 #define cudaEventSynchronize hipEventSynchronize
 #define cudaEventElapsedTime hipEventElapsedTime
-#define cudaLaunchHostFunc hipLaunchHostFunc
+/* cudaLaunchHostFunc: hipStreamAddCallback through a trampoline (ccl_kernels.cu). */
 #define cudaMemoryTypeDevice hipMemoryTypeDevice
 #define cudaMemoryTypeManaged hipMemoryTypeUnified
 /* HIP 5.2's attribute struct names the field memoryType; CUDA's names it type. */

@@ -514,6 +514,18 @@ ccl_dev_result_t invalid(const char *what) {
   return CCL_DEV_INVALID;
 }
 
+#if CCL_PLATFORM_HIP
+struct HostFnCall {
+  ccl_host_fn_t fn;
+  void *user;
+};
+void host_fn_trampoline(hipStream_t, hipError_t, void *arg) {
+  HostFnCall *c = (HostFnCall *)arg;
+  c->fn(c->user);
+  delete c;
+}
+#endif
+
 #define CCL_CHECK(call)                          \
   do {                                           \
     cudaError_t e_ = (call);                     \
@@ -710,7 +722,18 @@ ccl_dev_result_t ccl_dev_event_elapsed_ms(ccl_event_t start, ccl_event_t end, fl
 
 ccl_dev_result_t ccl_dev_launch_host_fn(ccl_stream_t s, ccl_host_fn_t fn, void *user) {
   if (!fn) return invalid("ccl_dev_launch_host_fn: fn is NULL");
+#if CCL_PLATFORM_HIP
+  // HIP 5.2 declares hipLaunchHostFunc but libamdhip64 5.2 does not export it: use a stream
+  // callback through a trampoline (freed by the callback).
+  HostFnCall *call = new HostFnCall{fn, user};
+  hipError_t e = hipStreamAddCallback((hipStream_t)s, host_fn_trampoline, call, 0);
+  if (e != hipSuccess) {
+    delete call;
+    return fail(e, "hipStreamAddCallback");
+  }
+#else
   CCL_CHECK(cudaLaunchHostFunc((cudaStream_t)s, fn, user));
+#endif
   return CCL_DEV_OK;
 }
 
