@@ -4,7 +4,7 @@
 //! nvcc is looked up in this order: `$NVCC`, `nvcc` on `PATH`, `$CUDA_HOME/bin/nvcc`
 //! (`$CUDA_PATH` too), the `nvidia-cuda-nvcc` PyPI wheel of `python3`
 //! (`site-packages/nvidia/cu13/bin/nvcc`, see scripts/install-toolchains.sh), then
-//! `/usr/local/cuda/bin/nvcc`. Without nvcc the crate builds the host backend only
+//! `/usr/local/cuda/bin/nvcc`. `CCLD_NO_NVCC=1` skips the search. Without nvcc the crate builds the host backend only
 //! (`kernels::cuda_built() == false`) and says so with a cargo warning; with the `cuda`
 //! feature a missing nvcc is an error.
 //!
@@ -26,7 +26,7 @@ fn main() {
     println!("cargo:rerun-if-changed=include/ccl_portability.h");
     println!("cargo:rerun-if-changed=src/ccl_kernels.cu");
     println!("cargo:rerun-if-changed=src/layout.c");
-    for v in ["NVCC", "CUDA_HOME", "CUDA_PATH"] {
+    for v in ["NVCC", "CUDA_HOME", "CUDA_PATH", "CCLD_NO_NVCC"] {
         println!("cargo:rerun-if-env-changed={v}");
     }
     println!("cargo:rustc-check-cfg=cfg(ccl_cuda)");
@@ -39,7 +39,10 @@ fn main() {
         .compile("ccl_layout");
 
     let required = env::var_os("CARGO_FEATURE_CUDA").is_some();
-    match find_nvcc() {
+    // CCLD_NO_NVCC=1: build the host-only variant even where nvcc exists (checks that
+    // variant in CI; saves the nvcc time on machines that never run kernels).
+    let skip = env::var("CCLD_NO_NVCC").is_ok_and(|v| v == "1");
+    match if skip { None } else { find_nvcc() } {
         Some(nvcc) => build_cuda(&nvcc),
         None if required => {
             panic!(

@@ -223,11 +223,37 @@ macro_rules! abi {
         extern "C" {
             $( pub fn $name ( $( $arg : $ty ),* ) -> $ret ; )*
         }
+        // Without the kernels every function exists as a stub that does nothing and
+        // returns CCL_DEV_UNSUPPORTED (an empty string for ccl_dev_last_error), so callers
+        // compile the same way in both builds.
+        $(
+            #[cfg(not(ccl_cuda))]
+            #[allow(unused_variables, clippy::missing_safety_doc)]
+            pub unsafe fn $name ( $( $arg : $ty ),* ) -> $ret {
+                <$ret as Stub>::stub()
+            }
+        )*
         /// (name, [argument types], return type) of every ABI function, as Rust text.
         pub const SIGNATURES: &[(&str, &[&str], &str)] = &[
             $( (stringify!($name), &[ $( stringify!($ty) ),* ], stringify!($ret)) ),*
         ];
     };
+}
+
+/// Return value of a stub (kernels not built).
+#[cfg_attr(ccl_cuda, allow(dead_code))]
+trait Stub {
+    fn stub() -> Self;
+}
+impl Stub for i32 {
+    fn stub() -> i32 {
+        CCL_DEV_UNSUPPORTED
+    }
+}
+impl Stub for *const c_char {
+    fn stub() -> *const c_char {
+        c"".as_ptr()
+    }
 }
 
 abi! {

@@ -50,6 +50,19 @@ impl std::fmt::Display for DevError {
 
 impl std::error::Error for DevError {}
 
+/// Maps a `ccl_dev_result_t` returned by an [`ffi`] function on this thread to a `Result`
+/// (with the message of the failing call). Without the kernels every call reports
+/// [`DevError::NotBuilt`].
+pub fn check_code(code: i32) -> Result<(), DevError> {
+    if !cuda_built() {
+        return Err(DevError::NotBuilt);
+    }
+    // SAFETY: ccl_dev_last_error never returns NULL; it points to a NUL-terminated
+    // thread-local buffer that lives as long as the thread.
+    let msg = unsafe { CStr::from_ptr(ffi::ccl_dev_last_error()) };
+    check(code, msg)
+}
+
 /// Maps a `ccl_dev_result_t` to a `Result`, taking the message of the failing call.
 #[cfg_attr(not(ccl_cuda), allow(dead_code))]
 fn check(code: i32, last_error: &CStr) -> Result<(), DevError> {
