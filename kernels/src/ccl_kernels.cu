@@ -101,7 +101,11 @@ struct IntKind {
   static __device__ inline A mul(A a, A b) { return (A)(U)((U)a * (U)b); }
   static __device__ inline A max(A a, A b) { return a > b ? a : b; }
   static __device__ inline A min(A a, A b) { return a < b ? a : b; }
-  static __device__ inline A div(A a, uint32_t n) { return (A)(a / (A)n); }
+  // Integer Avg: truncating division in 64 bits (n may not fit the element type).
+  static __device__ inline A div(A a, uint32_t n) {
+    if ((S)-1 < (S)0) return (A)((int64_t)a / (int64_t)n);
+    return (A)((uint64_t)a / (uint64_t)n);
+  }
 };
 
 // Wide enough unsigned type for 8/32/64-bit integer multiplication without promotion to
@@ -307,6 +311,12 @@ __device__ void run_step_typed(const ccl_dev_plan_t &p, const RedCtx &c, uint32_
 
 __device__ void run_step(const ccl_dev_plan_t &p, const RedCtx &c, uint32_t kind, const void *in,
                          const void *src, void *out, void *dst, uint64_t n) {
+  // Pure data movement needs no element type (non-reducing plans may carry any dtype).
+  uint64_t nb = n * p.unit;
+  if (kind == CCL_STEP_RECV) return copy_block(in, NULL, dst, nb);
+  if (kind == CCL_STEP_RECV_COPY_SEND) return copy_block(in, out, dst, nb);
+  if (kind == CCL_STEP_SEND && !(p.reduce && c.op == CCL_OP_PREMUL)) return copy_block(src, out, NULL, nb);
+  if (!p.reduce) return;  // reducing steps in a non-reducing plan: rejected by the host
   switch (p.dtype) {
     case CCL_DT_INT8: run_step_typed<KI8>(p, c, kind, in, src, out, dst, n); break;
     case CCL_DT_UINT8: run_step_typed<KU8>(p, c, kind, in, src, out, dst, n); break;
@@ -745,6 +755,9 @@ ccl_dev_result_t ccl_dev_launch_plan(const ccl_dev_plan_t *plan, ccl_stream_t s)
   if (p.unit == 0 || p.unit > 8) return invalid("ccl_dev_launch_plan: unit out of 1..=8");
   if (p.reduce && (p.dtype >= CCL_DT_COUNT || p.op > CCL_OP_PREMUL))
     return invalid("ccl_dev_launch_plan: bad dtype or op");
+  static const uint32_t kSize[CCL_DT_COUNT] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
+  if (p.reduce && p.unit != kSize[p.dtype])
+    return invalid("ccl_dev_launch_plan: unit differs from the element size of dtype");
   if ((p.n_lanes && (!p.lanes || !p.steps || !p.conns)) || (p.n_locals && !p.locals))
     return invalid("ccl_dev_launch_plan: missing arrays");
   if (p.proto != CCL_PROTO_SIMPLE)

@@ -8,6 +8,7 @@
 //! run on a GPU.
 
 pub mod lower;
+pub mod selftest;
 
 pub use lower::{lower, red_params, ConnDir, ConnKey, LoweredPlan, RedParams};
 
