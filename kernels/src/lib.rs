@@ -102,6 +102,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn ci_gets_the_cuda_build_it_expects() {
+        // CI sets CCLD_EXPECT_CUDA=1 after installing nvcc (scripts/gpu/ci-device-build.sh):
+        // a build that silently fell back to host-only must fail there. Unset: no claim.
+        if std::env::var("CCLD_EXPECT_CUDA").is_ok_and(|v| v == "1") {
+            assert!(
+                cuda_built(),
+                "CCLD_EXPECT_CUDA=1 but the kernels were built without nvcc"
+            );
+        }
+    }
+
+    #[test]
     fn result_codes_map_to_typed_errors() {
         let m = c"boom";
         assert_eq!(check(ffi::CCL_DEV_OK, m), Ok(()));
