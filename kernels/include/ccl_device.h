@@ -257,6 +257,13 @@ ccl_dev_result_t ccl_dev_launch_host_fn(ccl_stream_t s, ccl_host_fn_t fn, void *
  * parameters). Returns CCL_DEV_INVALID for a malformed plan (checked on the host). */
 ccl_dev_result_t ccl_dev_launch_plan(const ccl_dev_plan_t *plan, ccl_stream_t s);
 
+/* The kernels' element arithmetic run on the HOST CPU (same source, host compilation):
+ * one element of dtype, finish?(in OP pre(local)) (has_in != 0) or finish?(pre(local)),
+ * values as little-endian bits. For testing the reduction semantics without a GPU. */
+ccl_dev_result_t ccl_dev_host_elem(uint32_t dtype, uint32_t op, uint32_t avg_divisor,
+                                   uint64_t scalar_bits, int32_t has_in, uint64_t in_bits,
+                                   uint64_t local_bits, int32_t do_finish, uint64_t *out);
+
 /* Device-to-device copy bandwidth of this device (GB/s) over `bytes`, `iters` copies:
  * the GPU suite's reference figure. */
 ccl_dev_result_t ccl_dev_copy_bandwidth(size_t bytes, int32_t iters, double *gbps);

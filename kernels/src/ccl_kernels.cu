@@ -94,15 +94,15 @@ template <typename S, typename U>
 struct IntKind {
   typedef S Store;
   typedef S A;
-  static __device__ inline A load(Store s) { return s; }
-  static __device__ inline Store store(A a) { return a; }
-  static __device__ inline A round(A a) { return a; }
-  static __device__ inline A add(A a, A b) { return (A)(U)((U)a + (U)b); }
-  static __device__ inline A mul(A a, A b) { return (A)(U)((U)a * (U)b); }
-  static __device__ inline A max(A a, A b) { return a > b ? a : b; }
-  static __device__ inline A min(A a, A b) { return a < b ? a : b; }
+  static __host__ __device__ inline A load(Store s) { return s; }
+  static __host__ __device__ inline Store store(A a) { return a; }
+  static __host__ __device__ inline A round(A a) { return a; }
+  static __host__ __device__ inline A add(A a, A b) { return (A)(U)((U)a + (U)b); }
+  static __host__ __device__ inline A mul(A a, A b) { return (A)(U)((U)a * (U)b); }
+  static __host__ __device__ inline A max(A a, A b) { return a > b ? a : b; }
+  static __host__ __device__ inline A min(A a, A b) { return a < b ? a : b; }
   // Integer Avg: truncating division in 64 bits (n may not fit the element type).
-  static __device__ inline A div(A a, uint32_t n) {
+  static __host__ __device__ inline A div(A a, uint32_t n) {
     if ((S)-1 < (S)0) return (A)((int64_t)a / (int64_t)n);
     return (A)((uint64_t)a / (uint64_t)n);
   }
@@ -121,14 +121,14 @@ template <typename T>
 struct NativeFloatKind {
   typedef T Store;
   typedef T A;
-  static __device__ inline A load(Store s) { return s; }
-  static __device__ inline Store store(A a) { return a; }
-  static __device__ inline A round(A a) { return a; }
-  static __device__ inline A add(A a, A b) { return a + b; }
-  static __device__ inline A mul(A a, A b) { return a * b; }
-  static __device__ inline A max(A a, A b) { return fmax(a, b); }
-  static __device__ inline A min(A a, A b) { return fmin(a, b); }
-  static __device__ inline A div(A a, uint32_t) { return a; }
+  static __host__ __device__ inline A load(Store s) { return s; }
+  static __host__ __device__ inline Store store(A a) { return a; }
+  static __host__ __device__ inline A round(A a) { return a; }
+  static __host__ __device__ inline A add(A a, A b) { return a + b; }
+  static __host__ __device__ inline A mul(A a, A b) { return a * b; }
+  static __host__ __device__ inline A max(A a, A b) { return fmax(a, b); }
+  static __host__ __device__ inline A min(A a, A b) { return fmin(a, b); }
+  static __host__ __device__ inline A div(A a, uint32_t) { return a; }
 };
 typedef NativeFloatKind<float> KF32;
 typedef NativeFloatKind<double> KF64;
@@ -138,18 +138,18 @@ template <typename S, typename Conv>
 struct SmallFloatKind {
   typedef S Store;
   typedef float A;
-  static __device__ inline A load(Store s) { return Conv::to_f32(s); }
-  static __device__ inline Store store(A a) { return Conv::from_f32(a); }
-  static __device__ inline A round(A a) { return load(store(a)); }
-  static __device__ inline A add(A a, A b) { return a + b; }
-  static __device__ inline A mul(A a, A b) { return a * b; }
-  static __device__ inline A max(A a, A b) { return fmaxf(a, b); }
-  static __device__ inline A min(A a, A b) { return fminf(a, b); }
-  static __device__ inline A div(A a, uint32_t) { return a; }
+  static __host__ __device__ inline A load(Store s) { return Conv::to_f32(s); }
+  static __host__ __device__ inline Store store(A a) { return Conv::from_f32(a); }
+  static __host__ __device__ inline A round(A a) { return load(store(a)); }
+  static __host__ __device__ inline A add(A a, A b) { return a + b; }
+  static __host__ __device__ inline A mul(A a, A b) { return a * b; }
+  static __host__ __device__ inline A max(A a, A b) { return fmaxf(a, b); }
+  static __host__ __device__ inline A min(A a, A b) { return fminf(a, b); }
+  static __host__ __device__ inline A div(A a, uint32_t) { return a; }
 };
 
 struct ConvF16 {
-  static __device__ inline float to_f32(uint16_t b) {
+  static __host__ __device__ inline float to_f32(uint16_t b) {
 #if CCL_PLATFORM_HIP
     return sw_f16_to_f32(b);
 #else
@@ -158,21 +158,21 @@ struct ConvF16 {
     return __half2float(__half(r));
 #endif
   }
-  static __device__ inline uint16_t from_f32(float f) {
+  static __host__ __device__ inline uint16_t from_f32(float f) {
     // Round to nearest even; NaN -> 0x7FFF (canonical, as cvt.rn.f16.f32).
-    if (isnan(f)) return 0x7FFF;
+    if (f != f) return 0x7FFF;
     __half h = __float2half_rn(f);
     __half_raw r = h;
     return r.x;
   }
 };
 struct ConvBF16 {
-  static __device__ inline float to_f32(uint16_t b) { return sw_bf16_to_f32(b); }
-  static __device__ inline uint16_t from_f32(float f) {
+  static __host__ __device__ inline float to_f32(uint16_t b) { return sw_bf16_to_f32(b); }
+  static __host__ __device__ inline uint16_t from_f32(float f) {
 #if CCL_PLATFORM_HIP
     return sw_f32_to_bf16(f);
 #else
-    if (isnan(f)) return 0x7FFF;
+    if (f != f) return 0x7FFF;
     __nv_bfloat16 h = __float2bfloat16_rn(f);
     __nv_bfloat16_raw r = h;
     return r.x;
@@ -180,23 +180,23 @@ struct ConvBF16 {
   }
 };
 struct ConvE4M3 {
-  static __device__ inline float to_f32(uint8_t b) { return sw_e4m3_to_f32(b); }
-  static __device__ inline uint8_t from_f32(float f) {
+  static __host__ __device__ inline float to_f32(uint8_t b) { return sw_e4m3_to_f32(b); }
+  static __host__ __device__ inline uint8_t from_f32(float f) {
 #if CCL_PLATFORM_HIP
     return sw_f32_to_fp8<3, 7>(f, 0x43E00000u, 0x7Eu);
 #else
-    if (isnan(f)) return 0x7F;
+    if (f != f) return 0x7F;
     return (uint8_t)__nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3);
 #endif
   }
 };
 struct ConvE5M2 {
-  static __device__ inline float to_f32(uint8_t b) { return sw_e5m2_to_f32(b); }
-  static __device__ inline uint8_t from_f32(float f) {
+  static __host__ __device__ inline float to_f32(uint8_t b) { return sw_e5m2_to_f32(b); }
+  static __host__ __device__ inline uint8_t from_f32(float f) {
 #if CCL_PLATFORM_HIP
     return sw_f32_to_fp8<2, 15>(f, 0x47600000u, 0x7Bu);
 #else
-    if (isnan(f)) return 0x7F;
+    if (f != f) return 0x7F;
     return (uint8_t)__nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E5M2);
 #endif
   }
@@ -217,20 +217,20 @@ struct RedCtx {
 };
 
 template <typename K>
-__device__ inline typename K::A scalar_of(const RedCtx &c) {
+__host__ __device__ inline typename K::A scalar_of(const RedCtx &c) {
   typename K::Store s;
   memcpy(&s, &c.scalar_bits, sizeof(s));
   return K::load(s);
 }
 
 template <typename K>
-__device__ inline typename K::A pre(const RedCtx &c, typename K::A x, typename K::A s) {
+__host__ __device__ inline typename K::A pre(const RedCtx &c, typename K::A x, typename K::A s) {
   // PreMulSum: x * s rounded to the type; other ops: x.
   return c.op == CCL_OP_PREMUL ? K::round(K::mul(x, s)) : x;
 }
 
 template <typename K>
-__device__ inline typename K::A combine(const RedCtx &c, typename K::A in, typename K::A local,
+__host__ __device__ inline typename K::A combine(const RedCtx &c, typename K::A in, typename K::A local,
                                         typename K::A s) {
   switch (c.op) {
     case CCL_OP_PROD: return K::mul(in, local);
@@ -242,8 +242,35 @@ __device__ inline typename K::A combine(const RedCtx &c, typename K::A in, typen
 }
 
 template <typename K>
-__device__ inline typename K::A finish(const RedCtx &c, typename K::A v) {
+__host__ __device__ inline typename K::A finish(const RedCtx &c, typename K::A v) {
   return c.avg_divisor ? K::div(v, c.avg_divisor) : v;
+}
+
+// One element: finish?(in OP pre(local)), or finish?(pre(local)) when in == NULL. Shared by
+// the kernels and the host-callable ccl_dev_host_elem (tested against ccl-core's Reducer).
+template <typename K>
+__host__ __device__ inline typename K::Store elem(const RedCtx &c, const typename K::Store *in,
+                                                  typename K::Store local, typename K::A s,
+                                                  bool do_finish) {
+  // Without a pre-multiplication the first contribution enters unchanged (bits copied, as
+  // Reducer::load does: no saturation of fp8 infinities, NaN payloads kept).
+  if (!in && c.op != CCL_OP_PREMUL && !(do_finish && c.avg_divisor)) return local;
+  typename K::A v = in ? combine<K>(c, K::load(*in), K::load(local), s) : pre<K>(c, K::load(local), s);
+  if (do_finish) v = finish<K>(c, v);
+  return K::store(v);
+}
+
+template <typename K>
+void host_elem(const RedCtx &c, int32_t has_in, uint64_t in_bits, uint64_t local_bits,
+               int32_t do_finish, uint64_t *out) {
+  typedef typename K::Store S;
+  S in, local;
+  memcpy(&in, &in_bits, sizeof(S));
+  memcpy(&local, &local_bits, sizeof(S));
+  S r = elem<K>(c, has_in ? &in : NULL, local, scalar_of<K>(c), do_finish != 0);
+  uint64_t o = 0;
+  memcpy(&o, &r, sizeof(S));
+  *out = o;
 }
 
 // out/dst = finish?(in OP pre(src)) or pre(src) when in == NULL; either output may be NULL.
@@ -257,11 +284,7 @@ __device__ void reduce_block(const RedCtx &c, const void *in_, const void *src_,
   S *dst = (S *)dst_;
   typename K::A s = scalar_of<K>(c);
   for (uint64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    typename K::A v;
-    if (in) v = combine<K>(c, K::load(in[i]), K::load(src[i]), s);
-    else v = pre<K>(c, K::load(src[i]), s);
-    if (do_finish) v = finish<K>(c, v);
-    S r = K::store(v);
+    S r = elem<K>(c, in ? &in[i] : NULL, src[i], s, do_finish);
     if (out) out[i] = r;
     if (dst) dst[i] = r;
   }
@@ -764,6 +787,31 @@ ccl_dev_result_t ccl_dev_launch_plan(const ccl_dev_plan_t *plan, ccl_stream_t s)
     return invalid("ccl_dev_launch_plan: only the Simple protocol is implemented");
   ccl_plan_kernel<<<dim3(p.n_channels), dim3(CCL_THREADS), 0, (cudaStream_t)s>>>(p);
   CCL_CHECK(cudaGetLastError());
+  return CCL_DEV_OK;
+}
+
+ccl_dev_result_t ccl_dev_host_elem(uint32_t dtype, uint32_t op, uint32_t avg_divisor,
+                                   uint64_t scalar_bits, int32_t has_in, uint64_t in_bits,
+                                   uint64_t local_bits, int32_t do_finish, uint64_t *out) {
+  if (!out || dtype >= CCL_DT_COUNT || op > CCL_OP_PREMUL) return invalid("ccl_dev_host_elem: bad arguments");
+  RedCtx c;
+  c.op = op;
+  c.avg_divisor = avg_divisor;
+  c.scalar_bits = scalar_bits;
+  switch (dtype) {
+    case CCL_DT_INT8: host_elem<KI8>(c, has_in, in_bits, local_bits, do_finish, out); break;
+    case CCL_DT_UINT8: host_elem<KU8>(c, has_in, in_bits, local_bits, do_finish, out); break;
+    case CCL_DT_INT32: host_elem<KI32>(c, has_in, in_bits, local_bits, do_finish, out); break;
+    case CCL_DT_UINT32: host_elem<KU32>(c, has_in, in_bits, local_bits, do_finish, out); break;
+    case CCL_DT_INT64: host_elem<KI64>(c, has_in, in_bits, local_bits, do_finish, out); break;
+    case CCL_DT_UINT64: host_elem<KU64>(c, has_in, in_bits, local_bits, do_finish, out); break;
+    case CCL_DT_FLOAT16: host_elem<KF16>(c, has_in, in_bits, local_bits, do_finish, out); break;
+    case CCL_DT_FLOAT32: host_elem<KF32>(c, has_in, in_bits, local_bits, do_finish, out); break;
+    case CCL_DT_FLOAT64: host_elem<KF64>(c, has_in, in_bits, local_bits, do_finish, out); break;
+    case CCL_DT_BFLOAT16: host_elem<KBF16>(c, has_in, in_bits, local_bits, do_finish, out); break;
+    case CCL_DT_FLOAT8E4M3: host_elem<KE4M3>(c, has_in, in_bits, local_bits, do_finish, out); break;
+    default: host_elem<KE5M2>(c, has_in, in_bits, local_bits, do_finish, out); break;
+  }
   return CCL_DEV_OK;
 }
 

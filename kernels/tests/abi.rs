@@ -133,6 +133,9 @@ fn c_to_rust(c: &str) -> String {
     let m = match t.as_str() {
         "void" => "()",
         "int32_t" => "i32",
+        "uint32_t" => "u32",
+        "uint64_t" => "u64",
+        "uint64_t*" => "*mut u64",
         "size_t" => "usize",
         "float*" => "*mut f32",
         "double*" => "*mut f64",

@@ -127,3 +127,6 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod elem_tests;
