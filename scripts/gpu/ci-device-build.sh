@@ -6,8 +6,9 @@
 #      signatures, "no device" handled); CCLD_EXPECT_CUDA=1 makes a build that fell back
 #      to host-only fail (the `cuda` feature would do the same but changes the crate's
 #      fingerprint, so the workspace build would compile the kernels a second time);
-#   3. the host-only variant of the kernels crate (CCLD_NO_NVCC=1) + its tests;
-#   4. the ROCm build target/rocm/librccl.so.1 (hipcc, gfx90a);
+#   3. the ROCm build target/rocm/librccl.so.1 (hipcc, gfx90a), then ccl-core's device
+#      tests (lowering, emulator, CUDA and HIP element arithmetic vs Reducer);
+#   4. the host-only variant of the kernels crate (CCLD_NO_NVCC=1) + its tests;
 #   5. target/release/examples/device_selftest for scripts/gpu-suite.sh.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -16,8 +17,9 @@ if [ "${1:-}" != "--no-install" ]; then
 fi
 t0=$(date +%s)
 CCLD_EXPECT_CUDA=1 cargo test -p kernels
+# ROCm before ccl-core's device tests: they also check the HIP build's element arithmetic.
+scripts/gpu/build-rocm.sh
 cargo test -p ccl-core --lib device::
 CCLD_NO_NVCC=1 CARGO_TARGET_DIR=target/host-only cargo test -p kernels
-scripts/gpu/build-rocm.sh
 cargo build --release -p ccl-core --example device_selftest
 echo "ci-device-build: done in $(( $(date +%s) - t0 )) s"

@@ -11,7 +11,13 @@ use super::lower::red_params;
 use crate::reduce::{element_to_f64, Reducer};
 use crate::types::{DataType, RedOpKind};
 
-fn host_elem(p: &super::lower::RedParams, inc: Option<u64>, local: u64, finish: bool) -> u64 {
+/// One element through some build of the kernels' arithmetic.
+type ElemFn<'a> = &'a dyn Fn(&super::lower::RedParams, Option<u64>, u64, bool) -> u64;
+
+/// The C signature of `ccl_dev_host_elem`.
+type RawElemFn = unsafe extern "C" fn(u32, u32, u32, u64, i32, u64, u64, i32, *mut u64) -> i32;
+
+fn cuda_elem(p: &super::lower::RedParams, inc: Option<u64>, local: u64, finish: bool) -> u64 {
     let mut out = 0u64;
     // SAFETY: `out` is a valid out-pointer; the function has no other preconditions.
     let code = unsafe {
@@ -103,6 +109,52 @@ fn kernel_element_arithmetic_matches_the_reducer_for_every_dtype_and_op() {
         eprintln!("kernels not built (no nvcc): nothing to compare");
         return;
     }
+    compare_with_reducer(&cuda_elem);
+}
+
+#[test]
+fn hip_build_element_arithmetic_matches_the_reducer() {
+    // The HIP build (scripts/gpu/build-rocm.sh) uses its own bit-exact bf16/fp8 encoders;
+    // its ccl_dev_host_elem runs on the host without an AMD GPU. Skipped when the library
+    // has not been built.
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/rocm/librccl.so.1\0");
+    if !std::path::Path::new(path.trim_end_matches('\0')).is_file() {
+        eprintln!("target/rocm/librccl.so.1 not built: skipped");
+        return;
+    }
+    // SAFETY: path is NUL-terminated; dlopen has no other preconditions. The handle is
+    // never closed (the library stays loaded for the rest of the test process).
+    let h = unsafe { libc::dlopen(path.as_ptr().cast(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    assert!(!h.is_null(), "dlopen of librccl.so.1 failed");
+    // SAFETY: h is a valid handle and the name is NUL-terminated.
+    let sym = unsafe { libc::dlsym(h, c"ccl_dev_host_elem".as_ptr()) };
+    assert!(!sym.is_null(), "librccl.so.1 lacks ccl_dev_host_elem");
+    // SAFETY: the symbol is the function declared in ccl_device.h with this signature (the
+    // ABI test checks the Rust spelling of that declaration).
+    let f: RawElemFn = unsafe { std::mem::transmute::<*mut libc::c_void, RawElemFn>(sym) };
+    let elem = |p: &super::lower::RedParams, inc: Option<u64>, local: u64, finish: bool| {
+        let mut out = 0u64;
+        // SAFETY: valid out-pointer; no other preconditions.
+        let code = unsafe {
+            f(
+                p.dtype,
+                p.op,
+                p.avg_divisor,
+                p.scalar_bits,
+                i32::from(inc.is_some()),
+                inc.unwrap_or(0),
+                local,
+                i32::from(finish),
+                &mut out,
+            )
+        };
+        assert_eq!(code, k::CCL_DEV_OK);
+        out
+    };
+    compare_with_reducer(&elem);
+}
+
+fn compare_with_reducer(host_elem: ElemFn<'_>) {
     let n_ranks = 3;
     for dt in DataType::ALL {
         let es = dt.size();
