@@ -1,0 +1,200 @@
+//! Builds the device kernels with nvcc (through the `cc` crate in CUDA mode) when nvcc can
+//! be found, and always builds the small C layout probe used by the tests.
+//!
+//! nvcc is looked up in this order: `$NVCC`, `nvcc` on `PATH`, `$CUDA_HOME/bin/nvcc`
+//! (`$CUDA_PATH` too), the `nvidia-cuda-nvcc` PyPI wheel of `python3`
+//! (`site-packages/nvidia/cu13/bin/nvcc`, see scripts/install-toolchains.sh), then
+//! `/usr/local/cuda/bin/nvcc`. `CCLD_NO_NVCC=1` skips the search. Without nvcc the crate builds the host backend only
+//! (`kernels::cuda_built() == false`) and says so with a cargo warning; with the `cuda`
+//! feature a missing nvcc is an error.
+//!
+//! The kernels are compiled to machine code for sm_80, sm_90 and the newer targets this
+//! nvcc supports (sm_100, sm_120), no PTX, so nothing is JIT-compiled at load time; the CUDA
+//! runtime is linked statically (`cudart_static`, plus pthread, dl, rt), so libnccl.so.2
+//! needs neither libcudart nor libcuda at load time (cudart_static dlopens libcuda on first
+//! use).
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const ARCHS: &[&str] = &["sm_80", "sm_90", "sm_100", "sm_120"];
+
+fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=include/ccl_device.h");
+    println!("cargo:rerun-if-changed=include/ccl_portability.h");
+    println!("cargo:rerun-if-changed=src/ccl_kernels.cu");
+    println!("cargo:rerun-if-changed=src/layout.c");
+    for v in ["NVCC", "CUDA_HOME", "CUDA_PATH", "CCLD_NO_NVCC"] {
+        println!("cargo:rerun-if-env-changed={v}");
+    }
+    println!("cargo:rustc-check-cfg=cfg(ccl_cuda)");
+
+    // The C layout probe: sizeof/offsetof of the header's structs as gcc sees them.
+    cc::Build::new()
+        .file("src/layout.c")
+        .include("include")
+        .warnings(true)
+        .compile("ccl_layout");
+
+    let required = env::var_os("CARGO_FEATURE_CUDA").is_some();
+    // CCLD_NO_NVCC=1: build the host-only variant even where nvcc exists (checks that
+    // variant in CI; saves the nvcc time on machines that never run kernels).
+    let skip = env::var("CCLD_NO_NVCC").is_ok_and(|v| v == "1");
+    match if skip { None } else { find_nvcc() } {
+        Some(nvcc) => build_cuda(&nvcc),
+        None if required => {
+            panic!(
+                "kernels: feature `cuda` is on but no nvcc was found (tried $NVCC, PATH, \
+                 $CUDA_HOME/bin, the nvidia-cuda-nvcc wheel of python3, /usr/local/cuda); \
+                 run scripts/install-toolchains.sh --cuda-only"
+            );
+        }
+        None => {
+            println!(
+                "cargo:warning=kernels: nvcc not found; building the host backend only \
+                 (run scripts/install-toolchains.sh --cuda-only for the device kernels)"
+            );
+        }
+    }
+}
+
+fn is_file(p: &Path) -> bool {
+    p.is_file()
+}
+
+fn find_nvcc() -> Option<PathBuf> {
+    if let Some(p) = env::var_os("NVCC") {
+        let p = PathBuf::from(p);
+        if is_file(&p) {
+            return Some(p);
+        }
+        println!(
+            "cargo:warning=kernels: NVCC={} is not a file; looking elsewhere",
+            p.display()
+        );
+    }
+    if let Some(path) = env::var_os("PATH") {
+        for dir in env::split_paths(&path) {
+            let p = dir.join("nvcc");
+            if is_file(&p) {
+                return Some(p);
+            }
+        }
+    }
+    for v in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Some(h) = env::var_os(v) {
+            let p = PathBuf::from(h).join("bin").join("nvcc");
+            if is_file(&p) {
+                return Some(p);
+            }
+        }
+    }
+    if let Some(p) = wheel_nvcc() {
+        return Some(p);
+    }
+    let p = PathBuf::from("/usr/local/cuda/bin/nvcc");
+    is_file(&p).then_some(p)
+}
+
+/// nvcc of the `nvidia-cuda-nvcc` wheel installed for `python3` (nvidia/cu13/bin/nvcc).
+fn wheel_nvcc() -> Option<PathBuf> {
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import nvidia, os\nfor p in nvidia.__path__: print(p)",
+        ])
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .flat_map(|root| {
+            ["cu13", "cu12", "cuda_nvcc"]
+                .iter()
+                .map(move |sub| Path::new(root.trim()).join(sub).join("bin").join("nvcc"))
+        })
+        .find(|p| is_file(p))
+}
+
+/// Machine-code targets from [`ARCHS`] that this nvcc can generate.
+fn supported_archs(nvcc: &Path) -> Vec<&'static str> {
+    let listed = Command::new(nvcc)
+        .arg("--list-gpu-code")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+    match listed {
+        Some(l) => ARCHS
+            .iter()
+            .copied()
+            .filter(|a| l.split_whitespace().any(|w| w == *a))
+            .collect(),
+        // Old nvcc without --list-gpu-code: the two baseline targets.
+        None => vec!["sm_80", "sm_90"],
+    }
+}
+
+fn build_cuda(nvcc: &Path) {
+    let archs = supported_archs(nvcc);
+    if archs.is_empty() {
+        panic!("kernels: {} supports none of {ARCHS:?}", nvcc.display());
+    }
+    // cc picks nvcc up from $NVCC (setting it as `.compiler()` would lose nvcc's flag
+    // translation); only this build script's process sees the change.
+    env::set_var("NVCC", nvcc);
+    let mut b = cc::Build::new();
+    b.cuda(true)
+        .cudart("none")
+        .include("include")
+        .file("src/ccl_kernels.cu")
+        // Device debug (-G) would make the kernels unusably slow; release profiles carry
+        // host debug info, which cc would otherwise turn into -G.
+        .debug(false)
+        .opt_level(3)
+        .flag("-std=c++17")
+        .flag("--expt-relaxed-constexpr");
+    for a in &archs {
+        let num = a.trim_start_matches("sm_");
+        b.flag(format!("-gencode=arch=compute_{num},code={a}"));
+    }
+    b.compile("ccl_kernels");
+
+    // cudart_static and what it needs; the wheel keeps it in nvidia/cu13/lib, a toolkit in
+    // lib64 (or targets/<arch>-linux/lib).
+    let root = nvcc
+        .parent()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    let mut found = false;
+    for sub in [
+        "lib",
+        "lib64",
+        "targets/x86_64-linux/lib",
+        "targets/sbsa-linux/lib",
+    ] {
+        let dir = root.join(sub);
+        if dir.join("libcudart_static.a").is_file() {
+            println!("cargo:rustc-link-search=native={}", dir.display());
+            found = true;
+            break;
+        }
+    }
+    if !found {
+        panic!(
+            "kernels: libcudart_static.a not found next to {} (install nvidia-cuda-runtime \
+             of the same CUDA line: scripts/install-toolchains.sh --cuda-only)",
+            nvcc.display()
+        );
+    }
+    println!("cargo:rustc-link-lib=static=cudart_static");
+    for l in ["pthread", "dl", "rt"] {
+        println!("cargo:rustc-link-lib=dylib={l}");
+    }
+    println!("cargo:rustc-cfg=ccl_cuda");
+}

@@ -1,0 +1,275 @@
+/* ccl_device.h - the C ABI between the Rust runtime (ccl-core) and the device code.
+ *
+ * Everything device-related the host runtime does goes through these functions: device
+ * discovery, mapped (UVA) host memory for the probing frame, device memory, IPC handles,
+ * streams/events, host callbacks, and the kernel launcher that executes one rank's plan
+ * (the same step lists ccl-core/src/schedule.rs produces for the host executor).
+ *
+ * The same header is used by the CUDA build (libnccl.so.2) and the HIP build
+ * (librccl.so.1); `ccl_stream_t` is a cudaStream_t / hipStream_t passed as an opaque
+ * pointer. Every function returns a ccl_dev_result_t; 0 is success. Plain C (C99), no
+ * CUDA/HIP types, so gcc and the Rust bindings (kernels/src/lib.rs) read it as is.
+ */
+#ifndef CCL_DEVICE_H
+#define CCL_DEVICE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- results ---------------------------------------------------------------------- */
+
+typedef int32_t ccl_dev_result_t;
+#define CCL_DEV_OK 0
+#define CCL_DEV_NO_DEVICE 1      /* no driver, or driver without devices */
+#define CCL_DEV_RUNTIME_ERROR 2  /* a CUDA/HIP call failed: ccl_dev_last_error() says which */
+#define CCL_DEV_INVALID 3        /* an argument of this ABI was invalid */
+#define CCL_DEV_UNSUPPORTED 4    /* not available in this build */
+#define CCL_DEV_NOT_READY 5      /* ccl_dev_stream_query: work still pending */
+
+/* ---- probing frame (mirrors probe::frame, design.md section 4) ---------------------- */
+
+#define CCL_FRAME_BLOCKS 8
+#define CCL_FRAME_HEADER_BYTES 32
+#define CCL_PAPER_CHANNELS 8
+
+typedef struct ccl_trace_id {
+  uint64_t comm_id;
+  uint32_t op_counter;
+  uint32_t extension;
+} ccl_trace_id_t;
+
+typedef struct ccl_frame_header {
+  uint64_t op_counter;
+  uint32_t mode;
+  uint32_t kernel_index;
+  uint32_t n_channels;
+  uint32_t reserved[3];
+} ccl_frame_header_t;
+
+typedef struct ccl_channel_counts {
+  uint64_t send_count;
+  uint64_t recv_count;
+} ccl_channel_counts_t;
+
+/* The paper's frame: 8 channels, 1184 bytes. Frames with another channel capacity C
+ * have the same shape with C entries per block; use the macros below for them. */
+typedef struct ccl_frame_block8 {
+  ccl_trace_id_t trace;
+  ccl_channel_counts_t channels[CCL_PAPER_CHANNELS];
+} ccl_frame_block8_t;
+
+typedef struct ccl_probing_frame8 {
+  ccl_frame_header_t header;
+  ccl_frame_block8_t blocks[CCL_FRAME_BLOCKS];
+} ccl_probing_frame8_t;
+
+#define CCL_FRAME_BLOCK_BYTES(cap) (16u + 16u * (uint64_t)(cap))
+#define CCL_FRAME_BYTES(cap) (CCL_FRAME_HEADER_BYTES + CCL_FRAME_BLOCKS * CCL_FRAME_BLOCK_BYTES(cap))
+/* Byte offset of channel ch's SendCount in block b of a frame of capacity cap;
+ * RecvCount follows at +8. */
+#define CCL_FRAME_SEND_OFFSET(cap, b, ch) \
+  (CCL_FRAME_HEADER_BYTES + (uint64_t)(b) * CCL_FRAME_BLOCK_BYTES(cap) + 16u + 16u * (uint64_t)(ch))
+
+/* ---- plans (mirror ccl_core::schedule) ---------------------------------------------- */
+
+/* StepKind */
+#define CCL_STEP_SEND 0
+#define CCL_STEP_RECV 1
+#define CCL_STEP_RECV_REDUCE_SEND 2
+#define CCL_STEP_RECV_REDUCE_COPY_SEND 3
+#define CCL_STEP_RECV_COPY_SEND 4
+#define CCL_STEP_RECV_REDUCE_COPY 5
+
+/* LocalKind */
+#define CCL_LOCAL_COPY 0
+#define CCL_LOCAL_REDUCE 1
+
+/* ncclDataType_t values */
+#define CCL_DT_INT8 0
+#define CCL_DT_UINT8 1
+#define CCL_DT_INT32 2
+#define CCL_DT_UINT32 3
+#define CCL_DT_INT64 4
+#define CCL_DT_UINT64 5
+#define CCL_DT_FLOAT16 6
+#define CCL_DT_FLOAT32 7
+#define CCL_DT_FLOAT64 8
+#define CCL_DT_BFLOAT16 9
+#define CCL_DT_FLOAT8E4M3 10
+#define CCL_DT_FLOAT8E5M2 11
+#define CCL_DT_COUNT 12
+
+/* Element operation (the reducer's Op: Avg on floats is PREMUL with 1/n, on integers SUM
+ * plus a final division by avg_divisor). */
+#define CCL_OP_SUM 0
+#define CCL_OP_PROD 1
+#define CCL_OP_MAX 2
+#define CCL_OP_MIN 3
+#define CCL_OP_PREMUL 4
+
+/* Protocols (NCCL_PROTO). Only SIMPLE is implemented. */
+#define CCL_PROTO_SIMPLE 0
+#define CCL_PROTO_LL 1
+
+/* Most buffers one plan may address (collectives use 2; p2p groups one per call). */
+#define CCL_MAX_BUFS 64
+/* Most lanes one channel (one thread block) runs. */
+#define CCL_MAX_LANES_PER_CHANNEL 64
+#define CCL_MAX_CHANNELS 32
+
+typedef struct ccl_dev_step {
+  uint32_t kind;    /* CCL_STEP_* */
+  uint32_t src_buf; /* index into ccl_dev_plan_t.bufs */
+  uint32_t dst_buf;
+  uint32_t reserved;
+  uint64_t src_off; /* units */
+  uint64_t dst_off; /* units */
+  uint64_t count;   /* units, > 0 */
+} ccl_dev_step_t;
+
+/* One FIFO link end (a connection): nslots slots of slot_bytes in `slots` (device memory,
+ * reachable by both sides: same device, peer access, or an IPC-opened mapping), and two
+ * monotonically increasing counters in memory both sides can read: `tail` (messages
+ * posted, written by the sender) and `head` (messages consumed, written by the receiver).
+ * Message k lives in slot k % nslots; the size of message k is implied by the schedule
+ * (the k-th send of a lane matches the k-th receive of its peer's lane). */
+typedef struct ccl_dev_conn {
+  void *slots;
+  uint64_t *tail;
+  uint64_t *head;
+  uint64_t slot_bytes;
+  uint32_t nslots;
+  uint32_t reserved;
+} ccl_dev_conn_t;
+
+typedef struct ccl_dev_lane {
+  uint32_t channel;
+  uint32_t first_step; /* index into ccl_dev_plan_t.steps */
+  uint32_t n_steps;
+  int32_t conn_in;  /* index into ccl_dev_plan_t.conns, -1 if the lane never receives */
+  int32_t conn_out; /* index into ccl_dev_plan_t.conns, -1 if the lane never sends */
+  uint32_t reserved;
+} ccl_dev_lane_t;
+
+typedef struct ccl_dev_local {
+  uint32_t kind; /* CCL_LOCAL_* */
+  uint32_t src_buf;
+  uint32_t dst_buf;
+  uint32_t reserved;
+  uint64_t src_off;
+  uint64_t dst_off;
+  uint64_t count;
+} ccl_dev_local_t;
+
+/* One rank's operation. All arrays (steps, lanes, locals, conns) must be in memory the
+ * device can read (device memory or mapped host memory) until the kernel finished. */
+typedef struct ccl_dev_plan {
+  uint32_t n_channels; /* grid size: one thread block per channel */
+  uint32_t n_lanes;
+  uint32_t n_locals;
+  uint32_t n_steps;
+  uint32_t n_conns;
+  uint32_t unit;       /* bytes per unit: element size (ring plans) or 1 (p2p plans) */
+  uint32_t dtype;      /* CCL_DT_*, meaningful when reduce != 0 */
+  uint32_t op;         /* CCL_OP_* */
+  uint32_t reduce;     /* 1 for reducing collectives */
+  uint32_t avg_divisor;/* integer Avg: divide the final result by this; 0 = none */
+  uint64_t scalar_bits;/* PREMUL scalar as dtype bits (little-endian), if scalar_dev is NULL */
+  const void *scalar_dev; /* PREMUL scalar in device memory (ncclScalarDevice), or NULL */
+  const ccl_dev_step_t *steps;
+  const ccl_dev_lane_t *lanes;
+  const ccl_dev_local_t *locals;
+  const ccl_dev_conn_t *conns;
+  void *bufs[CCL_MAX_BUFS];
+  /* Probe: the frame (mapped host memory, device pointer), its channel capacity, the block
+   * of this operation; frame == NULL disables the counters. */
+  uint64_t *frame;
+  uint32_t frame_capacity;
+  uint32_t frame_block;
+  uint32_t proto; /* CCL_PROTO_* */
+  uint32_t reserved;
+  /* Mapped host memory the host sets non-zero to make the kernel give up (ncclCommAbort);
+   * NULL: never aborts. */
+  const uint32_t *abort_flag;
+} ccl_dev_plan_t;
+
+/* ---- runtime ------------------------------------------------------------------------ */
+
+typedef void *ccl_stream_t;
+typedef void *ccl_event_t;
+typedef void (*ccl_host_fn_t)(void *user);
+
+/* Opaque IPC handles (cudaIpcMemHandle_t / cudaIpcEventHandle_t are 64 bytes). */
+#define CCL_IPC_HANDLE_BYTES 64
+typedef struct ccl_ipc_handle {
+  unsigned char bytes[CCL_IPC_HANDLE_BYTES];
+} ccl_ipc_handle_t;
+
+/* 1 when this library was built with device kernels; 0 otherwise. */
+int32_t ccl_dev_built(void);
+/* 0 = CUDA, 1 = HIP. */
+int32_t ccl_dev_platform(void);
+/* Message of the last failing runtime call on this thread ("" if none); never NULL. */
+const char *ccl_dev_last_error(void);
+
+/* Number of devices; CCL_DEV_NO_DEVICE (with *count = 0) when there is no driver or no
+ * device: never aborts. */
+ccl_dev_result_t ccl_dev_device_count(int32_t *count);
+ccl_dev_result_t ccl_dev_get_device(int32_t *device);
+ccl_dev_result_t ccl_dev_set_device(int32_t device);
+/* 1 if p is device (or managed) memory, 0 if host/unregistered memory. */
+ccl_dev_result_t ccl_dev_pointer_is_device(const void *p, int32_t *is_device);
+
+/* Pinned, mapped host memory (cudaHostAlloc(cudaHostAllocMapped|Portable)), zeroed;
+ * *dev is the device-side address of the same bytes. */
+ccl_dev_result_t ccl_dev_host_alloc_mapped(size_t bytes, void **host, void **dev);
+ccl_dev_result_t ccl_dev_host_free(void *host);
+ccl_dev_result_t ccl_dev_malloc(size_t bytes, void **dev);
+ccl_dev_result_t ccl_dev_free(void *dev);
+ccl_dev_result_t ccl_dev_memset(void *dev, int32_t value, size_t bytes);
+ccl_dev_result_t ccl_dev_memcpy(void *dst, const void *src, size_t bytes);
+ccl_dev_result_t ccl_dev_memcpy_async(void *dst, const void *src, size_t bytes, ccl_stream_t s);
+ccl_dev_result_t ccl_dev_enable_peer_access(int32_t peer_device);
+
+ccl_dev_result_t ccl_dev_ipc_get_mem_handle(void *dev, ccl_ipc_handle_t *handle);
+ccl_dev_result_t ccl_dev_ipc_open_mem_handle(const ccl_ipc_handle_t *handle, void **dev);
+ccl_dev_result_t ccl_dev_ipc_close_mem_handle(void *dev);
+
+ccl_dev_result_t ccl_dev_stream_create(ccl_stream_t *s);
+ccl_dev_result_t ccl_dev_stream_destroy(ccl_stream_t s);
+ccl_dev_result_t ccl_dev_stream_synchronize(ccl_stream_t s);
+/* CCL_DEV_OK when done, CCL_DEV_NOT_READY while work is pending. */
+ccl_dev_result_t ccl_dev_stream_query(ccl_stream_t s);
+ccl_dev_result_t ccl_dev_event_create(ccl_event_t *e);
+ccl_dev_result_t ccl_dev_event_destroy(ccl_event_t e);
+ccl_dev_result_t ccl_dev_event_record(ccl_event_t e, ccl_stream_t s);
+ccl_dev_result_t ccl_dev_stream_wait_event(ccl_stream_t s, ccl_event_t e);
+ccl_dev_result_t ccl_dev_event_elapsed_ms(ccl_event_t start, ccl_event_t end, float *ms);
+/* cudaLaunchHostFunc: fn(user) runs on a runtime thread after prior work on s. */
+ccl_dev_result_t ccl_dev_launch_host_fn(ccl_stream_t s, ccl_host_fn_t fn, void *user);
+
+/* Launches the plan's kernel on s: local steps first (block 0), then one thread block per
+ * channel running its lanes. `plan` itself is host memory (copied into the launch
+ * parameters). Returns CCL_DEV_INVALID for a malformed plan (checked on the host). */
+ccl_dev_result_t ccl_dev_launch_plan(const ccl_dev_plan_t *plan, ccl_stream_t s);
+
+/* The kernels' element arithmetic run on the HOST CPU (same source, host compilation):
+ * one element of dtype, finish?(in OP pre(local)) (has_in != 0) or finish?(pre(local)),
+ * values as little-endian bits. For testing the reduction semantics without a GPU. */
+ccl_dev_result_t ccl_dev_host_elem(uint32_t dtype, uint32_t op, uint32_t avg_divisor,
+                                   uint64_t scalar_bits, int32_t has_in, uint64_t in_bits,
+                                   uint64_t local_bits, int32_t do_finish, uint64_t *out);
+
+/* Device-to-device copy bandwidth of this device (GB/s) over `bytes`, `iters` copies:
+ * the GPU suite's reference figure. */
+ccl_dev_result_t ccl_dev_copy_bandwidth(size_t bytes, int32_t iters, double *gbps);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CCL_DEVICE_H */

@@ -1,0 +1,843 @@
+// ccl_kernels.cu - device kernels executing one rank's plan (ccl_core::schedule), and the
+// C ABI of kernels/include/ccl_device.h. Compiled by nvcc (CUDA) and, unchanged, by hipcc
+// through ccl_portability.h.
+//
+// Execution model (mirrors the host executor, ccl-core/src/executor.rs):
+// * one thread block per channel; a block runs the lanes of its channel round-robin and
+//   never blocks on one lane while another could progress;
+// * thread 0 decides whether the next step of a lane can run (its inbound message is
+//   there: tail > consumed; its outbound slot is free: posted - head < nslots), the whole
+//   block moves the data, then thread 0 publishes (fence, then one counter store);
+// * probe: after each step thread 0 stores the channel's new SendCount / RecvCount into
+//   the probing frame (mapped host memory) after a system-scope fence: one store per step
+//   by one thread, so the host sees progress while the kernel runs;
+// * reductions: compute in the type's arithmetic (float for half/bf16/fp8), round once;
+//   fp8 saturates (SATFINITE); integer arithmetic wraps; max/min ignore a NaN operand.
+
+#include "ccl_portability.h"
+#include "ccl_device.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#define CCL_THREADS 512
+
+// ---------------------------------------------------------------------------------------
+// Element types
+// ---------------------------------------------------------------------------------------
+
+namespace {
+
+// Bit-exact conversions, identical to ccl-core/src/reduce/convert.rs (used by the HIP
+// build for bf16/fp8, and by both builds as the reference on the host side).
+__host__ __device__ inline float bits_f32(uint32_t b) {
+  float f;
+  memcpy(&f, &b, 4);
+  return f;
+}
+__host__ __device__ inline uint32_t f32_bits(float f) {
+  uint32_t b;
+  memcpy(&b, &f, 4);
+  return b;
+}
+#if CCL_PLATFORM_HIP
+__host__ __device__ inline uint32_t subnormal_code(uint32_t abs, uint32_t magic) {
+  return f32_bits(bits_f32(abs) + bits_f32(magic)) - magic;
+}
+__host__ __device__ inline uint16_t sw_f32_to_bf16(float x) {
+  uint32_t bits = f32_bits(x);
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FFF;
+  uint32_t lsb = (bits >> 16) & 1u;
+  return (uint16_t)((bits + 0x7FFFu + lsb) >> 16);
+}
+template <uint32_t MBITS, uint32_t BIAS>
+__host__ __device__ inline uint8_t sw_f32_to_fp8(float x, uint32_t max_bits, uint32_t max_code) {
+  uint32_t bits = f32_bits(x);
+  uint32_t sign = (bits >> 24) & 0x80u;
+  uint32_t abs = bits & 0x7FFFFFFFu;
+  const uint32_t shift = 23 - MBITS;
+  uint32_t odd = (abs >> shift) & 1u;
+  uint32_t normal = (abs - ((127u - BIAS) << 23) + ((1u << (shift - 1)) - 1u + odd)) >> shift;
+  uint32_t sub = subnormal_code(abs, (151u - BIAS - MBITS) << 23);
+  uint32_t r = abs < ((127u + 1u - BIAS) << 23) ? sub : normal;
+  if (abs > max_bits) r = max_code;
+  if (abs > 0x7F800000u) return 0x7F;
+  return (uint8_t)(r | sign);
+}
+#endif  // CCL_PLATFORM_HIP (encoders)
+__host__ __device__ inline float sw_bf16_to_f32(uint16_t b) { return bits_f32((uint32_t)b << 16); }
+__host__ __device__ inline float sw_f16_to_f32(uint16_t b) {
+  uint32_t x = b;
+  uint32_t sign = (x & 0x8000u) << 16;
+  uint32_t em = x & 0x7FFFu;
+  uint32_t r;
+  if (em >= 0x7C00u) r = (em << 13) | 0x7F800000u;
+  else if (em < 0x0400u) r = f32_bits(bits_f32(0x3F000000u + em) - 0.5f);
+  else r = (em << 13) + 0x38000000u;
+  return bits_f32(r | sign);
+}
+__host__ __device__ inline float sw_e4m3_to_f32(uint8_t b) {
+  uint32_t x = b;
+  uint32_t sign = (x & 0x80u) << 24;
+  uint32_t em = x & 0x7Fu;
+  uint32_t r;
+  if (em == 0x7Fu) r = 0x7FC00000u;
+  else if (em < 0x08u) r = f32_bits(bits_f32(0x46800000u + em) - 16384.0f);
+  else r = (em << 20) + ((127u - 7u) << 23);
+  return bits_f32(r | sign);
+}
+__host__ __device__ inline float sw_e5m2_to_f32(uint8_t b) { return sw_f16_to_f32((uint16_t)((uint16_t)b << 8)); }
+
+// Integer kinds: arithmetic in the unsigned type of the same width (wrapping).
+template <typename S, typename U>
+struct IntKind {
+  typedef S Store;
+  typedef S A;
+  static __host__ __device__ inline A load(Store s) { return s; }
+  static __host__ __device__ inline Store store(A a) { return a; }
+  static __host__ __device__ inline A round(A a) { return a; }
+  static __host__ __device__ inline A add(A a, A b) { return (A)(U)((U)a + (U)b); }
+  static __host__ __device__ inline A mul(A a, A b) { return (A)(U)((U)a * (U)b); }
+  static __host__ __device__ inline A max(A a, A b) { return a > b ? a : b; }
+  static __host__ __device__ inline A min(A a, A b) { return a < b ? a : b; }
+  // Integer Avg: truncating division in 64 bits (n may not fit the element type).
+  static __host__ __device__ inline A div(A a, uint32_t n) {
+    if ((S)-1 < (S)0) return (A)((int64_t)a / (int64_t)n);
+    return (A)((uint64_t)a / (uint64_t)n);
+  }
+};
+
+// Wide enough unsigned type for 8/32/64-bit integer multiplication without promotion to
+// signed int (uint8 * uint8 would promote to int; the result is truncated anyway).
+typedef IntKind<int8_t, uint32_t> KI8;
+typedef IntKind<uint8_t, uint32_t> KU8;
+typedef IntKind<int32_t, uint32_t> KI32;
+typedef IntKind<uint32_t, uint32_t> KU32;
+typedef IntKind<int64_t, uint64_t> KI64;
+typedef IntKind<uint64_t, uint64_t> KU64;
+
+template <typename T>
+struct NativeFloatKind {
+  typedef T Store;
+  typedef T A;
+  static __host__ __device__ inline A load(Store s) { return s; }
+  static __host__ __device__ inline Store store(A a) { return a; }
+  static __host__ __device__ inline A round(A a) { return a; }
+  static __host__ __device__ inline A add(A a, A b) { return a + b; }
+  static __host__ __device__ inline A mul(A a, A b) { return a * b; }
+  static __host__ __device__ inline A max(A a, A b) { return fmax(a, b); }
+  static __host__ __device__ inline A min(A a, A b) { return fmin(a, b); }
+  static __host__ __device__ inline A div(A a, uint32_t) { return a; }
+};
+typedef NativeFloatKind<float> KF32;
+typedef NativeFloatKind<double> KF64;
+
+// Small floats: stored as bits, computed in float, rounded once per operation.
+template <typename S, typename Conv>
+struct SmallFloatKind {
+  typedef S Store;
+  typedef float A;
+  static __host__ __device__ inline A load(Store s) { return Conv::to_f32(s); }
+  static __host__ __device__ inline Store store(A a) { return Conv::from_f32(a); }
+  static __host__ __device__ inline A round(A a) { return load(store(a)); }
+  static __host__ __device__ inline A add(A a, A b) { return a + b; }
+  static __host__ __device__ inline A mul(A a, A b) { return a * b; }
+  static __host__ __device__ inline A max(A a, A b) { return fmaxf(a, b); }
+  static __host__ __device__ inline A min(A a, A b) { return fminf(a, b); }
+  static __host__ __device__ inline A div(A a, uint32_t) { return a; }
+};
+
+struct ConvF16 {
+  static __host__ __device__ inline float to_f32(uint16_t b) {
+#if CCL_PLATFORM_HIP
+    return sw_f16_to_f32(b);
+#else
+    __half_raw r;
+    r.x = b;
+    return __half2float(__half(r));
+#endif
+  }
+  static __host__ __device__ inline uint16_t from_f32(float f) {
+    // Round to nearest even; NaN -> 0x7FFF (canonical, as cvt.rn.f16.f32).
+    if (f != f) return 0x7FFF;
+    __half h = __float2half_rn(f);
+    __half_raw r = h;
+    return r.x;
+  }
+};
+struct ConvBF16 {
+  static __host__ __device__ inline float to_f32(uint16_t b) { return sw_bf16_to_f32(b); }
+  static __host__ __device__ inline uint16_t from_f32(float f) {
+#if CCL_PLATFORM_HIP
+    return sw_f32_to_bf16(f);
+#else
+    if (f != f) return 0x7FFF;
+    __nv_bfloat16 h = __float2bfloat16_rn(f);
+    __nv_bfloat16_raw r = h;
+    return r.x;
+#endif
+  }
+};
+struct ConvE4M3 {
+  static __host__ __device__ inline float to_f32(uint8_t b) { return sw_e4m3_to_f32(b); }
+  static __host__ __device__ inline uint8_t from_f32(float f) {
+#if CCL_PLATFORM_HIP
+    return sw_f32_to_fp8<3, 7>(f, 0x43E00000u, 0x7Eu);
+#else
+    if (f != f) return 0x7F;
+    return (uint8_t)__nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3);
+#endif
+  }
+};
+struct ConvE5M2 {
+  static __host__ __device__ inline float to_f32(uint8_t b) { return sw_e5m2_to_f32(b); }
+  static __host__ __device__ inline uint8_t from_f32(float f) {
+#if CCL_PLATFORM_HIP
+    return sw_f32_to_fp8<2, 15>(f, 0x47600000u, 0x7Bu);
+#else
+    if (f != f) return 0x7F;
+    return (uint8_t)__nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E5M2);
+#endif
+  }
+};
+typedef SmallFloatKind<uint16_t, ConvF16> KF16;
+typedef SmallFloatKind<uint16_t, ConvBF16> KBF16;
+typedef SmallFloatKind<uint8_t, ConvE4M3> KE4M3;
+typedef SmallFloatKind<uint8_t, ConvE5M2> KE5M2;
+
+// ---------------------------------------------------------------------------------------
+// Element loops (whole block, grid-stride over the block's threads)
+// ---------------------------------------------------------------------------------------
+
+struct RedCtx {
+  uint32_t op;
+  uint32_t avg_divisor;
+  uint64_t scalar_bits;
+};
+
+template <typename K>
+__host__ __device__ inline typename K::A scalar_of(const RedCtx &c) {
+  typename K::Store s;
+  memcpy(&s, &c.scalar_bits, sizeof(s));
+  return K::load(s);
+}
+
+template <typename K>
+__host__ __device__ inline typename K::A pre(const RedCtx &c, typename K::A x, typename K::A s) {
+  // PreMulSum: x * s rounded to the type; other ops: x.
+  return c.op == CCL_OP_PREMUL ? K::round(K::mul(x, s)) : x;
+}
+
+template <typename K>
+__host__ __device__ inline typename K::A combine(const RedCtx &c, typename K::A in, typename K::A local,
+                                        typename K::A s) {
+  switch (c.op) {
+    case CCL_OP_PROD: return K::mul(in, local);
+    case CCL_OP_MAX: return K::max(in, local);
+    case CCL_OP_MIN: return K::min(in, local);
+    case CCL_OP_PREMUL: return K::add(in, K::round(K::mul(local, s)));
+    default: return K::add(in, local);
+  }
+}
+
+template <typename K>
+__host__ __device__ inline typename K::A finish(const RedCtx &c, typename K::A v) {
+  return c.avg_divisor ? K::div(v, c.avg_divisor) : v;
+}
+
+// One element: finish?(in OP pre(local)), or finish?(pre(local)) when in == NULL. Shared by
+// the kernels and the host-callable ccl_dev_host_elem (tested against ccl-core's Reducer).
+template <typename K>
+__host__ __device__ inline typename K::Store elem(const RedCtx &c, const typename K::Store *in,
+                                                  typename K::Store local, typename K::A s,
+                                                  bool do_finish) {
+  // Without a pre-multiplication the first contribution enters unchanged (bits copied, as
+  // Reducer::load does: no saturation of fp8 infinities, NaN payloads kept).
+  if (!in && c.op != CCL_OP_PREMUL && !(do_finish && c.avg_divisor)) return local;
+  typename K::A v = in ? combine<K>(c, K::load(*in), K::load(local), s) : pre<K>(c, K::load(local), s);
+  if (do_finish) v = finish<K>(c, v);
+  return K::store(v);
+}
+
+template <typename K>
+void host_elem(const RedCtx &c, int32_t has_in, uint64_t in_bits, uint64_t local_bits,
+               int32_t do_finish, uint64_t *out) {
+  typedef typename K::Store S;
+  S in, local;
+  memcpy(&in, &in_bits, sizeof(S));
+  memcpy(&local, &local_bits, sizeof(S));
+  S r = elem<K>(c, has_in ? &in : NULL, local, scalar_of<K>(c), do_finish != 0);
+  uint64_t o = 0;
+  memcpy(&o, &r, sizeof(S));
+  *out = o;
+}
+
+// out/dst = finish?(in OP pre(src)) or pre(src) when in == NULL; either output may be NULL.
+template <typename K>
+__device__ void reduce_block(const RedCtx &c, const void *in_, const void *src_, void *out_,
+                             void *dst_, uint64_t n, bool do_finish) {
+  typedef typename K::Store S;
+  const S *in = (const S *)in_;
+  const S *src = (const S *)src_;
+  S *out = (S *)out_;
+  S *dst = (S *)dst_;
+  typename K::A s = scalar_of<K>(c);
+  for (uint64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    S r = elem<K>(c, in ? &in[i] : NULL, src[i], s, do_finish);
+    if (out) out[i] = r;
+    if (dst) dst[i] = r;
+  }
+}
+
+__device__ void copy_block(const void *src, void *out, void *dst, uint64_t nb) {
+  uintptr_t a = (uintptr_t)src | (uintptr_t)out | (uintptr_t)dst | (uintptr_t)nb;
+  if ((a & 15u) == 0) {
+    const uint4 *s = (const uint4 *)src;
+    uint4 *o = (uint4 *)out;
+    uint4 *d = (uint4 *)dst;
+    for (uint64_t i = threadIdx.x; i < nb / 16; i += blockDim.x) {
+      uint4 v = s[i];
+      if (o) o[i] = v;
+      if (d) d[i] = v;
+    }
+  } else {
+    const uint8_t *s = (const uint8_t *)src;
+    uint8_t *o = (uint8_t *)out;
+    uint8_t *d = (uint8_t *)dst;
+    for (uint64_t i = threadIdx.x; i < nb; i += blockDim.x) {
+      uint8_t v = s[i];
+      if (o) o[i] = v;
+      if (d) d[i] = v;
+    }
+  }
+}
+
+template <typename K>
+__device__ void run_step_typed(const ccl_dev_plan_t &p, const RedCtx &c, uint32_t kind,
+                               const void *in, const void *src, void *out, void *dst,
+                               uint64_t n) {
+  uint64_t nb = n * p.unit;
+  switch (kind) {
+    case CCL_STEP_SEND:
+      if (p.reduce && c.op == CCL_OP_PREMUL) reduce_block<K>(c, NULL, src, out, NULL, n, false);
+      else copy_block(src, out, NULL, nb);
+      break;
+    case CCL_STEP_RECV: copy_block(in, NULL, dst, nb); break;
+    case CCL_STEP_RECV_COPY_SEND: copy_block(in, out, dst, nb); break;
+    case CCL_STEP_RECV_REDUCE_SEND: reduce_block<K>(c, in, src, out, NULL, n, false); break;
+    case CCL_STEP_RECV_REDUCE_COPY_SEND: reduce_block<K>(c, in, src, out, dst, n, true); break;
+    case CCL_STEP_RECV_REDUCE_COPY: reduce_block<K>(c, in, src, NULL, dst, n, true); break;
+    default: break;
+  }
+}
+
+__device__ void run_step(const ccl_dev_plan_t &p, const RedCtx &c, uint32_t kind, const void *in,
+                         const void *src, void *out, void *dst, uint64_t n) {
+  // Pure data movement needs no element type (non-reducing plans may carry any dtype).
+  uint64_t nb = n * p.unit;
+  if (kind == CCL_STEP_RECV) return copy_block(in, NULL, dst, nb);
+  if (kind == CCL_STEP_RECV_COPY_SEND) return copy_block(in, out, dst, nb);
+  if (kind == CCL_STEP_SEND && !(p.reduce && c.op == CCL_OP_PREMUL)) return copy_block(src, out, NULL, nb);
+  if (!p.reduce) return;  // reducing steps in a non-reducing plan: rejected by the host
+  switch (p.dtype) {
+    case CCL_DT_INT8: run_step_typed<KI8>(p, c, kind, in, src, out, dst, n); break;
+    case CCL_DT_UINT8: run_step_typed<KU8>(p, c, kind, in, src, out, dst, n); break;
+    case CCL_DT_INT32: run_step_typed<KI32>(p, c, kind, in, src, out, dst, n); break;
+    case CCL_DT_UINT32: run_step_typed<KU32>(p, c, kind, in, src, out, dst, n); break;
+    case CCL_DT_INT64: run_step_typed<KI64>(p, c, kind, in, src, out, dst, n); break;
+    case CCL_DT_UINT64: run_step_typed<KU64>(p, c, kind, in, src, out, dst, n); break;
+    case CCL_DT_FLOAT16: run_step_typed<KF16>(p, c, kind, in, src, out, dst, n); break;
+    case CCL_DT_FLOAT32: run_step_typed<KF32>(p, c, kind, in, src, out, dst, n); break;
+    case CCL_DT_FLOAT64: run_step_typed<KF64>(p, c, kind, in, src, out, dst, n); break;
+    case CCL_DT_BFLOAT16: run_step_typed<KBF16>(p, c, kind, in, src, out, dst, n); break;
+    case CCL_DT_FLOAT8E4M3: run_step_typed<KE4M3>(p, c, kind, in, src, out, dst, n); break;
+    case CCL_DT_FLOAT8E5M2: run_step_typed<KE5M2>(p, c, kind, in, src, out, dst, n); break;
+    default: break;
+  }
+}
+
+__device__ inline uint64_t vload(const uint64_t *p) { return *(const volatile uint64_t *)p; }
+__device__ inline void vstore(uint64_t *p, uint64_t v) { *(volatile uint64_t *)p = v; }
+
+__device__ inline bool step_sends(uint32_t k) {
+  return k == CCL_STEP_SEND || k == CCL_STEP_RECV_REDUCE_SEND ||
+         k == CCL_STEP_RECV_REDUCE_COPY_SEND || k == CCL_STEP_RECV_COPY_SEND;
+}
+__device__ inline bool step_recvs(uint32_t k) { return k != CCL_STEP_SEND; }
+
+struct LaneState {
+  uint32_t lane;
+  uint32_t pos;
+  uint64_t posted;   // messages this lane has sent on conn_out (its tail)
+  uint64_t consumed; // messages this lane has consumed on conn_in (its head)
+};
+
+// ---------------------------------------------------------------------------------------
+// The kernel
+// ---------------------------------------------------------------------------------------
+
+__global__ void __launch_bounds__(CCL_THREADS) ccl_plan_kernel(ccl_dev_plan_t p) {
+  __shared__ LaneState st[CCL_MAX_LANES_PER_CHANNEL];
+  __shared__ uint32_t n_mine;
+  __shared__ int32_t go;       // index into st of the lane whose step runs now, -1 none
+  __shared__ uint32_t stop;    // 1: abort requested
+  __shared__ uint64_t sends, recvs;
+  const uint32_t ch = blockIdx.x;
+  RedCtx c;
+  c.op = p.op;
+  c.avg_divisor = p.avg_divisor;
+  c.scalar_bits = p.scalar_bits;
+  if (p.scalar_dev) memcpy(&c.scalar_bits, p.scalar_dev, p.unit <= 8 ? p.unit : 8);
+
+  // Local steps: every block takes its share of each (disjoint from lane outputs).
+  for (uint32_t l = 0; l < p.n_locals; l++) {
+    const ccl_dev_local_t &lc = p.locals[l];
+    uint64_t per = (lc.count + gridDim.x - 1) / gridDim.x;
+    uint64_t b = per * ch;
+    if (b >= lc.count) continue;
+    uint64_t n = lc.count - b < per ? lc.count - b : per;
+    const char *src = (const char *)p.bufs[lc.src_buf] + (lc.src_off + b) * p.unit;
+    char *dst = (char *)p.bufs[lc.dst_buf] + (lc.dst_off + b) * p.unit;
+    if (lc.kind == CCL_LOCAL_COPY) {
+      if (src != dst) copy_block(src, NULL, dst, n * p.unit);
+    } else {
+      // dst = finish(pre(src)); element-wise, so src == dst is fine.
+      switch (p.dtype) {
+#define CCL_LOCAL_CASE(DT, K) \
+  case DT: reduce_block<K>(c, NULL, src, NULL, dst, n, true); break;
+        CCL_LOCAL_CASE(CCL_DT_INT8, KI8)
+        CCL_LOCAL_CASE(CCL_DT_UINT8, KU8)
+        CCL_LOCAL_CASE(CCL_DT_INT32, KI32)
+        CCL_LOCAL_CASE(CCL_DT_UINT32, KU32)
+        CCL_LOCAL_CASE(CCL_DT_INT64, KI64)
+        CCL_LOCAL_CASE(CCL_DT_UINT64, KU64)
+        CCL_LOCAL_CASE(CCL_DT_FLOAT16, KF16)
+        CCL_LOCAL_CASE(CCL_DT_FLOAT32, KF32)
+        CCL_LOCAL_CASE(CCL_DT_FLOAT64, KF64)
+        CCL_LOCAL_CASE(CCL_DT_BFLOAT16, KBF16)
+        CCL_LOCAL_CASE(CCL_DT_FLOAT8E4M3, KE4M3)
+        CCL_LOCAL_CASE(CCL_DT_FLOAT8E5M2, KE5M2)
+#undef CCL_LOCAL_CASE
+        default: break;
+      }
+    }
+  }
+
+  if (threadIdx.x == 0) {
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < p.n_lanes && k < CCL_MAX_LANES_PER_CHANNEL; i++) {
+      const ccl_dev_lane_t &ln = p.lanes[i];
+      if (ln.channel != ch || ln.n_steps == 0) continue;
+      st[k].lane = i;
+      st[k].pos = 0;
+      st[k].posted = ln.conn_out >= 0 ? vload(p.conns[ln.conn_out].tail) : 0;
+      st[k].consumed = ln.conn_in >= 0 ? vload(p.conns[ln.conn_in].head) : 0;
+      k++;
+    }
+    n_mine = k;
+    stop = 0;
+    sends = 0;
+    recvs = 0;
+  }
+  __syncthreads();
+
+  uint64_t *send_word = NULL;
+  if (p.frame && ch < p.frame_capacity) {
+    send_word = (uint64_t *)((char *)p.frame + CCL_FRAME_SEND_OFFSET(p.frame_capacity, p.frame_block, ch));
+  }
+
+  uint32_t remaining = n_mine;
+  uint32_t cursor = 0;
+  uint32_t idle = 0;
+  while (remaining > 0) {
+    if (threadIdx.x == 0) {
+      // Find a lane whose next step can run, starting after the last one served.
+      go = -1;
+      for (uint32_t t = 0; t < n_mine; t++) {
+        uint32_t k = (cursor + t) % n_mine;
+        LaneState &s = st[k];
+        const ccl_dev_lane_t &ln = p.lanes[s.lane];
+        if (s.pos >= ln.n_steps) continue;
+        uint32_t kind = p.steps[ln.first_step + s.pos].kind;
+        if (step_recvs(kind)) {
+          const ccl_dev_conn_t &ci = p.conns[ln.conn_in];
+          if (vload(ci.tail) <= s.consumed) continue;
+        }
+        if (step_sends(kind)) {
+          const ccl_dev_conn_t &co = p.conns[ln.conn_out];
+          if (s.posted - vload(co.head) >= co.nslots) continue;
+        }
+        go = (int32_t)k;
+        cursor = k + 1;
+        break;
+      }
+      if (go < 0) {
+        idle++;
+        if ((idle & 1023u) == 0 && p.abort_flag && *(const volatile uint32_t *)p.abort_flag) stop = 1;
+#if !CCL_PLATFORM_HIP && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 700)
+        __nanosleep(100);
+#endif
+      } else {
+        idle = 0;
+        // Acquire: the data behind the observed tail/head is visible after this fence.
+        __threadfence_system();
+      }
+    }
+    __syncthreads();
+    if (stop) break;
+    int32_t k = go;
+    if (k < 0) continue;
+    LaneState &s = st[k];
+    const ccl_dev_lane_t &ln = p.lanes[s.lane];
+    const ccl_dev_step_t &stp = p.steps[ln.first_step + s.pos];
+    const void *in = NULL;
+    void *out = NULL;
+    if (step_recvs(stp.kind)) {
+      const ccl_dev_conn_t &ci = p.conns[ln.conn_in];
+      in = (const char *)ci.slots + (s.consumed % ci.nslots) * ci.slot_bytes;
+    }
+    if (step_sends(stp.kind)) {
+      const ccl_dev_conn_t &co = p.conns[ln.conn_out];
+      out = (char *)co.slots + (s.posted % co.nslots) * co.slot_bytes;
+    }
+    const void *src = (const char *)p.bufs[stp.src_buf] + stp.src_off * p.unit;
+    void *dst = (char *)p.bufs[stp.dst_buf] + stp.dst_off * p.unit;
+    run_step(p, c, stp.kind, in, src, out, dst, stp.count);
+    // Release: every thread's writes are ordered before thread 0's counter stores.
+    __threadfence_system();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      if (step_sends(stp.kind)) {
+        s.posted++;
+        vstore(p.conns[ln.conn_out].tail, s.posted);
+        sends++;
+      }
+      if (step_recvs(stp.kind)) {
+        s.consumed++;
+        vstore(p.conns[ln.conn_in].head, s.consumed);
+        recvs++;
+      }
+      if (send_word) {
+        __threadfence_system();
+        if (step_sends(stp.kind)) vstore(send_word, sends);
+        if (step_recvs(stp.kind)) vstore(send_word + 1, recvs);
+      }
+      s.pos++;
+    }
+    __syncthreads();
+    if (s.pos >= ln.n_steps) remaining--;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Runtime helpers
+// ---------------------------------------------------------------------------------------
+
+thread_local char g_last_error[256] = "";
+
+ccl_dev_result_t fail(cudaError_t e, const char *what) {
+  snprintf(g_last_error, sizeof(g_last_error), "%s: %s", what, cudaGetErrorString(e));
+  (void)cudaGetLastError();  // clear the sticky non-fatal error state
+  return CCL_DEV_RUNTIME_ERROR;
+}
+
+ccl_dev_result_t invalid(const char *what) {
+  snprintf(g_last_error, sizeof(g_last_error), "%s", what);
+  return CCL_DEV_INVALID;
+}
+
+#if CCL_PLATFORM_HIP
+struct HostFnCall {
+  ccl_host_fn_t fn;
+  void *user;
+};
+void host_fn_trampoline(hipStream_t, hipError_t, void *arg) {
+  HostFnCall *c = (HostFnCall *)arg;
+  c->fn(c->user);
+  delete c;
+}
+#endif
+
+#define CCL_CHECK(call)                          \
+  do {                                           \
+    cudaError_t e_ = (call);                     \
+    if (e_ != cudaSuccess) return fail(e_, #call); \
+  } while (0)
+
+}  // namespace
+
+extern "C" {
+
+int32_t ccl_dev_built(void) { return 1; }
+int32_t ccl_dev_platform(void) { return CCL_PLATFORM_HIP; }
+const char *ccl_dev_last_error(void) { return g_last_error; }
+
+ccl_dev_result_t ccl_dev_device_count(int32_t *count) {
+  if (!count) return invalid("ccl_dev_device_count: count is NULL");
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n <= 0) {
+    *count = 0;
+    if (e != cudaSuccess) fail(e, "cudaGetDeviceCount");
+    else snprintf(g_last_error, sizeof(g_last_error), "cudaGetDeviceCount: no device");
+    return CCL_DEV_NO_DEVICE;
+  }
+  *count = n;
+  return CCL_DEV_OK;
+}
+
+ccl_dev_result_t ccl_dev_get_device(int32_t *device) {
+  if (!device) return invalid("ccl_dev_get_device: device is NULL");
+  int d = 0;
+  CCL_CHECK(cudaGetDevice(&d));
+  *device = d;
+  return CCL_DEV_OK;
+}
+
+ccl_dev_result_t ccl_dev_set_device(int32_t device) {
+  CCL_CHECK(cudaSetDevice(device));
+  return CCL_DEV_OK;
+}
+
+ccl_dev_result_t ccl_dev_pointer_is_device(const void *p, int32_t *is_device) {
+  if (!is_device) return invalid("ccl_dev_pointer_is_device: is_device is NULL");
+  cudaPointerAttributes a;
+  memset(&a, 0, sizeof(a));
+  cudaError_t e = cudaPointerGetAttributes(&a, p);
+  if (e != cudaSuccess) {
+    // Unregistered host memory on older runtimes reports an error: it is host memory.
+    (void)cudaGetLastError();
+    *is_device = 0;
+    return CCL_DEV_OK;
+  }
+  *is_device = (CCL_PTR_ATTR_TYPE(a) == cudaMemoryTypeDevice || CCL_PTR_ATTR_TYPE(a) == cudaMemoryTypeManaged) ? 1 : 0;
+  return CCL_DEV_OK;
+}
+
+ccl_dev_result_t ccl_dev_host_alloc_mapped(size_t bytes, void **host, void **dev) {
+  if (!host || !dev || bytes == 0) return invalid("ccl_dev_host_alloc_mapped: bad arguments");
+  void *h = NULL;
+  CCL_CHECK(cudaHostAlloc(&h, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
+  memset(h, 0, bytes);
+  void *d = NULL;
+  cudaError_t e = cudaHostGetDevicePointer(&d, h, 0);
+  if (e != cudaSuccess) {
+    (void)cudaFreeHost(h);
+    return fail(e, "cudaHostGetDevicePointer");
+  }
+  *host = h;
+  *dev = d;
+  return CCL_DEV_OK;
+}
+
+ccl_dev_result_t ccl_dev_host_free(void *host) {
+  CCL_CHECK(cudaFreeHost(host));
+  return CCL_DEV_OK;
+}
+
+ccl_dev_result_t ccl_dev_malloc(size_t bytes, void **dev) {
+  if (!dev) return invalid("ccl_dev_malloc: dev is NULL");
+  CCL_CHECK(cudaMalloc(dev, bytes));
+  return CCL_DEV_OK;
+}
+
+ccl_dev_result_t ccl_dev_free(void *dev) {
+  CCL_CHECK(cudaFree(dev));
+  return CCL_DEV_OK;
+}
+
+ccl_dev_result_t ccl_dev_memset(void *dev, int32_t value, size_t bytes) {
+  CCL_CHECK(cudaMemset(dev, value, bytes));
+  return CCL_DEV_OK;
+}
+
+ccl_dev_result_t ccl_dev_memcpy(void *dst, const void *src, size_t bytes) {
+  CCL_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+  return CCL_DEV_OK;
+}
+
+ccl_dev_result_t ccl_dev_memcpy_async(void *dst, const void *src, size_t bytes, ccl_stream_t s) {
+  CCL_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, (cudaStream_t)s));
+  return CCL_DEV_OK;
+}
+
+ccl_dev_result_t ccl_dev_enable_peer_access(int32_t peer_device) {
+  cudaError_t e = cudaDeviceEnablePeerAccess(peer_device, 0);
+  if (e == cudaErrorPeerAccessAlreadyEnabled) {
+    (void)cudaGetLastError();
+    return CCL_DEV_OK;
+  }
+  if (e != cudaSuccess) return fail(e, "cudaDeviceEnablePeerAccess");
+  return CCL_DEV_OK;
+}
+
+ccl_dev_result_t ccl_dev_ipc_get_mem_handle(void *dev, ccl_ipc_handle_t *handle) {
+  if (!handle) return invalid("ccl_dev_ipc_get_mem_handle: handle is NULL");
+  cudaIpcMemHandle_t h;
+  static_assert(sizeof(h) <= CCL_IPC_HANDLE_BYTES, "IPC handle larger than the ABI's");
+  CCL_CHECK(cudaIpcGetMemHandle(&h, dev));
+  memset(handle, 0, sizeof(*handle));
+  memcpy(handle->bytes, &h, sizeof(h));
+  return CCL_DEV_OK;
+}
+
+ccl_dev_result_t ccl_dev_ipc_open_mem_handle(const ccl_ipc_handle_t *handle, void **dev) {
+  if (!handle || !dev) return invalid("ccl_dev_ipc_open_mem_handle: bad arguments");
+  cudaIpcMemHandle_t h;
+  memcpy(&h, handle->bytes, sizeof(h));
+  CCL_CHECK(cudaIpcOpenMemHandle(dev, h, cudaIpcMemLazyEnablePeerAccess));
+  return CCL_DEV_OK;
+}
+
+ccl_dev_result_t ccl_dev_ipc_close_mem_handle(void *dev) {
+  CCL_CHECK(cudaIpcCloseMemHandle(dev));
+  return CCL_DEV_OK;
+}
+
+ccl_dev_result_t ccl_dev_stream_create(ccl_stream_t *s) {
+  if (!s) return invalid("ccl_dev_stream_create: s is NULL");
+  cudaStream_t st;
+  CCL_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  *s = (ccl_stream_t)st;
+  return CCL_DEV_OK;
+}
+
+ccl_dev_result_t ccl_dev_stream_destroy(ccl_stream_t s) {
+  CCL_CHECK(cudaStreamDestroy((cudaStream_t)s));
+  return CCL_DEV_OK;
+}
+
+ccl_dev_result_t ccl_dev_stream_synchronize(ccl_stream_t s) {
+  CCL_CHECK(cudaStreamSynchronize((cudaStream_t)s));
+  return CCL_DEV_OK;
+}
+
+ccl_dev_result_t ccl_dev_stream_query(ccl_stream_t s) {
+  cudaError_t e = cudaStreamQuery((cudaStream_t)s);
+  if (e == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return CCL_DEV_NOT_READY;
+  }
+  if (e != cudaSuccess) return fail(e, "cudaStreamQuery");
+  return CCL_DEV_OK;
+}
+
+ccl_dev_result_t ccl_dev_event_create(ccl_event_t *ev) {
+  if (!ev) return invalid("ccl_dev_event_create: ev is NULL");
+  cudaEvent_t e;
+  CCL_CHECK(cudaEventCreate(&e));
+  *ev = (ccl_event_t)e;
+  return CCL_DEV_OK;
+}
+
+ccl_dev_result_t ccl_dev_event_destroy(ccl_event_t e) {
+  CCL_CHECK(cudaEventDestroy((cudaEvent_t)e));
+  return CCL_DEV_OK;
+}
+
+ccl_dev_result_t ccl_dev_event_record(ccl_event_t e, ccl_stream_t s) {
+  CCL_CHECK(cudaEventRecord((cudaEvent_t)e, (cudaStream_t)s));
+  return CCL_DEV_OK;
+}
+
+ccl_dev_result_t ccl_dev_stream_wait_event(ccl_stream_t s, ccl_event_t e) {
+  CCL_CHECK(cudaStreamWaitEvent((cudaStream_t)s, (cudaEvent_t)e, 0));
+  return CCL_DEV_OK;
+}
+
+ccl_dev_result_t ccl_dev_event_elapsed_ms(ccl_event_t start, ccl_event_t end, float *ms) {
+  if (!ms) return invalid("ccl_dev_event_elapsed_ms: ms is NULL");
+  CCL_CHECK(cudaEventSynchronize((cudaEvent_t)end));
+  CCL_CHECK(cudaEventElapsedTime(ms, (cudaEvent_t)start, (cudaEvent_t)end));
+  return CCL_DEV_OK;
+}
+
+ccl_dev_result_t ccl_dev_launch_host_fn(ccl_stream_t s, ccl_host_fn_t fn, void *user) {
+  if (!fn) return invalid("ccl_dev_launch_host_fn: fn is NULL");
+#if CCL_PLATFORM_HIP
+  // HIP 5.2 declares hipLaunchHostFunc but libamdhip64 5.2 does not export it: use a stream
+  // callback through a trampoline (freed by the callback).
+  HostFnCall *call = new HostFnCall{fn, user};
+  hipError_t e = hipStreamAddCallback((hipStream_t)s, host_fn_trampoline, call, 0);
+  if (e != hipSuccess) {
+    delete call;
+    return fail(e, "hipStreamAddCallback");
+  }
+#else
+  CCL_CHECK(cudaLaunchHostFunc((cudaStream_t)s, fn, user));
+#endif
+  return CCL_DEV_OK;
+}
+
+ccl_dev_result_t ccl_dev_launch_plan(const ccl_dev_plan_t *plan, ccl_stream_t s) {
+  if (!plan) return invalid("ccl_dev_launch_plan: plan is NULL");
+  const ccl_dev_plan_t &p = *plan;
+  if (p.n_channels == 0 || p.n_channels > CCL_MAX_CHANNELS)
+    return invalid("ccl_dev_launch_plan: n_channels out of 1..=32");
+  if (p.unit == 0 || p.unit > 8) return invalid("ccl_dev_launch_plan: unit out of 1..=8");
+  if (p.reduce && (p.dtype >= CCL_DT_COUNT || p.op > CCL_OP_PREMUL))
+    return invalid("ccl_dev_launch_plan: bad dtype or op");
+  static const uint32_t kSize[CCL_DT_COUNT] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
+  if (p.reduce && p.unit != kSize[p.dtype])
+    return invalid("ccl_dev_launch_plan: unit differs from the element size of dtype");
+  if ((p.n_lanes && (!p.lanes || !p.steps || !p.conns)) || (p.n_locals && !p.locals))
+    return invalid("ccl_dev_launch_plan: missing arrays");
+  if (p.proto != CCL_PROTO_SIMPLE)
+    return invalid("ccl_dev_launch_plan: only the Simple protocol is implemented");
+  ccl_plan_kernel<<<dim3(p.n_channels), dim3(CCL_THREADS), 0, (cudaStream_t)s>>>(p);
+  CCL_CHECK(cudaGetLastError());
+  return CCL_DEV_OK;
+}
+
+ccl_dev_result_t ccl_dev_host_elem(uint32_t dtype, uint32_t op, uint32_t avg_divisor,
+                                   uint64_t scalar_bits, int32_t has_in, uint64_t in_bits,
+                                   uint64_t local_bits, int32_t do_finish, uint64_t *out) {
+  if (!out || dtype >= CCL_DT_COUNT || op > CCL_OP_PREMUL) return invalid("ccl_dev_host_elem: bad arguments");
+  RedCtx c;
+  c.op = op;
+  c.avg_divisor = avg_divisor;
+  c.scalar_bits = scalar_bits;
+  switch (dtype) {
+    case CCL_DT_INT8: host_elem<KI8>(c, has_in, in_bits, local_bits, do_finish, out); break;
+    case CCL_DT_UINT8: host_elem<KU8>(c, has_in, in_bits, local_bits, do_finish, out); break;
+    case CCL_DT_INT32: host_elem<KI32>(c, has_in, in_bits, local_bits, do_finish, out); break;
+    case CCL_DT_UINT32: host_elem<KU32>(c, has_in, in_bits, local_bits, do_finish, out); break;
+    case CCL_DT_INT64: host_elem<KI64>(c, has_in, in_bits, local_bits, do_finish, out); break;
+    case CCL_DT_UINT64: host_elem<KU64>(c, has_in, in_bits, local_bits, do_finish, out); break;
+    case CCL_DT_FLOAT16: host_elem<KF16>(c, has_in, in_bits, local_bits, do_finish, out); break;
+    case CCL_DT_FLOAT32: host_elem<KF32>(c, has_in, in_bits, local_bits, do_finish, out); break;
+    case CCL_DT_FLOAT64: host_elem<KF64>(c, has_in, in_bits, local_bits, do_finish, out); break;
+    case CCL_DT_BFLOAT16: host_elem<KBF16>(c, has_in, in_bits, local_bits, do_finish, out); break;
+    case CCL_DT_FLOAT8E4M3: host_elem<KE4M3>(c, has_in, in_bits, local_bits, do_finish, out); break;
+    default: host_elem<KE5M2>(c, has_in, in_bits, local_bits, do_finish, out); break;
+  }
+  return CCL_DEV_OK;
+}
+
+ccl_dev_result_t ccl_dev_copy_bandwidth(size_t bytes, int32_t iters, double *gbps) {
+  if (!gbps || bytes == 0 || iters <= 0) return invalid("ccl_dev_copy_bandwidth: bad arguments");
+  void *a = NULL, *b = NULL;
+  cudaEvent_t e0, e1;
+  CCL_CHECK(cudaMalloc(&a, bytes));
+  CCL_CHECK(cudaMalloc(&b, bytes));
+  CCL_CHECK(cudaEventCreate(&e0));
+  CCL_CHECK(cudaEventCreate(&e1));
+  CCL_CHECK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));  // warm-up
+  CCL_CHECK(cudaEventRecord(e0, 0));
+  for (int32_t i = 0; i < iters; i++) CCL_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0));
+  CCL_CHECK(cudaEventRecord(e1, 0));
+  CCL_CHECK(cudaEventSynchronize(e1));
+  float ms = 0;
+  CCL_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  // A copy reads and writes `bytes`: report the bytes moved (read + write) per second, as
+  // bandwidthTest does for device-to-device copies (2 x bytes).
+  *gbps = ms > 0 ? 2.0 * (double)bytes * iters / (ms * 1e-3) / 1e9 : 0.0;
+  (void)cudaEventDestroy(e0);
+  (void)cudaEventDestroy(e1);
+  (void)cudaFree(a);
+  (void)cudaFree(b);
+  return CCL_DEV_OK;
+}
+
+}  // extern "C"

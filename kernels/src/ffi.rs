@@ -1,0 +1,322 @@
+//! Hand-written mirror of `include/ccl_device.h` (checked against it by the tests).
+
+#![allow(non_camel_case_types)]
+
+use std::ffi::{c_char, c_void};
+
+/// `ccl_dev_result_t`.
+pub type ccl_dev_result_t = i32;
+/// Success.
+pub const CCL_DEV_OK: i32 = 0;
+/// No driver or no device.
+pub const CCL_DEV_NO_DEVICE: i32 = 1;
+/// A runtime call failed.
+pub const CCL_DEV_RUNTIME_ERROR: i32 = 2;
+/// Invalid argument.
+pub const CCL_DEV_INVALID: i32 = 3;
+/// Not available in this build.
+pub const CCL_DEV_UNSUPPORTED: i32 = 4;
+/// Work still pending (stream query).
+pub const CCL_DEV_NOT_READY: i32 = 5;
+
+/// Blocks of a probing frame.
+pub const CCL_FRAME_BLOCKS: usize = 8;
+/// Header bytes of a probing frame.
+pub const CCL_FRAME_HEADER_BYTES: usize = 32;
+/// Channels of the paper's frame.
+pub const CCL_PAPER_CHANNELS: usize = 8;
+
+/// Step kinds (`ccl_core::schedule::StepKind`).
+pub const CCL_STEP_SEND: u32 = 0;
+/// Recv.
+pub const CCL_STEP_RECV: u32 = 1;
+/// RecvReduceSend.
+pub const CCL_STEP_RECV_REDUCE_SEND: u32 = 2;
+/// RecvReduceCopySend.
+pub const CCL_STEP_RECV_REDUCE_COPY_SEND: u32 = 3;
+/// RecvCopySend.
+pub const CCL_STEP_RECV_COPY_SEND: u32 = 4;
+/// RecvReduceCopy.
+pub const CCL_STEP_RECV_REDUCE_COPY: u32 = 5;
+/// Local copy.
+pub const CCL_LOCAL_COPY: u32 = 0;
+/// Local single-rank reduction.
+pub const CCL_LOCAL_REDUCE: u32 = 1;
+/// Element operations.
+pub const CCL_OP_SUM: u32 = 0;
+/// Prod.
+pub const CCL_OP_PROD: u32 = 1;
+/// Max.
+pub const CCL_OP_MAX: u32 = 2;
+/// Min.
+pub const CCL_OP_MIN: u32 = 3;
+/// Pre-multiplied sum.
+pub const CCL_OP_PREMUL: u32 = 4;
+/// Simple protocol.
+pub const CCL_PROTO_SIMPLE: u32 = 0;
+/// LL protocol (not implemented by the kernels).
+pub const CCL_PROTO_LL: u32 = 1;
+/// Buffers per plan.
+pub const CCL_MAX_BUFS: usize = 64;
+/// Lanes per channel.
+pub const CCL_MAX_LANES_PER_CHANNEL: usize = 64;
+/// Channels.
+pub const CCL_MAX_CHANNELS: usize = 32;
+/// IPC handle bytes.
+pub const CCL_IPC_HANDLE_BYTES: usize = 64;
+
+/// `ccl_trace_id_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ccl_trace_id_t {
+    pub comm_id: u64,
+    pub op_counter: u32,
+    pub extension: u32,
+}
+
+/// `ccl_frame_header_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ccl_frame_header_t {
+    pub op_counter: u64,
+    pub mode: u32,
+    pub kernel_index: u32,
+    pub n_channels: u32,
+    pub reserved: [u32; 3],
+}
+
+/// `ccl_channel_counts_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ccl_channel_counts_t {
+    pub send_count: u64,
+    pub recv_count: u64,
+}
+
+/// `ccl_frame_block8_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ccl_frame_block8_t {
+    pub trace: ccl_trace_id_t,
+    pub channels: [ccl_channel_counts_t; CCL_PAPER_CHANNELS],
+}
+
+/// `ccl_probing_frame8_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ccl_probing_frame8_t {
+    pub header: ccl_frame_header_t,
+    pub blocks: [ccl_frame_block8_t; CCL_FRAME_BLOCKS],
+}
+
+/// `CCL_FRAME_BLOCK_BYTES(cap)`.
+pub const fn frame_block_bytes(cap: u64) -> u64 {
+    16 + 16 * cap
+}
+/// `CCL_FRAME_BYTES(cap)`.
+pub const fn frame_bytes(cap: u64) -> u64 {
+    CCL_FRAME_HEADER_BYTES as u64 + CCL_FRAME_BLOCKS as u64 * frame_block_bytes(cap)
+}
+/// `CCL_FRAME_SEND_OFFSET(cap, b, ch)`.
+pub const fn frame_send_offset(cap: u64, block: u64, ch: u64) -> u64 {
+    CCL_FRAME_HEADER_BYTES as u64 + block * frame_block_bytes(cap) + 16 + 16 * ch
+}
+
+/// `ccl_dev_step_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ccl_dev_step_t {
+    pub kind: u32,
+    pub src_buf: u32,
+    pub dst_buf: u32,
+    pub reserved: u32,
+    pub src_off: u64,
+    pub dst_off: u64,
+    pub count: u64,
+}
+
+/// `ccl_dev_conn_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ccl_dev_conn_t {
+    pub slots: *mut c_void,
+    pub tail: *mut u64,
+    pub head: *mut u64,
+    pub slot_bytes: u64,
+    pub nslots: u32,
+    pub reserved: u32,
+}
+
+/// `ccl_dev_lane_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ccl_dev_lane_t {
+    pub channel: u32,
+    pub first_step: u32,
+    pub n_steps: u32,
+    pub conn_in: i32,
+    pub conn_out: i32,
+    pub reserved: u32,
+}
+
+/// `ccl_dev_local_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ccl_dev_local_t {
+    pub kind: u32,
+    pub src_buf: u32,
+    pub dst_buf: u32,
+    pub reserved: u32,
+    pub src_off: u64,
+    pub dst_off: u64,
+    pub count: u64,
+}
+
+/// `ccl_dev_plan_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ccl_dev_plan_t {
+    pub n_channels: u32,
+    pub n_lanes: u32,
+    pub n_locals: u32,
+    pub n_steps: u32,
+    pub n_conns: u32,
+    pub unit: u32,
+    pub dtype: u32,
+    pub op: u32,
+    pub reduce: u32,
+    pub avg_divisor: u32,
+    pub scalar_bits: u64,
+    pub scalar_dev: *const c_void,
+    pub steps: *const ccl_dev_step_t,
+    pub lanes: *const ccl_dev_lane_t,
+    pub locals: *const ccl_dev_local_t,
+    pub conns: *const ccl_dev_conn_t,
+    pub bufs: [*mut c_void; CCL_MAX_BUFS],
+    pub frame: *mut u64,
+    pub frame_capacity: u32,
+    pub frame_block: u32,
+    pub proto: u32,
+    pub reserved: u32,
+    pub abort_flag: *const u32,
+}
+
+/// `ccl_ipc_handle_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ccl_ipc_handle_t {
+    pub bytes: [u8; CCL_IPC_HANDLE_BYTES],
+}
+
+/// `ccl_stream_t` (a cudaStream_t / hipStream_t).
+pub type ccl_stream_t = *mut c_void;
+/// `ccl_event_t`.
+pub type ccl_event_t = *mut c_void;
+/// `ccl_host_fn_t`.
+pub type ccl_host_fn_t = Option<unsafe extern "C" fn(user: *mut c_void)>;
+
+/// Declares the ABI functions once: the `extern "C"` block (linked only when the kernels
+/// were built) and [`SIGNATURES`], the same declarations as text for the header test.
+macro_rules! abi {
+    ($( fn $name:ident ( $( $arg:ident : $ty:ty ),* ) -> $ret:ty ; )*) => {
+        #[cfg(ccl_cuda)]
+        extern "C" {
+            $( pub fn $name ( $( $arg : $ty ),* ) -> $ret ; )*
+        }
+        // Without the kernels every function exists as a stub that does nothing and
+        // returns CCL_DEV_UNSUPPORTED (an empty string for ccl_dev_last_error), so callers
+        // compile the same way in both builds.
+        $(
+            #[cfg(not(ccl_cuda))]
+            #[allow(unused_variables, clippy::missing_safety_doc)]
+            pub unsafe fn $name ( $( $arg : $ty ),* ) -> $ret {
+                <$ret as Stub>::stub()
+            }
+        )*
+        /// (name, [argument types], return type) of every ABI function, as Rust text.
+        pub const SIGNATURES: &[(&str, &[&str], &str)] = &[
+            $( (stringify!($name), &[ $( stringify!($ty) ),* ], stringify!($ret)) ),*
+        ];
+    };
+}
+
+/// Return value of a stub (kernels not built).
+#[cfg_attr(ccl_cuda, allow(dead_code))]
+trait Stub {
+    fn stub() -> Self;
+}
+impl Stub for i32 {
+    fn stub() -> i32 {
+        CCL_DEV_UNSUPPORTED
+    }
+}
+impl Stub for *const c_char {
+    fn stub() -> *const c_char {
+        c"".as_ptr()
+    }
+}
+
+abi! {
+    fn ccl_dev_built() -> i32;
+    fn ccl_dev_platform() -> i32;
+    fn ccl_dev_last_error() -> *const c_char;
+    fn ccl_dev_device_count(count: *mut i32) -> ccl_dev_result_t;
+    fn ccl_dev_get_device(device: *mut i32) -> ccl_dev_result_t;
+    fn ccl_dev_set_device(device: i32) -> ccl_dev_result_t;
+    fn ccl_dev_pointer_is_device(p: *const c_void, is_device: *mut i32) -> ccl_dev_result_t;
+    fn ccl_dev_host_alloc_mapped(bytes: usize, host: *mut *mut c_void, dev: *mut *mut c_void) -> ccl_dev_result_t;
+    fn ccl_dev_host_free(host: *mut c_void) -> ccl_dev_result_t;
+    fn ccl_dev_malloc(bytes: usize, dev: *mut *mut c_void) -> ccl_dev_result_t;
+    fn ccl_dev_free(dev: *mut c_void) -> ccl_dev_result_t;
+    fn ccl_dev_memset(dev: *mut c_void, value: i32, bytes: usize) -> ccl_dev_result_t;
+    fn ccl_dev_memcpy(dst: *mut c_void, src: *const c_void, bytes: usize) -> ccl_dev_result_t;
+    fn ccl_dev_memcpy_async(dst: *mut c_void, src: *const c_void, bytes: usize, s: ccl_stream_t) -> ccl_dev_result_t;
+    fn ccl_dev_enable_peer_access(peer_device: i32) -> ccl_dev_result_t;
+    fn ccl_dev_ipc_get_mem_handle(dev: *mut c_void, handle: *mut ccl_ipc_handle_t) -> ccl_dev_result_t;
+    fn ccl_dev_ipc_open_mem_handle(handle: *const ccl_ipc_handle_t, dev: *mut *mut c_void) -> ccl_dev_result_t;
+    fn ccl_dev_ipc_close_mem_handle(dev: *mut c_void) -> ccl_dev_result_t;
+    fn ccl_dev_stream_create(s: *mut ccl_stream_t) -> ccl_dev_result_t;
+    fn ccl_dev_stream_destroy(s: ccl_stream_t) -> ccl_dev_result_t;
+    fn ccl_dev_stream_synchronize(s: ccl_stream_t) -> ccl_dev_result_t;
+    fn ccl_dev_stream_query(s: ccl_stream_t) -> ccl_dev_result_t;
+    fn ccl_dev_event_create(e: *mut ccl_event_t) -> ccl_dev_result_t;
+    fn ccl_dev_event_destroy(e: ccl_event_t) -> ccl_dev_result_t;
+    fn ccl_dev_event_record(e: ccl_event_t, s: ccl_stream_t) -> ccl_dev_result_t;
+    fn ccl_dev_stream_wait_event(s: ccl_stream_t, e: ccl_event_t) -> ccl_dev_result_t;
+    fn ccl_dev_event_elapsed_ms(start: ccl_event_t, end: ccl_event_t, ms: *mut f32) -> ccl_dev_result_t;
+    fn ccl_dev_launch_host_fn(s: ccl_stream_t, func: ccl_host_fn_t, user: *mut c_void) -> ccl_dev_result_t;
+    fn ccl_dev_launch_plan(plan: *const ccl_dev_plan_t, s: ccl_stream_t) -> ccl_dev_result_t;
+    fn ccl_dev_host_elem(dtype: u32, op: u32, avg_divisor: u32, scalar_bits: u64, has_in: i32, in_bits: u64, local_bits: u64, do_finish: i32, out: *mut u64) -> ccl_dev_result_t;
+    fn ccl_dev_copy_bandwidth(bytes: usize, iters: i32, gbps: *mut f64) -> ccl_dev_result_t;
+}
+
+// The C layout probe (src/layout.c), always built.
+extern "C" {
+    /// Entries in the layout table.
+    pub fn ccl_layout_count() -> usize;
+    /// Name of entry `i` (NULL past the end).
+    pub fn ccl_layout_name(i: usize) -> *const c_char;
+    /// Value of entry `i`.
+    pub fn ccl_layout_value(i: usize) -> u64;
+}
+
+/// The C compiler's layout table: ("sizeof T" / "offsetof T f" / macro text, value).
+pub fn c_layout() -> Vec<(String, u64)> {
+    // SAFETY: ccl_layout_count has no preconditions.
+    let n = unsafe { ccl_layout_count() };
+    (0..n)
+        .filter_map(|i| {
+            // SAFETY: i < count, so the name is a valid static NUL-terminated string.
+            let p = unsafe { ccl_layout_name(i) };
+            if p.is_null() {
+                return None;
+            }
+            // SAFETY: non-null static string (see above).
+            let name = unsafe { std::ffi::CStr::from_ptr(p) }
+                .to_string_lossy()
+                .into_owned();
+            // SAFETY: no preconditions.
+            Some((name, unsafe { ccl_layout_value(i) }))
+        })
+        .collect()
+}

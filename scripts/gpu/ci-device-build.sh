@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# CI step (no GPU needed): compiles every device build, runs the device-side tests that
+# need no GPU, and builds the GPU suite's artifact. Exits non-zero if anything fails.
+#   1. installs the pinned toolchains (nvcc 13.0 wheel, hipcc 5.2) unless --no-install;
+#   2. kernels with nvcc + their tests (C layout vs Rust vs probe frame, header
+#      signatures, "no device" handled); CCLD_EXPECT_CUDA=1 makes a build that fell back
+#      to host-only fail (the `cuda` feature would do the same but changes the crate's
+#      fingerprint, so the workspace build would compile the kernels a second time);
+#   3. the ROCm build target/rocm/librccl.so.1 (hipcc, gfx90a), then ccl-core's device
+#      tests (lowering, emulator, CUDA and HIP element arithmetic vs Reducer);
+#   4. the host-only variant of the kernels crate (CCLD_NO_NVCC=1) + its tests;
+#   5. target/release/examples/device_selftest for scripts/gpu-suite.sh.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+if [ "${1:-}" != "--no-install" ]; then
+  scripts/install-toolchains.sh
+fi
+t0=$(date +%s)
+CCLD_EXPECT_CUDA=1 cargo test -p kernels
+# ROCm before ccl-core's device tests: they also check the HIP build's element arithmetic.
+scripts/gpu/build-rocm.sh
+cargo test -p ccl-core --lib device::
+CCLD_NO_NVCC=1 CARGO_TARGET_DIR=target/host-only cargo test -p kernels
+cargo build --release -p ccl-core --example device_selftest
+echo "ci-device-build: done in $(( $(date +%s) - t0 )) s"
