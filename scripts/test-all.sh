@@ -1,8 +1,18 @@
 #!/usr/bin/env bash
-# Runs every test of the workspace (the README's test command).
+# Runs every test of the workspace (the README's test command). Installs what the tests
+# need first: the pinned device toolchains (nvcc 13.0 from PyPI, hipcc 5.2 from Debian) so
+# that both device builds compile; the ABI test downloads NVIDIA's nccl.h itself (PyPI
+# wheel nvidia-nccl-cu13==2.30.7, cached under .cache/, never committed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
 # Tests talk over loopback only.
 export CCLD_BOOTSTRAP_IP=127.0.0.1
-cargo build --release --workspace
+
+scripts/install-toolchains.sh
+# Device builds (CUDA kernels, ROCm librccl.so.1) and their GPU-free tests.
+scripts/gpu/ci-device-build.sh --no-install
+# Everything else. The dev profile optimises dependencies (Cargo.toml), which is enough
+# for the multi-rank tests and saves a second full build in release mode.
+cargo build --workspace
 cargo nextest run --workspace --no-fail-fast
