@@ -9,8 +9,8 @@ pub mod frame;
 pub mod optype;
 
 pub use frame::{
-    ext_bytes, ChannelCounts, ChannelWaits, Frame, FrameBlock, FrameHeader, FrameHeaderSnapshot, ProbingFrame, TraceId,
-    EXT_WORDS_PER_CHANNEL, FRAME_BLOCKS, FRAME_HEADER_BYTES, PAPER_CHANNELS,
+    ext_bytes, ChannelCounts, ChannelWaits, Frame, FrameBlock, FrameHeader, FrameHeaderSnapshot,
+    ProbingFrame, TraceId, EXT_WORDS_PER_CHANNEL, FRAME_BLOCKS, FRAME_HEADER_BYTES, PAPER_CHANNELS,
 };
 pub use optype::{Algo, CollKind, OpLog, OpSnapshot, OpState, OpTypeSet, Proto};
 
