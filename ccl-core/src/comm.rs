@@ -324,6 +324,24 @@ impl Comm {
         )?;
         let bell = Doorbell::new(Arc::clone(transport.bell_region()), 0)?;
         let comm_hash = boot.comm_hash();
+        let source = if self.probe_on && probe::start().map_err(CclError::InvalidArgument)? {
+            let n = self.nranks as u32;
+            let r = self.rank as u32;
+            Some(probe::register(
+                probe::Identity {
+                    comm_id: comm_hash,
+                    rank: r,
+                    nranks: n,
+                    device: -1,
+                    ring_prev: (r + n - 1) % n,
+                    ring_next: (r + 1) % n,
+                },
+                Arc::clone(&self.frame),
+                Arc::clone(&self.op_log),
+            ))
+        } else {
+            None
+        };
         let shared = Shared {
             rank: self.rank,
             nranks: self.nranks,
@@ -335,6 +353,7 @@ impl Comm {
             probe_on: self.probe_on,
             op_counter: Arc::clone(&self.op_counter),
             inject: self.inject.clone(),
+            source,
         };
         let worker = WorkerHandle::spawn(shared, Arc::clone(&boot), transport)?;
         let rt = Runtime {

@@ -156,6 +156,9 @@ pub(crate) struct Shared {
     pub op_counter: Arc<AtomicU64>,
     /// Faults to inject (`CCLD_INJECT`), `None` in normal runs.
     pub inject: Option<Arc<crate::inject::Injection>>,
+    /// Registration with the diagnostic thread (`None` when probing or the thread is off);
+    /// dropped with the worker, which unregisters the rank.
+    pub source: Option<Arc<probe::Source>>,
 }
 
 /// Handle on a communicator's executor: the worker thread, and the executor state it
@@ -247,11 +250,10 @@ impl Drop for WorkerHandle {
     }
 }
 
-/// Monotonic nanoseconds since the first call in this process.
+/// Monotonic nanoseconds since the first call in this process (the probe's clock, so that
+/// the diagnostic thread can age in-flight operations).
 pub(crate) fn now_ns() -> u64 {
-    static BASE: OnceLock<Instant> = OnceLock::new();
-    let base = *BASE.get_or_init(Instant::now);
-    u64::try_from(base.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    probe::now_ns()
 }
 
 /// Maps an error to the same kind with `ctx: ` prepended to its message.
@@ -620,6 +622,9 @@ impl Worker {
         let sh = &self.shared;
         if sh.probe_on {
             sh.op_log.finish(counter, now_ns(), r.is_ok());
+            if let Some(src) = &sh.source {
+                src.op_done(counter);
+            }
         }
         r
     }
