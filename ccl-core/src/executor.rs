@@ -18,7 +18,7 @@
 //! `Remote("rank N (pid P) exited")` within `CCLD_PEER_CHECK_MS + 5 ms`.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Condvar, Mutex, OnceLock};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
