@@ -2,8 +2,8 @@
 //!
 //! Starts N ranks (default 4) as threads of this process on the host backend with the
 //! embedded analyzer, splits a data-parallel communicator (all ranks) and tensor-parallel
-//! pairs with `ncclCommSplit`, runs a training-like loop (compute, TP AllReduce, DP
-//! AllReduce of the gradients), injects one anomaly after a clean warm-up, shows a live
+//! pairs with `ncclCommSplit`, runs a training-like loop (compute, DP AllReduce of the
+//! gradients, TP AllReduce), injects one anomaly after a clean warm-up, shows a live
 //! progress line (step, busbw) and prints the diagnosis in plain words.
 //!
 //! ```text
