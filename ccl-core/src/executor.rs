@@ -195,6 +195,7 @@ impl WorkerHandle {
             t: transport,
             broken: None,
             scratch: Vec::new(),
+            diverged: false,
         }));
         let st = Arc::clone(&state);
         let join = std::thread::Builder::new()
@@ -463,6 +464,8 @@ pub(crate) struct Worker {
     t: Transport,
     broken: Option<CclError>,
     scratch: Vec<u8>,
+    /// An injected h2 fault made this rank issue a different operation: it issues no more.
+    diverged: bool,
 }
 
 /// The state of one lane being run.
@@ -567,7 +570,7 @@ impl Worker {
             Some(inj) => inj.for_op(sh.rank, sh.nranks, sh.op_counter.load(Ordering::Acquire)),
             None => crate::inject::OpFault::default(),
         };
-        if fault.not_enter {
+        if fault.not_enter || self.diverged {
             tracing::warn!(target: "nccl::COLL", rank = sh.rank,
                 "CCLD_INJECT: not entering {} (blocked until abort)", item.label());
             while !sh.abort.load(Ordering::Acquire) {
@@ -619,6 +622,9 @@ impl Worker {
             .ensure_p2p(&self.boot, &peers, &self.shared.abort)
             .and_then(|()| self.run_plan(&plan, &bufs, reducer.as_ref(), block, &fault));
         drop(staged);
+        if fault.halve {
+            self.diverged = true;
+        }
         let sh = &self.shared;
         if sh.probe_on {
             sh.op_log.finish(counter, now_ns(), r.is_ok());
@@ -675,7 +681,10 @@ impl Worker {
                     lane,
                     pos: 0,
                     end: if fault.halve { len.div_ceil(2) } else { len },
-                    stall_at: (fault.stall_channel == Some(lane.channel)).then_some(len / 2),
+                    stall_at: fault
+                        .stall
+                        .is_some_and(|c| c.is_none_or(|c| c == lane.channel))
+                        .then_some(0),
                     wait: Wait::None,
                 }
             })

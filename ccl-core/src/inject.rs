@@ -12,7 +12,7 @@
 //!               delay=D            s1, s3: entry delay per operation (e.g. 20ms, 1s, 500us)
 //!               gap=D              s2, s3: minimum gap between two sends of one channel
 //!               link=P             s2, s3: throttle only sends to rank P (default: all)
-//!               channel=C          h3: channel that stalls (default 0)
+//!               channel=C          h3: only this channel stalls (default: every channel)
 //! ```
 //! Durations take `us`, `ms` or `s`. Unknown kinds or keys, a missing `rank`, an empty
 //! range or a duration of zero are errors naming `CCLD_INJECT` (init fails).
@@ -25,11 +25,15 @@
 //! - **s3**: both.
 //! - **h1** (not entered): the rank does not enter the first selected operation; its call
 //!   blocks before the operation counter advances until the communicator is aborted.
-//! - **h2** (inconsistent): the rank issues the selected operation with half the element
-//!   count (same chunk size, half the steps): its op type set differs, it completes early and
-//!   its peers wait forever for the rest.
-//! - **h3** (hardware fault): channel `channel` stops after half of its steps and never
-//!   progresses again (abortable): every rank ends up hung.
+//! - **h2** (inconsistent): the rank issues the first selected operation with half the
+//!   element count (same chunk size, half the steps): its op type set differs and it
+//!   completes early; afterwards it issues no further operation on that communicator (its
+//!   calls block until abort, like an application whose control flow diverged), so its peers
+//!   wait forever for the rest. (Without that, identical later operations would silently
+//!   re-align the streams, as they would with NCCL.)
+//! - **h3** (hardware fault): the rank enters the operation, then its channels (or only
+//!   channel `channel`) never progress (abortable): every rank ends up hung and the rank
+//!   with the fewest SendCount/RecvCount is the root.
 
 use std::time::Duration;
 
@@ -71,8 +75,8 @@ pub struct Fault {
     pub gap: Duration,
     /// Throttled peer (None = every peer).
     pub link: Option<usize>,
-    /// Stalled channel (h3).
-    pub channel: usize,
+    /// Stalled channel (h3), `None` = every channel.
+    pub channel: Option<usize>,
 }
 
 impl Fault {
@@ -103,8 +107,8 @@ pub struct OpFault {
     pub not_enter: bool,
     /// Half the count.
     pub halve: bool,
-    /// Stall this channel after half its steps.
-    pub stall_channel: Option<usize>,
+    /// Stall (h3): `Some(None)` every channel, `Some(Some(c))` channel `c`.
+    pub stall: Option<Option<usize>>,
 }
 
 impl OpFault {
@@ -140,7 +144,7 @@ impl Injection {
                 }
                 FaultKind::H1 => o.not_enter = true,
                 FaultKind::H2 => o.halve = true,
-                FaultKind::H3 => o.stall_channel = Some(f.channel),
+                FaultKind::H3 => o.stall = Some(f.channel),
             }
         }
         o
@@ -217,7 +221,7 @@ pub fn parse(spec: &str) -> Result<Injection> {
             delay: Duration::ZERO,
             gap: Duration::ZERO,
             link: None,
-            channel: 0,
+            channel: None,
         };
         let mut seen: Vec<&str> = Vec::new();
         for kv in rest.split(',').map(str::trim).filter(|s| !s.is_empty()) {
@@ -281,7 +285,7 @@ pub fn parse(spec: &str) -> Result<Injection> {
                 }
                 "channel" => {
                     only(&[FaultKind::H3])?;
-                    f.channel = parse_usize("channel", v)?;
+                    f.channel = Some(parse_usize("channel", v)?);
                 }
                 other => return Err(bad(format!("unknown key {other:?} in {part:?}"))),
             }
@@ -342,7 +346,10 @@ mod tests {
         assert_eq!(i.faults[2].delay, Duration::from_secs(1));
         assert_eq!((i.faults[3].op_start, i.faults[3].op_end), (7, None));
         assert_eq!((i.faults[4].op_start, i.faults[4].op_end), (9, Some(10)));
-        assert_eq!((i.faults[5].kind, i.faults[5].channel), (FaultKind::H3, 1));
+        assert_eq!(
+            (i.faults[5].kind, i.faults[5].channel),
+            (FaultKind::H3, Some(1))
+        );
     }
 
     #[test]
@@ -351,7 +358,7 @@ mod tests {
         assert!(i.for_op(2, 4, 9).is_none());
         assert_eq!(i.for_op(2, 4, 10).delay, Some(Duration::from_millis(1)));
         let o = i.for_op(2, 4, 11);
-        assert_eq!((o.delay.is_some(), o.stall_channel), (true, Some(0)));
+        assert_eq!((o.delay.is_some(), o.stall), (true, Some(None)));
         assert!(i.for_op(2, 4, 12).is_none());
         assert!(i.for_op(1, 4, 10).is_none());
         assert!(i.for_op(2, 8, 10).is_none(), "nranks filter");
