@@ -5,6 +5,10 @@
 //! time and returns diagnoses; [`detect`] holds the detection formulas (CCL-D section 4.2.1),
 //! [`locate`] the decision tree (Figure 7), [`sim`] a deterministic rank simulator and
 //! [`calibrate`] the statistical choice of `theta_slow`.
+//!
+//! The service around it: [`server`] (one gRPC shard), [`client`] (routing, failover,
+//! queries), [`shard`] (rendezvous hashing), [`store`] (SQLite history), [`metrics`]
+//! (Prometheus), [`auth`] (token, TLS) and [`cli`] (`ccld`).
 
 pub mod calibrate;
 pub mod detect;
@@ -12,5 +16,13 @@ pub mod engine;
 pub mod locate;
 pub mod sim;
 pub mod wire;
+
+pub mod auth;
+pub mod cli;
+pub mod client;
+pub mod metrics;
+pub mod server;
+pub mod shard;
+pub mod store;
 
 pub use engine::{Engine, EngineConfig, Reject};

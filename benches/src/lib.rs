@@ -1,2 +1,8 @@
 //! Benchmark harness: probe overhead, peer comparisons and analyzer throughput; each
 //! benchmark prints ratios measured side by side in one run.
+//!
+//! Analyzer benchmarks (binaries; they print figures and assert nothing about speed):
+//! * `analyzer_location`: location latency vs ranks per communicator, with a linear fit.
+//! * `analyzer_ingest`: records per second into one shard (and 2-3 shards) on loopback.
+
+pub mod analyzer_util;

@@ -4,6 +4,7 @@
 pub mod bootstrap;
 pub mod channel;
 pub mod comm;
+pub mod debug;
 pub mod env;
 pub mod error;
 pub mod executor;

@@ -1,0 +1,386 @@
+//! Per-shard persistent history of diagnoses in an embedded SQLite database.
+//!
+//! The store is deliberately ignorant of the diagnosis type: each row holds a few indexed
+//! columns (id, communicator, class, detection time) and the diagnosis itself as an opaque
+//! encoded blob (the protobuf encoding of the wire `Diagnosis`). A restarted shard answers
+//! queries for its whole history from here; the engine's per-communicator soft state is not
+//! persisted and is rebuilt from new records.
+//!
+//! With no data directory the store lives in memory (history is lost on restart).
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+/// File name of the database inside `--data-dir`.
+pub const DB_FILE: &str = "ccld-diagnoses.sqlite3";
+
+/// Store errors.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Creating the data directory failed.
+    #[error("cannot create data directory {path}: {source}")]
+    CreateDir {
+        /// The directory.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// SQLite failed.
+    #[error("diagnosis store ({path}): {source}")]
+    Sqlite {
+        /// Database path or `:memory:`.
+        path: String,
+        /// Cause.
+        source: rusqlite::Error,
+    },
+    /// A previous panic poisoned the connection lock.
+    #[error("diagnosis store lock poisoned")]
+    Poisoned,
+}
+
+/// One stored diagnosis.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredDiagnosis {
+    /// Cluster-unique id (see [`StoredDiagnosis::make_id`]).
+    pub id: u64,
+    /// Communicator id.
+    pub comm_id: u64,
+    /// Anomaly class name (`H1`, `S2`, ...).
+    pub class: String,
+    /// Detection time, ns since the Unix epoch.
+    pub detected_ns: u64,
+    /// Encoded diagnosis.
+    pub payload: Vec<u8>,
+}
+
+impl StoredDiagnosis {
+    /// Builds a cluster-unique id from the shard index (top 16 bits) and a per-shard
+    /// sequence number (low 48 bits).
+    pub fn make_id(shard: usize, seq: u64) -> u64 {
+        ((shard as u64 & 0xffff) << 48) | (seq & 0xffff_ffff_ffff)
+    }
+
+    /// Shard index encoded in an id.
+    pub fn shard_of(id: u64) -> usize {
+        (id >> 48) as usize
+    }
+}
+
+/// Filter for [`Store::list`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Query {
+    /// Only this communicator.
+    pub comm_id: Option<u64>,
+    /// Only diagnoses detected at or after this time (ns).
+    pub since_ns: Option<u64>,
+    /// At most this many rows (newest first); `None` = all.
+    pub limit: Option<usize>,
+}
+
+/// The diagnosis store of one shard.
+pub struct Store {
+    conn: Mutex<Connection>,
+    path: String,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("path", &self.path).finish()
+    }
+}
+
+fn i64_of(v: u64) -> i64 {
+    // SQLite integers are signed 64-bit; store the bit pattern.
+    v as i64
+}
+
+fn u64_of(v: i64) -> u64 {
+    v as u64
+}
+
+impl Store {
+    /// Opens (creating if needed) the store under `data_dir`, or an in-memory store when
+    /// `data_dir` is `None`.
+    pub fn open(data_dir: Option<&Path>) -> Result<Self, StoreError> {
+        let (conn, path) = match data_dir {
+            Some(dir) => {
+                std::fs::create_dir_all(dir).map_err(|source| StoreError::CreateDir {
+                    path: dir.to_path_buf(),
+                    source,
+                })?;
+                let p = dir.join(DB_FILE);
+                let ps = p.display().to_string();
+                let c = Connection::open(&p).map_err(|source| StoreError::Sqlite {
+                    path: ps.clone(),
+                    source,
+                })?;
+                (c, ps)
+            }
+            None => {
+                let c = Connection::open_in_memory().map_err(|source| StoreError::Sqlite {
+                    path: ":memory:".into(),
+                    source,
+                })?;
+                (c, ":memory:".to_string())
+            }
+        };
+        let err = |source| StoreError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        // WAL + NORMAL: a committed insert survives a process kill (not necessarily a power
+        // loss), and readers do not block the writer.
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .or_else(|_| conn.pragma_update(None, "journal_mode", "DELETE"))
+            .map_err(err)?;
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(err)?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS diagnoses (
+                 id INTEGER PRIMARY KEY,
+                 comm_id INTEGER NOT NULL,
+                 class TEXT NOT NULL,
+                 detected_ns INTEGER NOT NULL,
+                 payload BLOB NOT NULL
+             );
+             CREATE INDEX IF NOT EXISTS diagnoses_comm ON diagnoses(comm_id);
+             CREATE INDEX IF NOT EXISTS diagnoses_time ON diagnoses(detected_ns);
+             CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);",
+        )
+        .map_err(err)?;
+        Ok(Self {
+            conn: Mutex::new(conn),
+            path,
+        })
+    }
+
+    /// Where the database lives (`:memory:` when not persisted).
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    fn err(&self, source: rusqlite::Error) -> StoreError {
+        StoreError::Sqlite {
+            path: self.path.clone(),
+            source,
+        }
+    }
+
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Connection>, StoreError> {
+        self.conn.lock().map_err(|_| StoreError::Poisoned)
+    }
+
+    /// The next unused per-shard sequence number for ids of `shard` (one past the
+    /// largest stored), so that a restarted shard never reuses an id.
+    pub fn next_seq(&self, shard: usize) -> Result<u64, StoreError> {
+        let conn = self.lock()?;
+        let lo = i64_of(StoredDiagnosis::make_id(shard, 0));
+        let hi = i64_of(StoredDiagnosis::make_id(shard, 0xffff_ffff_ffff));
+        let max: Option<i64> = conn
+            .query_row(
+                "SELECT MAX(id) FROM diagnoses WHERE id BETWEEN ?1 AND ?2",
+                params![lo, hi],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| self.err(e))?
+            .flatten();
+        Ok(match max {
+            Some(m) => (u64_of(m) & 0xffff_ffff_ffff) + 1,
+            None => 0,
+        })
+    }
+
+    /// Inserts diagnoses atomically (one transaction). A row whose id already exists is
+    /// replaced.
+    pub fn insert_all(&self, rows: &[StoredDiagnosis]) -> Result<(), StoreError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let mut conn = self.lock()?;
+        let tx = conn.transaction().map_err(|e| self.err(e))?;
+        {
+            let mut st = tx
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO diagnoses (id, comm_id, class, detected_ns, payload)
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                )
+                .map_err(|e| self.err(e))?;
+            for r in rows {
+                st.execute(params![
+                    i64_of(r.id),
+                    i64_of(r.comm_id),
+                    r.class,
+                    i64_of(r.detected_ns),
+                    r.payload
+                ])
+                .map_err(|e| self.err(e))?;
+            }
+        }
+        tx.commit().map_err(|e| self.err(e))
+    }
+
+    /// Lists diagnoses, newest first.
+    pub fn list(&self, q: &Query) -> Result<Vec<StoredDiagnosis>, StoreError> {
+        let conn = self.lock()?;
+        let mut sql = String::from(
+            "SELECT id, comm_id, class, detected_ns, payload FROM diagnoses WHERE 1=1",
+        );
+        let mut args: Vec<i64> = Vec::new();
+        if let Some(c) = q.comm_id {
+            args.push(i64_of(c));
+            sql.push_str(&format!(" AND comm_id = ?{}", args.len()));
+        }
+        if let Some(s) = q.since_ns {
+            args.push(i64_of(s));
+            sql.push_str(&format!(" AND detected_ns >= ?{}", args.len()));
+        }
+        sql.push_str(" ORDER BY detected_ns DESC, id DESC");
+        if let Some(l) = q.limit {
+            args.push(i64::try_from(l).unwrap_or(i64::MAX));
+            sql.push_str(&format!(" LIMIT ?{}", args.len()));
+        }
+        let mut st = conn.prepare(&sql).map_err(|e| self.err(e))?;
+        let rows = st
+            .query_map(rusqlite::params_from_iter(args.iter()), |r| {
+                Ok(StoredDiagnosis {
+                    id: u64_of(r.get(0)?),
+                    comm_id: u64_of(r.get(1)?),
+                    class: r.get(2)?,
+                    detected_ns: u64_of(r.get(3)?),
+                    payload: r.get(4)?,
+                })
+            })
+            .map_err(|e| self.err(e))?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(|e| self.err(e))
+    }
+
+    /// Number of stored diagnoses per communicator.
+    pub fn count_by_comm(&self) -> Result<std::collections::HashMap<u64, u32>, StoreError> {
+        let conn = self.lock()?;
+        let mut st = conn
+            .prepare_cached("SELECT comm_id, COUNT(*) FROM diagnoses GROUP BY comm_id")
+            .map_err(|e| self.err(e))?;
+        let rows = st
+            .query_map([], |r| {
+                let c: i64 = r.get(0)?;
+                let n: i64 = r.get(1)?;
+                Ok((u64_of(c), u32::try_from(n).unwrap_or(u32::MAX)))
+            })
+            .map_err(|e| self.err(e))?;
+        rows.collect::<Result<_, _>>().map_err(|e| self.err(e))
+    }
+
+    /// Number of stored diagnoses.
+    pub fn count(&self) -> Result<u64, StoreError> {
+        let conn = self.lock()?;
+        let n: i64 = conn
+            .query_row("SELECT COUNT(*) FROM diagnoses", [], |r| r.get(0))
+            .map_err(|e| self.err(e))?;
+        Ok(u64_of(n))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(shard: usize, seq: u64, comm: u64, t: u64) -> StoredDiagnosis {
+        StoredDiagnosis {
+            id: StoredDiagnosis::make_id(shard, seq),
+            comm_id: comm,
+            class: if seq % 2 == 0 {
+                "H1".into()
+            } else {
+                "S2".into()
+            },
+            detected_ns: t,
+            payload: vec![seq as u8, 1, 2, 3],
+        }
+    }
+
+    #[test]
+    fn id_packing_round_trips() {
+        let id = StoredDiagnosis::make_id(7, 123_456);
+        assert_eq!(StoredDiagnosis::shard_of(id), 7);
+        assert_eq!(id & 0xffff_ffff_ffff, 123_456);
+    }
+
+    #[test]
+    fn in_memory_insert_list_filter() {
+        let s = Store::open(None).unwrap();
+        assert_eq!(s.next_seq(0).unwrap(), 0);
+        let rows: Vec<_> = (0..10)
+            .map(|i| row(0, i, 100 + (i % 3), 1_000 + i))
+            .collect();
+        s.insert_all(&rows).unwrap();
+        assert_eq!(s.count().unwrap(), 10);
+        let all = s.list(&Query::default()).unwrap();
+        assert_eq!(all.len(), 10);
+        assert_eq!(all[0], rows[9]); // newest first
+        assert_eq!(all[9], rows[0]);
+        let c = s
+            .list(&Query {
+                comm_id: Some(101),
+                ..Default::default()
+            })
+            .unwrap();
+        let want: Vec<u64> = vec![7, 4, 1];
+        assert_eq!(c.iter().map(|r| r.id).collect::<Vec<_>>(), want);
+        let since = s
+            .list(&Query {
+                since_ns: Some(1_007),
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(since.len(), 3);
+        let lim = s
+            .list(&Query {
+                limit: Some(2),
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(lim.len(), 2);
+        assert_eq!(s.next_seq(0).unwrap(), 10);
+        assert_eq!(s.next_seq(1).unwrap(), 0);
+    }
+
+    #[test]
+    fn large_u64_values_survive() {
+        let s = Store::open(None).unwrap();
+        let r = StoredDiagnosis {
+            id: StoredDiagnosis::make_id(0xffff, 0xffff_ffff_fffe),
+            comm_id: u64::MAX,
+            class: "H3".into(),
+            detected_ns: u64::MAX - 5,
+            payload: vec![],
+        };
+        s.insert_all(std::slice::from_ref(&r)).unwrap();
+        assert_eq!(s.list(&Query::default()).unwrap(), vec![r]);
+        assert_eq!(s.next_seq(0xffff).unwrap(), 0xffff_ffff_ffff);
+    }
+
+    #[test]
+    fn persists_across_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = Store::open(Some(dir.path())).unwrap();
+            s.insert_all(&[row(2, 0, 5, 10), row(2, 1, 6, 20)]).unwrap();
+        }
+        let s = Store::open(Some(dir.path())).unwrap();
+        assert_eq!(s.count().unwrap(), 2);
+        assert_eq!(s.next_seq(2).unwrap(), 2);
+        let l = s.list(&Query::default()).unwrap();
+        assert_eq!(l[0], row(2, 1, 6, 20));
+    }
+
+    #[test]
+    fn bad_data_dir_is_an_error() {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        // A regular file cannot be a directory.
+        let e = Store::open(Some(&f.path().join("sub"))).unwrap_err();
+        assert!(matches!(e, StoreError::CreateDir { .. }), "{e}");
+    }
+}

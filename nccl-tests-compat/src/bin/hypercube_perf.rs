@@ -1,0 +1,4 @@
+//! nccl-tests' `hypercube_perf`.
+fn main() {
+    nccl_tests_compat::perf_main(nccl_tests_compat::colls::Coll::HyperCube)
+}

@@ -1,0 +1,212 @@
+//! In-process barrier + reduction across the test's threads (nccl-tests' Barrier and
+//! Allreduce without MPI), and the -T watchdog.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// How values are combined across threads/ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reduce {
+    /// Thread 0's (rank 0's) value.
+    Rank0,
+    /// Mean.
+    Avg,
+    /// Minimum.
+    Min,
+    /// Maximum.
+    Max,
+    /// Sum.
+    Sum,
+}
+
+impl Reduce {
+    /// From `-a` (0 rank0, 1 avg, 2 min, 3 max).
+    pub fn from_average(a: i64) -> Reduce {
+        match a {
+            0 => Reduce::Rank0,
+            2 => Reduce::Min,
+            3 => Reduce::Max,
+            _ => Reduce::Avg,
+        }
+    }
+
+    /// Combines `vals` (index = contributor, 0 first).
+    pub fn combine(self, vals: &[f64]) -> f64 {
+        match self {
+            Reduce::Rank0 => vals.first().copied().unwrap_or(0.0),
+            Reduce::Avg => vals.iter().sum::<f64>() / vals.len().max(1) as f64,
+            Reduce::Min => vals.iter().copied().fold(f64::INFINITY, f64::min),
+            Reduce::Max => vals.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            Reduce::Sum => vals.iter().sum(),
+        }
+    }
+}
+
+struct State {
+    generation: u64,
+    arrived: usize,
+    vals: Vec<f64>,
+    result: f64,
+}
+
+/// Barrier + all-reduce for a fixed number of threads; reusable.
+pub struct ThreadSync {
+    n: usize,
+    state: Mutex<State>,
+    cv: Condvar,
+}
+
+impl ThreadSync {
+    /// For `n` threads.
+    pub fn new(n: usize) -> ThreadSync {
+        ThreadSync {
+            n: n.max(1),
+            state: Mutex::new(State {
+                generation: 0,
+                arrived: 0,
+                vals: vec![0.0; n.max(1)],
+                result: 0.0,
+            }),
+            cv: Condvar::new(),
+        }
+    }
+
+    /// Thread `t` contributes `v`; every thread gets the combined value.
+    pub fn reduce(&self, t: usize, v: f64, how: Reduce) -> f64 {
+        // A poisoned lock means another test thread panicked; the process is going down
+        // anyway, so keep going with the inner state.
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let gen = st.generation;
+        st.vals[t.min(self.n - 1)] = v;
+        st.arrived += 1;
+        if st.arrived == self.n {
+            st.result = how.combine(&st.vals);
+            st.arrived = 0;
+            st.generation += 1;
+            self.cv.notify_all();
+            return st.result;
+        }
+        while st.generation == gen {
+            st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        st.result
+    }
+
+    /// Barrier.
+    pub fn barrier(&self, t: usize) {
+        self.reduce(t, 0.0, Reduce::Sum);
+    }
+}
+
+/// Per-thread "busy since" clocks for the -T watchdog (milliseconds since `start` + 1;
+/// 0 = not waiting on the library).
+pub struct Busy {
+    start: Instant,
+    slots: Vec<AtomicU64>,
+}
+
+impl Busy {
+    /// For `n` threads.
+    pub fn new(n: usize) -> Busy {
+        Busy {
+            start: Instant::now(),
+            slots: (0..n.max(1)).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// Marks thread `t` busy until the guard drops.
+    pub fn enter(&self, t: usize) -> BusyGuard<'_> {
+        let ms = self.start.elapsed().as_millis() as u64 + 1;
+        let slot = &self.slots[t.min(self.slots.len() - 1)];
+        // Nested guards keep the outer start time.
+        let prev = slot.load(Ordering::Relaxed);
+        if prev == 0 {
+            slot.store(ms, Ordering::Relaxed);
+        }
+        BusyGuard {
+            slot,
+            outer: prev == 0,
+        }
+    }
+
+    /// The longest current busy period.
+    pub fn longest(&self) -> Duration {
+        let now = self.start.elapsed().as_millis() as u64 + 1;
+        let oldest = self
+            .slots
+            .iter()
+            .map(|s| s.load(Ordering::Relaxed))
+            .filter(|&v| v != 0)
+            .min();
+        oldest
+            .map(|t| Duration::from_millis(now.saturating_sub(t)))
+            .unwrap_or_default()
+    }
+}
+
+/// Clears the busy mark on drop.
+pub struct BusyGuard<'a> {
+    slot: &'a AtomicU64,
+    outer: bool,
+}
+
+impl Drop for BusyGuard<'_> {
+    fn drop(&mut self) {
+        if self.outer {
+            self.slot.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn reduce_modes_across_threads() {
+        let s = Arc::new(ThreadSync::new(4));
+        for how in [
+            Reduce::Rank0,
+            Reduce::Avg,
+            Reduce::Min,
+            Reduce::Max,
+            Reduce::Sum,
+        ] {
+            let hs: Vec<_> = (0..4)
+                .map(|t| {
+                    let s = s.clone();
+                    std::thread::spawn(move || {
+                        (0..50)
+                            .map(|k| s.reduce(t, (t * 10 + k) as f64, how))
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            let res: Vec<Vec<f64>> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+            for k in 0..50 {
+                let vals: Vec<f64> = (0..4).map(|t| (t * 10 + k) as f64).collect();
+                for r in &res {
+                    assert_eq!(r[k], how.combine(&vals), "{how:?} round {k}");
+                }
+            }
+        }
+        assert_eq!(Reduce::Avg.combine(&[1.0, 2.0, 6.0]), 3.0);
+        assert_eq!(Reduce::from_average(0), Reduce::Rank0);
+        assert_eq!(Reduce::from_average(3), Reduce::Max);
+    }
+
+    #[test]
+    fn busy_tracking() {
+        let b = Busy::new(2);
+        assert_eq!(b.longest(), Duration::ZERO);
+        {
+            let _g = b.enter(1);
+            let _inner = b.enter(1);
+            std::thread::sleep(Duration::from_millis(30));
+            assert!(b.longest() >= Duration::from_millis(25));
+        }
+        assert_eq!(b.longest(), Duration::ZERO);
+    }
+}
