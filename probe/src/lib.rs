@@ -11,6 +11,7 @@ pub mod diag;
 pub mod embedded;
 pub mod frame;
 pub mod optype;
+pub mod reporter;
 pub mod wire;
 
 pub use diag::{now_ns, register, Identity, Source};
@@ -94,10 +95,13 @@ pub fn start() -> Result<bool, String> {
             })?;
             Ok(true)
         }
-        AnalyzerTarget::Remote(shards) => Err(format!(
-            "CCLD_ANALYZER={}: the remote reporter is not available in this build",
-            shards.join(",")
-        )),
+        AnalyzerTarget::Remote(shards) => {
+            let spool = reporter::spool_from_env(get)?;
+            diag::start_with(cfg, move || {
+                Ok(Box::new(reporter::RemoteSink::new(shards, spool)?) as Box<dyn diag::Sink>)
+            })?;
+            Ok(true)
+        }
     }
 }
 
