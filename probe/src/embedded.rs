@@ -133,7 +133,7 @@ impl Embedded {
     /// Runs detection at `now`; returns (and keeps) the new diagnoses of communicators whose
     /// ranks all report to this process.
     pub fn tick(&self, now: u64) -> Vec<wire::Diagnosis> {
-        let new = lock(&self.engine).tick(now);
+        let new = lock(&self.engine).tick_with_clock(now, &mut now_ns);
         if new.is_empty() {
             return new;
         }
