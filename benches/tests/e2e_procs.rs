@@ -60,6 +60,10 @@ fn proc_rank_entry() {
     }
 }
 
+fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 struct Job {
     children: Vec<Child>,
 }
@@ -77,13 +81,23 @@ impl Drop for Job {
     }
 }
 
-fn start_job(n: usize, analyzer: &str) -> Job {
+fn start_job(n: usize, analyzer: &str, pin: Option<(usize, &str)>) -> Job {
     let uid = get_unique_id().expect("unique id");
     let exe = std::env::current_exe().expect("exe");
     let children = (0..n)
         .map(|r| {
-            Command::new(&exe)
-                .args(["--exact", "proc_rank_entry", "--ignored", "--nocapture"])
+            // With a pinned victim, the other ranks keep to the other CPUs.
+            let mut cmd = match pin {
+                Some((v, cpu)) => {
+                    let mut c = Command::new("taskset");
+                    let others = format!("1-{}", cpus().saturating_sub(1).max(1));
+                    c.args(["-c", if v == r { cpu } else { others.as_str() }])
+                        .arg(&exe);
+                    c
+                }
+                None => Command::new(&exe),
+            };
+            cmd.args(["--exact", "proc_rank_entry", "--ignored", "--nocapture"])
                 .env(ENV_UID, hex(&uid.0))
                 .env(ENV_RANK, r.to_string())
                 .env(ENV_NRANKS, n.to_string())
@@ -138,7 +152,7 @@ fn wait_diagnosis(addr: &str, timeout: Duration) -> Option<wire::Diagnosis> {
 fn signal_case(sig: &str, n: usize, victim: usize) {
     let sh = shard();
     let addr = sh.addr.to_string();
-    let mut job = start_job(n, &addr);
+    let mut job = start_job(n, &addr, None);
     std::thread::sleep(Duration::from_millis(1500));
     let pid = job.children[victim].id();
     assert!(Command::new("kill")
@@ -180,4 +194,58 @@ fn sigstop_of_one_rank_is_named() {
 #[test]
 fn sigkill_of_one_rank_is_named() {
     signal_case("-KILL", 4, 1);
+}
+
+#[test]
+fn cpu_starved_rank_is_named() {
+    // Rank 3 runs on CPU 0; after 2.5 s four busy spinners join it there (taskset; no
+    // cgroups needed): it enters every AllReduce late (computation-slow).
+    let victim = 3;
+    if cpus() < 2 || Command::new("taskset").arg("-V").output().is_err() {
+        eprintln!("skipped: needs taskset and 2 CPUs");
+        return;
+    }
+    let sh = shard();
+    let addr = sh.addr.to_string();
+    let job = start_job(4, &addr, Some((victim, "0")));
+    // Starve it after the analyzer learned the baseline.
+    std::thread::sleep(Duration::from_millis(2500));
+    let mut spinners = Job {
+        children: (0..4)
+            .map(|_| {
+                Command::new("taskset")
+                    .args([
+                        "-c",
+                        "0",
+                        "sh",
+                        "-c",
+                        "i=0; while [ $i -lt 100000000 ]; do i=$((i+1)); done",
+                    ])
+                    .stdout(Stdio::null())
+                    .spawn()
+                    .expect("spinner")
+            })
+            .collect(),
+    };
+    let d = wait_diagnosis(&addr, Duration::from_secs(20));
+    drop(job);
+    for c in &mut spinners.children {
+        let _ = c.kill();
+    }
+    drop(spinners);
+    sh.kill();
+    let d = d.expect("CPU-starved rank: no diagnosis");
+    eprintln!(
+        "starved rank {victim}: {:?} {}",
+        d.class(),
+        probe::describe(&d)
+    );
+    let roots: Vec<u32> = d.roots.iter().map(|r| r.rank).collect();
+    assert_eq!(
+        d.class(),
+        AnomalyClass::S1ComputationSlow,
+        "{}",
+        probe::describe(&d)
+    );
+    assert_eq!(roots, vec![victim as u32], "{}", probe::describe(&d));
 }
