@@ -15,6 +15,7 @@
 //! - `CCLD_PEER_CHECK_MS` (default 200): how often a waiting operation checks that the
 //!   peers' processes are alive.
 //! - `CCLD_DISABLE` (default 0): 1 turns probe updates off.
+//! - `CCLD_INJECT` (default unset): faults to inject, see [`crate::inject`].
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
@@ -136,6 +137,7 @@ pub struct Comm {
     frame: Arc<Frame>,
     op_log: Arc<OpLog>,
     probe_on: bool,
+    inject: Option<Arc<crate::inject::Injection>>,
     op_counter: Arc<AtomicU64>,
     user_ops: Mutex<HashMap<i32, UserOp>>,
     next_user_op: AtomicI32,
@@ -269,6 +271,7 @@ impl Comm {
         let probe_off = probe::disabled_from_env().map_err(CclError::InvalidArgument)?;
         let frame = Arc::new(Frame::new(tuning.max_channels));
         frame.set_mode(!probe_off);
+        let inject = crate::inject::Injection::from_env()?.map(Arc::new);
         Ok(Comm {
             nranks,
             rank,
@@ -286,6 +289,7 @@ impl Comm {
             frame,
             op_log: Arc::new(OpLog::new()),
             probe_on: !probe_off,
+            inject,
             op_counter: Arc::new(AtomicU64::new(0)),
             user_ops: Mutex::new(HashMap::new()),
             next_user_op: AtomicI32::new(FIRST_USER_OP),
@@ -320,6 +324,24 @@ impl Comm {
         )?;
         let bell = Doorbell::new(Arc::clone(transport.bell_region()), 0)?;
         let comm_hash = boot.comm_hash();
+        let source = if self.probe_on && probe::start().map_err(CclError::InvalidArgument)? {
+            let n = self.nranks as u32;
+            let r = self.rank as u32;
+            Some(probe::register(
+                probe::Identity {
+                    comm_id: comm_hash,
+                    rank: r,
+                    nranks: n,
+                    device: -1,
+                    ring_prev: (r + n - 1) % n,
+                    ring_next: (r + 1) % n,
+                },
+                Arc::clone(&self.frame),
+                Arc::clone(&self.op_log),
+            ))
+        } else {
+            None
+        };
         let shared = Shared {
             rank: self.rank,
             nranks: self.nranks,
@@ -330,6 +352,8 @@ impl Comm {
             op_log: Arc::clone(&self.op_log),
             probe_on: self.probe_on,
             op_counter: Arc::clone(&self.op_counter),
+            inject: self.inject.clone(),
+            source,
         };
         let worker = WorkerHandle::spawn(shared, Arc::clone(&boot), transport)?;
         let rt = Runtime {

@@ -18,7 +18,7 @@
 //! `Remote("rank N (pid P) exited")` within `CCLD_PEER_CHECK_MS + 5 ms`.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Condvar, Mutex, OnceLock};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -154,6 +154,11 @@ pub(crate) struct Shared {
     pub probe_on: bool,
     /// Operations started so far (the next operation's counter).
     pub op_counter: Arc<AtomicU64>,
+    /// Faults to inject (`CCLD_INJECT`), `None` in normal runs.
+    pub inject: Option<Arc<crate::inject::Injection>>,
+    /// Registration with the diagnostic thread (`None` when probing or the thread is off);
+    /// dropped with the worker, which unregisters the rank.
+    pub source: Option<Arc<probe::Source>>,
 }
 
 /// Handle on a communicator's executor: the worker thread, and the executor state it
@@ -190,6 +195,7 @@ impl WorkerHandle {
             t: transport,
             broken: None,
             scratch: Vec::new(),
+            diverged: false,
         }));
         let st = Arc::clone(&state);
         let join = std::thread::Builder::new()
@@ -245,11 +251,10 @@ impl Drop for WorkerHandle {
     }
 }
 
-/// Monotonic nanoseconds since the first call in this process.
+/// Monotonic nanoseconds since the first call in this process (the probe's clock, so that
+/// the diagnostic thread can age in-flight operations).
 pub(crate) fn now_ns() -> u64 {
-    static BASE: OnceLock<Instant> = OnceLock::new();
-    let base = *BASE.get_or_init(Instant::now);
-    u64::try_from(base.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    probe::now_ns()
 }
 
 /// Maps an error to the same kind with `ctx: ` prepended to its message.
@@ -459,12 +464,38 @@ pub(crate) struct Worker {
     t: Transport,
     broken: Option<CclError>,
     scratch: Vec<u8>,
+    /// An injected h2 fault made this rank issue a different operation: it issues no more.
+    diverged: bool,
 }
 
 /// The state of one lane being run.
 struct LaneRun<'p> {
     lane: &'p Lane,
     pos: usize,
+    /// Steps this lane runs (the lane's length, or less under injected faults).
+    end: usize,
+    /// Steps after which the lane stalls forever (injected H3).
+    stall_at: Option<usize>,
+    /// Why the lane could not run its next step in the last pass.
+    wait: Wait,
+}
+
+/// Outcome of one attempt to run a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Wait {
+    /// The step ran.
+    None,
+    /// No inbound message yet: waiting for the upstream peer.
+    Upstream,
+    /// No free outbound slot (or the link is throttled): waiting for the downstream peer.
+    Downstream,
+}
+
+/// Per-channel send throttle of an injected S2/S3 fault.
+struct Throttle {
+    gap: Duration,
+    link: Option<usize>,
+    next: Vec<Option<Instant>>,
 }
 
 /// Everything a step needs besides the FIFOs.
@@ -475,6 +506,9 @@ struct OpCtx<'a> {
     block: Option<usize>,
     frame: &'a Frame,
 }
+
+/// How long an injected not-entered rank sleeps between abort checks.
+const NOT_ENTERED_POLL: Duration = Duration::from_millis(10);
 
 fn is_fatal(e: &CclError) -> bool {
     !matches!(
@@ -532,7 +566,29 @@ impl Worker {
             }) => Some(self.reducer(spec, *dtype)?),
             _ => None,
         };
-        let info = type_set(item, sh.nranks, &plan);
+        let fault = match &sh.inject {
+            Some(inj) => inj.for_op(sh.rank, sh.nranks, sh.op_counter.load(Ordering::Acquire)),
+            None => crate::inject::OpFault::default(),
+        };
+        if fault.not_enter || self.diverged {
+            tracing::warn!(target: "nccl::COLL", rank = sh.rank,
+                "CCLD_INJECT: not entering {} (blocked until abort)", item.label());
+            while !sh.abort.load(Ordering::Acquire) {
+                std::thread::sleep(NOT_ENTERED_POLL);
+            }
+            return Err(CclError::Aborted(format!(
+                "rank {}: ncclCommAbort called while the operation was held back (CCLD_INJECT h1)",
+                sh.rank
+            )));
+        }
+        if let Some(d) = fault.delay {
+            std::thread::sleep(d);
+        }
+        let mut info = type_set(item, sh.nranks, &plan);
+        if fault.halve {
+            info.count /= 2;
+            info.bytes /= 2;
+        }
         let counter = sh.op_counter.fetch_add(1, Ordering::AcqRel);
         let block = sh
             .probe_on
@@ -564,11 +620,17 @@ impl Worker {
         let r = self
             .t
             .ensure_p2p(&self.boot, &peers, &self.shared.abort)
-            .and_then(|()| self.run_plan(&plan, &bufs, reducer.as_ref(), block));
+            .and_then(|()| self.run_plan(&plan, &bufs, reducer.as_ref(), block, &fault));
         drop(staged);
+        if fault.halve {
+            self.diverged = true;
+        }
         let sh = &self.shared;
         if sh.probe_on {
             sh.op_log.finish(counter, now_ns(), r.is_ok());
+            if let Some(src) = &sh.source {
+                src.op_done(counter);
+            }
         }
         r
     }
@@ -596,6 +658,7 @@ impl Worker {
         bufs: &[usize],
         red: Option<&Reducer>,
         block: Option<usize>,
+        fault: &crate::inject::OpFault,
     ) -> Result<()> {
         let frame = Arc::clone(&self.shared.frame);
         let ctx = OpCtx {
@@ -612,8 +675,25 @@ impl Worker {
             .lanes
             .iter()
             .filter(|l| !l.steps.is_empty())
-            .map(|lane| LaneRun { lane, pos: 0 })
+            .map(|lane| {
+                let len = lane.steps.len();
+                LaneRun {
+                    lane,
+                    pos: 0,
+                    end: if fault.halve { len.div_ceil(2) } else { len },
+                    stall_at: fault
+                        .stall
+                        .is_some_and(|c| c.is_none_or(|c| c == lane.channel))
+                        .then_some(0),
+                    wait: Wait::None,
+                }
+            })
             .collect();
+        let mut throttle = fault.throttle.map(|(gap, link)| Throttle {
+            gap,
+            link,
+            next: vec![None; plan.n_channels.max(1)],
+        });
         let mut backoff = Backoff::new();
         let check_every = self.shared.tuning.peer_check;
         let mut next_check = Instant::now() + check_every;
@@ -621,15 +701,20 @@ impl Worker {
             let seen = self.t.bell.value();
             let mut progressed = false;
             for lr in lanes.iter_mut() {
-                while let Some(step) = lr.lane.steps.get(lr.pos) {
-                    if !self.try_step(&ctx, lr.lane, step)? {
+                while let Some(step) = lr.lane.steps[..lr.end].get(lr.pos) {
+                    if lr.stall_at == Some(lr.pos) {
+                        lr.wait = Wait::Upstream;
+                        break;
+                    }
+                    lr.wait = self.try_step(&ctx, lr.lane, step, throttle.as_mut())?;
+                    if lr.wait != Wait::None {
                         break;
                     }
                     lr.pos += 1;
                     progressed = true;
                 }
             }
-            lanes.retain(|lr| lr.pos < lr.lane.steps.len());
+            lanes.retain(|lr| lr.pos < lr.end);
             if lanes.is_empty() {
                 break;
             }
@@ -648,7 +733,23 @@ impl Worker {
                 self.check_peers()?;
                 next_check = now + check_every;
             }
-            backoff.snooze(&self.t.bell, seen);
+            match block {
+                // Wait times go to the frame's extension slots: measured only here, when
+                // the executor actually waits, and charged to every blocked lane's channel.
+                Some(b) => {
+                    let t0 = Instant::now();
+                    backoff.snooze(&self.t.bell, seen);
+                    let ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                    for lr in &lanes {
+                        match lr.wait {
+                            Wait::Upstream => frame.add_wait_upstream(b, lr.lane.channel, ns),
+                            Wait::Downstream => frame.add_wait_downstream(b, lr.lane.channel, ns),
+                            Wait::None => {}
+                        }
+                    }
+                }
+                None => backoff.snooze(&self.t.bell, seen),
+            }
         }
         Ok(())
     }
@@ -700,9 +801,27 @@ impl Worker {
     }
 
     /// Runs one step if its inbound message is there and its outbound slot is free.
-    fn try_step(&mut self, ctx: &OpCtx<'_>, lane: &Lane, step: &schedule::Step) -> Result<bool> {
+    fn try_step(
+        &mut self,
+        ctx: &OpCtx<'_>,
+        lane: &Lane,
+        step: &schedule::Step,
+        throttle: Option<&mut Throttle>,
+    ) -> Result<Wait> {
         let t = &mut self.t;
         let ch = lane.channel;
+        if let Some(th) = throttle {
+            if step.kind.sends() && th.link.is_none_or(|p| lane.send_to == Some(p)) {
+                let now = Instant::now();
+                if let Some(slot) = th.next.get_mut(ch) {
+                    if slot.is_some_and(|n| now < n) {
+                        return Ok(Wait::Downstream);
+                    }
+                    // The gap starts now; a later send of this channel waits for it.
+                    *slot = Some(now + th.gap);
+                }
+            }
+        }
         let nb = step.count * ctx.unit;
         let links = match lane.link {
             LinkKind::Ring => &mut t.ring,
@@ -722,7 +841,7 @@ impl Worker {
         if step.kind == StepKind::Send {
             let tx = links.tx.get_mut(ch).ok_or_else(missing)?;
             let Some(slot) = tx.try_reserve() else {
-                return Ok(false);
+                return Ok(Wait::Downstream);
             };
             let slot = slot.get_mut(..nb).ok_or_else(missing)?;
             // SAFETY: src range inside the send buffer (schedule bounds, enqueue contract);
@@ -737,12 +856,12 @@ impl Worker {
             if let Some(b) = ctx.block {
                 ctx.frame.add_send(b, ch, 1);
             }
-            return Ok(true);
+            return Ok(Wait::None);
         }
         let (rxs, txs) = (&mut links.rx, &mut links.tx);
         let rx = rxs.get_mut(ch).ok_or_else(missing)?;
         let Some(inb) = rx.try_peek_checked()? else {
-            return Ok(false);
+            return Ok(Wait::Upstream);
         };
         if inb.len() != nb {
             return Err(CclError::Remote(format!(
@@ -756,7 +875,7 @@ impl Worker {
         if sends {
             let tx = txs.get_mut(ch).ok_or_else(missing)?;
             match tx.try_reserve() {
-                None => return Ok(false),
+                None => return Ok(Wait::Downstream),
                 Some(slot) => {
                     out = Some(slot.get_mut(..nb).ok_or_else(missing)?);
                 }
@@ -830,7 +949,7 @@ impl Worker {
                 ctx.frame.add_send(b, ch, 1);
             }
         }
-        Ok(true)
+        Ok(Wait::None)
     }
 }
 

@@ -10,6 +10,7 @@ pub mod env;
 pub mod error;
 pub mod executor;
 pub mod group;
+pub mod inject;
 pub mod reduce;
 pub mod schedule;
 pub mod transport;

@@ -115,14 +115,34 @@ const HEADER_WORDS: usize = FRAME_HEADER_BYTES / 8;
 /// thread and see counts that only grow within one operation.
 #[derive(Debug)]
 pub struct Frame {
+    /// Base layout words followed by the extension words (see [`EXT_WORDS_PER_CHANNEL`]).
     words: Box<[AtomicU64]>,
     n_channels: usize,
+}
+
+/// Extension words per channel and block, stored after the base layout (never inside it):
+/// nanoseconds the channel waited for data from its upstream peer, and for a free slot at
+/// its downstream peer (or for the throttled link), in the block's operation.
+pub const EXT_WORDS_PER_CHANNEL: usize = 2;
+
+/// Bytes of the extension area of a frame with `n_channels` channels.
+pub const fn ext_bytes(n_channels: usize) -> usize {
+    FRAME_BLOCKS * n_channels * EXT_WORDS_PER_CHANNEL * 8
+}
+
+/// One channel's wait times inside a block (extension slots).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChannelWaits {
+    /// Nanoseconds spent waiting for upstream data.
+    pub upstream_ns: u64,
+    /// Nanoseconds spent waiting for downstream free slots.
+    pub downstream_ns: u64,
 }
 
 impl Frame {
     /// A zeroed frame with room for `n_channels` channels, measurement on.
     pub fn new(n_channels: usize) -> Self {
-        let n_words = frame_bytes(n_channels) / 8;
+        let n_words = (frame_bytes(n_channels) + ext_bytes(n_channels)) / 8;
         let words: Box<[AtomicU64]> = (0..n_words).map(|_| AtomicU64::new(0)).collect();
         let frame = Frame { words, n_channels };
         frame.set_mode(true);
@@ -134,9 +154,45 @@ impl Frame {
         self.n_channels
     }
 
-    /// Size of the frame in bytes (equals `size_of::<ProbingFrame<C>>()` for C channels).
+    /// Size of the base frame in bytes (equals `size_of::<ProbingFrame<C>>()` for C
+    /// channels); the extension slots come after it.
     pub fn size_bytes(&self) -> usize {
-        self.words.len() * 8
+        frame_bytes(self.n_channels)
+    }
+
+    fn ext_word(&self, block: usize, channel: usize) -> usize {
+        frame_bytes(self.n_channels) / 8
+            + (block * self.n_channels + channel) * EXT_WORDS_PER_CHANNEL
+    }
+
+    /// Adds `ns` of waiting for upstream data to `channel` of `block` (extension slot).
+    #[inline]
+    pub fn add_wait_upstream(&self, block: usize, channel: usize, ns: u64) {
+        if channel < self.n_channels {
+            let w = &self.words[self.ext_word(block, channel)];
+            w.store(w.load(Ordering::Relaxed) + ns, Ordering::Release);
+        }
+    }
+
+    /// Adds `ns` of waiting for a downstream slot to `channel` of `block` (extension slot).
+    #[inline]
+    pub fn add_wait_downstream(&self, block: usize, channel: usize, ns: u64) {
+        if channel < self.n_channels {
+            let w = &self.words[self.ext_word(block, channel) + 1];
+            w.store(w.load(Ordering::Relaxed) + ns, Ordering::Release);
+        }
+    }
+
+    /// Reads one channel's wait times in `block`.
+    pub fn waits(&self, block: usize, channel: usize) -> ChannelWaits {
+        if channel >= self.n_channels {
+            return ChannelWaits::default();
+        }
+        let w = self.ext_word(block, channel);
+        ChannelWaits {
+            upstream_ns: self.words[w].load(Ordering::Acquire),
+            downstream_ns: self.words[w + 1].load(Ordering::Acquire),
+        }
     }
 
     fn block_word(&self, block: usize) -> usize {
@@ -170,6 +226,9 @@ impl Frame {
         for ch in 0..self.n_channels {
             self.words[base + 2 + 2 * ch].store(0, Ordering::Relaxed);
             self.words[base + 3 + 2 * ch].store(0, Ordering::Relaxed);
+            let e = self.ext_word(block, ch);
+            self.words[e].store(0, Ordering::Relaxed);
+            self.words[e + 1].store(0, Ordering::Relaxed);
         }
         self.words[base].store(comm_id, Ordering::Relaxed);
         // The Trace ID keeps the low 32 bits of the counter; the extension is unused (0).
@@ -236,9 +295,10 @@ impl Frame {
         }
     }
 
-    /// The frame as raw little-endian bytes, in the `ProbingFrame` layout.
+    /// The base frame as raw little-endian bytes, in the `ProbingFrame` layout (without the
+    /// extension slots).
     pub fn to_bytes(&self) -> Vec<u8> {
-        self.words
+        self.words[..frame_bytes(self.n_channels) / 8]
             .iter()
             .flat_map(|w| w.load(Ordering::Acquire).to_le_bytes())
             .collect()
@@ -333,6 +393,32 @@ mod tests {
         // Out-of-range channels are ignored, never out of bounds.
         f.add_send(b8, 5, 1);
         assert_eq!(f.counts(b8, 5), ChannelCounts::default());
+    }
+
+    #[test]
+    fn extension_slots_lie_after_the_base_layout_and_reset_with_the_block() {
+        let f = Frame::new(2);
+        let b = f.begin_op(1, 3, 2);
+        let before = f.to_bytes();
+        f.add_wait_upstream(b, 1, 70);
+        f.add_wait_downstream(b, 1, 5);
+        f.add_wait_downstream(b, 1, 6);
+        f.add_wait_upstream(b, 9, 1); // out of range: ignored
+        assert_eq!(f.to_bytes(), before, "waits never touch the base layout");
+        assert_eq!(
+            f.waits(b, 1),
+            ChannelWaits {
+                upstream_ns: 70,
+                downstream_ns: 11
+            }
+        );
+        assert_eq!(f.waits(b, 0), ChannelWaits::default());
+        let other = f.begin_op(1, 4, 2);
+        f.add_wait_upstream(other, 0, 2);
+        assert_eq!(f.waits(b, 1).upstream_ns, 70, "other blocks untouched");
+        f.begin_op(1, 3 + FRAME_BLOCKS as u64, 2);
+        assert_eq!(f.waits(b, 1), ChannelWaits::default(), "reused block reset");
+        assert_eq!(ext_bytes(8), 8 * 8 * 16);
     }
 
     #[test]

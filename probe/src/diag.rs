@@ -1,0 +1,700 @@
+//! The diagnostic thread (CCL-D section 5.2, design.md section 4): one per process, serving
+//! every communicator.
+//!
+//! # Registration
+//! The runtime registers each communicator rank with [`register`] at init (its frame, op
+//! log, identity and ring neighbours) and keeps the returned [`Source`]; dropping the last
+//! `Arc<Source>` (the executor's, at destroy) unregisters it. The probe never depends on the
+//! runtime. On completion of an operation the executor calls [`Source::op_done`], which
+//! copies the operation's counters into a small message and `try_send`s it to a bounded
+//! queue: the collective path never blocks; a full queue drops the message and counts it.
+//!
+//! # Sampling
+//! Every `CCLD_SAMPLE_US` (default 1000) the thread reads every registered frame. For the
+//! operation in flight it counts, per channel, the sampling ticks in which SendCount /
+//! RecvCount changed: the paper's SendRate / RecvRate is the reciprocal of that number
+//! (`send_rate`, `recv_rate`); plain counts per second are reported too (`send_per_sec`,
+//! `recv_per_sec`). Completed operations become one record each; an operation still in
+//! flight after `CCLD_INFLIGHT_MS` (default 1000) gets an in-flight snapshot every
+//! `CCLD_INFLIGHT_MS` (a hung operation never completes). A heartbeat per process (every
+//! `CCLD_HEARTBEAT_MS`, default 1000) carries every rank's newest operation counter and the
+//! cumulative drop count.
+//!
+//! # Delivery
+//! Records and heartbeats go in batches to a [`Sink`] on a separate reporter thread (bounded
+//! queue again, drops counted): the embedded analyzer ([`crate::embedded`]), a remote
+//! analyzer cluster ([`crate::reporter`]) or nowhere.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+use analyzer::wire;
+
+use crate::frame::Frame;
+use crate::optype::{OpLog, OpState};
+
+/// Monotonic nanoseconds since the first call in this process (the clock of op-log
+/// timestamps and of the embedded analyzer).
+pub fn now_ns() -> u64 {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    let base = *BASE.get_or_init(Instant::now);
+    u64::try_from(base.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Identity of one communicator rank, given at registration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity {
+    /// Communicator id (Trace ID).
+    pub comm_id: u64,
+    /// Rank in the communicator.
+    pub rank: u32,
+    /// Communicator size.
+    pub nranks: u32,
+    /// Device ordinal, -1 on the host backend.
+    pub device: i32,
+    /// Ring predecessor / successor of this rank (every channel uses the same ring).
+    pub ring_prev: u32,
+    /// See `ring_prev`.
+    pub ring_next: u32,
+}
+
+/// A registered communicator rank (see the module docs).
+#[derive(Debug)]
+pub struct Source {
+    id: u64,
+    ident: Identity,
+    frame: Arc<Frame>,
+    op_log: Arc<OpLog>,
+}
+
+/// Counters of one channel at completion.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct ChanDone {
+    send: u64,
+    recv: u64,
+    up: u64,
+    down: u64,
+}
+
+/// What the executor hands over at completion.
+#[derive(Debug)]
+struct Done {
+    source: u64,
+    counter: u64,
+    chans: Vec<ChanDone>,
+}
+
+struct Global {
+    sources: Mutex<Vec<(u64, Weak<Source>)>>,
+    done_tx: SyncSender<Done>,
+    done_rx: Mutex<Option<Receiver<Done>>>,
+    dropped: AtomicU64,
+    next_id: AtomicU64,
+    started: OnceLock<Result<(), String>>,
+}
+
+/// Capacity of the completion queue (operations).
+pub const DONE_QUEUE: usize = 65_536;
+
+fn global() -> &'static Global {
+    static G: OnceLock<Global> = OnceLock::new();
+    G.get_or_init(|| {
+        let (tx, rx) = mpsc::sync_channel(DONE_QUEUE);
+        Global {
+            sources: Mutex::new(Vec::new()),
+            done_tx: tx,
+            done_rx: Mutex::new(Some(rx)),
+            dropped: AtomicU64::new(0),
+            next_id: AtomicU64::new(1),
+            started: OnceLock::new(),
+        }
+    })
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A poisoned lock only means a panic elsewhere; the plain data is still usable.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Records and batches lost by the probe so far (queue full, sink down without spool).
+pub fn dropped() -> u64 {
+    global().dropped.load(Ordering::Relaxed)
+}
+
+pub(crate) fn count_drop(n: u64) {
+    global().dropped.fetch_add(n, Ordering::Relaxed);
+}
+
+impl Source {
+    /// Identity given at registration.
+    pub fn identity(&self) -> &Identity {
+        &self.ident
+    }
+
+    /// Called by the executor when operation `counter` finished (after `OpLog::finish`):
+    /// copies its counters and queues them for the diagnostic thread without blocking.
+    pub fn op_done(&self, counter: u64) {
+        let block = (counter % crate::FRAME_BLOCKS as u64) as usize;
+        let n = self.frame.header().n_channels as usize;
+        let chans = (0..n)
+            .map(|c| {
+                let k = self.frame.counts(block, c);
+                let w = self.frame.waits(block, c);
+                ChanDone {
+                    send: k.send_count,
+                    recv: k.recv_count,
+                    up: w.upstream_ns,
+                    down: w.downstream_ns,
+                }
+            })
+            .collect();
+        let d = Done {
+            source: self.id,
+            counter,
+            chans,
+        };
+        match global().done_tx.try_send(d) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => count_drop(1),
+        }
+    }
+}
+
+/// Registers a communicator rank with the diagnostic thread (started on first use by
+/// [`start`]). Keep the `Arc`: the source is sampled while it lives.
+pub fn register(ident: Identity, frame: Arc<Frame>, op_log: Arc<OpLog>) -> Arc<Source> {
+    let g = global();
+    let id = g.next_id.fetch_add(1, Ordering::Relaxed);
+    let s = Arc::new(Source {
+        id,
+        ident,
+        frame,
+        op_log,
+    });
+    let mut v = lock(&g.sources);
+    v.retain(|(_, w)| w.strong_count() > 0);
+    v.push((id, Arc::downgrade(&s)));
+    s
+}
+
+/// Settings of the diagnostic thread (from the environment).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DiagConfig {
+    /// Sampling period (`CCLD_SAMPLE_US`).
+    pub sample: Duration,
+    /// In-flight snapshot period (`CCLD_INFLIGHT_MS`).
+    pub inflight: Duration,
+    /// Heartbeat period (`CCLD_HEARTBEAT_MS`).
+    pub heartbeat: Duration,
+    /// Longest time records wait before a batch is sent.
+    pub flush: Duration,
+}
+
+impl Default for DiagConfig {
+    fn default() -> Self {
+        DiagConfig {
+            sample: Duration::from_micros(1000),
+            inflight: Duration::from_millis(1000),
+            heartbeat: Duration::from_millis(1000),
+            flush: Duration::from_millis(50),
+        }
+    }
+}
+
+/// Looks an environment variable up; `None` when unset or empty.
+pub type EnvGet<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+pub(crate) fn env_u64(
+    get: EnvGet<'_>,
+    name: &str,
+    min: u64,
+    max: u64,
+) -> Result<Option<u64>, String> {
+    match get(name) {
+        None => Ok(None),
+        Some(v) => match v.trim().parse::<u64>() {
+            Ok(n) if (min..=max).contains(&n) => Ok(Some(n)),
+            _ => Err(format!(
+                "{name}={v:?} must be an integer between {min} and {max}"
+            )),
+        },
+    }
+}
+
+pub(crate) fn env_f64(
+    get: EnvGet<'_>,
+    name: &str,
+    min: f64,
+    max: f64,
+) -> Result<Option<f64>, String> {
+    match get(name) {
+        None => Ok(None),
+        Some(v) => match v.trim().parse::<f64>() {
+            Ok(n) if n.is_finite() && n >= min && n <= max => Ok(Some(n)),
+            _ => Err(format!(
+                "{name}={v:?} must be a number between {min} and {max}"
+            )),
+        },
+    }
+}
+
+/// The process environment as an [`EnvGet`].
+pub fn process_env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+impl DiagConfig {
+    /// Pure resolution from `get` (strict: a malformed value is an error naming it).
+    pub fn resolve(get: EnvGet<'_>) -> Result<DiagConfig, String> {
+        let d = DiagConfig::default();
+        Ok(DiagConfig {
+            sample: env_u64(get, "CCLD_SAMPLE_US", 10, 10_000_000)?
+                .map_or(d.sample, Duration::from_micros),
+            inflight: env_u64(get, "CCLD_INFLIGHT_MS", 1, 3_600_000)?
+                .map_or(d.inflight, Duration::from_millis),
+            heartbeat: env_u64(get, "CCLD_HEARTBEAT_MS", 1, 3_600_000)?
+                .map_or(d.heartbeat, Duration::from_millis),
+            flush: d.flush,
+        })
+    }
+}
+
+/// Where batches go.
+pub trait Sink: Send {
+    /// Delivers one batch (may block; runs on the reporter thread).
+    fn deliver(&mut self, batch: wire::Batch);
+    /// Called every reporter loop (about every 20 ms) even without batches.
+    fn idle(&mut self) {}
+}
+
+/// Per-channel tick state of the operation in flight.
+#[derive(Clone, Debug, Default)]
+struct ChanTicks {
+    last_send: u64,
+    last_recv: u64,
+    send_ticks: u32,
+    recv_ticks: u32,
+}
+
+#[derive(Debug, Default)]
+struct Track {
+    counter: Option<u64>,
+    chans: Vec<ChanTicks>,
+    last_snapshot_ns: u64,
+    seq_done: Option<u64>,
+}
+
+/// The sampler: pure bookkeeping over frames, op logs and completions.
+pub struct Sampler {
+    cfg: DiagConfig,
+    host: String,
+    pid: u32,
+    tracks: HashMap<u64, Track>,
+    /// Ticks of operations that finished before their completion message was processed.
+    finished_ticks: HashMap<(u64, u64), Vec<ChanTicks>>,
+    seq: u64,
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+fn rate(ticks: u32) -> f64 {
+    if ticks == 0 {
+        0.0
+    } else {
+        1.0 / f64::from(ticks)
+    }
+}
+
+impl Sampler {
+    /// A sampler for this process.
+    pub fn new(cfg: DiagConfig) -> Sampler {
+        Sampler {
+            cfg,
+            host: hostname(),
+            pid: std::process::id(),
+            tracks: HashMap::new(),
+            finished_ticks: HashMap::new(),
+            seq: 0,
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn record(
+        &mut self,
+        s: &Source,
+        counter: u64,
+        chans: &[ChanDone],
+        ticks: Option<&[ChanTicks]>,
+        now: u64,
+    ) -> Option<wire::OpRecord> {
+        let snap = s.op_log.get(counter)?;
+        let end = if snap.state == OpState::InFlight {
+            now
+        } else {
+            snap.end_ns
+        };
+        let dur = end.saturating_sub(snap.start_ns);
+        let secs = (dur as f64 / 1e9).max(1e-9);
+        let channels = chans
+            .iter()
+            .enumerate()
+            .map(|(c, k)| {
+                let t = ticks.and_then(|t| t.get(c)).cloned().unwrap_or_default();
+                // An operation shorter than one tick may change its counts between two
+                // samples without the sampler seeing it: count at least one tick then.
+                let st = if k.send > 0 { t.send_ticks.max(1) } else { 0 };
+                let rt = if k.recv > 0 { t.recv_ticks.max(1) } else { 0 };
+                wire::ChannelStat {
+                    send_count: k.send,
+                    recv_count: k.recv,
+                    expected_send: 0,
+                    expected_recv: 0,
+                    send_rate: rate(st),
+                    recv_rate: rate(rt),
+                    send_per_sec: k.send as f64 / secs,
+                    recv_per_sec: k.recv as f64 / secs,
+                    wait_upstream_ns: Some(k.up),
+                    wait_downstream_ns: Some(k.down),
+                    ring_prev: Some(s.ident.ring_prev),
+                    ring_next: Some(s.ident.ring_next),
+                    ext: HashMap::new(),
+                }
+            })
+            .collect();
+        self.seq += 1;
+        Some(wire::OpRecord {
+            trace: Some(wire::TraceId {
+                comm_id: s.ident.comm_id,
+                op_counter: counter,
+                extension: 0,
+            }),
+            rank: s.ident.rank,
+            nranks: s.ident.nranks,
+            host: self.host.clone(),
+            pid: self.pid,
+            op: Some(crate::wire::type_set(&snap.info, &[])),
+            start_ns: snap.start_ns,
+            duration_ns: dur,
+            channels,
+            state: crate::wire::op_state(snap.state) as i32,
+            seq: self.seq,
+            device: s.ident.device,
+        })
+    }
+
+    fn live_chans(s: &Source, counter: u64) -> Vec<ChanDone> {
+        let block = (counter % crate::FRAME_BLOCKS as u64) as usize;
+        let n = s.frame.header().n_channels as usize;
+        (0..n)
+            .map(|c| {
+                let k = s.frame.counts(block, c);
+                let w = s.frame.waits(block, c);
+                ChanDone {
+                    send: k.send_count,
+                    recv: k.recv_count,
+                    up: w.upstream_ns,
+                    down: w.downstream_ns,
+                }
+            })
+            .collect()
+    }
+
+    /// One sampling tick over `sources` at `now` (process clock): updates the change
+    /// counts and returns in-flight snapshots that are due.
+    pub fn sample(&mut self, sources: &[Arc<Source>], now: u64) -> Vec<wire::OpRecord> {
+        let mut out = Vec::new();
+        let inflight_ns = u64::try_from(self.cfg.inflight.as_nanos()).unwrap_or(u64::MAX);
+        for s in sources {
+            let h = s.frame.header();
+            if !h.mode {
+                continue;
+            }
+            let Some(snap) = s.op_log.get(h.op_counter) else {
+                continue;
+            };
+            let tr = self.tracks.entry(s.id).or_default();
+            if tr.counter != Some(h.op_counter) {
+                if let Some(old) = tr.counter.take() {
+                    self.finished_ticks
+                        .insert((s.id, old), std::mem::take(&mut tr.chans));
+                }
+                tr.counter = Some(h.op_counter);
+                tr.chans = vec![ChanTicks::default(); h.n_channels as usize];
+                tr.last_snapshot_ns = 0;
+            }
+            let live = Self::live_chans(s, h.op_counter);
+            for (t, k) in tr.chans.iter_mut().zip(&live) {
+                if k.send != t.last_send {
+                    t.send_ticks += 1;
+                    t.last_send = k.send;
+                }
+                if k.recv != t.last_recv {
+                    t.recv_ticks += 1;
+                    t.last_recv = k.recv;
+                }
+            }
+            if snap.state == OpState::InFlight
+                && now.saturating_sub(snap.start_ns) >= inflight_ns
+                && now.saturating_sub(tr.last_snapshot_ns) >= inflight_ns
+            {
+                tr.last_snapshot_ns = now;
+                let ticks = tr.chans.clone();
+                if let Some(r) = self.record(s, h.op_counter, &live, Some(&ticks), now) {
+                    out.push(r);
+                }
+            }
+        }
+        // Keep the finished-ticks map small (completions normally arrive within a tick).
+        if self.finished_ticks.len() > 4096 {
+            self.finished_ticks.clear();
+        }
+        out
+    }
+
+    fn complete(&mut self, s: &Source, d: &Done, now: u64) -> Option<wire::OpRecord> {
+        let ticks = match self.tracks.get_mut(&s.id) {
+            Some(tr) if tr.counter == Some(d.counter) => {
+                tr.seq_done = Some(d.counter);
+                Some(tr.chans.clone())
+            }
+            _ => self.finished_ticks.remove(&(s.id, d.counter)),
+        };
+        self.record(s, d.counter, &d.chans, ticks.as_deref(), now)
+    }
+
+    /// The process heartbeat.
+    pub fn heartbeat(&self, sources: &[Arc<Source>], now: u64) -> wire::Heartbeat {
+        wire::Heartbeat {
+            host: self.host.clone(),
+            pid: self.pid,
+            ranks: sources
+                .iter()
+                .map(|s| {
+                    let h = s.frame.header();
+                    wire::RankMembership {
+                        comm_id: s.ident.comm_id,
+                        rank: s.ident.rank,
+                        nranks: s.ident.nranks,
+                        last_op_counter: s.op_log.get(h.op_counter).map(|_| h.op_counter),
+                    }
+                })
+                .collect(),
+            records_dropped: dropped(),
+            time_ns: now,
+        }
+    }
+}
+
+fn live_sources() -> Vec<Arc<Source>> {
+    let mut v = lock(&global().sources);
+    v.retain(|(_, w)| w.strong_count() > 0);
+    v.iter().filter_map(|(_, w)| w.upgrade()).collect()
+}
+
+/// Capacity of the batch queue between the diagnostic and the reporter thread.
+pub const BATCH_QUEUE: usize = 256;
+
+/// Starts the diagnostic and reporter threads once per process with the sink `make_sink`
+/// builds (called once). Later calls return the first call's outcome.
+pub fn start_with(
+    cfg: DiagConfig,
+    make_sink: impl FnOnce() -> Result<Box<dyn Sink>, String>,
+) -> Result<(), String> {
+    let g = global();
+    g.started
+        .get_or_init(|| {
+            let rx = lock(&g.done_rx)
+                .take()
+                .ok_or_else(|| "diagnostic thread already started".to_string())?;
+            let mut sink = make_sink()?;
+            let (btx, brx) = mpsc::sync_channel::<wire::Batch>(BATCH_QUEUE);
+            std::thread::Builder::new()
+                .name("ccld-report".into())
+                .spawn(move || loop {
+                    match brx.recv_timeout(Duration::from_millis(20)) {
+                        Ok(b) => sink.deliver(b),
+                        Err(mpsc::RecvTimeoutError::Timeout) => {}
+                        Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                    }
+                    sink.idle();
+                })
+                .map_err(|e| format!("spawning the CCL-D reporter thread: {e}"))?;
+            std::thread::Builder::new()
+                .name("ccld-diag".into())
+                .spawn(move || diag_loop(cfg, rx, btx))
+                .map_err(|e| format!("spawning the CCL-D diagnostic thread: {e}"))?;
+            Ok(())
+        })
+        .clone()
+}
+
+fn diag_loop(cfg: DiagConfig, rx: Receiver<Done>, btx: SyncSender<wire::Batch>) {
+    let mut sampler = Sampler::new(cfg.clone());
+    let mut batch = wire::Batch::default();
+    let mut last_flush = Instant::now();
+    let mut last_hb: Option<Instant> = None;
+    loop {
+        let sources = live_sources();
+        let now = now_ns();
+        // Completions first (their tick counts are still tracked), then the new tick.
+        while let Ok(d) = rx.try_recv() {
+            if let Some(s) = sources.iter().find(|s| s.id == d.source) {
+                if let Some(r) = sampler.complete(s, &d, now) {
+                    batch.records.push(r);
+                }
+            }
+        }
+        batch.records.extend(sampler.sample(&sources, now));
+        if last_hb.is_none_or(|t| t.elapsed() >= cfg.heartbeat) && !sources.is_empty() {
+            batch.heartbeats.push(sampler.heartbeat(&sources, now));
+            last_hb = Some(Instant::now());
+        }
+        let due = last_flush.elapsed() >= cfg.flush || batch.records.len() >= 4096;
+        if due && (!batch.records.is_empty() || !batch.heartbeats.is_empty()) {
+            let n = batch.records.len() as u64;
+            match btx.try_send(std::mem::take(&mut batch)) {
+                Ok(()) => {}
+                Err(TrySendError::Full(_)) => count_drop(n),
+                Err(TrySendError::Disconnected(_)) => return,
+            }
+            last_flush = Instant::now();
+        }
+        std::thread::sleep(cfg.sample);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Algo, CollKind, OpTypeSet, Proto};
+
+    fn info() -> OpTypeSet {
+        OpTypeSet {
+            coll: CollKind::AllReduce,
+            algo: Algo::Ring,
+            proto: Proto::Simple,
+            dtype: 7,
+            redop: 0,
+            count: 1024,
+            bytes: 4096,
+            root: -1,
+            peer: -1,
+            n_channels: 2,
+        }
+    }
+
+    fn src(rank: u32) -> Arc<Source> {
+        register(
+            Identity {
+                comm_id: 0xabc,
+                rank,
+                nranks: 4,
+                device: -1,
+                ring_prev: (rank + 3) % 4,
+                ring_next: (rank + 1) % 4,
+            },
+            Arc::new(Frame::new(2)),
+            Arc::new(OpLog::new()),
+        )
+    }
+
+    #[test]
+    fn rates_are_reciprocal_change_ticks_and_completion_makes_a_record() {
+        let s = src(1);
+        let mut sm = Sampler::new(DiagConfig::default());
+        let b = s.frame.begin_op(0xabc, 5, 2);
+        s.op_log.start(5, &info(), 1_000);
+        // Channel 0 changes in 4 ticks, channel 1 in 1 tick.
+        for t in 0..4u64 {
+            s.frame.add_send(b, 0, 2);
+            if t == 0 {
+                s.frame.add_recv(b, 1, 8);
+            }
+            assert!(sm.sample(std::slice::from_ref(&s), 2_000 + t).is_empty());
+        }
+        s.frame.add_wait_upstream(b, 0, 300);
+        s.op_log.finish(5, 1_000 + 2_000_000_000, true);
+        let d = Done {
+            source: s.id,
+            counter: 5,
+            chans: Sampler::live_chans(&s, 5),
+        };
+        let r = sm.complete(&s, &d, 0).unwrap();
+        assert_eq!(r.trace.unwrap().op_counter, 5);
+        assert_eq!((r.rank, r.nranks, r.duration_ns), (1, 4, 2_000_000_000));
+        assert_eq!(r.state, wire::OpState::Completed as i32);
+        let c0 = &r.channels[0];
+        assert_eq!((c0.send_count, c0.send_rate, c0.recv_rate), (8, 0.25, 0.0));
+        assert!((c0.send_per_sec - 4.0).abs() < 1e-9);
+        assert_eq!(
+            (c0.wait_upstream_ns, c0.ring_prev, c0.ring_next),
+            (Some(300), Some(0), Some(2))
+        );
+        let c1 = &r.channels[1];
+        assert_eq!((c1.recv_count, c1.recv_rate), (8, 1.0));
+        assert_eq!(r.op.unwrap().bytes, 4096);
+    }
+
+    #[test]
+    fn a_long_operation_gets_periodic_in_flight_snapshots_and_a_heartbeat() {
+        let s = src(2);
+        let cfg = DiagConfig {
+            inflight: Duration::from_millis(10),
+            ..DiagConfig::default()
+        };
+        let ms = 1_000_000;
+        let mut sm = Sampler::new(cfg);
+        s.frame.begin_op(0xabc, 0, 2);
+        s.op_log.start(0, &info(), 0);
+        let one = std::slice::from_ref(&s);
+        assert!(sm.sample(one, 5 * ms).is_empty(), "too young");
+        let r = sm.sample(one, 10 * ms);
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].state, wire::OpState::InFlight as i32);
+        assert_eq!(r[0].duration_ns, 10 * ms);
+        assert!(sm.sample(one, 15 * ms).is_empty(), "not yet due again");
+        assert_eq!(sm.sample(one, 20 * ms).len(), 1);
+        let hb = sm.heartbeat(one, 21 * ms);
+        assert_eq!(hb.ranks.len(), 1);
+        assert_eq!(hb.ranks[0].last_op_counter, Some(0));
+        assert_eq!((hb.ranks[0].rank, hb.ranks[0].nranks), (2, 4));
+        // No op started yet on a fresh source: no counter in the heartbeat.
+        let fresh = src(3);
+        assert_eq!(sm.heartbeat(&[fresh], 0).ranks[0].last_op_counter, None);
+    }
+
+    #[test]
+    fn env_is_strict() {
+        let get = |v: &'static str| move |n: &str| (n == "CCLD_SAMPLE_US").then(|| v.to_string());
+        assert_eq!(
+            DiagConfig::resolve(&get("250")).unwrap().sample,
+            Duration::from_micros(250)
+        );
+        for bad in ["0", "x", "-1", "1e3"] {
+            let e = DiagConfig::resolve(&get(bad)).unwrap_err();
+            assert!(e.contains("CCLD_SAMPLE_US"), "{e}");
+        }
+        assert_eq!(
+            DiagConfig::resolve(&|_| None).unwrap(),
+            DiagConfig::default()
+        );
+    }
+
+    #[test]
+    fn dropped_sources_unregister() {
+        let s = src(0);
+        let id = s.id;
+        assert!(live_sources().iter().any(|x| x.id == id));
+        drop(s);
+        assert!(!live_sources().iter().any(|x| x.id == id));
+    }
+}
