@@ -6,6 +6,9 @@
 //! other collectives on Float32/Uint8; 1, 2, 3, 4, 5 and 8 ranks), each checked
 //! against an independent reference and the probe counters against the schedule.
 //!
+//! With `CCL_TEST_FULL_MATRIX=1` the ~4 MiB counts run the whole cross product too (every
+//! collective x dtype x reduction x placement, 1..=8 ranks); `scripts/test-all.sh` sets it.
+//!
 //! `NCCL_BUFFSIZE=64K` (8 KiB slots) so that the mid-size counts run many pipelined
 //! iterations; odd rank counts use `minCTAs = 3` so that tiny operations also spread over
 //! several (partly empty) channels. Communicators are built once per rank count.
@@ -48,8 +51,14 @@ fn make_comms(n: usize) -> Vec<Arc<Comm>> {
 
 /// The case list of one rank (identical on all ranks but for PreMulSum op values, which
 /// each rank creates on its own communicator in the same order).
+/// Whether the ~4 MiB counts run the full cross product (`CCL_TEST_FULL_MATRIX=1`).
+fn full_big_matrix() -> bool {
+    std::env::var("CCL_TEST_FULL_MATRIX").is_ok_and(|v| v == "1")
+}
+
 fn cases(comm: &Comm, big: bool, dev_scalars: &mut [[u8; 8]]) -> Vec<Case> {
     let n = comm.nranks() as usize;
+    let subset = big && !full_big_matrix();
     let mut v = Vec::new();
     let counts = |dt: DataType| -> Vec<usize> {
         if big {
@@ -67,7 +76,7 @@ fn cases(comm: &Comm, big: bool, dev_scalars: &mut [[u8; 8]]) -> Vec<Case> {
         ] {
             for &(red, op) in &reds {
                 // Big counts: every reduction for AllReduce on a few types, Sum elsewhere.
-                if big
+                if subset
                     && !(coll == CollKind::AllReduce
                         && matches!(dt, DataType::Float32 | DataType::Bfloat16 | DataType::Int8)
                         || red == Red::Sum && dt == DataType::Float32)
@@ -96,7 +105,7 @@ fn cases(comm: &Comm, big: bool, dev_scalars: &mut [[u8; 8]]) -> Vec<Case> {
             CollKind::Gather,
             CollKind::Scatter,
         ] {
-            if big && dt != DataType::Float32 && dt != DataType::Uint8 {
+            if subset && dt != DataType::Float32 && dt != DataType::Uint8 {
                 continue;
             }
             for in_place in [false, true] {
@@ -192,6 +201,10 @@ fn run_matrix(n: usize, big: bool) {
                             for count in SMALL_COUNTS {
                                 sendrecv_ring(comm, dt, count)?;
                             }
+                        }
+                    } else if full_big_matrix() {
+                        for dt in DataType::ALL {
+                            sendrecv_ring(comm, dt, BIG_BYTES / dt.size() + 3)?;
                         }
                     }
                     Ok(list.len())
@@ -291,6 +304,20 @@ fn big_4_ranks() {
 #[test]
 fn big_5_ranks() {
     run_matrix(5, true);
+}
+
+#[test]
+fn big_6_ranks() {
+    if full_big_matrix() {
+        run_matrix(6, true);
+    }
+}
+
+#[test]
+fn big_7_ranks() {
+    if full_big_matrix() {
+        run_matrix(7, true);
+    }
 }
 
 #[test]
