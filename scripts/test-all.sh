@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 
 # Tests talk over loopback only.
 export CCLD_BOOTSTRAP_IP=127.0.0.1
+# The thread correctness matrix runs its ~4 MiB counts over the whole cross product too.
+export CCL_TEST_FULL_MATRIX=1
 
 scripts/install-toolchains.sh
 # Device builds (CUDA kernels, ROCm librccl.so.1) and their GPU-free tests.
