@@ -1,0 +1,165 @@
+//! End-to-end harness shared by the `e2e-latency` benchmark and the `e2e_threads` test: ranks
+//! as threads (host backend, embedded analyzer), an anomaly injected through `CCLD_INJECT`,
+//! and the diagnoses the embedded analyzer raises for that communicator.
+//!
+//! Windows are shortened through the environment (hang 1.5 s, slow window 0.5 s x 3); see
+//! `setup` for the values.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Once};
+use std::time::{Duration, Instant};
+
+use analyzer::wire::{self, AnomalyClass};
+use ccl_core::{enqueue, CollArgs, Comm, DataType};
+use probe::CollKind;
+
+const ONSET: u64 = 150;
+
+fn setup() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        for (k, v) in [
+            ("CCLD_ANALYZER", "embedded"),
+            ("CCLD_SLOW_WINDOW_S", "0.5"),
+            ("CCLD_BASELINE_S", "0.5"),
+            ("CCLD_T_BASE_INIT_MS", "1000"),
+            ("CCLD_HANG_TIMEOUT_S", "1.5"),
+            ("CCLD_INFLIGHT_MS", "200"),
+            ("CCLD_SILENT_S", "1"),
+            ("CCLD_SLOW_REPEAT", "3"),
+            // theta for an oversubscribed 2-core CI machine, where a rank thread descheduled for
+            // a few ms is routine (paper: about 3 on a dedicated cluster).
+            ("CCLD_SLOW_THETA", "10"),
+        ] {
+            std::env::set_var(k, v);
+        }
+    });
+}
+
+/// Serialises "set CCLD_INJECT, init, unset" and the runs themselves (timing).
+static RUN: Mutex<()> = Mutex::new(());
+
+fn spec(class: AnomalyClass, root: usize, n: usize, kind: CollKind) -> String {
+    let sel = format!("rank={root},nranks={n},ops={ONSET}..");
+    // S3: an entry delay about as long as the throttled communication (one send per ring
+    // step and channel: 2(n-1) steps for AllReduce, n-1 otherwise), so that P ~ 0.5.
+    let steps = if kind == CollKind::AllReduce {
+        2 * (n - 1)
+    } else {
+        n - 1
+    };
+    let mixed_delay = steps * 2;
+    match class {
+        AnomalyClass::S1ComputationSlow => format!("s1:{sel},delay=25ms"),
+        AnomalyClass::S2CommunicationSlow => format!("s2:{sel},gap=2ms"),
+        AnomalyClass::S3MixedSlow => format!("s3:{sel},delay={mixed_delay}ms,gap=2ms"),
+        AnomalyClass::H1NotEntered => format!("h1:{sel}"),
+        AnomalyClass::H2Inconsistent => format!("h2:rank={root},nranks={n},ops={ONSET}"),
+        AnomalyClass::H3Hardware => format!("h3:rank={root},nranks={n},ops={ONSET}"),
+        AnomalyClass::Unspecified => String::new(),
+    }
+}
+
+fn op(c: &Arc<Comm>, kind: CollKind, send: &[f32], recv: &mut [f32], n: usize) -> bool {
+    let count = match kind {
+        CollKind::AllReduce => send.len(),
+        CollKind::AllGather => send.len() / n,
+        _ => recv.len() / n,
+    };
+    let a = CollArgs {
+        kind,
+        sendbuf: send.as_ptr() as usize,
+        recvbuf: recv.as_mut_ptr() as usize,
+        count,
+        dtype: DataType::Float32 as i32,
+        op: 0,
+        root: -1,
+        stream: 0,
+    };
+    enqueue(c, a).is_ok()
+}
+
+/// Runs one case: `n` ranks as threads running collective `kind` in a loop, with an
+/// anomaly of `class` injected at rank `root` from operation 150 on (none for
+/// `AnomalyClass::Unspecified`); polls the embedded analyzer for up to `wait` (returning
+/// at the first diagnosis unless `class` is `Unspecified`) and returns the diagnoses of the
+/// case's communicator. Cases are serialised (one at a time per process).
+///
+/// # Panics
+/// If the communicators cannot be initialised or the embedded analyzer is not running: a
+/// test/benchmark harness, where either means the case cannot run at all.
+pub fn run_case(
+    class: AnomalyClass,
+    n: usize,
+    root: usize,
+    kind: CollKind,
+    wait: Duration,
+) -> Vec<wire::Diagnosis> {
+    setup();
+    let _g = RUN.lock().unwrap_or_else(|p| p.into_inner());
+    let s = spec(class, root, n, kind);
+    if !s.is_empty() {
+        std::env::set_var("CCLD_INJECT", &s);
+    }
+    let comms = Comm::init_all(n as i32, None).expect("init");
+    std::env::remove_var("CCLD_INJECT");
+    let id = comms[0].comm_id();
+    let stop = Arc::new(AtomicBool::new(false));
+    let hs: Vec<_> = comms
+        .iter()
+        .enumerate()
+        .map(|(r, c)| {
+            let c = Arc::clone(c);
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                let floats = 16 << 10; // 64 KiB per rank buffer
+                let send = vec![1.0f32; floats];
+                let mut recv =
+                    vec![0.0f32; floats * if kind == CollKind::AllGather { n } else { 1 }];
+                let mut i = 0u64;
+                while !stop.load(Ordering::Acquire) {
+                    let jitter = (i * 7919 + r as u64 * 104_729) % 300;
+                    std::thread::sleep(Duration::from_micros(1000 + jitter));
+                    if i == 1500 {
+                        // A pause of every rank below the hang threshold (checkpoint-like).
+                        std::thread::sleep(Duration::from_millis(800));
+                    }
+                    if i % 50 == 49 {
+                        // A barrier: AllReduce of one float (never diagnosed).
+                        let one = [1.0f32];
+                        let mut out = [0.0f32];
+                        if !op(&c, CollKind::AllReduce, &one, &mut out, n) {
+                            return;
+                        }
+                    }
+                    if !op(&c, kind, &send, &mut recv, n) {
+                        return;
+                    }
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    let emb = probe::embedded::embedded().expect("embedded analyzer started at init");
+    let t0 = Instant::now();
+    let mut found = Vec::new();
+    while t0.elapsed() < wait {
+        std::thread::sleep(Duration::from_millis(50));
+        found = emb
+            .diagnoses()
+            .into_iter()
+            .filter(|d| d.comm_id == id)
+            .collect();
+        if !found.is_empty() && class != AnomalyClass::Unspecified {
+            break;
+        }
+    }
+    stop.store(true, Ordering::Release);
+    for c in &comms {
+        let _ = c.abort();
+    }
+    for h in hs {
+        let _ = h.join();
+    }
+    found
+}
