@@ -430,6 +430,16 @@ export! {
 // ---------------------------------------------------------------------------------------
 // Communicator lifetime
 
+/// Removes `comm` from the handle table and runs `end` (destroy or abort) on it; NULL is
+/// accepted and does nothing, as in NCCL. The table's reference is dropped afterwards.
+fn release(comm: CommHandle, end: impl FnOnce(&Comm) -> Result<()>) -> Result<()> {
+    if comm.is_null() {
+        return Ok(());
+    }
+    let c = handles::remove(comm)?;
+    end(&c)
+}
+
 export! {
     /// Completes outstanding operations of `comm`.
     fn ncclCommFinalize / pncclCommFinalize(comm: CommHandle) -> NcclResult {
@@ -441,13 +451,7 @@ export! {
     /// Frees `comm`. NULL is accepted and does nothing (as in NCCL).
     fn ncclCommDestroy / pncclCommDestroy(comm: CommHandle) -> NcclResult {
         call("ncclCommDestroy", || {
-            if comm.is_null() {
-                return Ok(());
-            }
-            let c = handles::remove(comm)?;
-            let r = c.destroy();
-            drop(c);
-            r
+            release(comm, |c| c.destroy())
         })
     }
 }
@@ -456,13 +460,7 @@ export! {
     /// Aborts `comm`'s operations and frees it. NULL is accepted and does nothing.
     fn ncclCommAbort / pncclCommAbort(comm: CommHandle) -> NcclResult {
         call("ncclCommAbort", || {
-            if comm.is_null() {
-                return Ok(());
-            }
-            let c = handles::remove(comm)?;
-            let r = c.abort();
-            drop(c);
-            r
+            release(comm, |c| c.abort())
         })
     }
 }
