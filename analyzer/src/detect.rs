@@ -30,6 +30,94 @@ pub fn p_ratio(t_max_ns: u64, t_min_ns: u64, t_base_ns: u64) -> Option<f64> {
     Some((num / den).clamp(0.0, 1.0))
 }
 
+/// The part of a round's entry skew the last-entering rank caused itself: its computation
+/// gap (time between the end of its previous operation on the communicator and the start of
+/// this one) minus the median gap of all ranks. `None` unless every rank's gap is known.
+///
+/// Why: eq. (4) reads T_max - T_min as "the others waited for a latecomer". In a loop where
+/// every rank enters right after its previous collective, a slow ring link staggers the
+/// completions of operation k - 1 and therefore the entries of operation k: T_max - T_min
+/// grows although nobody computed longer. The gap separates the two: a computation-slow rank
+/// has a long gap; a rank that entered late only because its previous operation ended late
+/// has a normal one. `durations[i]` and `gaps[i]` belong to rank i; the latest entrant is the
+/// rank with the shortest duration (the largest gap among ties).
+pub fn computation_lateness(durations: &[u64], gaps: &[Option<u64>]) -> Option<u64> {
+    if durations.len() != gaps.len() || gaps.len() < 2 {
+        return None;
+    }
+    let known: Vec<u64> = gaps.iter().copied().collect::<Option<Vec<u64>>>()?;
+    let t_min = durations.iter().copied().min()?;
+    let latest_gap = durations
+        .iter()
+        .zip(&known)
+        .filter(|(d, _)| **d == t_min)
+        .map(|(_, g)| *g)
+        .max()?;
+    let mut known = known;
+    let n = known.len();
+    // Lower median (O(n) selection): with an even count the smaller middle value, so that
+    // one late rank among two cannot raise the reference.
+    let median = *known.select_nth_unstable((n - 1) / 2).1;
+    Some(latest_gap.saturating_sub(median))
+}
+
+/// The window form of the adjusted P: the slowdown-weighted mean, over the rounds of a
+/// detection window, of the latecomer's share of each round's slowdown,
+/// sum(min(T_max - T_min, lateness, T_max - T_base)) / sum(T_max - T_base) over the rounds slower than
+/// T_base whose lateness is known. One noisy round (a rank descheduled once) moves it
+/// little, where eq. (2)'s widest round is precisely the noisiest one.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LatenessShare {
+    num_ns: f64,
+    den_ns: f64,
+    rounds: u32,
+}
+
+impl LatenessShare {
+    /// Adds one round.
+    pub fn observe(
+        &mut self,
+        t_max_ns: u64,
+        t_min_ns: u64,
+        t_base_ns: u64,
+        lateness_ns: Option<u64>,
+    ) {
+        let Some(l) = lateness_ns else { return };
+        if t_max_ns <= t_base_ns {
+            return;
+        }
+        let slowdown = t_max_ns - t_base_ns;
+        // Each round's share is at most 1, as eq. (4) clamps P.
+        self.num_ns += l.min(t_max_ns.saturating_sub(t_min_ns)).min(slowdown) as f64;
+        self.den_ns += slowdown as f64;
+        self.rounds += 1;
+    }
+
+    /// The share in [0, 1], `None` before any round counted.
+    pub fn share(&self) -> Option<f64> {
+        (self.rounds > 0 && self.den_ns > 0.0).then(|| (self.num_ns / self.den_ns).clamp(0.0, 1.0))
+    }
+
+    /// Rounds counted.
+    pub fn rounds(&self) -> u32 {
+        self.rounds
+    }
+}
+
+/// P of eq. (4) with the numerator limited to the latecomer's own computation lateness
+/// ([`computation_lateness`]): (min(T_max - T_min, lateness)) / (T_max - T_base), clamped to
+/// [0, 1]; `None` when T_max <= T_base. Without lateness (gaps unknown) this is eq. (4).
+pub fn p_ratio_adjusted(
+    t_max_ns: u64,
+    t_min_ns: u64,
+    t_base_ns: u64,
+    lateness_ns: Option<u64>,
+) -> Option<f64> {
+    let skew = t_max_ns.saturating_sub(t_min_ns);
+    let num = lateness_ns.map_or(skew, |l| l.min(skew));
+    p_ratio(t_max_ns, t_max_ns.saturating_sub(num), t_base_ns)
+}
+
 /// Which slow class P points at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SlowKind {
@@ -213,6 +301,71 @@ impl SlowStreak {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn computation_lateness_of_the_latest_entrant() {
+        // Rank 2 entered last (shortest duration) after a 25 ms longer gap.
+        let d = [30, 31, 5, 30];
+        let g = [Some(1), Some(2), Some(26), Some(1)];
+        assert_eq!(computation_lateness(&d, &g), Some(25));
+        // Entry skew inherited from the previous operation: equal gaps, no lateness.
+        let g = [Some(1), Some(1), Some(1), Some(2)];
+        assert_eq!(computation_lateness(&d, &g), Some(0));
+        // A long gap at a rank that did not enter last does not count.
+        let g = [Some(40), Some(1), Some(1), Some(1)];
+        assert_eq!(computation_lateness(&d, &g), Some(0));
+        // Ties for the shortest duration: the largest gap among them.
+        assert_eq!(
+            computation_lateness(&[5, 5, 9], &[Some(3), Some(10), Some(2)]),
+            Some(7)
+        );
+        // Unknown gaps or mismatched lengths: no value.
+        assert_eq!(
+            computation_lateness(&d, &[Some(1), None, Some(1), Some(1)]),
+            None
+        );
+        assert_eq!(computation_lateness(&d, &[Some(1)]), None);
+        assert_eq!(computation_lateness(&[1], &[Some(1)]), None);
+    }
+
+    #[test]
+    fn lateness_share_weights_rounds_by_their_slowdown() {
+        let mut w = LatenessShare::default();
+        assert_eq!(w.share(), None);
+        // Not slower than T_base, or lateness unknown: ignored.
+        w.observe(10, 5, 10, Some(5));
+        w.observe(40, 10, 10, None);
+        assert_eq!((w.share(), w.rounds()), (None, 0));
+        // Communication-slow rounds: no lateness.
+        for _ in 0..9 {
+            w.observe(40, 38, 10, Some(0));
+        }
+        // One noisy round whose widest spread is a descheduled rank.
+        w.observe(50, 20, 10, Some(30));
+        // 30 / (9 x 30 + 40) = 0.0968: still communication-slow.
+        assert_eq!(w.rounds(), 10);
+        assert!((w.share().unwrap() - 30.0 / 310.0).abs() < 1e-12);
+        // Lateness is capped by the round's skew.
+        let mut w = LatenessShare::default();
+        w.observe(40, 30, 10, Some(25));
+        assert_eq!(w.share(), Some(10.0 / 30.0));
+        // ... and by the round's slowdown (P <= 1 per round).
+        let mut w = LatenessShare::default();
+        w.observe(40, 0, 10, Some(35));
+        w.observe(40, 30, 10, Some(0));
+        assert_eq!(w.share(), Some(30.0 / 60.0));
+    }
+
+    #[test]
+    fn adjusted_p_limits_the_skew_to_the_lateness() {
+        // T_max 40, T_min 10, T_base 10: eq. (4) gives 1.0.
+        assert_eq!(p_ratio_adjusted(40, 10, 10, None), p_ratio(40, 10, 10));
+        assert_eq!(p_ratio_adjusted(40, 10, 10, Some(30)), Some(1.0));
+        assert_eq!(p_ratio_adjusted(40, 10, 10, Some(45)), Some(1.0));
+        assert_eq!(p_ratio_adjusted(40, 10, 10, Some(15)), Some(0.5));
+        assert_eq!(p_ratio_adjusted(40, 10, 10, Some(0)), Some(0.0));
+        assert_eq!(p_ratio_adjusted(10, 5, 10, Some(5)), None);
+    }
 
     #[test]
     fn slowdown_ratio_matches_hand_computation() {

@@ -493,7 +493,13 @@ struct Entry {
     wait_down: u64,
     group: u64,
     depth: u32,
+    /// Time between the end of the rank's previous operation on the communicator and the
+    /// start of this one (its computation gap); `NO_GAP` when unknown.
+    gap_ns: u64,
 }
+
+/// `Entry::gap_ns` when the rank's previous operation is unknown.
+const NO_GAP: u64 = u64::MAX;
 
 impl Default for Entry {
     fn default() -> Self {
@@ -512,6 +518,7 @@ impl Default for Entry {
             wait_down: 0,
             group: 0,
             depth: 0,
+            gap_ns: NO_GAP,
         }
     }
 }
@@ -587,6 +594,10 @@ struct RankInfo {
     last_send_rate: f32,
     last_recv_rate: f32,
     last_in_flight_start_est: u64,
+    /// Newest completed operation of the rank and its end on the rank's clock (start +
+    /// duration): the reference of the next operation's computation gap.
+    last_done_op: Option<u64>,
+    last_done_end_ns: u64,
     /// Type set and counts of the rank's latest completed operation: the expected counts of
     /// a hung operation of the same type set when the probe does not report them.
     done_ty: Option<TypeKey>,
@@ -617,6 +628,8 @@ impl RankInfo {
             last_send_rate: 0.0,
             last_recv_rate: 0.0,
             last_in_flight_start_est: u64::MAX,
+            last_done_op: None,
+            last_done_end_ns: 0,
             done_ty: None,
             done_send: 0,
             done_recv: 0,
@@ -649,6 +662,8 @@ struct OpKind {
     key: KindKey,
     baseline: Baseline,
     best: detect::WindowBest<BestRound>,
+    /// The window's adjusted P over all its rounds (reset with `best`).
+    share: detect::LatenessShare,
 }
 
 #[derive(Debug)]
@@ -769,6 +784,7 @@ impl Comm {
                 dur_ns(cfg.baseline_span),
             ),
             best: detect::WindowBest::new(),
+            share: detect::LatenessShare::default(),
         });
         self.kinds.len() - 1
     }
@@ -1100,6 +1116,17 @@ impl Engine {
         };
         let sums = chan_sums(&rec.channels);
         let start_est = now_ns.saturating_sub(rec.duration_ns).min(e.start_est_ns);
+        let gap_ns = if e.gap_ns != NO_GAP {
+            e.gap_ns
+        } else {
+            let info = &comm.ranks[ri];
+            match info.last_done_op {
+                Some(p) if c > 0 && p == c - 1 => {
+                    rec.start_ns.saturating_sub(info.last_done_end_ns)
+                }
+                _ => NO_GAP,
+            }
+        };
         let ne = Entry {
             state,
             type_idx,
@@ -1119,6 +1146,7 @@ impl Engine {
                 0
             },
             depth: op.tree_layer.iter().copied().max().unwrap_or(0),
+            gap_ns,
         };
         if e.state == ST_NONE {
             round.present += 1;
@@ -1173,6 +1201,10 @@ impl Engine {
             info.last_op_start_ns = rec.start_ns;
         }
         if state == ST_DONE {
+            if info.last_done_op.is_none_or(|p| p < c) {
+                info.last_done_op = Some(c);
+                info.last_done_end_ns = rec.start_ns.saturating_add(rec.duration_ns);
+            }
             info.done_ty = Some(tk);
             info.done_send = sums.send;
             info.done_recv = sums.recv;
@@ -1238,6 +1270,16 @@ impl Engine {
             let t_min = es.iter().map(|e| e.duration_ns).min().unwrap_or(0);
             let ki = comm.kind_index(KindKey::of(&ty), cfg);
             let kind = &mut comm.kinds[ki];
+            let (t_base_now, _, _) = kind.baseline.current();
+            if t_max > t_base_now {
+                let durations: Vec<u64> = es.iter().map(|e| e.duration_ns).collect();
+                let gaps: Vec<Option<u64>> = es
+                    .iter()
+                    .map(|e| (e.gap_ns != NO_GAP).then_some(e.gap_ns))
+                    .collect();
+                let lateness = detect::computation_lateness(&durations, &gaps);
+                kind.share.observe(t_max, t_min, t_base_now, lateness);
+            }
             kind.baseline.observe(t_max, now_ns);
             if kind.best.would_take(t_max, t_min) {
                 let (t_base_ns, baseline, m) = kind.baseline.current();
@@ -1320,6 +1362,7 @@ impl Engine {
         comm.window_start_ns = comm.window_start_ns.saturating_add(skipped * window);
         let mut freed = Vec::new();
         for k in &mut comm.kinds {
+            k.share = detect::LatenessShare::default();
             if let Some((_, _, b)) = k.best.take() {
                 freed.push(b.entries);
             }
@@ -2004,7 +2047,20 @@ fn locate_slow(
     let coll = ty.map_or(0, |t| t.coll);
     let coll_name = wire::coll_name(coll);
     let algo = ty.map_or(comm.algo, |t| t.algo);
-    let p = detect::p_ratio(t_max, t_min, t_base).unwrap_or(0.0);
+    let p_paper = detect::p_ratio(t_max, t_min, t_base).unwrap_or(0.0);
+    let durations_ns: Vec<u64> = entries.iter().map(|e| e.duration_ns).collect();
+    let gaps: Vec<Option<u64>> = entries
+        .iter()
+        .map(|e| (e.gap_ns != NO_GAP).then_some(e.gap_ns))
+        .collect();
+    let lateness = detect::computation_lateness(&durations_ns, &gaps);
+    // The class is decided with the window's slowdown-weighted lateness share when the
+    // gaps are known (detect::LatenessShare), else with eq. (4) on the widest round.
+    let p = kind
+        .share
+        .share()
+        .or_else(|| detect::p_ratio_adjusted(t_max, t_min, t_base, lateness))
+        .unwrap_or(0.0);
     let kind_s = detect::classify_slow(p, cfg.alpha, cfg.beta);
     let class = match kind_s {
         SlowKind::Computation => AnomalyClass::S1ComputationSlow,
@@ -2072,7 +2128,13 @@ fn locate_slow(
             lockstep = ls;
         }
     }
-    let fmt_pr = format!("P = {p:.2}, R = {r:.1}");
+    let fmt_pr = if (p - p_paper).abs() >= 0.005 {
+        format!(
+            "P = {p:.2} [the latecomers' own share of the window's slowdown; eq. 4 on the widest round: {p_paper:.2}], R = {r:.1}"
+        )
+    } else {
+        format!("P = {p:.2}, R = {r:.1}")
+    };
     let mut roots: Vec<wire::RootCause> = Vec::new();
     let add = |rank: u32, cls: AnomalyClass, reason: String, roots: &mut Vec<wire::RootCause>| {
         if let Some(x) = roots.iter_mut().find(|x| x.rank == rank) {
@@ -2189,6 +2251,8 @@ fn locate_slow(
     let evidence = wire::Evidence {
         r,
         p,
+        p_paper,
+        computation_lateness_ns: lateness,
         t_max_ns: t_max,
         t_min_ns: t_min,
         t_base_ns: t_base,
@@ -2717,11 +2781,14 @@ mod tests {
         assert_eq!(e.comm_state(5, T0).unwrap().tracked_rounds, 0);
     }
 
-    /// Completes round `c` of comm 4 (4 ranks) at `t` with the given durations.
+    /// Completes round `c` of comm 4 (4 ranks) at `t` with the given durations. As in a ring,
+    /// every rank ends at the same moment (c x 10 s + 5 s on the ranks' clocks): a shorter
+    /// duration means a later start, i.e. a longer computation gap before the round.
     fn round(e: &mut Engine, c: u64, t: u64, durs: [u64; 4]) {
         for (r, d) in durs.into_iter().enumerate() {
-            e.ingest(&rec(4, c, r as u32, 4, OpState::Completed, d), t)
-                .unwrap();
+            let mut x = rec(4, c, r as u32, 4, OpState::Completed, d);
+            x.start_ns = c * 10 * S + 5 * S - d;
+            e.ingest(&x, t).unwrap();
         }
     }
 
@@ -2768,14 +2835,18 @@ mod tests {
         let d = e.tick(T0 + 122 * S);
         assert_eq!(d.len(), 1);
         let ev = d[0].evidence.as_ref().unwrap();
-        assert_eq!(d[0].class(), AnomalyClass::S1ComputationSlow);
+        // Eq. (4) on the widest round (5) says computation-slow (P = 1); over the window,
+        // round 6 is 480 ms slower than T_base with only 9 ms of lateness (rank 1's gap
+        // above the lower median), so the weighted share is (380 + 9) / (380 + 480): mixed.
+        assert_eq!(d[0].class(), AnomalyClass::S3MixedSlow, "{}", d[0].summary);
         assert_eq!(d[0].roots[0].rank, 3);
+        assert_eq!(ev.p_paper, 1.0);
+        assert!((ev.p - 389.0 / 860.0).abs() < 1e-12, "P = {}", ev.p);
         assert_eq!(
             (ev.t_max_ns, ev.t_min_ns, ev.t_base_ns),
             (500 * MS, 100 * MS, 120 * MS)
         );
         assert!((ev.r - 380.0 / 120.0).abs() < 1e-12, "R = {}", ev.r);
-        assert_eq!(ev.p, 1.0);
         assert_eq!(ev.baseline(), BaselineKind::Dynamic);
         assert_eq!(ev.baseline_rounds, 3);
         assert_eq!(d[0].trace.as_ref().unwrap().op_counter, 5);
@@ -2785,7 +2856,7 @@ mod tests {
         );
         assert_eq!(ev.window_end_ns, T0 + 121 * S);
         assert!(
-            d[0].summary.contains("(P = 1.00, R = 3.2)"),
+            d[0].summary.contains("(P = 0.45 [") && d[0].summary.contains("1.00], R = 3.2)"),
             "{}",
             d[0].summary
         );
@@ -2800,6 +2871,52 @@ mod tests {
             [500 * MS, 500 * MS, 500 * MS, 100 * MS],
         );
         assert!(e.tick(T0 + 181 * S).is_empty());
+    }
+
+    #[test]
+    fn entry_skew_inherited_from_the_previous_operation_is_not_computation() {
+        // Ranks enter every round 1 ms after their previous round ended (constant gap). The
+        // baseline rounds end together. Round 5 (a slow ring link) ends staggered by 250 ms
+        // per rank, so round 6 starts staggered although nobody computed longer; round 6 is
+        // slow for everyone and ends together.
+        let mut e = Engine::new(slow_cfg());
+        let mut end = [10 * S; 4];
+        let mut c = 0;
+        let mut run = |e: &mut Engine, t: u64, ends: [u64; 4]| {
+            c += 1;
+            for r in 0..4 {
+                let mut x = rec(4, c, r as u32, 4, OpState::Completed, 0);
+                x.start_ns = end[r] + MS;
+                x.duration_ns = ends[r] - x.start_ns;
+                e.ingest(&x, t).unwrap();
+            }
+            end = ends;
+        };
+        for k in 1..=4 {
+            let e_k = 10 * S + k * 101 * MS;
+            run(&mut e, T0 + k * S, [e_k; 4]);
+        }
+        // T_base = 100 ms. Round 5 in a new window: durations 100 .. 850 ms, ends staggered.
+        let base = 10 * S + 404 * MS;
+        let staggered = [0, 1, 2, 3].map(|i| base + 101 * MS + i * 250 * MS);
+        run(&mut e, T0 + 70 * S, staggered);
+        // Round 6: everybody ends 1 s after the last start.
+        run(&mut e, T0 + 71 * S, [staggered[3] + S; 4]);
+        let d = e.tick(T0 + 122 * S);
+        assert_eq!(d.len(), 1);
+        let ev = d[0].evidence.as_ref().unwrap();
+        // Eq. (4) sees T_max - T_min = 750 ms of entry skew and calls it computation...
+        assert!(ev.p_paper > 0.6, "{}", ev.p_paper);
+        // ...the gaps show it was inherited.
+        assert_eq!(ev.computation_lateness_ns, Some(0));
+        assert_eq!(ev.p, 0.0);
+        assert_eq!(
+            d[0].class(),
+            AnomalyClass::S2CommunicationSlow,
+            "{}",
+            d[0].summary
+        );
+        assert!(d[0].summary.contains("eq. 4"), "{}", d[0].summary);
     }
 
     #[test]
@@ -2827,7 +2944,10 @@ mod tests {
         assert_eq!(d.len(), 1);
         assert_eq!(d[0].class(), AnomalyClass::S2CommunicationSlow);
         let ev = d[0].evidence.as_ref().unwrap();
-        assert!((ev.p - 20.0 / 700.0).abs() < 1e-12);
+        assert!((ev.p_paper - 20.0 / 700.0).abs() < 1e-12);
+        // Adjusted: rank 2 entered last with a gap 15 ms above the (lower) median gap.
+        assert_eq!(ev.computation_lateness_ns, Some(15 * MS));
+        assert!((ev.p - 15.0 / 700.0).abs() < 1e-12, "{}", ev.p);
         // Mixed: T_max 800, T_min 450 (entered 350 ms late): P = 350 / 700 = 0.5.
         let mut e = Engine::new(slow_cfg());
         for c in 1..=4 {

@@ -41,18 +41,20 @@ static RUN: Mutex<()> = Mutex::new(());
 
 fn spec(class: AnomalyClass, root: usize, n: usize, kind: CollKind) -> String {
     let sel = format!("rank={root},nranks={n},ops={ONSET}..");
-    // S3: an entry delay about as long as the throttled communication (one send per ring
-    // step and channel: 2(n-1) steps for AllReduce, n-1 otherwise), so that P ~ 0.5.
+    // S3: an entry delay about as long as the slowdown the throttle causes, so that P ~ 0.5
+    // (between alpha = 0.4 and beta = 0.6). The throttle delays one send per ring step and
+    // channel (2(n-1) steps for AllReduce, n-1 otherwise) by up to the 2 ms gap, and the
+    // lockstep ring adds about a quarter on top (measured: 2.2 .. 3 ms per step).
     let steps = if kind == CollKind::AllReduce {
         2 * (n - 1)
     } else {
         n - 1
     };
-    let mixed_delay = steps * 2;
+    let mixed_delay_us = steps * 2500;
     match class {
         AnomalyClass::S1ComputationSlow => format!("s1:{sel},delay=25ms"),
-        AnomalyClass::S2CommunicationSlow => format!("s2:{sel},gap=2ms"),
-        AnomalyClass::S3MixedSlow => format!("s3:{sel},delay={mixed_delay}ms,gap=2ms"),
+        AnomalyClass::S2CommunicationSlow => format!("s2:{sel},gap=3ms"),
+        AnomalyClass::S3MixedSlow => format!("s3:{sel},delay={mixed_delay_us}us,gap=2ms"),
         AnomalyClass::H1NotEntered => format!("h1:{sel}"),
         AnomalyClass::H2Inconsistent => format!("h2:rank={root},nranks={n},ops={ONSET}"),
         AnomalyClass::H3Hardware => format!("h3:rank={root},nranks={n},ops={ONSET}"),
