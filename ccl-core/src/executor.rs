@@ -593,6 +593,19 @@ impl Worker {
         let block = sh
             .probe_on
             .then(|| sh.frame.begin_op(sh.comm_id, counter, plan.n_channels));
+        if let Some(b) = block {
+            // What the schedule expects of each channel: the analyzer's progress fractions
+            // of a hung operation (H3) use it.
+            for lane in &plan.lanes {
+                let (send, recv) = lane.steps.iter().fold((0, 0), |(s, r), st| {
+                    (
+                        s + u64::from(st.kind.sends()),
+                        r + u64::from(st.kind.recvs()),
+                    )
+                });
+                sh.frame.add_expected(b, lane.channel, send, recv);
+            }
+        }
         if sh.probe_on {
             sh.op_log.start(counter, &info, now_ns());
         }

@@ -77,6 +77,23 @@ struct ChanDone {
     recv: u64,
     up: u64,
     down: u64,
+    exp_send: u64,
+    exp_recv: u64,
+}
+
+/// One channel's counters in `block` of `frame`.
+fn chan_done(frame: &Frame, block: usize, c: usize) -> ChanDone {
+    let k = frame.counts(block, c);
+    let w = frame.waits(block, c);
+    let (exp_send, exp_recv) = frame.expected(block, c);
+    ChanDone {
+        send: k.send_count,
+        recv: k.recv_count,
+        up: w.upstream_ns,
+        down: w.downstream_ns,
+        exp_send,
+        exp_recv,
+    }
 }
 
 /// What the executor hands over at completion.
@@ -139,18 +156,7 @@ impl Source {
     pub fn op_done(&self, counter: u64) {
         let block = (counter % crate::FRAME_BLOCKS as u64) as usize;
         let n = self.frame.header().n_channels as usize;
-        let chans = (0..n)
-            .map(|c| {
-                let k = self.frame.counts(block, c);
-                let w = self.frame.waits(block, c);
-                ChanDone {
-                    send: k.send_count,
-                    recv: k.recv_count,
-                    up: w.upstream_ns,
-                    down: w.downstream_ns,
-                }
-            })
-            .collect();
+        let chans = (0..n).map(|c| chan_done(&self.frame, block, c)).collect();
         let d = Done {
             source: self.id,
             counter,
@@ -356,8 +362,8 @@ impl Sampler {
                 wire::ChannelStat {
                     send_count: k.send,
                     recv_count: k.recv,
-                    expected_send: 0,
-                    expected_recv: 0,
+                    expected_send: k.exp_send,
+                    expected_recv: k.exp_recv,
                     send_rate: rate(st),
                     recv_rate: rate(rt),
                     send_per_sec: k.send as f64 / secs,
@@ -394,18 +400,7 @@ impl Sampler {
     fn live_chans(s: &Source, counter: u64) -> Vec<ChanDone> {
         let block = (counter % crate::FRAME_BLOCKS as u64) as usize;
         let n = s.frame.header().n_channels as usize;
-        (0..n)
-            .map(|c| {
-                let k = s.frame.counts(block, c);
-                let w = s.frame.waits(block, c);
-                ChanDone {
-                    send: k.send_count,
-                    recv: k.recv_count,
-                    up: w.upstream_ns,
-                    down: w.downstream_ns,
-                }
-            })
-            .collect()
+        (0..n).map(|c| chan_done(&s.frame, block, c)).collect()
     }
 
     /// One sampling tick over `sources` at `now` (process clock): updates the change

@@ -122,8 +122,9 @@ pub struct Frame {
 
 /// Extension words per channel and block, stored after the base layout (never inside it):
 /// nanoseconds the channel waited for data from its upstream peer, and for a free slot at
-/// its downstream peer (or for the throttled link), in the block's operation.
-pub const EXT_WORDS_PER_CHANNEL: usize = 2;
+/// its downstream peer (or for the throttled link), in the block's operation; then the send
+/// and receive steps the schedule expects on the channel for the whole operation.
+pub const EXT_WORDS_PER_CHANNEL: usize = 4;
 
 /// Bytes of the extension area of a frame with `n_channels` channels.
 pub const fn ext_bytes(n_channels: usize) -> usize {
@@ -183,6 +184,32 @@ impl Frame {
         }
     }
 
+    /// Adds `send`/`recv` steps to what `channel` of `block` is expected to do in the
+    /// block's operation (extension slots; the writer calls it right after `begin_op`, once
+    /// per lane of the schedule).
+    #[inline]
+    pub fn add_expected(&self, block: usize, channel: usize, send: u64, recv: u64) {
+        if channel < self.n_channels {
+            let w = self.ext_word(block, channel);
+            let (s, r) = (&self.words[w + 2], &self.words[w + 3]);
+            s.store(s.load(Ordering::Relaxed) + send, Ordering::Release);
+            r.store(r.load(Ordering::Relaxed) + recv, Ordering::Release);
+        }
+    }
+
+    /// The steps the schedule expects on one channel of `block`: (send, recv); (0, 0) when
+    /// unknown.
+    pub fn expected(&self, block: usize, channel: usize) -> (u64, u64) {
+        if channel >= self.n_channels {
+            return (0, 0);
+        }
+        let w = self.ext_word(block, channel);
+        (
+            self.words[w + 2].load(Ordering::Acquire),
+            self.words[w + 3].load(Ordering::Acquire),
+        )
+    }
+
     /// Reads one channel's wait times in `block`.
     pub fn waits(&self, block: usize, channel: usize) -> ChannelWaits {
         if channel >= self.n_channels {
@@ -227,8 +254,9 @@ impl Frame {
             self.words[base + 2 + 2 * ch].store(0, Ordering::Relaxed);
             self.words[base + 3 + 2 * ch].store(0, Ordering::Relaxed);
             let e = self.ext_word(block, ch);
-            self.words[e].store(0, Ordering::Relaxed);
-            self.words[e + 1].store(0, Ordering::Relaxed);
+            for w in &self.words[e..e + EXT_WORDS_PER_CHANNEL] {
+                w.store(0, Ordering::Relaxed);
+            }
         }
         self.words[base].store(comm_id, Ordering::Relaxed);
         // The Trace ID keeps the low 32 bits of the counter; the extension is unused (0).
@@ -404,7 +432,16 @@ mod tests {
         f.add_wait_downstream(b, 1, 5);
         f.add_wait_downstream(b, 1, 6);
         f.add_wait_upstream(b, 9, 1); // out of range: ignored
-        assert_eq!(f.to_bytes(), before, "waits never touch the base layout");
+        f.add_expected(b, 1, 6, 4);
+        f.add_expected(b, 1, 1, 0);
+        f.add_expected(b, 7, 1, 1); // out of range: ignored
+        assert_eq!(
+            f.to_bytes(),
+            before,
+            "extension slots never touch the base layout"
+        );
+        assert_eq!(f.expected(b, 1), (7, 4));
+        assert_eq!((f.expected(b, 0), f.expected(b, 7)), ((0, 0), (0, 0)));
         assert_eq!(
             f.waits(b, 1),
             ChannelWaits {
@@ -418,7 +455,8 @@ mod tests {
         assert_eq!(f.waits(b, 1).upstream_ns, 70, "other blocks untouched");
         f.begin_op(1, 3 + FRAME_BLOCKS as u64, 2);
         assert_eq!(f.waits(b, 1), ChannelWaits::default(), "reused block reset");
-        assert_eq!(ext_bytes(8), 8 * 8 * 16);
+        assert_eq!(f.expected(b, 1), (0, 0), "expected counts reset too");
+        assert_eq!(ext_bytes(8), 8 * 8 * 32);
     }
 
     #[test]

@@ -403,6 +403,12 @@ pub fn check_probe(
                 got.send_count, got.recv_count
             ));
         }
+        if f.expected(block, ch) != (s, r) {
+            return Err(format!(
+                "channel {ch}: frame's expected send/recv {:?}, schedule {s}/{r}",
+                f.expected(block, ch)
+            ));
+        }
     }
     let snap = comm
         .op_log()
