@@ -491,6 +491,46 @@ enum Wait {
     Downstream,
 }
 
+/// Wait-time accounting of one operation (frame extension slots). A wait episode runs from
+/// the first snooze after progress to the next progress; it is timed from its SECOND snooze
+/// on (two clock reads per episode, none for the one-spin waits of a streaming ring: what
+/// the diagnosis needs are the long waits behind a slow peer) and charged, when progress
+/// resumes, to the channels of the lanes blocked at the last snooze, by wait reason.
+#[derive(Default)]
+struct WaitEpisode {
+    snoozes: u32,
+    since: Option<Instant>,
+    blocked: Vec<(usize, Wait)>,
+}
+
+impl WaitEpisode {
+    /// Called before each snooze with the lanes' (channel, wait reason).
+    fn snoozing(&mut self, lanes: impl Iterator<Item = (usize, Wait)>) {
+        self.snoozes += 1;
+        if self.snoozes == 2 {
+            self.since = Some(Instant::now());
+        }
+        if self.snoozes >= 2 {
+            self.blocked.clear();
+            self.blocked.extend(lanes.filter(|(_, w)| *w != Wait::None));
+        }
+    }
+
+    /// Progress resumed: adds the episode's time to the frame's wait slots of `block`.
+    fn charge(&mut self, frame: &Frame, block: usize) {
+        self.snoozes = 0;
+        let Some(t0) = self.since.take() else { return };
+        let ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        for &(ch, w) in &self.blocked {
+            match w {
+                Wait::Upstream => frame.add_wait_upstream(block, ch, ns),
+                Wait::Downstream => frame.add_wait_downstream(block, ch, ns),
+                Wait::None => {}
+            }
+        }
+    }
+}
+
 /// Per-channel send throttle of an injected S2/S3 fault.
 struct Throttle {
     gap: Duration,
@@ -708,6 +748,7 @@ impl Worker {
             next: vec![None; plan.n_channels.max(1)],
         });
         let mut backoff = Backoff::new();
+        let mut episode = WaitEpisode::default();
         let check_every = self.shared.tuning.peer_check;
         let mut next_check = Instant::now() + check_every;
         while !lanes.is_empty() {
@@ -725,6 +766,12 @@ impl Worker {
                     }
                     lr.pos += 1;
                     progressed = true;
+                }
+            }
+            if progressed {
+                // A wait episode (if any) ended: charge it to the channels that waited.
+                if let Some(b) = block {
+                    episode.charge(&frame, b);
                 }
             }
             lanes.retain(|lr| lr.pos < lr.end);
@@ -746,23 +793,10 @@ impl Worker {
                 self.check_peers()?;
                 next_check = now + check_every;
             }
-            match block {
-                // Wait times go to the frame's extension slots: measured only here, when
-                // the executor actually waits, and charged to every blocked lane's channel.
-                Some(b) => {
-                    let t0 = Instant::now();
-                    backoff.snooze(&self.t.bell, seen);
-                    let ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                    for lr in &lanes {
-                        match lr.wait {
-                            Wait::Upstream => frame.add_wait_upstream(b, lr.lane.channel, ns),
-                            Wait::Downstream => frame.add_wait_downstream(b, lr.lane.channel, ns),
-                            Wait::None => {}
-                        }
-                    }
-                }
-                None => backoff.snooze(&self.t.bell, seen),
+            if block.is_some() {
+                episode.snoozing(lanes.iter().map(|lr| (lr.lane.channel, lr.wait)));
             }
+            backoff.snooze(&self.t.bell, seen);
         }
         Ok(())
     }

@@ -2,15 +2,20 @@
 //! one run (design.md section 8: target >= 0.997 at sizes >= 1 MiB, >= 0.99 below).
 //!
 //! ```text
-//! cargo run --release -p benches --bin probe-overhead -- [--ranks 2,4] [--max-bytes 256M] [--rounds 7]
+//! cargo run --release -p benches --bin probe-overhead -- [--ranks 2,4] [--max-bytes 256M] [--rounds 15] [--block-ms 100]
 //! ```
 //! Ranks are threads of this process (host backend). For every size two communicators of
 //! each rank count exist side by side, one initialised with `CCLD_DISABLE=1` (no frame
 //! updates, no registration) and one with probes on (frame and op-log updates, completion
 //! messages, sampled by the diagnostic thread with the embedded analyzer). Each round runs a
-//! block of iterations on one then the other (order alternating); the printed ratio is
-//! median(busbw on) / median(busbw off). The diagnostic thread runs for the whole process, so
-//! its (small) CPU share weighs on both sides; the ratio isolates the per-operation cost.
+//! block of iterations (about `--block-ms` each) on one then the other (order alternating);
+//! each round gives one paired ratio busbw(on) / busbw(off), and the printed ratio is the
+//! median of the rounds' ratios, with the interquartile range of those ratios (the noise of
+//! this machine: read a ratio as met when its q1..q3 range reaches the target). The
+//! diagnostic thread runs for the whole process, so its CPU share weighs on both sides; the
+//! ratio isolates the per-operation cost. The last column, `est.`, is the ratio implied by
+//! the per-operation probe cost measured at 8 bytes (on - off there) at each size:
+//! off / (off + cost), the low-noise reading of the same comparison.
 
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
@@ -29,14 +34,59 @@ fn parse_bytes(s: &str) -> Option<usize> {
 }
 
 fn median(v: &mut [f64]) -> f64 {
+    quantile(v, 0.5)
+}
+
+/// The `q` quantile (nearest rank) of `v`, sorting it.
+fn quantile(v: &mut [f64], q: f64) -> f64 {
     v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    let i = ((v.len() - 1) as f64 * q).round() as usize;
+    v[i.min(v.len() - 1)]
+}
+
+/// Iterations for a block of about `block_ms`: times a few AllReduces of `count` floats on
+/// `comms` (every rank in its own thread), at least 2 and at most 100,000 iterations.
+fn calibrate(comms: &[Arc<Comm>], count: usize, block_ms: usize) -> usize {
+    let probe_iters = 3usize;
+    let t = Instant::now();
+    let hs: Vec<_> = comms
+        .iter()
+        .map(|c| {
+            let c = Arc::clone(c);
+            std::thread::spawn(move || {
+                let mut buf = vec![1.0f32; count.max(1)];
+                for _ in 0..probe_iters {
+                    allreduce(&c, &mut buf, count);
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        let _ = h.join();
+    }
+    let per = t.elapsed().as_secs_f64() / probe_iters as f64;
+    ((block_ms as f64 / 1e3 / per.max(1e-9)) as usize).clamp(2, 100_000)
+}
+
+fn allreduce(c: &Arc<Comm>, buf: &mut [f32], count: usize) {
+    let a = CollArgs {
+        kind: CollKind::AllReduce,
+        sendbuf: buf.as_ptr() as usize,
+        recvbuf: buf.as_mut_ptr() as usize,
+        count,
+        dtype: DataType::Float32 as i32,
+        op: 0,
+        root: -1,
+        stream: 0,
+    };
+    enqueue(c, a).unwrap_or_else(|e| panic!("allreduce: {e}"));
 }
 
 fn main() {
     let mut ranks = vec![2usize, 4];
     let mut max_bytes = 256usize << 20;
-    let mut rounds = 7usize;
+    let mut rounds = 15usize;
+    let mut block_ms = 100usize;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         let v = it.next().unwrap_or_default();
@@ -44,16 +94,17 @@ fn main() {
             "--ranks" => ranks = v.split(',').filter_map(|x| x.parse().ok()).collect(),
             "--max-bytes" => max_bytes = parse_bytes(&v).unwrap_or(max_bytes),
             "--rounds" => rounds = v.parse().unwrap_or(rounds).max(1),
+            "--block-ms" => block_ms = v.parse().unwrap_or(block_ms).max(1),
             _ => {
-                eprintln!("usage: probe-overhead [--ranks 2,4] [--max-bytes 256M] [--rounds 7]");
+                eprintln!("usage: probe-overhead [--ranks 2,4] [--max-bytes 256M] [--rounds 15] [--block-ms 100]");
                 std::process::exit(2);
             }
         }
     }
-    println!("# probe overhead: AllReduce float32 sum, busbw ratio probes-on / CCLD_DISABLE=1 (median of {rounds} interleaved rounds)");
+    println!("# probe overhead: AllReduce float32 sum, busbw ratio probes-on / CCLD_DISABLE=1 (median and q1..q3 of {rounds} interleaved paired rounds of ~{block_ms} ms)");
     println!(
-        "{:>6} {:>12} {:>14} {:>14} {:>8}",
-        "ranks", "bytes", "off GB/s", "on GB/s", "ratio"
+        "{:>6} {:>12} {:>10} {:>10} {:>14} {:>14} {:>8} {:>17} {:>8}",
+        "ranks", "bytes", "off us", "on us", "off GB/s", "on GB/s", "ratio", "q1..q3", "est."
     );
     for &n in &ranks {
         std::env::set_var("CCLD_DISABLE", "1");
@@ -74,10 +125,13 @@ fn main() {
             64 << 20,
             256 << 20,
         ];
+        // Probe cost per operation at this rank count: on - off at the smallest size (where
+        // the operation is nothing but per-operation work); "est." = off / (off + cost) is
+        // the ratio that cost implies at each size, far less noisy than the ratio itself.
+        let mut cost_s: Option<f64> = None;
         for &bytes in sizes.iter().filter(|&&b| b <= max_bytes) {
             let count = bytes / 4;
-            // Enough iterations for ~20 ms per block at 1 GB/s, at least 2, at most 1000.
-            let iters = (20_000_000 / bytes.max(1)).clamp(2, 1000);
+            let iters = calibrate(&on, count, block_ms);
             let barrier = Arc::new(Barrier::new(n));
             let hs: Vec<_> = (0..n)
                 .map(|r| {
@@ -91,17 +145,7 @@ fn main() {
                             barrier.wait();
                             let t = Instant::now();
                             for _ in 0..iters {
-                                let a = CollArgs {
-                                    kind: CollKind::AllReduce,
-                                    sendbuf: buf.as_ptr() as usize,
-                                    recvbuf: buf.as_mut_ptr() as usize,
-                                    count,
-                                    dtype: DataType::Float32 as i32,
-                                    op: 0,
-                                    root: -1,
-                                    stream: 0,
-                                };
-                                enqueue(c, a).unwrap_or_else(|e| panic!("allreduce: {e}"));
+                                allreduce(c, buf, count);
                             }
                             t.elapsed().as_secs_f64() / iters as f64
                         };
@@ -126,12 +170,22 @@ fn main() {
                 .collect();
             let (mut t_on, mut t_off) = res.into_iter().next().unwrap_or_default();
             let f = 2.0 * (n as f64 - 1.0) / n as f64 * bytes as f64 / 1e9;
+            let mut ratios: Vec<f64> = t_on.iter().zip(&t_off).map(|(on, off)| off / on).collect();
             let (on_t, off_t) = (median(&mut t_on), median(&mut t_off));
+            let cost = *cost_s.get_or_insert((on_t - off_t).max(0.0));
+            let est = off_t / (off_t + cost);
+            let (q1, q2, q3) = (
+                quantile(&mut ratios, 0.25),
+                quantile(&mut ratios, 0.5),
+                quantile(&mut ratios, 0.75),
+            );
             println!(
-                "{n:>6} {bytes:>12} {:>14.4} {:>14.4} {:>8.4}",
+                "{n:>6} {bytes:>12} {:>10.2} {:>10.2} {:>14.4} {:>14.4} {q2:>8.4} {:>17} {est:>8.4}",
+                off_t * 1e6,
+                on_t * 1e6,
                 f / off_t,
                 f / on_t,
-                off_t / on_t
+                format!("{q1:.4}..{q3:.4}")
             );
         }
         for c in on.iter().chain(off.iter()) {
