@@ -10,6 +10,7 @@
 pub mod diag;
 pub mod embedded;
 pub mod frame;
+pub mod hub;
 pub mod optype;
 pub mod reporter;
 pub mod wire;
@@ -86,12 +87,10 @@ pub fn start() -> Result<bool, String> {
         AnalyzerTarget::Off => Ok(false),
         AnalyzerTarget::Embedded => {
             let ecfg = embedded::engine_config(get)?;
+            let spool = reporter::SpoolSettings::from_env(get)?;
             diag::start_with(cfg, move || {
                 let e = embedded::Embedded::install(ecfg);
-                Ok(Box::new(embedded::EmbeddedSink {
-                    e,
-                    last_tick: std::time::Instant::now(),
-                }) as Box<dyn diag::Sink>)
+                Ok(Box::new(embedded::EmbeddedSink::new(e, spool)) as Box<dyn diag::Sink>)
             })?;
             Ok(true)
         }
