@@ -323,7 +323,10 @@ mod tests {
         let mut b = wire::Batch::default();
         b.records.push(rec(0, 0, false));
         sink.deliver(b);
-        assert!(e.comm_state(0x4242).is_some(), "local engine fed before a hub is known");
+        assert!(
+            e.comm_state(0x4242).is_some(),
+            "local engine fed before a hub is known"
+        );
         let addr = crate::hub::start_with("127.0.0.1".parse().unwrap(), engine).unwrap();
         assert_eq!(crate::hub::adopt(addr), addr);
         assert!(crate::hub::runs_here());
@@ -347,7 +350,12 @@ mod tests {
         assert_eq!(ds.len(), 1, "{ds:?}");
         let d = &ds[0];
         assert_eq!(d.comm_id, 0x4242);
-        assert_eq!(d.class(), wire::AnomalyClass::H1NotEntered, "{}", crate::describe(d));
+        assert_eq!(
+            d.class(),
+            wire::AnomalyClass::H1NotEntered,
+            "{}",
+            crate::describe(d)
+        );
         let roots: Vec<u32> = d.roots.iter().map(|r| r.rank).collect();
         assert_eq!(roots, vec![3], "{}", crate::describe(d));
         // It came from the hub (the shard names itself and numbers its diagnoses) ...

@@ -157,8 +157,10 @@ pub fn wanted() -> Result<bool, String> {
     if crate::disabled_from_env()? {
         return Ok(false);
     }
-    Ok(crate::parse_analyzer(crate::diag::process_env("CCLD_ANALYZER").as_deref())?
-        == crate::AnalyzerTarget::Embedded)
+    Ok(
+        crate::parse_analyzer(crate::diag::process_env("CCLD_ANALYZER").as_deref())?
+            == crate::AnalyzerTarget::Embedded,
+    )
 }
 
 /// Starts this process's hub (an analyzer shard bound to `ip`, port 0) unless one already
@@ -206,7 +208,10 @@ mod tests {
 
     #[test]
     fn nobody_knows_a_hub_the_lowest_wanting_rank_starts_one() {
-        assert_eq!(plan(&[W(None), W(None), W(None)]), Plan::Elect { starter: 0 });
+        assert_eq!(
+            plan(&[W(None), W(None), W(None)]),
+            Plan::Elect { starter: 0 }
+        );
         assert_eq!(plan(&[N, W(None), W(None)]), Plan::Elect { starter: 1 });
         assert_eq!(plan(&[N, N, W(None)]), Plan::Elect { starter: 2 });
         assert_eq!(plan(&[W(None)]), Plan::Elect { starter: 0 });
