@@ -76,28 +76,38 @@ fn diag_line(d: &wire::Diagnosis) -> String {
     format!("{} {roots} {}\n", class_name(d.class), probe::describe(d))
 }
 
-/// Rank 0's reporter: every 100 ms, writes the embedded analyzer's diagnoses to `path`
-/// (whole file, atomically), for at most 40 s.
+/// Rank 0's reporter: every 100 ms, writes a line `# hub ADDR here` (or `elsewhere`) once
+/// the process knows the job's hub, then the diagnoses the embedded analyzer surfaced, to
+/// `path` (whole file, atomically), for at most 40 s.
 fn report_diagnoses(path: PathBuf) {
     std::thread::spawn(move || {
         let tmp = path.with_extension("tmp");
         let t0 = Instant::now();
-        let mut written = 0;
+        let mut written = None;
         while t0.elapsed() < Duration::from_secs(40) {
             std::thread::sleep(Duration::from_millis(100));
             let Some(e) = probe::embedded::embedded() else {
                 continue;
             };
+            let hub = probe::hub::known();
             let ds = e.diagnoses();
-            if ds.len() == written {
+            if written == Some((hub, ds.len())) {
                 continue;
             }
-            let text: String = ds.iter().map(diag_line).collect();
+            let mut text = hub.map_or(String::new(), |a| {
+                let at = if probe::hub::runs_here() {
+                    "here"
+                } else {
+                    "elsewhere"
+                };
+                format!("# hub {a} {at}\n")
+            });
+            text.extend(ds.iter().map(diag_line));
             let ok = std::fs::File::create(&tmp)
                 .and_then(|mut f| f.write_all(text.as_bytes()))
                 .and_then(|()| std::fs::rename(&tmp, &path));
             if ok.is_ok() {
-                written = ds.len();
+                written = Some((hub, ds.len()));
             }
         }
     });
@@ -360,11 +370,18 @@ struct Seen {
     text: String,
 }
 
-fn read_diagnoses(path: &Path) -> Vec<Seen> {
+/// What rank 0's process wrote: its hub line (`ADDR here|elsewhere`) and the diagnoses.
+fn read_report(path: &Path) -> (Option<String>, Vec<Seen>) {
     let Ok(s) = std::fs::read_to_string(path) else {
-        return Vec::new();
+        return (None, Vec::new());
     };
-    s.lines()
+    let hub = s
+        .lines()
+        .find_map(|l| l.strip_prefix("# hub "))
+        .map(str::to_string);
+    let seen = s
+        .lines()
+        .filter(|l| !l.starts_with('#'))
         .filter_map(|l| {
             let mut it = l.splitn(3, ' ');
             let class = it.next()?.to_string();
@@ -380,19 +397,21 @@ fn read_diagnoses(path: &Path) -> Vec<Seen> {
                 text: it.next().unwrap_or("").to_string(),
             })
         })
-        .collect()
+        .collect();
+    (hub, seen)
 }
 
 /// Runs `n` rank processes with the default (embedded) analyzer, `class` injected at rank
-/// `root` from operation 150 on, collective `kind`; returns the diagnoses rank 0's process
-/// surfaced within `wait` (at the first one).
+/// `root` from operation 150 on (nothing for `Unspecified`), collective `kind`; returns
+/// rank 0's hub line and the diagnoses its process surfaced within `wait` (returning at the
+/// first one unless `class` is `Unspecified`).
 fn hub_case(
     class: AnomalyClass,
     n: usize,
     root: usize,
     kind: CollKind,
     wait: Duration,
-) -> Vec<Seen> {
+) -> (Option<String>, Vec<Seen>) {
     let path = std::env::temp_dir().join(format!(
         "ccld-hub-{}-{}-{n}-{root}-{}.txt",
         std::process::id(),
@@ -404,27 +423,37 @@ fn hub_case(
         .iter()
         .map(|(k, v)| (*k, (*v).to_string()))
         .collect();
-    env.push(("CCLD_INJECT", spec(class, root, n, kind)));
+    if class != AnomalyClass::Unspecified {
+        env.push(("CCLD_INJECT", spec(class, root, n, kind)));
+    }
     env.push((ENV_COLL, coll_name(kind).to_string()));
     env.push((ENV_DIAG_FILE, path.display().to_string()));
     let job = start_job(n, &env, None);
     let t0 = Instant::now();
-    let mut seen = Vec::new();
-    while t0.elapsed() < wait && seen.is_empty() {
+    let mut got = (None, Vec::new());
+    while t0.elapsed() < wait {
         std::thread::sleep(Duration::from_millis(100));
-        seen = read_diagnoses(&path);
+        got = read_report(&path);
+        if !got.1.is_empty() && class != AnomalyClass::Unspecified {
+            break;
+        }
     }
     drop(job);
     let _ = std::fs::remove_file(&path);
-    seen
+    got
 }
 
 /// The verdict rules of `e2e_threads` (hangs and S1: exact class and roots == [root];
 /// S2: S2 or S3, S3: any slow class, with the injected rank among the roots).
 fn hub_check(class: AnomalyClass, n: usize, root: usize, kind: CollKind) -> Result<(), String> {
     let t = Instant::now();
-    let seen = hub_case(class, n, root, kind, Duration::from_secs(20));
+    let (hub, seen) = hub_case(class, n, root, kind, Duration::from_secs(20));
     let name = class_name(class as i32);
+    if !hub.as_deref().is_some_and(|h| h.ends_with(" here")) {
+        return Err(format!(
+            "{name} n={n} root={root} {kind:?}: the hub does not run in rank 0's process ({hub:?})"
+        ));
+    }
     let d = seen.first().ok_or_else(|| {
         format!("{name} n={n} root={root} {kind:?}: no diagnosis in rank 0's process")
     })?;
@@ -521,4 +550,22 @@ fn embedded_hub_names_s2_communication_slow() {
 #[test]
 fn embedded_hub_names_s3_mixed_slow() {
     hub_class(AnomalyClass::S3MixedSlow);
+}
+
+#[test]
+fn embedded_hub_clean_run_raises_nothing() {
+    // About 2000 collectives with jitter and barriers, no fault: the hub (running in rank
+    // 0's process) must say nothing.
+    let (hub, seen) = hub_case(
+        AnomalyClass::Unspecified,
+        4,
+        0,
+        CollKind::AllReduce,
+        Duration::from_secs(5),
+    );
+    assert!(
+        hub.as_deref().is_some_and(|h| h.ends_with(" here")),
+        "rank 0's process runs the hub: {hub:?}"
+    );
+    assert!(seen.is_empty(), "{seen:#?}");
 }
