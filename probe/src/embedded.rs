@@ -20,6 +20,7 @@
 //! Diagnoses are logged as warnings (target `nccl::COLL`) and kept for [`Embedded::diagnoses`].
 
 use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -185,6 +186,22 @@ enum Route {
     HubUnusable,
 }
 
+/// Where the sink learns the hub's address and (in the hub's process) its diagnoses feed.
+pub(crate) struct HubSource {
+    pub(crate) known: Box<dyn Fn() -> Option<SocketAddr> + Send>,
+    pub(crate) take_feed: Box<dyn Fn() -> Option<DiagnosisFeed> + Send>,
+}
+
+impl HubSource {
+    /// This process's hub ([`crate::hub`]).
+    fn process() -> HubSource {
+        HubSource {
+            known: Box::new(crate::hub::known),
+            take_feed: Box::new(crate::hub::take_feed),
+        }
+    }
+}
+
 /// The sink of `CCLD_ANALYZER=embedded`: feeds the local engine (ticking it every 100 ms)
 /// until this process learns the job's hub, then forwards every batch to the hub.
 pub(crate) struct EmbeddedSink {
@@ -192,16 +209,22 @@ pub(crate) struct EmbeddedSink {
     last_tick: Instant,
     spool: SpoolSettings,
     route: Route,
+    hub: HubSource,
     feed: Option<DiagnosisFeed>,
 }
 
 impl EmbeddedSink {
     pub(crate) fn new(e: Arc<Embedded>, spool: SpoolSettings) -> EmbeddedSink {
+        Self::with_hub(e, spool, HubSource::process())
+    }
+
+    pub(crate) fn with_hub(e: Arc<Embedded>, spool: SpoolSettings, hub: HubSource) -> EmbeddedSink {
         EmbeddedSink {
             e,
             last_tick: Instant::now(),
             spool,
             route: Route::Local,
+            hub,
             feed: None,
         }
     }
@@ -211,7 +234,7 @@ impl EmbeddedSink {
         if !matches!(self.route, Route::Local) {
             return;
         }
-        let Some(addr) = crate::hub::known() else {
+        let Some(addr) = (self.hub.known)() else {
             return;
         };
         let sink = self
@@ -244,7 +267,7 @@ impl Sink for EmbeddedSink {
             Route::Hub(s) => {
                 s.idle();
                 if self.feed.is_none() {
-                    self.feed = crate::hub::take_feed();
+                    self.feed = (self.hub.take_feed)();
                 }
                 if let Some(f) = &mut self.feed {
                     while let Some(d) = f.try_next() {
@@ -318,7 +341,23 @@ mod tests {
             dir: std::env::temp_dir().join(format!("ccld-hub-test-{}", std::process::id())),
             max_bytes: 1 << 20,
         };
-        let mut sink = EmbeddedSink::new(Arc::clone(&e), spool.clone());
+        // A hub of this test's own (the process-wide one is crate::hub's, tested there).
+        let shard = analyzer::server::ShardProcess::spawn(
+            analyzer::server::ServerConfig::single(engine),
+            "127.0.0.1:0".parse().unwrap(),
+            None,
+            1,
+        )
+        .unwrap();
+        let addr = shard.addr;
+        let known = Arc::new(Mutex::new(None::<SocketAddr>));
+        let feed = Arc::new(Mutex::new(Some(shard.subscribe())));
+        let (k, f) = (Arc::clone(&known), Arc::clone(&feed));
+        let hub = HubSource {
+            known: Box::new(move || *lock(&k)),
+            take_feed: Box::new(move || lock(&f).take()),
+        };
+        let mut sink = EmbeddedSink::with_hub(Arc::clone(&e), spool.clone(), hub);
         // No hub yet: the local engine is fed.
         let mut b = wire::Batch::default();
         b.records.push(rec(0, 0, false));
@@ -327,9 +366,7 @@ mod tests {
             e.comm_state(0x4242).is_some(),
             "local engine fed before a hub is known"
         );
-        let addr = crate::hub::start_with("127.0.0.1".parse().unwrap(), engine).unwrap();
-        assert_eq!(crate::hub::adopt(addr), addr);
-        assert!(crate::hub::runs_here());
+        *lock(&known) = Some(addr);
         // Every rank completes ops 0..5; ranks 0..2 hang in op 5, rank 3 never enters it.
         let mut b = wire::Batch::default();
         for op in 0..5 {
@@ -368,6 +405,8 @@ mod tests {
             "{local:?}"
         );
         assert_eq!(e.suppressed(), 0);
+        assert!(lock(&feed).is_none(), "the sink took the hub's feed");
+        shard.kill();
         let _ = std::fs::remove_dir_all(&spool.dir);
     }
 

@@ -277,6 +277,32 @@ mod tests {
     }
 
     #[test]
+    fn a_hub_that_cannot_bind_is_an_error_not_a_panic() {
+        // 192.0.2.1 (TEST-NET-1) is no address of this machine: bind fails.
+        let e = start_with("192.0.2.1".parse().unwrap(), EngineConfig::default()).unwrap_err();
+        assert!(e.contains("analyzer hub on 192.0.2.1"), "{e}");
+        assert!(!runs_here());
+        assert!(take_feed().is_none());
+        // Once one runs, starting again returns the same hub.
+        let ok = start_with("127.0.0.1".parse().unwrap(), EngineConfig::default()).unwrap();
+        assert!(runs_here());
+        let again = start_with("127.0.0.1".parse().unwrap(), EngineConfig::default()).unwrap();
+        assert_eq!(ok, again);
+        assert!(take_feed().is_some());
+        assert!(take_feed().is_none(), "the feed is handed out once");
+    }
+
+    #[test]
+    fn the_first_hub_learnt_is_kept() {
+        // (Another test of this process may have adopted one before: whichever came first
+        // stays.)
+        let first = adopt(a("127.0.0.1:4000"));
+        assert_eq!(known(), Some(first));
+        assert_eq!(adopt(a("127.0.0.1:5000")), first);
+        assert_eq!(known(), Some(first));
+    }
+
+    #[test]
     fn announcements() {
         assert_eq!(announced(b""), None);
         assert_eq!(announced(b"127.0.0.1:77"), Some(a("127.0.0.1:77")));
