@@ -1,7 +1,8 @@
 //! CCL-D probe: the Trace ID that labels one round of a communicator, the per-rank probing
 //! frame with per-channel SendCount/RecvCount (plus wait-time extension slots), the
 //! operation type set recorded for every operation, the per-process diagnostic thread
-//! ([`diag`]) and the delivery of its records to an analyzer ([`embedded`], [`reporter`]).
+//! ([`diag`]) and the delivery of its records to an analyzer ([`embedded`], [`hub`] for the
+//! embedded analyzer of a multi-process job, [`reporter`]).
 //!
 //! Dependency direction: `ccl-core -> probe -> analyzer`. This crate must not depend on
 //! `ccl-core` (the runtime registers its communicators here); it depends on `analyzer` for
