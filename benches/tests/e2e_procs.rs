@@ -7,7 +7,8 @@
 //!   `e2e_threads`) must be named. One case per class by default (4 and 8 ranks, roots 0, 1,
 //!   2, n-1, all three collectives among them); `CCLD_E2E_FULL=1` runs the full product
 //!   6 classes x {4, 8} ranks x roots {0, 1, n-1} x {AllReduce, AllGather, ReduceScatter}
-//!   (minutes: `CCLD_E2E_FULL=1 cargo test -p benches --test e2e_procs -- --test-threads=1`).
+//!   (minutes: `CCLD_E2E_FULL=1 cargo test -p benches --test e2e_procs -- --test-threads=1`;
+//!   `CCLD_E2E_ONLY='S2 n=4 root=3 ReduceScatter'` keeps the cases whose name contains it).
 //!   The hub also runs when rank 0 is the victim of H1/H2/H3 (its other threads go on);
 //!   only SIGKILL/SIGSTOP of rank 0's process loses it (use `ccld serve` for that).
 //! - **Signals** (reporting to an analyzer shard over gRPC, `CCLD_ANALYZER=127.0.0.1:port`),
@@ -515,8 +516,14 @@ fn hub_cases(class: AnomalyClass) -> Vec<(usize, usize, CollKind)> {
 }
 
 fn hub_class(class: AnomalyClass) {
+    // `CCLD_E2E_ONLY=<text>`: only the cases whose name (`S2 n=4 root=3 ReduceScatter`)
+    // contains <text> (re-running one case of the full matrix).
+    let only = std::env::var("CCLD_E2E_ONLY").unwrap_or_default();
     let errs: Vec<String> = hub_cases(class)
         .into_iter()
+        .filter(|(n, root, k)| {
+            format!("{} n={n} root={root} {k:?}", class_name(class as i32)).contains(&only)
+        })
         .filter_map(|(n, root, k)| hub_check(class, n, root, k).err())
         .collect();
     assert!(errs.is_empty(), "{errs:#?}");
