@@ -817,9 +817,49 @@ pub struct ServerHandle {
     pub shard_name: String,
     shutdown: Option<oneshot::Sender<()>>,
     join: tokio::task::JoinHandle<Result<(), ServeError>>,
+    diagnoses: broadcast::Sender<Diagnosis>,
+}
+
+/// The diagnoses a shard makes from the moment of subscription on (the shard's `Watch`
+/// broadcast, read without an RPC): for a process that runs a shard in-process and wants
+/// to surface its diagnoses itself (the embedded hub of `probe`).
+#[derive(Debug)]
+pub struct DiagnosisFeed {
+    rx: broadcast::Receiver<Diagnosis>,
+    lagged: u64,
+}
+
+impl DiagnosisFeed {
+    /// The next diagnosis if one is waiting (never blocks). Diagnoses the feed could not
+    /// keep (more than 1024 unread) are skipped and counted in [`Self::lagged`]; `None`
+    /// also once the shard has stopped.
+    pub fn try_next(&mut self) -> Option<Diagnosis> {
+        loop {
+            match self.rx.try_recv() {
+                Ok(d) => return Some(d),
+                Err(broadcast::error::TryRecvError::Lagged(n)) => self.lagged += n,
+                Err(
+                    broadcast::error::TryRecvError::Empty | broadcast::error::TryRecvError::Closed,
+                ) => return None,
+            }
+        }
+    }
+
+    /// Diagnoses skipped because the reader fell behind.
+    pub fn lagged(&self) -> u64 {
+        self.lagged
+    }
 }
 
 impl ServerHandle {
+    /// A feed of the diagnoses this shard makes from now on.
+    pub fn subscribe(&self) -> DiagnosisFeed {
+        DiagnosisFeed {
+            rx: self.diagnoses.subscribe(),
+            lagged: 0,
+        }
+    }
+
     /// Stops accepting, lets open calls finish for up to `grace`, then returns.
     pub async fn shutdown(mut self, grace: Duration) -> Result<(), ServeError> {
         if let Some(tx) = self.shutdown.take() {
@@ -904,6 +944,7 @@ pub async fn start(
         }
     }
     let (tx, _) = broadcast::channel(1024);
+    let diagnoses = tx.clone();
     let sh = Arc::new(Shared {
         shard_id: cfg.shard_id,
         shard_name: shard_name.clone(),
@@ -1010,6 +1051,7 @@ pub async fn start(
         shard_name,
         shutdown: Some(stop_tx),
         join,
+        diagnoses,
     })
 }
 
@@ -1026,6 +1068,7 @@ pub struct ShardProcess {
     pub metrics: Arc<Metrics>,
     rt: Option<tokio::runtime::Runtime>,
     handle: Option<ServerHandle>,
+    diagnoses: broadcast::Sender<Diagnosis>,
 }
 
 impl ShardProcess {
@@ -1047,9 +1090,18 @@ impl ShardProcess {
             addr: h.addr,
             metrics_addr: h.metrics_addr,
             metrics: h.metrics.clone(),
+            diagnoses: h.diagnoses.clone(),
             rt: Some(rt),
             handle: Some(h),
         })
+    }
+
+    /// A feed of the diagnoses this shard makes from now on.
+    pub fn subscribe(&self) -> DiagnosisFeed {
+        DiagnosisFeed {
+            rx: self.diagnoses.subscribe(),
+            lagged: 0,
+        }
     }
 
     /// Graceful stop (open calls get up to one second).

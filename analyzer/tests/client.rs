@@ -1,4 +1,5 @@
-//! Client behaviour without a cluster: every shard down, bad configuration.
+//! Client behaviour without a cluster: every shard down, bad configuration; the in-process
+//! diagnosis feed of a shard.
 
 mod common;
 
@@ -87,4 +88,39 @@ fn a_shard_coming_back_is_used_again_after_its_back_off() {
     assert_eq!(ok.expect("reconnected").accepted, 2);
     assert!(c.down_shards().is_empty());
     s.stop();
+}
+
+/// `ShardProcess::subscribe` hands an in-process reader the diagnoses the shard makes,
+/// the same ones (same ids) `ListAnomalies` returns.
+#[test]
+fn subscribed_feed_sees_the_shards_diagnoses() {
+    use analyzer::wire::{AnomalyClass, OpState};
+    let sh = spawn(single(analyzer::EngineConfig {
+        hang_threshold: Duration::from_millis(300),
+        ..analyzer::EngineConfig::default()
+    }));
+    let mut feed = sh.subscribe();
+    assert!(feed.try_next().is_none(), "nothing diagnosed yet");
+    // Ops 0..5 complete on all 4 ranks; ranks 0..2 have been in op 5 for 2 s, rank 3 never
+    // entered it.
+    let mut b = rounds(0x77, 4, 0..5);
+    for r in 0..3 {
+        let mut x = rec(0x77, 5, r, 4, 2_000_000_000);
+        x.state = OpState::InFlight as i32;
+        b.records.push(x);
+    }
+    let mut c = BlockingClient::new(ClientConfig::new([sh.addr.to_string()])).unwrap();
+    c.ingest(b).unwrap();
+    let d = wait_for(Duration::from_secs(10), || feed.try_next()).expect("a diagnosis");
+    assert_eq!(d.class(), AnomalyClass::H1NotEntered);
+    assert_eq!(d.roots.iter().map(|r| r.rank).collect::<Vec<_>>(), vec![3]);
+    let listed = c
+        .list_anomalies(ListAnomaliesRequest::default())
+        .unwrap()
+        .diagnoses;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].id, d.id);
+    assert_eq!(feed.lagged(), 0);
+    assert!(feed.try_next().is_none(), "one diagnosis per episode");
+    sh.kill();
 }

@@ -15,22 +15,26 @@ use probe::CollKind;
 
 const ONSET: u64 = 150;
 
+/// The shortened detection windows of the end-to-end tests (hang 1.5 s, slow window 0.5 s
+/// x 3), as environment variables for the probe and the embedded analyzer.
+pub const WINDOW_ENV: [(&str, &str); 8] = [
+    ("CCLD_SLOW_WINDOW_S", "0.5"),
+    ("CCLD_BASELINE_S", "0.5"),
+    ("CCLD_T_BASE_INIT_MS", "1000"),
+    ("CCLD_HANG_TIMEOUT_S", "1.5"),
+    ("CCLD_INFLIGHT_MS", "200"),
+    ("CCLD_SILENT_S", "1"),
+    ("CCLD_SLOW_REPEAT", "3"),
+    // theta for an oversubscribed 2-core CI machine, where a rank thread descheduled for
+    // a few ms is routine (paper: about 3 on a dedicated cluster).
+    ("CCLD_SLOW_THETA", "10"),
+];
+
 fn setup() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        for (k, v) in [
-            ("CCLD_ANALYZER", "embedded"),
-            ("CCLD_SLOW_WINDOW_S", "0.5"),
-            ("CCLD_BASELINE_S", "0.5"),
-            ("CCLD_T_BASE_INIT_MS", "1000"),
-            ("CCLD_HANG_TIMEOUT_S", "1.5"),
-            ("CCLD_INFLIGHT_MS", "200"),
-            ("CCLD_SILENT_S", "1"),
-            ("CCLD_SLOW_REPEAT", "3"),
-            // theta for an oversubscribed 2-core CI machine, where a rank thread descheduled for
-            // a few ms is routine (paper: about 3 on a dedicated cluster).
-            ("CCLD_SLOW_THETA", "10"),
-        ] {
+        std::env::set_var("CCLD_ANALYZER", "embedded");
+        for (k, v) in WINDOW_ENV {
             std::env::set_var(k, v);
         }
     });
@@ -39,7 +43,9 @@ fn setup() {
 /// Serialises "set CCLD_INJECT, init, unset" and the runs themselves (timing).
 static RUN: Mutex<()> = Mutex::new(());
 
-fn spec(class: AnomalyClass, root: usize, n: usize, kind: CollKind) -> String {
+/// The `CCLD_INJECT` value of a case: an anomaly of `class` at rank `root` of `n`-rank
+/// communicators from operation 150 on (empty for `AnomalyClass::Unspecified`).
+pub fn spec(class: AnomalyClass, root: usize, n: usize, kind: CollKind) -> String {
     let sel = format!("rank={root},nranks={n},ops={ONSET}..");
     // S3: an entry delay about as long as the slowdown the throttle causes, so that P ~ 0.5
     // (between alpha = 0.4 and beta = 0.6). The throttle delays one send per ring step and
@@ -62,7 +68,9 @@ fn spec(class: AnomalyClass, root: usize, n: usize, kind: CollKind) -> String {
     }
 }
 
-fn op(c: &Arc<Comm>, kind: CollKind, send: &[f32], recv: &mut [f32], n: usize) -> bool {
+/// Issues one collective `kind` of the harness's shape (AllGather: `send.len() / n` floats
+/// per rank; ReduceScatter: `recv.len() / n`); false when the communicator refused it.
+pub fn op(c: &Arc<Comm>, kind: CollKind, send: &[f32], recv: &mut [f32], n: usize) -> bool {
     let count = match kind {
         CollKind::AllReduce => send.len(),
         CollKind::AllGather => send.len() / n,

@@ -1,24 +1,45 @@
-//! End to end with ranks as PROCESSES reporting to an analyzer shard over gRPC
-//! (`CCLD_ANALYZER=127.0.0.1:port`), faults the library does not cause itself:
-//! SIGSTOP of one rank, SIGKILL of one rank (peer-death check disabled so that the others
-//! hang), and (ignored by default, timing-sensitive) one rank starved of CPU by busy
-//! spinners on its core. The test binary re-executes itself: the ignored test
-//! `proc_rank_entry` is a rank.
+//! End to end with ranks as PROCESSES.
+//!
+//! - **Embedded hub** (`embedded_hub_names_*`, no `CCLD_ANALYZER`: the default embedded
+//!   analyzer): the ranks agree at init on one analyzer hub in rank 0's process; every
+//!   process forwards its records there; rank 0's process writes the diagnoses it surfaces
+//!   to a file the test reads. An anomaly injected with `CCLD_INJECT` (classes as in
+//!   `e2e_threads`) must be named. One case per class by default (4 and 8 ranks, roots 0, 1,
+//!   2, n-1, all three collectives among them); `CCLD_E2E_FULL=1` runs the full product
+//!   6 classes x {4, 8} ranks x roots {0, 1, n-1} x {AllReduce, AllGather, ReduceScatter}
+//!   (minutes: `CCLD_E2E_FULL=1 cargo test -p benches --test e2e_procs -- --test-threads=1`;
+//!   `CCLD_E2E_ONLY='S2 n=4 root=3 ReduceScatter'` keeps the cases whose name contains it).
+//!   The hub also runs when rank 0 is the victim of H1/H2/H3 (its other threads go on);
+//!   only SIGKILL/SIGSTOP of rank 0's process loses it (use `ccld serve` for that).
+//! - **Signals** (reporting to an analyzer shard over gRPC, `CCLD_ANALYZER=127.0.0.1:port`),
+//!   faults the library does not cause itself: SIGSTOP of one rank, SIGKILL of one rank
+//!   (peer-death check disabled so that the others hang), and (ignored by default,
+//!   timing-sensitive) one rank starved of CPU by busy spinners on its core.
+//!
+//! The test binary re-executes itself: the ignored test `proc_rank_entry` is a rank.
 
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use analyzer::client::{BlockingClient, ClientConfig};
-use analyzer::server::{ServerConfig, ShardProcess};
+use analyzer::server::{class_name, ServerConfig, ShardProcess};
 use analyzer::wire::{self, AnomalyClass};
 use analyzer::EngineConfig;
+use benches::e2e_harness::{op, spec, WINDOW_ENV};
 use ccl_core::bootstrap::get_unique_id;
-use ccl_core::{enqueue, CollArgs, Comm, CommConfig, DataType, UniqueId};
+use ccl_core::{Comm, CommConfig, UniqueId};
 use probe::CollKind;
 
 const ENV_UID: &str = "CCLD_E2E_UID";
 const ENV_RANK: &str = "CCLD_E2E_RANK";
 const ENV_NRANKS: &str = "CCLD_E2E_NRANKS";
+/// Collective the ranks run: `allreduce` (default), `allgather`, `reducescatter`.
+const ENV_COLL: &str = "CCLD_E2E_COLL";
+/// File where rank 0's process writes the diagnoses it surfaces, one per line:
+/// `CLASS ROOTS DESCRIPTION` (roots comma-separated, `-` when none).
+const ENV_DIAG_FILE: &str = "CCLD_E2E_DIAG_FILE";
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
@@ -30,6 +51,69 @@ fn unhex(s: &str) -> Vec<u8> {
         .collect()
 }
 
+fn coll_name(k: CollKind) -> &'static str {
+    match k {
+        CollKind::AllGather => "allgather",
+        CollKind::ReduceScatter => "reducescatter",
+        _ => "allreduce",
+    }
+}
+
+fn coll_from_name(s: &str) -> CollKind {
+    match s {
+        "allgather" => CollKind::AllGather,
+        "reducescatter" => CollKind::ReduceScatter,
+        _ => CollKind::AllReduce,
+    }
+}
+
+fn diag_line(d: &wire::Diagnosis) -> String {
+    let roots: Vec<String> = d.roots.iter().map(|r| r.rank.to_string()).collect();
+    let roots = if roots.is_empty() {
+        "-".to_string()
+    } else {
+        roots.join(",")
+    };
+    format!("{} {roots} {}\n", class_name(d.class), probe::describe(d))
+}
+
+/// Rank 0's reporter: every 100 ms, writes a line `# hub ADDR here` (or `elsewhere`) once
+/// the process knows the job's hub, then the diagnoses the embedded analyzer surfaced, to
+/// `path` (whole file, atomically), for at most 40 s.
+fn report_diagnoses(path: PathBuf) {
+    std::thread::spawn(move || {
+        let tmp = path.with_extension("tmp");
+        let t0 = Instant::now();
+        let mut written = None;
+        while t0.elapsed() < Duration::from_secs(40) {
+            std::thread::sleep(Duration::from_millis(100));
+            let Some(e) = probe::embedded::embedded() else {
+                continue;
+            };
+            let hub = probe::hub::known();
+            let ds = e.diagnoses();
+            if written == Some((hub, ds.len())) {
+                continue;
+            }
+            let mut text = hub.map_or(String::new(), |a| {
+                let at = if probe::hub::runs_here() {
+                    "here"
+                } else {
+                    "elsewhere"
+                };
+                format!("# hub {a} {at}\n")
+            });
+            text.extend(ds.iter().map(diag_line));
+            let ok = std::fs::File::create(&tmp)
+                .and_then(|mut f| f.write_all(text.as_bytes()))
+                .and_then(|()| std::fs::rename(&tmp, &path));
+            if ok.is_ok() {
+                written = Some((hub, ds.len()));
+            }
+        }
+    });
+}
+
 #[test]
 #[ignore = "rank process entry point, started by the tests below"]
 fn proc_rank_entry() {
@@ -38,27 +122,37 @@ fn proc_rank_entry() {
     };
     let mut id = [0u8; 128];
     id.copy_from_slice(&unhex(&uid));
-    let rank: i32 = std::env::var(ENV_RANK).unwrap().parse().unwrap();
-    let n: i32 = std::env::var(ENV_NRANKS).unwrap().parse().unwrap();
-    let comm = Comm::init_rank(n, UniqueId(id), rank, CommConfig::default()).expect("init");
-    let mut buf = vec![1.0f32; 16 << 10];
+    let rank: usize = std::env::var(ENV_RANK).unwrap().parse().unwrap();
+    let n: usize = std::env::var(ENV_NRANKS).unwrap().parse().unwrap();
+    let kind = coll_from_name(&std::env::var(ENV_COLL).unwrap_or_default());
+    let comm =
+        Comm::init_rank(n as i32, UniqueId(id), rank as i32, CommConfig::default()).expect("init");
+    if rank == 0 {
+        if let Ok(p) = std::env::var(ENV_DIAG_FILE) {
+            report_diagnoses(PathBuf::from(p));
+        }
+    }
+    // The shape of e2e_harness::run_case: compute with jitter, a barrier every 50 ops.
+    let floats = 16 << 10;
+    let send = vec![1.0f32; floats];
+    let mut recv = vec![0.0f32; floats * if kind == CollKind::AllGather { n } else { 1 }];
     let t0 = Instant::now();
+    let mut i = 0u64;
     // Bounded: a rank never outlives the test (30 s).
     while t0.elapsed() < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(1));
-        let a = CollArgs {
-            kind: CollKind::AllReduce,
-            sendbuf: buf.as_ptr() as usize,
-            recvbuf: buf.as_mut_ptr() as usize,
-            count: buf.len(),
-            dtype: DataType::Float32 as i32,
-            op: 0,
-            root: -1,
-            stream: 0,
-        };
-        if enqueue(&comm, a).is_err() {
+        let jitter = (i * 7919 + rank as u64 * 104_729) % 300;
+        std::thread::sleep(Duration::from_micros(1000 + jitter));
+        if i % 50 == 49 {
+            let one = [1.0f32];
+            let mut out = [0.0f32];
+            if !op(&comm, CollKind::AllReduce, &one, &mut out, n) {
+                break;
+            }
+        }
+        if !op(&comm, kind, &send, &mut recv, n) {
             break;
         }
+        i += 1;
     }
 }
 
@@ -83,7 +177,9 @@ impl Drop for Job {
     }
 }
 
-fn start_job(n: usize, analyzer: &str, pin: Option<(usize, &str)>) -> Job {
+/// Starts `n` rank processes with the extra environment `env` (`CCLD_ANALYZER` and
+/// `CCLD_INJECT` are removed unless `env` sets them).
+fn start_job(n: usize, env: &[(&str, String)], pin: Option<(usize, &str)>) -> Job {
     let uid = get_unique_id().expect("unique id");
     let exe = std::env::current_exe().expect("exe");
     let children = (0..n)
@@ -100,21 +196,33 @@ fn start_job(n: usize, analyzer: &str, pin: Option<(usize, &str)>) -> Job {
                 None => Command::new(&exe),
             };
             cmd.args(["--exact", "proc_rank_entry", "--ignored", "--nocapture"])
+                .env_remove("CCLD_ANALYZER")
+                .env_remove("CCLD_INJECT")
                 .env(ENV_UID, hex(&uid.0))
                 .env(ENV_RANK, r.to_string())
                 .env(ENV_NRANKS, n.to_string())
-                .env("CCLD_ANALYZER", analyzer)
                 .env("CCLD_INFLIGHT_MS", "200")
                 .env("CCLD_HEARTBEAT_MS", "200")
-                // Survivors of a killed rank hang instead of failing fast.
-                .env("CCLD_PEER_CHECK_MS", "600000")
+                .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
                 .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("spawn rank")
+                .stderr(Stdio::null());
+            cmd.spawn().expect("spawn rank")
         })
         .collect();
     Job { children }
+}
+
+/// Signal tests: ranks report to the shard at `analyzer`; survivors of a killed rank hang
+/// instead of failing fast.
+fn signal_job(n: usize, analyzer: &str, pin: Option<(usize, &str)>) -> Job {
+    start_job(
+        n,
+        &[
+            ("CCLD_ANALYZER", analyzer.to_string()),
+            ("CCLD_PEER_CHECK_MS", "600000".to_string()),
+        ],
+        pin,
+    )
 }
 
 fn shard() -> ShardProcess {
@@ -154,7 +262,7 @@ fn wait_diagnosis(addr: &str, timeout: Duration) -> Option<wire::Diagnosis> {
 fn signal_case(sig: &str, n: usize, victim: usize) {
     let sh = shard();
     let addr = sh.addr.to_string();
-    let mut job = start_job(n, &addr, None);
+    let mut job = signal_job(n, &addr, None);
     std::thread::sleep(Duration::from_millis(1500));
     let pid = job.children[victim].id();
     assert!(Command::new("kill")
@@ -210,7 +318,7 @@ fn cpu_starved_rank_is_named() {
     }
     let sh = shard();
     let addr = sh.addr.to_string();
-    let job = start_job(4, &addr, Some((victim, "0")));
+    let job = signal_job(4, &addr, Some((victim, "0")));
     // Starve it after the analyzer learned the baseline.
     std::thread::sleep(Duration::from_millis(2500));
     let mut spinners = Job {
@@ -251,4 +359,220 @@ fn cpu_starved_rank_is_named() {
         probe::describe(&d)
     );
     assert_eq!(roots, vec![victim as u32], "{}", probe::describe(&d));
+}
+
+// ----- embedded hub -----
+
+/// One diagnosis as rank 0's process wrote it.
+#[derive(Debug)]
+struct Seen {
+    class: String,
+    roots: Vec<u32>,
+    text: String,
+}
+
+/// What rank 0's process wrote: its hub line (`ADDR here|elsewhere`) and the diagnoses.
+fn read_report(path: &Path) -> (Option<String>, Vec<Seen>) {
+    let Ok(s) = std::fs::read_to_string(path) else {
+        return (None, Vec::new());
+    };
+    let hub = s
+        .lines()
+        .find_map(|l| l.strip_prefix("# hub "))
+        .map(str::to_string);
+    let seen = s
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let mut it = l.splitn(3, ' ');
+            let class = it.next()?.to_string();
+            let roots = it.next()?;
+            let roots = if roots == "-" {
+                Vec::new()
+            } else {
+                roots.split(',').filter_map(|r| r.parse().ok()).collect()
+            };
+            Some(Seen {
+                class,
+                roots,
+                text: it.next().unwrap_or("").to_string(),
+            })
+        })
+        .collect();
+    (hub, seen)
+}
+
+/// Runs `n` rank processes with the default (embedded) analyzer, `class` injected at rank
+/// `root` from operation 150 on (nothing for `Unspecified`), collective `kind`; returns
+/// rank 0's hub line and the diagnoses its process surfaced within `wait` (returning at the
+/// first one unless `class` is `Unspecified`).
+fn hub_case(
+    class: AnomalyClass,
+    n: usize,
+    root: usize,
+    kind: CollKind,
+    wait: Duration,
+) -> (Option<String>, Vec<Seen>) {
+    let path = std::env::temp_dir().join(format!(
+        "ccld-hub-{}-{}-{n}-{root}-{}.txt",
+        std::process::id(),
+        class_name(class as i32),
+        coll_name(kind)
+    ));
+    let _ = std::fs::remove_file(&path);
+    let mut env: Vec<(&str, String)> = WINDOW_ENV
+        .iter()
+        .map(|(k, v)| (*k, (*v).to_string()))
+        .collect();
+    if class != AnomalyClass::Unspecified {
+        env.push(("CCLD_INJECT", spec(class, root, n, kind)));
+    }
+    env.push((ENV_COLL, coll_name(kind).to_string()));
+    env.push((ENV_DIAG_FILE, path.display().to_string()));
+    let job = start_job(n, &env, None);
+    let t0 = Instant::now();
+    let mut got = (None, Vec::new());
+    while t0.elapsed() < wait {
+        std::thread::sleep(Duration::from_millis(100));
+        got = read_report(&path);
+        if !got.1.is_empty() && class != AnomalyClass::Unspecified {
+            break;
+        }
+    }
+    drop(job);
+    let _ = std::fs::remove_file(&path);
+    got
+}
+
+/// The verdict rules of `e2e_threads` (hangs and S1: exact class and roots == [root];
+/// S2: S2 or S3, S3: any slow class, with the injected rank among the roots).
+fn hub_check(class: AnomalyClass, n: usize, root: usize, kind: CollKind) -> Result<(), String> {
+    let t = Instant::now();
+    let (hub, seen) = hub_case(class, n, root, kind, Duration::from_secs(20));
+    let name = class_name(class as i32);
+    if !hub.as_deref().is_some_and(|h| h.ends_with(" here")) {
+        return Err(format!(
+            "{name} n={n} root={root} {kind:?}: the hub does not run in rank 0's process ({hub:?})"
+        ));
+    }
+    let d = seen.first().ok_or_else(|| {
+        format!("{name} n={n} root={root} {kind:?}: no diagnosis in rank 0's process")
+    })?;
+    let ok_class = match class {
+        AnomalyClass::S2CommunicationSlow => ["S2", "S3"].contains(&d.class.as_str()),
+        AnomalyClass::S3MixedSlow => ["S1", "S2", "S3"].contains(&d.class.as_str()),
+        _ => d.class == name,
+    };
+    let ok_root = match class {
+        AnomalyClass::S2CommunicationSlow | AnomalyClass::S3MixedSlow => {
+            d.roots.contains(&(root as u32))
+        }
+        _ => d.roots == [root as u32],
+    };
+    let line = format!(
+        "hub {name} n={n} root={root} {kind:?}: got {} roots {:?} in {:.1} s: {}",
+        d.class,
+        d.roots,
+        t.elapsed().as_secs_f64(),
+        d.text
+    );
+    eprintln!("{line}");
+    if ok_class && ok_root {
+        Ok(())
+    } else {
+        Err(line)
+    }
+}
+
+const COLLS: [CollKind; 3] = [
+    CollKind::AllReduce,
+    CollKind::AllGather,
+    CollKind::ReduceScatter,
+];
+
+/// The default case of each class (together: 4 and 8 ranks, roots 0, 1, 2 and n-1, every
+/// collective; S2 on AllReduce, see `e2e_threads`), or with `CCLD_E2E_FULL=1` the full
+/// {4, 8} x {0, 1, n-1} x collectives product.
+fn hub_cases(class: AnomalyClass) -> Vec<(usize, usize, CollKind)> {
+    if std::env::var("CCLD_E2E_FULL").as_deref() == Ok("1") {
+        let mut v = Vec::new();
+        for n in [4, 8] {
+            for root in [0, 1, n - 1] {
+                for k in COLLS {
+                    v.push((n, root, k));
+                }
+            }
+        }
+        return v;
+    }
+    vec![match class {
+        AnomalyClass::H1NotEntered => (4, 3, CollKind::AllReduce),
+        AnomalyClass::H2Inconsistent => (8, 0, CollKind::AllGather),
+        AnomalyClass::H3Hardware => (4, 1, CollKind::ReduceScatter),
+        AnomalyClass::S1ComputationSlow => (4, 2, CollKind::AllReduce),
+        AnomalyClass::S2CommunicationSlow => (8, 7, CollKind::AllReduce),
+        _ => (4, 0, CollKind::AllGather),
+    }]
+}
+
+fn hub_class(class: AnomalyClass) {
+    // `CCLD_E2E_ONLY=<text>`: only the cases whose name (`S2 n=4 root=3 ReduceScatter`)
+    // contains <text> (re-running one case of the full matrix).
+    let only = std::env::var("CCLD_E2E_ONLY").unwrap_or_default();
+    let errs: Vec<String> = hub_cases(class)
+        .into_iter()
+        .filter(|(n, root, k)| {
+            format!("{} n={n} root={root} {k:?}", class_name(class as i32)).contains(&only)
+        })
+        .filter_map(|(n, root, k)| hub_check(class, n, root, k).err())
+        .collect();
+    assert!(errs.is_empty(), "{errs:#?}");
+}
+
+#[test]
+fn embedded_hub_names_h1_not_entered() {
+    hub_class(AnomalyClass::H1NotEntered);
+}
+
+#[test]
+fn embedded_hub_names_h2_inconsistent() {
+    hub_class(AnomalyClass::H2Inconsistent);
+}
+
+#[test]
+fn embedded_hub_names_h3_hardware() {
+    hub_class(AnomalyClass::H3Hardware);
+}
+
+#[test]
+fn embedded_hub_names_s1_computation_slow() {
+    hub_class(AnomalyClass::S1ComputationSlow);
+}
+
+#[test]
+fn embedded_hub_names_s2_communication_slow() {
+    hub_class(AnomalyClass::S2CommunicationSlow);
+}
+
+#[test]
+fn embedded_hub_names_s3_mixed_slow() {
+    hub_class(AnomalyClass::S3MixedSlow);
+}
+
+#[test]
+fn embedded_hub_clean_run_raises_nothing() {
+    // About 2000 collectives with jitter and barriers, no fault: the hub (running in rank
+    // 0's process) must say nothing.
+    let (hub, seen) = hub_case(
+        AnomalyClass::Unspecified,
+        4,
+        0,
+        CollKind::AllReduce,
+        Duration::from_secs(5),
+    );
+    assert!(
+        hub.as_deref().is_some_and(|h| h.ends_with(" here")),
+        "rank 0's process runs the hub: {hub:?}"
+    );
+    assert!(seen.is_empty(), "{seen:#?}");
 }

@@ -16,6 +16,9 @@
 //!   peers' processes are alive.
 //! - `CCLD_DISABLE` (default 0): 1 turns probe updates off.
 //! - `CCLD_INJECT` (default unset): faults to inject, see [`crate::inject`].
+//! - `CCLD_ANALYZER` (default `embedded`): with `embedded`, a communicator whose ranks span
+//!   several processes agrees at init on one analyzer hub in the process of its rank 0
+//!   (see `probe::hub`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
@@ -324,7 +327,9 @@ impl Comm {
         )?;
         let bell = Doorbell::new(Arc::clone(transport.bell_region()), 0)?;
         let comm_hash = boot.comm_hash();
-        let source = if self.probe_on && probe::start().map_err(CclError::InvalidArgument)? {
+        let probing = self.probe_on && probe::start().map_err(CclError::InvalidArgument)?;
+        self.agree_on_hub(&boot, probing)?;
+        let source = if probing {
             let n = self.nranks as u32;
             let r = self.rank as u32;
             Some(probe::register(
@@ -370,6 +375,80 @@ impl Comm {
             comm_hash, self.rank, self.nranks, self.device, self.tuning.min_channels,
             self.tuning.max_channels, self.tuning.buffsize,
             self.cfg.comm_name.as_deref().unwrap_or(""));
+        Ok(())
+    }
+
+    /// A communicator spanning several processes agrees on the job's embedded analyzer hub
+    /// (`probe::hub`): one allgather of what each rank wants and knows, and when nobody
+    /// knows a hub yet, a second one in which the elected rank (the lowest that wants a
+    /// hub, normally 0) announces the hub it started. Both rounds are bounded by the
+    /// bootstrap timeout and abort-aware; only a bootstrap failure (or a malformed
+    /// `CCLD_*` variable) fails init, a hub that cannot start leaves the processes on their
+    /// local engines. A communicator whose ranks all live in this process does nothing.
+    fn agree_on_hub(&self, boot: &Bootstrap, probing: bool) -> Result<()> {
+        use probe::hub::{self, Contribution, Plan};
+        let me = (boot.peer_host_hash(self.rank), boot.peer_pid(self.rank));
+        if (0..self.nranks).all(|r| (boot.peer_host_hash(r), boot.peer_pid(r)) == me) {
+            return Ok(());
+        }
+        let wanted = probing && hub::wanted().map_err(CclError::InvalidArgument)?;
+        let mine = if wanted {
+            Contribution::Wanted(hub::known())
+        } else {
+            Contribution::NotWanted
+        };
+        let all: Vec<Contribution> = boot
+            .allgather(&mine.encode())?
+            .iter()
+            .enumerate()
+            .map(|(r, b)| {
+                // Every rank decodes the same bytes, so every rank reads junk alike.
+                Contribution::decode(b).unwrap_or_else(|e| {
+                    tracing::debug!(target: "nccl::INIT", rank = self.rank,
+                        "CCL-D hub agreement: rank {r} sent {e}; ignoring it");
+                    Contribution::NotWanted
+                })
+            })
+            .collect();
+        match hub::plan(&all) {
+            Plan::Nothing => {}
+            Plan::Adopt(addr) => {
+                if wanted {
+                    hub::adopt(addr);
+                }
+            }
+            Plan::Elect { starter } => {
+                let announce = if starter == self.rank {
+                    let ip = boot.listen_addr().ip();
+                    let ip = if ip.is_unspecified() {
+                        boot.peer_addr(self.rank).map_or(ip, |a| a.ip())
+                    } else {
+                        ip
+                    };
+                    match hub::start(ip) {
+                        Ok(a) => a.to_string().into_bytes(),
+                        Err(e) => {
+                            tracing::warn!(target: "nccl::INIT", rank = self.rank,
+                                "CCL-D: {e}; every process of this communicator analyses locally only");
+                            Vec::new()
+                        }
+                    }
+                } else {
+                    Vec::new()
+                };
+                let got = boot.allgather(&announce)?;
+                match got.get(starter).and_then(|b| hub::announced(b)) {
+                    Some(addr) if wanted => {
+                        hub::adopt(addr);
+                    }
+                    Some(_) => {}
+                    None => {
+                        tracing::debug!(target: "nccl::INIT", rank = self.rank,
+                            "CCL-D: rank {starter} announced no analyzer hub; local analysis only");
+                    }
+                }
+            }
+        }
         Ok(())
     }
 

@@ -1,22 +1,35 @@
-//! The embedded analyzer (`CCLD_ANALYZER=embedded`, the default): the analyzer engine runs
-//! inside this process on the reporter thread, fed directly by the diagnostic thread.
+//! The embedded analyzer (`CCLD_ANALYZER=embedded`, the default): no analyzer service to
+//! run; the analysis happens inside the job's own processes.
 //!
-//! It sees the ranks of this process only, so it diagnoses a communicator only when every
-//! rank of it lives in this process (ranks as threads: `ncclCommInitAll`, one process per
-//! node driving all its devices, the `ccl-demo`); diagnoses of communicators with ranks in
-//! other processes are suppressed (they would name the unseen ranks). Multi-process jobs
-//! point `CCLD_ANALYZER` at an analyzer service (`ccld serve`) instead.
+//! - **Ranks as threads** (`ncclCommInitAll`, one process driving all its devices, the
+//!   `ccl-demo`): the analyzer engine runs in this process on the reporter thread, fed
+//!   directly by the diagnostic thread, and ticks every 100 ms. It diagnoses a communicator
+//!   only when every rank of it reports to this process; diagnoses of communicators with
+//!   ranks elsewhere are suppressed (they would name the unseen ranks).
+//! - **Ranks as processes** (one process per GPU/rank, e.g. `torchrun`): when a communicator
+//!   spanning several processes finishes bootstrap, its ranks agree on one analyzer for the
+//!   job, the *hub*, which runs inside the process of the communicator's rank 0 (see
+//!   [`crate::hub`]). From then on every process of the job, the hub's own included
+//!   (over loopback), forwards all its batches to the hub like `CCLD_ANALYZER=host:port`
+//!   would (spool and reconnect included); the local engine is no longer fed. The hub
+//!   process logs the hub's diagnoses and keeps them for [`Embedded::diagnoses`]; the other
+//!   processes' [`Embedded::diagnoses`] stay empty (query the hub with
+//!   `ccld anomalies --server ip:port`, logged at init). SIGKILL/SIGSTOP of the hub's
+//!   process loses the analyzer: point `CCLD_ANALYZER` at `ccld serve` for that.
 //!
 //! Diagnoses are logged as warnings (target `nccl::COLL`) and kept for [`Embedded::diagnoses`].
 
 use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use analyzer::server::DiagnosisFeed;
 use analyzer::wire;
 use analyzer::{Engine, EngineConfig};
 
 use crate::diag::{env_f64, env_u64, now_ns, EnvGet, Sink};
+use crate::reporter::{RemoteSink, SpoolSettings};
 
 /// Engine settings from the environment (strict).
 ///
@@ -151,25 +164,123 @@ impl Embedded {
     }
 }
 
+impl Embedded {
+    /// Logs and keeps a diagnosis made by the job's hub running in this process.
+    pub(crate) fn surface(&self, d: wire::Diagnosis) {
+        tracing::warn!(target: "nccl::COLL", "CCL-D diagnosis: {}", crate::describe(&d));
+        lock(&self.diagnoses).push(d);
+    }
+}
+
 fn drop_count(m: &Mutex<u64>, n: usize) {
     *lock(m) += n as u64;
 }
 
-/// The sink feeding the embedded analyzer; ticks it every 100 ms.
+/// Where the embedded sink sends batches.
+enum Route {
+    /// The local engine (no hub known).
+    Local,
+    /// The job's hub.
+    Hub(Box<RemoteSink>),
+    /// A hub is known but no client could be built for it: local engine (said once).
+    HubUnusable,
+}
+
+/// Where the sink learns the hub's address and (in the hub's process) its diagnoses feed.
+pub(crate) struct HubSource {
+    pub(crate) known: Box<dyn Fn() -> Option<SocketAddr> + Send>,
+    pub(crate) take_feed: Box<dyn Fn() -> Option<DiagnosisFeed> + Send>,
+}
+
+impl HubSource {
+    /// This process's hub ([`crate::hub`]).
+    fn process() -> HubSource {
+        HubSource {
+            known: Box::new(crate::hub::known),
+            take_feed: Box::new(crate::hub::take_feed),
+        }
+    }
+}
+
+/// The sink of `CCLD_ANALYZER=embedded`: feeds the local engine (ticking it every 100 ms)
+/// until this process learns the job's hub, then forwards every batch to the hub.
 pub(crate) struct EmbeddedSink {
-    pub(crate) e: Arc<Embedded>,
-    pub(crate) last_tick: Instant,
+    e: Arc<Embedded>,
+    last_tick: Instant,
+    spool: SpoolSettings,
+    route: Route,
+    hub: HubSource,
+    feed: Option<DiagnosisFeed>,
+}
+
+impl EmbeddedSink {
+    pub(crate) fn new(e: Arc<Embedded>, spool: SpoolSettings) -> EmbeddedSink {
+        Self::with_hub(e, spool, HubSource::process())
+    }
+
+    pub(crate) fn with_hub(e: Arc<Embedded>, spool: SpoolSettings, hub: HubSource) -> EmbeddedSink {
+        EmbeddedSink {
+            e,
+            last_tick: Instant::now(),
+            spool,
+            route: Route::Local,
+            hub,
+            feed: None,
+        }
+    }
+
+    /// Switches to the hub once one is known.
+    fn follow_hub(&mut self) {
+        if !matches!(self.route, Route::Local) {
+            return;
+        }
+        let Some(addr) = (self.hub.known)() else {
+            return;
+        };
+        let sink = self
+            .spool
+            .open()
+            .and_then(|spool| RemoteSink::new(vec![addr.to_string()], spool));
+        self.route = match sink {
+            Ok(s) => Route::Hub(Box::new(s)),
+            Err(e) => {
+                tracing::warn!(target: "nccl::COLL",
+                    "CCL-D: cannot report to the analyzer hub {addr} ({e}); analysing locally");
+                Route::HubUnusable
+            }
+        };
+    }
 }
 
 impl Sink for EmbeddedSink {
     fn deliver(&mut self, batch: wire::Batch) {
-        self.e.ingest(&batch, now_ns());
+        self.follow_hub();
+        match &mut self.route {
+            Route::Hub(s) => s.deliver(batch),
+            Route::Local | Route::HubUnusable => self.e.ingest(&batch, now_ns()),
+        }
     }
 
     fn idle(&mut self) {
-        if self.last_tick.elapsed() >= Duration::from_millis(100) {
-            self.last_tick = Instant::now();
-            self.e.tick(now_ns());
+        self.follow_hub();
+        match &mut self.route {
+            Route::Hub(s) => {
+                s.idle();
+                if self.feed.is_none() {
+                    self.feed = (self.hub.take_feed)();
+                }
+                if let Some(f) = &mut self.feed {
+                    while let Some(d) = f.try_next() {
+                        self.e.surface(d);
+                    }
+                }
+            }
+            Route::Local | Route::HubUnusable => {
+                if self.last_tick.elapsed() >= Duration::from_millis(100) {
+                    self.last_tick = Instant::now();
+                    self.e.tick(now_ns());
+                }
+            }
         }
     }
 }
@@ -177,6 +288,127 @@ impl Sink for EmbeddedSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn rec(op: u64, rank: u32, inflight: bool) -> wire::OpRecord {
+        wire::OpRecord {
+            trace: Some(wire::TraceId {
+                comm_id: 0x4242,
+                op_counter: op,
+                extension: 0,
+            }),
+            rank,
+            nranks: 4,
+            host: "h".into(),
+            pid: 100 + rank,
+            op: Some(wire::OpTypeSet {
+                bytes: 1 << 20,
+                count: 1 << 18,
+                dtype: 7,
+                root: -1,
+                peer: -1,
+                n_channels: 1,
+                ..Default::default()
+            }),
+            start_ns: op * 10_000_000,
+            duration_ns: if inflight { 2_000_000_000 } else { 1_000_000 },
+            channels: vec![wire::ChannelStat {
+                send_count: if inflight { 1 } else { 6 },
+                recv_count: if inflight { 1 } else { 6 },
+                send_rate: 1.0,
+                recv_rate: 1.0,
+                ..Default::default()
+            }],
+            state: if inflight {
+                wire::OpState::InFlight
+            } else {
+                wire::OpState::Completed
+            } as i32,
+            seq: op * 4 + u64::from(rank),
+            device: -1,
+        }
+    }
+
+    /// The embedded sink follows the hub once one is known: batches go to the hub (not to
+    /// the local engine) and the hub's diagnoses come back as this process's own.
+    #[test]
+    fn batches_follow_the_hub_and_its_diagnoses_surface_here() {
+        let engine = EngineConfig {
+            hang_threshold: Duration::from_millis(300),
+            ..EngineConfig::default()
+        };
+        let e = Arc::new(Embedded::new(engine.clone()));
+        let spool = SpoolSettings {
+            dir: std::env::temp_dir().join(format!("ccld-hub-test-{}", std::process::id())),
+            max_bytes: 1 << 20,
+        };
+        // A hub of this test's own (the process-wide one is crate::hub's, tested there).
+        let shard = analyzer::server::ShardProcess::spawn(
+            analyzer::server::ServerConfig::single(engine),
+            "127.0.0.1:0".parse().unwrap(),
+            None,
+            1,
+        )
+        .unwrap();
+        let addr = shard.addr;
+        let known = Arc::new(Mutex::new(None::<SocketAddr>));
+        let feed = Arc::new(Mutex::new(Some(shard.subscribe())));
+        let (k, f) = (Arc::clone(&known), Arc::clone(&feed));
+        let hub = HubSource {
+            known: Box::new(move || *lock(&k)),
+            take_feed: Box::new(move || lock(&f).take()),
+        };
+        let mut sink = EmbeddedSink::with_hub(Arc::clone(&e), spool.clone(), hub);
+        // No hub yet: the local engine is fed.
+        let mut b = wire::Batch::default();
+        b.records.push(rec(0, 0, false));
+        sink.deliver(b);
+        assert!(
+            e.comm_state(0x4242).is_some(),
+            "local engine fed before a hub is known"
+        );
+        *lock(&known) = Some(addr);
+        // Every rank completes ops 0..5; ranks 0..2 hang in op 5, rank 3 never enters it.
+        let mut b = wire::Batch::default();
+        for op in 0..5 {
+            for r in 0..4 {
+                b.records.push(rec(op, r, false));
+            }
+        }
+        for r in 0..3 {
+            b.records.push(rec(5, r, true));
+        }
+        sink.deliver(b);
+        let t0 = Instant::now();
+        while e.diagnoses().is_empty() && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(20));
+            sink.idle();
+        }
+        let ds = e.diagnoses();
+        assert_eq!(ds.len(), 1, "{ds:?}");
+        let d = &ds[0];
+        assert_eq!(d.comm_id, 0x4242);
+        assert_eq!(
+            d.class(),
+            wire::AnomalyClass::H1NotEntered,
+            "{}",
+            crate::describe(d)
+        );
+        let roots: Vec<u32> = d.roots.iter().map(|r| r.rank).collect();
+        assert_eq!(roots, vec![3], "{}", crate::describe(d));
+        // It came from the hub (the shard names itself and numbers its diagnoses) ...
+        assert_eq!(d.shard, addr.to_string());
+        assert!(d.id.starts_with("s0-"), "{}", d.id);
+        // ... and the local engine saw only the batch before the hub was known.
+        let local = e.comm_state(0x4242).unwrap();
+        assert!(
+            local.ranks.iter().all(|r| r.last_op_counter == 0),
+            "{local:?}"
+        );
+        assert_eq!(e.suppressed(), 0);
+        assert!(lock(&feed).is_none(), "the sink took the hub's feed");
+        shard.kill();
+        let _ = std::fs::remove_dir_all(&spool.dir);
+    }
 
     #[test]
     fn engine_env_is_strict_and_applied() {

@@ -1,7 +1,8 @@
 //! CCL-D probe: the Trace ID that labels one round of a communicator, the per-rank probing
 //! frame with per-channel SendCount/RecvCount (plus wait-time extension slots), the
 //! operation type set recorded for every operation, the per-process diagnostic thread
-//! ([`diag`]) and the delivery of its records to an analyzer ([`embedded`], [`reporter`]).
+//! ([`diag`]) and the delivery of its records to an analyzer ([`embedded`], [`hub`] for the
+//! embedded analyzer of a multi-process job, [`reporter`]).
 //!
 //! Dependency direction: `ccl-core -> probe -> analyzer`. This crate must not depend on
 //! `ccl-core` (the runtime registers its communicators here); it depends on `analyzer` for
@@ -10,6 +11,7 @@
 pub mod diag;
 pub mod embedded;
 pub mod frame;
+pub mod hub;
 pub mod optype;
 pub mod reporter;
 pub mod wire;
@@ -86,12 +88,10 @@ pub fn start() -> Result<bool, String> {
         AnalyzerTarget::Off => Ok(false),
         AnalyzerTarget::Embedded => {
             let ecfg = embedded::engine_config(get)?;
+            let spool = reporter::SpoolSettings::from_env(get)?;
             diag::start_with(cfg, move || {
                 let e = embedded::Embedded::install(ecfg);
-                Ok(Box::new(embedded::EmbeddedSink {
-                    e,
-                    last_tick: std::time::Instant::now(),
-                }) as Box<dyn diag::Sink>)
+                Ok(Box::new(embedded::EmbeddedSink::new(e, spool)) as Box<dyn diag::Sink>)
             })?;
             Ok(true)
         }

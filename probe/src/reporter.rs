@@ -101,12 +101,37 @@ impl Spool {
     }
 }
 
-/// Spool settings from the environment.
+/// Where and how large the spool is (`CCLD_SPOOL_DIR`, `CCLD_SPOOL_MAX_MB`), resolved
+/// without touching the file system.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpoolSettings {
+    /// Directory of `spool-<pid>.bin`.
+    pub dir: PathBuf,
+    /// Most bytes spooled.
+    pub max_bytes: u64,
+}
+
+impl SpoolSettings {
+    /// From the environment (strict: a malformed size is an error naming it).
+    pub fn from_env(get: EnvGet<'_>) -> Result<SpoolSettings, String> {
+        let dir = get("CCLD_SPOOL_DIR")
+            .map_or_else(|| std::env::temp_dir().join("ccld-spool"), PathBuf::from);
+        let mb = env_u64(get, "CCLD_SPOOL_MAX_MB", 1, 1 << 20)?.unwrap_or(64);
+        Ok(SpoolSettings {
+            dir,
+            max_bytes: mb << 20,
+        })
+    }
+
+    /// Creates the directory and the spool.
+    pub fn open(&self) -> Result<Spool, String> {
+        Spool::new(&self.dir, self.max_bytes)
+    }
+}
+
+/// Spool settings from the environment, spool opened.
 pub fn spool_from_env(get: EnvGet<'_>) -> Result<Spool, String> {
-    let dir = get("CCLD_SPOOL_DIR")
-        .map_or_else(|| std::env::temp_dir().join("ccld-spool"), PathBuf::from);
-    let mb = env_u64(get, "CCLD_SPOOL_MAX_MB", 1, 1 << 20)?.unwrap_or(64);
-    Spool::new(&dir, mb << 20)
+    SpoolSettings::from_env(get)?.open()
 }
 
 /// Sink to an analyzer cluster.
