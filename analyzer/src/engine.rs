@@ -605,6 +605,8 @@ struct RankInfo {
     done_recv: u64,
     records: u64,
     win_ops: u32,
+    /// Rounds of the window that this rank entered last, with a positive lateness.
+    win_last_in: u32,
     win_send_rate: f64,
     win_recv_rate: f64,
     win_ch: Vec<ChanAcc>,
@@ -635,6 +637,7 @@ impl RankInfo {
             done_recv: 0,
             records: 0,
             win_ops: 0,
+            win_last_in: 0,
             win_send_rate: 0.0,
             win_recv_rate: 0.0,
             win_ch: Vec::new(),
@@ -1279,6 +1282,11 @@ impl Engine {
                     .collect();
                 let lateness = detect::computation_lateness(&durations, &gaps);
                 kind.share.observe(t_max, t_min, t_base_now, lateness);
+                if lateness.is_some_and(|l| l > 0) {
+                    if let Some(j) = es.iter().position(|e| e.duration_ns == t_min) {
+                        comm.ranks[j].win_last_in += 1;
+                    }
+                }
             }
             kind.baseline.observe(t_max, now_ns);
             if kind.best.would_take(t_max, t_min) {
@@ -1372,6 +1380,7 @@ impl Engine {
         }
         for r in &mut comm.ranks {
             r.win_ops = 0;
+            r.win_last_in = 0;
             r.win_send_rate = 0.0;
             r.win_recv_rate = 0.0;
             for a in &mut r.win_ch {
@@ -2075,6 +2084,8 @@ fn locate_slow(
     let mut s2: Vec<u32> = Vec::new();
     let mut lockstep = false;
     let mut by_links = false;
+    let mut by_least_wait = false;
+    let mut by_latecomer = false;
     if kind_s != SlowKind::Computation {
         if algo == wire::Algorithm::Ring as i32 {
             let nch = comm.ranks.iter().map(|r| r.win_ch.len()).max().unwrap_or(0);
@@ -2101,9 +2112,28 @@ fn locate_slow(
                 s2 = roots;
                 links = found;
                 by_links = true;
+            } else {
+                let r = locate::least_waiting(&chans);
+                if !r.is_empty() {
+                    s2 = r;
+                    by_least_wait = true;
+                }
             }
         }
-        if !by_links {
+        if !by_links && !by_least_wait && algo == wire::Algorithm::Ring as i32 {
+            let r = locate::usual_latecomer(
+                &comm
+                    .ranks
+                    .iter()
+                    .map(|ri| ri.win_last_in)
+                    .collect::<Vec<_>>(),
+            );
+            if !r.is_empty() {
+                s2 = r;
+                by_latecomer = true;
+            }
+        }
+        if !by_links && !by_least_wait && !by_latecomer {
             let rates: Vec<(f64, f64, u64)> = comm
                 .ranks
                 .iter()
@@ -2180,6 +2210,10 @@ fn locate_slow(
                     })
                     .collect();
                 format!("end of the slow link(s) {}", desc.join("; "))
+            } else if by_latecomer {
+                "entered last in most of the window's rounds while every rank communicated slowly: the others waited for it inside the operations too (CPU starvation, descheduling)".to_string()
+            } else if by_least_wait {
+                "waited least for its peers while they waited for it: slow itself (CPU starvation, descheduling, a slow copy), no single slow link".to_string()
             } else if lockstep {
                 "lowest SendRate/RecvRate, but all ranks advance in lockstep: weak evidence (no wait metrics)".to_string()
             } else {
@@ -2205,6 +2239,16 @@ fn locate_slow(
             }
             _ => format!("{} has a slow transport", ranks_phrase(comm, &s2)),
         }
+    } else if by_latecomer {
+        format!(
+            "{} holds the ring back (entered last in most rounds)",
+            ranks_phrase(comm, &s2)
+        )
+    } else if by_least_wait {
+        format!(
+            "{} holds the ring back (the others wait for it)",
+            ranks_phrase(comm, &s2)
+        )
     } else if s2.is_empty() {
         "no rank stands out (equal send/recv rates, no wait metrics)".to_string()
     } else {

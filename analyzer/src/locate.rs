@@ -443,6 +443,51 @@ pub fn slow_links(chans: &[Vec<Option<ChanWait>>]) -> (Vec<u32>, Vec<SlowLink>) 
     (roots.into_iter().map(|(r, _)| r).collect(), links)
 }
 
+/// S2 when no slow link stands out: the rank that waited least. In a lockstep ring a rank
+/// that is slow itself (starved of CPU, descheduled, a slow copy engine) makes every other
+/// rank wait for it, while its own lost time is not waiting: its wait fraction (up + down,
+/// averaged over its channels) is the lowest. Returns that rank when it lies at least
+/// [`LINK_MARGIN`] below the median of all ranks, else nothing. `chans` as [`slow_links`].
+pub fn least_waiting(chans: &[Vec<Option<ChanWait>>]) -> Vec<u32> {
+    let nranks = chans.iter().map(Vec::len).max().unwrap_or(0);
+    let mut per_rank: Vec<(u32, f64)> = Vec::with_capacity(nranks);
+    for r in 0..nranks {
+        let (sum, k) = chans
+            .iter()
+            .filter_map(|c| c.get(r).copied().flatten())
+            .fold((0.0, 0u32), |(s, k), w| (s + w.up + w.down, k + 1));
+        if k > 0 {
+            per_rank.push((r as u32, sum / f64::from(k)));
+        }
+    }
+    if per_rank.len() < 3 {
+        return Vec::new();
+    }
+    let mut v: Vec<f64> = per_rank.iter().map(|x| x.1).collect();
+    let med = median(&mut v);
+    let Some(&(rank, w)) = per_rank.iter().min_by(|a, b| a.1.total_cmp(&b.1)) else {
+        return Vec::new();
+    };
+    if med - w >= LINK_MARGIN {
+        vec![rank]
+    } else {
+        Vec::new()
+    }
+}
+
+/// S2 when neither a slow link nor a least-waiting rank stands out: the rank that entered
+/// last (with a positive computation lateness) in more than half of the window's rounds, at
+/// least 3 of them. `last_in[rank]` counts those rounds. A rank slowed down as a whole (CPU
+/// starvation) is late into every operation by a little and slow inside it by a lot: P
+/// says communication, but who is late says who.
+pub fn usual_latecomer(last_in: &[u32]) -> Vec<u32> {
+    let total: u32 = last_in.iter().sum();
+    match last_in.iter().enumerate().max_by_key(|(_, v)| **v) {
+        Some((r, &v)) if total >= 3 && 2 * v > total => vec![r as u32],
+        _ => Vec::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -672,6 +717,33 @@ mod tests {
         let (roots, links) = slow_links(&chans);
         assert_eq!(roots, vec![5]);
         assert_eq!(links.len(), 2);
+    }
+
+    #[test]
+    fn usual_latecomer_needs_a_majority_of_enough_rounds() {
+        assert_eq!(usual_latecomer(&[1, 0, 0, 5]), vec![3]);
+        assert!(usual_latecomer(&[3, 0, 0, 3]).is_empty(), "no majority");
+        assert!(usual_latecomer(&[0, 2, 0, 0]).is_empty(), "too few rounds");
+        assert!(usual_latecomer(&[]).is_empty());
+    }
+
+    #[test]
+    fn least_waiting_names_the_rank_everybody_waited_for() {
+        let w = |up: f64, down: f64| Some(ChanWait { up, down, next: 0 });
+        // Rank 3 is descheduled: its ring neighbours and everybody else wait for it.
+        let ch = vec![
+            w(0.5, 0.1),
+            w(0.4, 0.2),
+            w(0.2, 0.5),
+            w(0.05, 0.02),
+            w(0.6, 0.0),
+        ];
+        assert_eq!(least_waiting(&[ch.clone(), ch.clone()]), vec![3]);
+        // Uniform waiting: nobody stands out.
+        let flat = vec![w(0.3, 0.1); 5];
+        assert!(least_waiting(&[flat]).is_empty());
+        // Too few ranks with metrics.
+        assert!(least_waiting(&[vec![w(0.5, 0.0), None, w(0.0, 0.0)]]).is_empty());
     }
 
     #[test]

@@ -13,8 +13,9 @@
 //!   only SIGKILL/SIGSTOP of rank 0's process loses it (use `ccld serve` for that).
 //! - **Signals** (reporting to an analyzer shard over gRPC, `CCLD_ANALYZER=127.0.0.1:port`),
 //!   faults the library does not cause itself: SIGSTOP of one rank, SIGKILL of one rank
-//!   (peer-death check disabled so that the others hang), and (ignored by default,
-//!   timing-sensitive) one rank starved of CPU by busy spinners on its core.
+//!   (peer-death check disabled so that the others hang), and one rank starved of CPU by
+//!   busy spinners on its core (timing-sensitive: nextest runs it alone, with retries;
+//!   see .config/nextest.toml).
 //!
 //! The test binary re-executes itself: the ignored test `proc_rank_entry` is a rank.
 
@@ -307,10 +308,10 @@ fn sigkill_of_one_rank_is_named() {
 }
 
 #[test]
-#[ignore = "timing-sensitive on a shared 2-core machine (passes alone, can name another rank when other tests run beside it): cargo nextest run -p benches --test e2e_procs --run-ignored all cpu"]
 fn cpu_starved_rank_is_named() {
     // Rank 3 runs on CPU 0; after 2.5 s four busy spinners join it there (taskset; no
-    // cgroups needed): it enters every AllReduce late (computation-slow).
+    // cgroups needed): it enters every AllReduce a little late and, descheduled inside
+    // the operations, holds the ring back.
     let victim = 3;
     if cpus() < 2 || Command::new("taskset").arg("-V").output().is_err() {
         eprintln!("skipped: needs taskset and 2 CPUs");
@@ -352,9 +353,16 @@ fn cpu_starved_rank_is_named() {
         probe::describe(&d)
     );
     let roots: Vec<u32> = d.roots.iter().map(|r| r.rank).collect();
-    assert_eq!(
-        d.class(),
-        AnomalyClass::S1ComputationSlow,
+    // On the host backend communication is CPU work too: a starved rank is late into the
+    // collective AND slow inside it (its peers wait for it mid-operation), so the class may
+    // be any slow one; the rank must be named, alone.
+    assert!(
+        matches!(
+            d.class(),
+            AnomalyClass::S1ComputationSlow
+                | AnomalyClass::S2CommunicationSlow
+                | AnomalyClass::S3MixedSlow
+        ),
         "{}",
         probe::describe(&d)
     );
@@ -444,8 +452,8 @@ fn hub_case(
     got
 }
 
-/// The verdict rules of `e2e_threads` (hangs and S1: exact class and roots == [root];
-/// S2: S2 or S3, S3: any slow class, with the injected rank among the roots).
+/// The verdict rules of `e2e_threads`: exactly the injected class; hangs and S1 roots ==
+/// [root]; S2 and S3 the injected rank first (the slow link's sender, then its successor).
 fn hub_check(class: AnomalyClass, n: usize, root: usize, kind: CollKind) -> Result<(), String> {
     let t = Instant::now();
     let (hub, seen) = hub_case(class, n, root, kind, Duration::from_secs(20));
@@ -458,14 +466,10 @@ fn hub_check(class: AnomalyClass, n: usize, root: usize, kind: CollKind) -> Resu
     let d = seen.first().ok_or_else(|| {
         format!("{name} n={n} root={root} {kind:?}: no diagnosis in rank 0's process")
     })?;
-    let ok_class = match class {
-        AnomalyClass::S2CommunicationSlow => ["S2", "S3"].contains(&d.class.as_str()),
-        AnomalyClass::S3MixedSlow => ["S1", "S2", "S3"].contains(&d.class.as_str()),
-        _ => d.class == name,
-    };
+    let ok_class = d.class == name;
     let ok_root = match class {
         AnomalyClass::S2CommunicationSlow | AnomalyClass::S3MixedSlow => {
-            d.roots.contains(&(root as u32))
+            d.roots.first() == Some(&(root as u32))
         }
         _ => d.roots == [root as u32],
     };
@@ -491,7 +495,7 @@ const COLLS: [CollKind; 3] = [
 ];
 
 /// The default case of each class (together: 4 and 8 ranks, roots 0, 1, 2 and n-1, every
-/// collective; S2 on AllReduce, see `e2e_threads`), or with `CCLD_E2E_FULL=1` the full
+/// collective), or with `CCLD_E2E_FULL=1` the full
 /// {4, 8} x {0, 1, n-1} x collectives product.
 fn hub_cases(class: AnomalyClass) -> Vec<(usize, usize, CollKind)> {
     if std::env::var("CCLD_E2E_FULL").as_deref() == Ok("1") {
@@ -510,7 +514,7 @@ fn hub_cases(class: AnomalyClass) -> Vec<(usize, usize, CollKind)> {
         AnomalyClass::H2Inconsistent => (8, 0, CollKind::AllGather),
         AnomalyClass::H3Hardware => (4, 1, CollKind::ReduceScatter),
         AnomalyClass::S1ComputationSlow => (4, 2, CollKind::AllReduce),
-        AnomalyClass::S2CommunicationSlow => (8, 7, CollKind::AllReduce),
+        AnomalyClass::S2CommunicationSlow => (4, 3, CollKind::ReduceScatter),
         _ => (4, 0, CollKind::AllGather),
     }]
 }
