@@ -501,6 +501,16 @@ struct Entry {
 /// `Entry::gap_ns` when the rank's previous operation is unknown.
 const NO_GAP: u64 = u64::MAX;
 
+/// The latest entrant's computation lateness in a round ([`detect::computation_lateness`]).
+fn round_lateness(es: &[Entry]) -> Option<u64> {
+    let durations: Vec<u64> = es.iter().map(|e| e.duration_ns).collect();
+    let gaps: Vec<Option<u64>> = es
+        .iter()
+        .map(|e| (e.gap_ns != NO_GAP).then_some(e.gap_ns))
+        .collect();
+    detect::computation_lateness(&durations, &gaps)
+}
+
 impl Default for Entry {
     fn default() -> Self {
         Entry {
@@ -1275,12 +1285,7 @@ impl Engine {
             let kind = &mut comm.kinds[ki];
             let (t_base_now, _, _) = kind.baseline.current();
             if t_max > t_base_now {
-                let durations: Vec<u64> = es.iter().map(|e| e.duration_ns).collect();
-                let gaps: Vec<Option<u64>> = es
-                    .iter()
-                    .map(|e| (e.gap_ns != NO_GAP).then_some(e.gap_ns))
-                    .collect();
-                let lateness = detect::computation_lateness(&durations, &gaps);
+                let lateness = round_lateness(es);
                 kind.share.observe(t_max, t_min, t_base_now, lateness);
                 if lateness.is_some_and(|l| l > 0) {
                     if let Some(j) = es.iter().position(|e| e.duration_ns == t_min) {
@@ -2057,12 +2062,7 @@ fn locate_slow(
     let coll_name = wire::coll_name(coll);
     let algo = ty.map_or(comm.algo, |t| t.algo);
     let p_paper = detect::p_ratio(t_max, t_min, t_base).unwrap_or(0.0);
-    let durations_ns: Vec<u64> = entries.iter().map(|e| e.duration_ns).collect();
-    let gaps: Vec<Option<u64>> = entries
-        .iter()
-        .map(|e| (e.gap_ns != NO_GAP).then_some(e.gap_ns))
-        .collect();
-    let lateness = detect::computation_lateness(&durations_ns, &gaps);
+    let lateness = round_lateness(entries);
     // The class is decided with the window's slowdown-weighted lateness share when the
     // gaps are known (detect::LatenessShare), else with eq. (4) on the widest round.
     let p = kind

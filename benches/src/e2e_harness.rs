@@ -173,3 +173,40 @@ pub fn run_case(
     }
     found
 }
+
+/// The collectives of the end-to-end matrix.
+pub const COLLS: [CollKind; 3] = [
+    CollKind::AllReduce,
+    CollKind::AllGather,
+    CollKind::ReduceScatter,
+];
+
+/// The full matrix of one class when `CCLD_E2E_FULL=1`: {4, 8} ranks x roots {0, 1, n-1} x
+/// [`COLLS`] (18 cases); `None` otherwise.
+pub fn full_cases() -> Option<Vec<(usize, usize, CollKind)>> {
+    if std::env::var("CCLD_E2E_FULL").as_deref() != Ok("1") {
+        return None;
+    }
+    let mut v = Vec::new();
+    for n in [4, 8] {
+        for root in [0, 1, n - 1] {
+            for k in COLLS {
+                v.push((n, root, k));
+            }
+        }
+    }
+    Some(v)
+}
+
+/// The end-to-end verdict on the roots of a diagnosis of the injected `class` at `root`:
+/// hangs and S1 name the rank alone; S2/S3 name the slow link, sender first (with one ring
+/// order on every channel its two ends cannot be told apart by wait times alone, see
+/// docs/diagnosis.md), so the roots are [throttled sender, ring successor].
+pub fn roots_ok(class: AnomalyClass, root: usize, roots: &[u32]) -> bool {
+    match class {
+        AnomalyClass::S2CommunicationSlow | AnomalyClass::S3MixedSlow => {
+            roots.first() == Some(&(root as u32))
+        }
+        _ => roots == [root as u32],
+    }
+}

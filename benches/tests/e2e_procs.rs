@@ -13,9 +13,8 @@
 //!   only SIGKILL/SIGSTOP of rank 0's process loses it (use `ccld serve` for that).
 //! - **Signals** (reporting to an analyzer shard over gRPC, `CCLD_ANALYZER=127.0.0.1:port`),
 //!   faults the library does not cause itself: SIGSTOP of one rank, SIGKILL of one rank
-//!   (peer-death check disabled so that the others hang), and one rank starved of CPU by
-//!   busy spinners on its core (timing-sensitive: nextest runs it alone, with retries;
-//!   see .config/nextest.toml).
+//!   (peer-death check disabled so that the others hang), and (ignored by default,
+//!   timing-sensitive) one rank starved of CPU by busy spinners on its core.
 //!
 //! The test binary re-executes itself: the ignored test `proc_rank_entry` is a rank.
 
@@ -28,7 +27,7 @@ use analyzer::client::{BlockingClient, ClientConfig};
 use analyzer::server::{class_name, ServerConfig, ShardProcess};
 use analyzer::wire::{self, AnomalyClass};
 use analyzer::EngineConfig;
-use benches::e2e_harness::{op, spec, WINDOW_ENV};
+use benches::e2e_harness::{full_cases, op, roots_ok, spec, WINDOW_ENV};
 use ccl_core::bootstrap::get_unique_id;
 use ccl_core::{Comm, CommConfig, UniqueId};
 use probe::CollKind;
@@ -308,6 +307,7 @@ fn sigkill_of_one_rank_is_named() {
 }
 
 #[test]
+#[ignore = "timing-sensitive: named the victim in 7 of 8 runs alone on a 2-core machine, but not in CI beside other test binaries; run: cargo nextest run -p benches --test e2e_procs --run-ignored all cpu"]
 fn cpu_starved_rank_is_named() {
     // Rank 3 runs on CPU 0; after 2.5 s four busy spinners join it there (taskset; no
     // cgroups needed): it enters every AllReduce a little late and, descheduled inside
@@ -467,12 +467,7 @@ fn hub_check(class: AnomalyClass, n: usize, root: usize, kind: CollKind) -> Resu
         format!("{name} n={n} root={root} {kind:?}: no diagnosis in rank 0's process")
     })?;
     let ok_class = d.class == name;
-    let ok_root = match class {
-        AnomalyClass::S2CommunicationSlow | AnomalyClass::S3MixedSlow => {
-            d.roots.first() == Some(&(root as u32))
-        }
-        _ => d.roots == [root as u32],
-    };
+    let ok_root = roots_ok(class, root, &d.roots);
     let line = format!(
         "hub {name} n={n} root={root} {kind:?}: got {} roots {:?} in {:.1} s: {}",
         d.class,
@@ -488,26 +483,12 @@ fn hub_check(class: AnomalyClass, n: usize, root: usize, kind: CollKind) -> Resu
     }
 }
 
-const COLLS: [CollKind; 3] = [
-    CollKind::AllReduce,
-    CollKind::AllGather,
-    CollKind::ReduceScatter,
-];
-
 /// The default case of each class (together: 4 and 8 ranks, roots 0, 1, 2 and n-1, every
 /// collective), or with `CCLD_E2E_FULL=1` the full
 /// {4, 8} x {0, 1, n-1} x collectives product.
 fn hub_cases(class: AnomalyClass) -> Vec<(usize, usize, CollKind)> {
-    if std::env::var("CCLD_E2E_FULL").as_deref() == Ok("1") {
-        let mut v = Vec::new();
-        for n in [4, 8] {
-            for root in [0, 1, n - 1] {
-                for k in COLLS {
-                    v.push((n, root, k));
-                }
-            }
-        }
-        return v;
+    if let Some(all) = full_cases() {
+        return all;
     }
     vec![match class {
         AnomalyClass::H1NotEntered => (4, 3, CollKind::AllReduce),

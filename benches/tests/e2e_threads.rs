@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 use analyzer::wire::AnomalyClass;
-use benches::e2e_harness::run_case;
+use benches::e2e_harness::{full_cases, roots_ok, run_case, COLLS};
 use probe::CollKind;
 
 fn check(class: AnomalyClass, n: usize, root: usize, kind: CollKind) -> Result<(), String> {
@@ -20,17 +20,8 @@ fn check(class: AnomalyClass, n: usize, root: usize, kind: CollKind) -> Result<(
         .first()
         .ok_or_else(|| format!("{class:?} n={n} root={root} {kind:?}: no diagnosis"))?;
     let roots: Vec<u32> = d.roots.iter().map(|r| r.rank).collect();
-    // Every class exactly. Hangs and S1: the rank alone. S2/S3 name the slow link, sender
-    // first: with one ring order on every channel its two ends cannot be told apart by wait
-    // times alone (docs/diagnosis.md), so the roots are [throttled sender, ring successor]
-    // (S3 adds the latecomer, the same rank).
     let ok_class = d.class() == class;
-    let ok_root = match class {
-        AnomalyClass::S2CommunicationSlow | AnomalyClass::S3MixedSlow => {
-            roots.first() == Some(&(root as u32))
-        }
-        _ => roots == [root as u32],
-    };
+    let ok_root = roots_ok(class, root, &roots);
     let line = format!(
         "{class:?} n={n} root={root} {kind:?}: got {:?} roots {roots:?} in {:.1} s: {}",
         d.class(),
@@ -53,24 +44,10 @@ const CLASSES: [AnomalyClass; 6] = [
     AnomalyClass::S2CommunicationSlow,
     AnomalyClass::S3MixedSlow,
 ];
-const COLLS: [CollKind; 3] = [
-    CollKind::AllReduce,
-    CollKind::AllGather,
-    CollKind::ReduceScatter,
-];
-
 fn cases(class: AnomalyClass) -> Vec<(usize, usize, CollKind)> {
     let ci = CLASSES.iter().position(|c| *c == class).unwrap_or(0);
-    if std::env::var("CCLD_E2E_FULL").as_deref() == Ok("1") {
-        let mut v = Vec::new();
-        for n in [4, 8] {
-            for root in [0, 1, n - 1] {
-                for k in COLLS {
-                    v.push((n, root, k));
-                }
-            }
-        }
-        return v;
+    if let Some(all) = full_cases() {
+        return all;
     }
     // Rotation: collective j, ranks 4 or 8 and root 0 / 1 / n-1 rotate with class and j.
     COLLS
