@@ -15,7 +15,11 @@
 //! diagnostic thread runs for the whole process, so its CPU share weighs on both sides; the
 //! ratio isolates the per-operation cost. The last column, `est.`, is the ratio implied by
 //! the per-operation probe cost measured at 8 bytes (on - off there) at each size:
-//! off / (off + cost), the low-noise reading of the same comparison.
+//! off / (off + cost), the low-noise reading of the same comparison. `diag us` and `rep. us`
+//! are the CPU time the probe's own threads (diagnostic thread; reporter with the embedded
+//! analyzer it feeds) used per operation during the probes-on blocks (`probe::diag::pipeline_cpu_ns`):
+//! the work done off the collective path, which on a machine without spare cores (host
+//! backend, every core running a rank) is taken from the ranks.
 
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
@@ -103,8 +107,18 @@ fn main() {
     }
     println!("# probe overhead: AllReduce float32 sum, busbw ratio probes-on / CCLD_DISABLE=1 (median and q1..q3 of {rounds} interleaved paired rounds of ~{block_ms} ms)");
     println!(
-        "{:>6} {:>12} {:>10} {:>10} {:>14} {:>14} {:>8} {:>17} {:>8}",
-        "ranks", "bytes", "off us", "on us", "off GB/s", "on GB/s", "ratio", "q1..q3", "est."
+        "{:>6} {:>12} {:>10} {:>10} {:>14} {:>14} {:>8} {:>17} {:>8} {:>9} {:>9}",
+        "ranks",
+        "bytes",
+        "off us",
+        "on us",
+        "off GB/s",
+        "on GB/s",
+        "ratio",
+        "q1..q3",
+        "est.",
+        "diag us",
+        "rep. us"
     );
     for &n in &ranks {
         std::env::set_var("CCLD_DISABLE", "1");
@@ -141,26 +155,34 @@ fn main() {
                         let mut buf = vec![1.0f32; count.max(1)];
                         let mut t_on = Vec::new();
                         let mut t_off = Vec::new();
-                        let run = |c: &Arc<Comm>, buf: &mut Vec<f32>| {
+                        // CPU time of the probe's own threads during the probes-on blocks.
+                        let mut pipe_on_ns = (0u64, 0u64);
+                        let run = |c: &Arc<Comm>, buf: &mut Vec<f32>, pipe: &mut (u64, u64)| {
                             barrier.wait();
+                            let cpu0 = probe::diag::pipeline_cpu_ns();
                             let t = Instant::now();
                             for _ in 0..iters {
                                 allreduce(c, buf, count);
                             }
-                            t.elapsed().as_secs_f64() / iters as f64
+                            let dt = t.elapsed().as_secs_f64() / iters as f64;
+                            let cpu1 = probe::diag::pipeline_cpu_ns();
+                            pipe.0 += cpu1.0.saturating_sub(cpu0.0);
+                            pipe.1 += cpu1.1.saturating_sub(cpu0.1);
+                            dt
                         };
-                        run(&c_on, &mut buf); // warm-up
-                        run(&c_off, &mut buf);
+                        let mut ignore = (0u64, 0u64);
+                        run(&c_on, &mut buf, &mut ignore); // warm-up
+                        run(&c_off, &mut buf, &mut ignore);
                         for k in 0..rounds {
                             if k % 2 == 0 {
-                                t_on.push(run(&c_on, &mut buf));
-                                t_off.push(run(&c_off, &mut buf));
+                                t_on.push(run(&c_on, &mut buf, &mut pipe_on_ns));
+                                t_off.push(run(&c_off, &mut buf, &mut ignore));
                             } else {
-                                t_off.push(run(&c_off, &mut buf));
-                                t_on.push(run(&c_on, &mut buf));
+                                t_off.push(run(&c_off, &mut buf, &mut ignore));
+                                t_on.push(run(&c_on, &mut buf, &mut pipe_on_ns));
                             }
                         }
-                        (t_on, t_off)
+                        (t_on, t_off, pipe_on_ns)
                     })
                 })
                 .collect();
@@ -168,7 +190,9 @@ fn main() {
                 .into_iter()
                 .map(|h| h.join().unwrap_or_default())
                 .collect();
-            let (mut t_on, mut t_off) = res.into_iter().next().unwrap_or_default();
+            let (mut t_on, mut t_off, pipe_ns) = res.into_iter().next().unwrap_or_default();
+            let per_op = |ns: u64| ns as f64 / 1e3 / (iters * rounds) as f64;
+            let (diag_us, report_us) = (per_op(pipe_ns.0), per_op(pipe_ns.1));
             let f = 2.0 * (n as f64 - 1.0) / n as f64 * bytes as f64 / 1e9;
             let mut ratios: Vec<f64> = t_on.iter().zip(&t_off).map(|(on, off)| off / on).collect();
             let (on_t, off_t) = (median(&mut t_on), median(&mut t_off));
@@ -180,7 +204,7 @@ fn main() {
                 quantile(&mut ratios, 0.75),
             );
             println!(
-                "{n:>6} {bytes:>12} {:>10.2} {:>10.2} {:>14.4} {:>14.4} {q2:>8.4} {:>17} {est:>8.4}",
+                "{n:>6} {bytes:>12} {:>10.2} {:>10.2} {:>14.4} {:>14.4} {q2:>8.4} {:>17} {est:>8.4} {diag_us:>9.3} {report_us:>9.3}",
                 off_t * 1e6,
                 on_t * 1e6,
                 f / off_t,
