@@ -7,6 +7,8 @@
 //! FIFOs in device memory are the next step, see docs/device-backend.md). Nothing here has
 //! run on a GPU.
 
+pub mod api;
+pub mod emu;
 pub mod lower;
 pub mod selftest;
 
