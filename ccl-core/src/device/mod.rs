@@ -10,6 +10,7 @@
 pub mod api;
 pub mod emu;
 pub mod lower;
+pub mod runtime;
 pub mod selftest;
 
 pub use lower::{lower, red_params, ConnDir, ConnKey, LoweredPlan, RedParams};
