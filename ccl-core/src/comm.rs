@@ -16,6 +16,10 @@
 //!   peers' processes are alive.
 //! - `CCLD_DISABLE` (default 0): 1 turns probe updates off.
 //! - `CCLD_INJECT` (default unset): faults to inject, see [`crate::inject`].
+//! - `CCLD_BACKEND` (default `auto`): `auto` | `host` | `device`, see
+//!   [`crate::device::runtime`]; `device` without a usable device fails init.
+//! - `CCLD_DEVICE_EMULATION` (default 0): 1 runs device communicators on the CPU emulation
+//!   of the device (a testing aid; `auto` then picks the device backend).
 //! - `CCLD_ANALYZER` (default `embedded`): with `embedded`, a communicator whose ranks span
 //!   several processes agrees at init on one analyzer hub in the process of its rank 0
 //!   (see `probe::hub`).

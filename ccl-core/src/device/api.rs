@@ -121,7 +121,7 @@ unsafe extern "C" fn host_fn_trampoline(user: *mut c_void) {
     // calls each callback exactly once.
     let f = unsafe { Box::from_raw(user.cast::<HostFn>()) };
     // A panic must not unwind into the C runtime.
-    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || f())).is_err() {
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
         tracing::error!(target: "nccl::COLL", "a device host callback panicked");
     }
 }

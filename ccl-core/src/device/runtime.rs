@@ -613,7 +613,7 @@ impl DeviceComm {
         let lanes = align(steps + lp.steps.len() * std::mem::size_of::<ccl_dev_step_t>());
         let locals = align(lanes + lp.lanes.len() * std::mem::size_of::<ccl_dev_lane_t>());
         let cn = align(locals + lp.locals.len() * std::mem::size_of::<ccl_dev_local_t>());
-        let total = cn + conns.len() * std::mem::size_of::<ccl_dev_conn_t>();
+        let total = cn + std::mem::size_of_val(conns);
         let m = self.api.host_alloc_mapped(total.max(64))?;
         // SAFETY: `m.host` is fresh mapped memory of `total` bytes, at least 64-byte aligned
         // (cudaHostAlloc: page; emulator: 256), so every typed destination is aligned and

@@ -327,7 +327,7 @@ fn memory_is_tracked_and_ipc_is_refused_clearly() {
     assert_eq!(p % ALIGN, 0);
     assert!(d.pointer_is_device(p).unwrap());
     assert!(d.pointer_is_device(p + 99).unwrap());
-    let host = vec![0u8; 16];
+    let host = [0u8; 16];
     assert!(!d.pointer_is_device(host.as_ptr() as usize).unwrap());
     let m = d.host_alloc_mapped(64).unwrap();
     assert_eq!(m.host, m.dev);
