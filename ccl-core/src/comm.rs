@@ -16,6 +16,10 @@
 //!   peers' processes are alive.
 //! - `CCLD_DISABLE` (default 0): 1 turns probe updates off.
 //! - `CCLD_INJECT` (default unset): faults to inject, see [`crate::inject`].
+//! - `CCLD_BACKEND` (default `auto`): `auto` | `host` | `device`, see
+//!   [`crate::device::runtime`]; `device` without a usable device fails init.
+//! - `CCLD_DEVICE_EMULATION` (default 0): 1 runs device communicators on the CPU emulation
+//!   of the device (a testing aid; `auto` then picks the device backend).
 //! - `CCLD_ANALYZER` (default `embedded`): with `embedded`, a communicator whose ranks span
 //!   several processes agrees at init on one analyzer hub in the process of its rank 0
 //!   (see `probe::hub`).
@@ -30,6 +34,7 @@ use probe::{Frame, OpLog};
 
 use crate::bootstrap::{self, Bootstrap, UniqueId};
 use crate::channel::Transport;
+use crate::device::runtime::{AttachArgs, DeviceComm, DevicePre};
 use crate::env;
 use crate::error::{CclError, Result};
 use crate::executor::{self, Job, Shared, Tuning, WorkerHandle};
@@ -115,9 +120,11 @@ enum Life {
 pub(crate) struct Runtime {
     pub boot: Arc<Bootstrap>,
     pub comm_hash: u64,
-    /// A handle on this rank's doorbell, to wake the worker (abort).
-    bell: Doorbell,
+    /// A handle on this rank's doorbell, to wake the worker (abort); host backend only.
+    bell: Option<Doorbell>,
     worker: Mutex<Option<WorkerHandle>>,
+    /// Device backend state (`None` on the host backend).
+    dev: Option<Arc<DeviceComm>>,
 }
 
 /// A communicator (one rank of it). Shared through `Arc`; `ccl-ffi` hands out the raw
@@ -147,6 +154,8 @@ pub struct Comm {
     regs: Mutex<HashMap<usize, (usize, usize)>>,
     next_reg: AtomicUsize,
     split_seq: AtomicU64,
+    /// Device backend, chosen at creation, until `attach` takes it.
+    dev_pre: Mutex<Option<DevicePre>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -269,10 +278,16 @@ impl Comm {
         device: i32,
         uid: UniqueId,
         cfg: CommConfig,
+        device_hint: Option<i32>,
     ) -> Result<Comm> {
         let tuning = Tuning::from_env(&cfg)?;
         let probe_off = probe::disabled_from_env().map_err(CclError::InvalidArgument)?;
-        let frame = Arc::new(Frame::new(tuning.max_channels));
+        // The backend is chosen first: a device communicator's frame lives in mapped memory.
+        let dev_pre = crate::device::runtime::select(device_hint, tuning.max_channels, rank)?;
+        let (frame, device) = match &dev_pre {
+            Some(p) => (Arc::clone(&p.frame), p.device),
+            None => (Arc::new(Frame::new(tuning.max_channels)), device),
+        };
         frame.set_mode(!probe_off);
         let inject = crate::inject::Injection::from_env()?.map(Arc::new);
         Ok(Comm {
@@ -299,6 +314,7 @@ impl Comm {
             regs: Mutex::new(HashMap::new()),
             next_reg: AtomicUsize::new(1),
             split_seq: AtomicU64::new(0),
+            dev_pre: Mutex::new(dev_pre),
         })
     }
 
@@ -318,6 +334,10 @@ impl Comm {
         }
         note_algo_proto_env()?;
         self.check_same_tuning(&boot)?;
+        let pre = lock(&self.dev_pre).take();
+        if let Some(pre) = pre {
+            return self.attach_device(boot, pre);
+        }
         let boot = Arc::new(boot);
         let transport = Transport::connect(
             &boot,
@@ -364,14 +384,70 @@ impl Comm {
         let rt = Runtime {
             boot,
             comm_hash,
-            bell,
+            bell: Some(bell),
             worker: Mutex::new(Some(worker)),
+            dev: None,
         };
         self.rt
             .set(rt)
             .map_err(|_| CclError::Internal("communicator initialised twice".into()))?;
         tracing::info!(target: "nccl::INIT", rank = self.rank,
             "comm {:#018x} rank {} nRanks {} cudaDev {} nChannels {}..{} buffSize {} name {:?} - Init COMPLETE",
+            comm_hash, self.rank, self.nranks, self.device, self.tuning.min_channels,
+            self.tuning.max_channels, self.tuning.buffsize,
+            self.cfg.comm_name.as_deref().unwrap_or(""));
+        Ok(())
+    }
+
+    /// [`Comm::attach`] for the device backend: probe registration as on the host backend,
+    /// then the device FIFOs instead of the shared-memory transport and worker.
+    fn attach_device(&self, boot: Bootstrap, pre: DevicePre) -> Result<()> {
+        let boot = Arc::new(boot);
+        let comm_hash = boot.comm_hash();
+        let device = pre.device;
+        let probing = self.probe_on && probe::start().map_err(CclError::InvalidArgument)?;
+        self.agree_on_hub(&boot, probing)?;
+        let source = if probing {
+            let n = self.nranks as u32;
+            let r = self.rank as u32;
+            Some(probe::register(
+                probe::Identity {
+                    comm_id: comm_hash,
+                    rank: r,
+                    nranks: n,
+                    device,
+                    ring_prev: (r + n - 1) % n,
+                    ring_next: (r + 1) % n,
+                },
+                Arc::clone(&self.frame),
+                Arc::clone(&self.op_log),
+            ))
+        } else {
+            None
+        };
+        let dev = DeviceComm::attach(AttachArgs {
+            pre,
+            boot: Arc::clone(&boot),
+            tuning: self.tuning,
+            abort: Arc::clone(&self.abort_flag),
+            op_log: Arc::clone(&self.op_log),
+            probe_on: self.probe_on,
+            op_counter: Arc::clone(&self.op_counter),
+            inject: self.inject.clone(),
+            source,
+        })?;
+        let rt = Runtime {
+            boot,
+            comm_hash,
+            bell: None,
+            worker: Mutex::new(None),
+            dev: Some(Arc::new(dev)),
+        };
+        self.rt
+            .set(rt)
+            .map_err(|_| CclError::Internal("communicator initialised twice".into()))?;
+        tracing::info!(target: "nccl::INIT", rank = self.rank,
+            "comm {:#018x} rank {} nRanks {} cudaDev {} nChannels {}..{} buffSize {} name {:?} backend device - Init COMPLETE",
             comm_hash, self.rank, self.nranks, self.device, self.tuning.min_channels,
             self.tuning.max_channels, self.tuning.buffsize,
             self.cfg.comm_name.as_deref().unwrap_or(""));
@@ -531,7 +607,7 @@ impl Comm {
     /// `ncclCommInitRank(Config)`. With `cfg.blocking == Some(false)` it returns at once a
     /// communicator whose [`Comm::async_error`] is `Err(InProgress)` until init finishes.
     pub fn init_rank(nranks: i32, id: UniqueId, rank: i32, cfg: CommConfig) -> Result<Arc<Comm>> {
-        Self::init_rank_dev(nranks, id, rank, cfg, 0)
+        Self::init_rank_dev(nranks, id, rank, cfg, 0, None)
     }
 
     fn init_rank_dev(
@@ -540,6 +616,7 @@ impl Comm {
         rank: i32,
         cfg: CommConfig,
         device: i32,
+        device_hint: Option<i32>,
     ) -> Result<Arc<Comm>> {
         if nranks < 1 {
             return Err(CclError::arg(format!("nranks {nranks} must be at least 1")));
@@ -556,6 +633,7 @@ impl Comm {
             device,
             id,
             cfg,
+            device_hint,
         )?);
         comm.init_with(blocking)?;
         Ok(comm)
@@ -589,7 +667,7 @@ impl Comm {
                             blocking: Some(true),
                             ..CommConfig::default()
                         };
-                        Comm::init_rank_dev(ndev, id, r, cfg, dev)
+                        Comm::init_rank_dev(ndev, id, r, cfg, dev, Some(dev))
                     })
                     .map_err(|e| CclError::sys("spawning an init thread", e))
             })
@@ -675,6 +753,7 @@ impl Comm {
             self.device,
             self.uid,
             cfg,
+            Some(self.device),
         )?);
         let r = child.attach(child_boot);
         child.finish_init(r)?;
@@ -712,6 +791,9 @@ impl Comm {
             if let Some(mut w) = w {
                 w.shutdown();
             }
+            if let Some(d) = &rt.dev {
+                d.shutdown();
+            }
         }
     }
 
@@ -746,7 +828,12 @@ impl Comm {
     pub fn abort(&self) -> Result<()> {
         self.abort_flag.store(true, Ordering::Release);
         if let Some(rt) = self.rt.get() {
-            rt.bell.ring();
+            if let Some(b) = &rt.bell {
+                b.ring();
+            }
+            if let Some(d) = &rt.dev {
+                d.abort();
+            }
         }
         // A non-blocking init sees the flag in its bootstrap waits and fails quickly.
         self.join_init_thread();
@@ -935,6 +1022,17 @@ impl Comm {
             None => return Err(CclError::usage("communicator was destroyed")),
         };
         executor::run_inline(&state, items)
+    }
+
+    /// The device backend state, when this communicator runs on a device.
+    pub(crate) fn device_comm(&self) -> Option<&Arc<DeviceComm>> {
+        self.rt.get().and_then(|rt| rt.dev.as_ref())
+    }
+
+    /// Whether this communicator runs on the device backend (a CUDA device or, with
+    /// `CCLD_DEVICE_EMULATION=1`, the CPU emulation of one).
+    pub fn is_device(&self) -> bool {
+        self.device_comm().is_some()
     }
 
     /// Submits a job to this communicator's worker.

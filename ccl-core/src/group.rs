@@ -53,7 +53,8 @@ enum Valid {
 #[derive(Default)]
 struct GroupState {
     depth: usize,
-    queued: Vec<(Arc<Comm>, Valid)>,
+    /// (communicator, operation, stream).
+    queued: Vec<(Arc<Comm>, Valid, usize)>,
 }
 
 thread_local! {
@@ -238,7 +239,7 @@ pub fn enqueue(comm: &Arc<Comm>, args: CollArgs) -> Result<()> {
     let standalone = GROUP.with(|g| {
         let mut g = g.borrow_mut();
         if g.depth > 0 {
-            g.queued.push((Arc::clone(comm), v));
+            g.queued.push((Arc::clone(comm), v, args.stream));
             None
         } else {
             Some(v)
@@ -246,7 +247,7 @@ pub fn enqueue(comm: &Arc<Comm>, args: CollArgs) -> Result<()> {
     });
     match standalone {
         None => Ok(()),
-        Some(v) => run_batch(vec![(Arc::clone(comm), v)]),
+        Some(v) => run_batch(vec![(Arc::clone(comm), v, args.stream)]),
     }
 }
 
@@ -310,7 +311,124 @@ fn items_per_comm(ops: Vec<(Arc<Comm>, Valid)>) -> Vec<(Arc<Comm>, Vec<WorkItem>
         .collect()
 }
 
-fn run_batch(ops: Vec<(Arc<Comm>, Valid)>) -> Result<()> {
+fn run_batch(ops: Vec<(Arc<Comm>, Valid, usize)>) -> Result<()> {
+    let (dev, ops): (Vec<_>, Vec<_>) = ops.into_iter().partition(|(c, _, _)| c.is_device());
+    let dev_result = if dev.is_empty() {
+        Ok(())
+    } else {
+        run_device_batch(dev)
+    };
+    if ops.is_empty() {
+        return dev_result;
+    }
+    let host_result = run_host_batch(ops.into_iter().map(|(c, v, _)| (c, v)).collect());
+    dev_result.and(host_result)
+}
+
+/// The device backend's part of a batch: per communicator, its collectives in issue order
+/// (each on its own stream), then its Send/Recv as one p2p operation (on the stream of the
+/// group's first p2p call; all p2p calls of one communicator in a group must use one
+/// stream). Lazy p2p connections are made in two phases over all communicators first
+/// (descriptors sent, then received), so one thread can drive several ranks. Returns after
+/// the enqueue, without waiting (NCCL semantics).
+fn run_device_batch(ops: Vec<(Arc<Comm>, Valid, usize)>) -> Result<()> {
+    type Items = Vec<(WorkItem, usize)>;
+    let mut per: Vec<(Arc<Comm>, Items, Vec<P2pCall>, usize)> = Vec::new();
+    for (comm, v, stream) in ops {
+        let i = match per.iter().position(|(c, ..)| Arc::ptr_eq(c, &comm)) {
+            Some(i) => i,
+            None => {
+                per.push((comm, Vec::new(), Vec::new(), stream));
+                per.len() - 1
+            }
+        };
+        match v {
+            Valid::Coll(c) => per[i].1.push((WorkItem::Coll(c), stream)),
+            Valid::P2p(p) => {
+                if per[i].2.is_empty() {
+                    per[i].3 = stream;
+                } else if per[i].3 != stream {
+                    let e = CclError::usage(format!(
+                        "{}: the device backend runs the Send/Recv of one communicator in a \
+                         group on one stream ({:#x}), not also on {stream:#x}",
+                        p.label, per[i].3
+                    ));
+                    after_failure(&per[i].0, &e);
+                    return Err(e);
+                }
+                per[i].2.push(p);
+            }
+        }
+    }
+    let jobs: Vec<(Arc<Comm>, Items)> = per
+        .into_iter()
+        .map(|(c, mut items, p2p, s)| {
+            if !p2p.is_empty() {
+                items.push((WorkItem::P2p(p2p), s));
+            }
+            (c, items)
+        })
+        .collect();
+    let mut first_err: Option<CclError> = None;
+    let fail = |comm: &Comm, e: CclError, first: &mut Option<CclError>| {
+        after_failure(comm, &e);
+        first.get_or_insert(e);
+    };
+    // Phase 1: p2p descriptors out; phase 2: in.
+    let mut ok: Vec<bool> = Vec::with_capacity(jobs.len());
+    for (comm, items) in &jobs {
+        let r = comm.device_comm().map_or_else(
+            || {
+                Err(CclError::Internal(
+                    "device batch on a host communicator".into(),
+                ))
+            },
+            |d| {
+                let mut peers = Vec::new();
+                for (item, _) in items {
+                    peers.extend(d.p2p_peers_of(item)?);
+                }
+                d.p2p_begin(&peers)
+            },
+        );
+        ok.push(r.is_ok());
+        if let Err(e) = r {
+            fail(comm, e, &mut first_err);
+        }
+    }
+    for (i, (comm, _)) in jobs.iter().enumerate() {
+        if !ok[i] {
+            continue;
+        }
+        if let Some(d) = comm.device_comm() {
+            if let Err(e) = d.p2p_finish() {
+                ok[i] = false;
+                fail(comm, e, &mut first_err);
+            }
+        }
+    }
+    // Phase 3: enqueue.
+    for (i, (comm, items)) in jobs.iter().enumerate() {
+        if !ok[i] {
+            continue;
+        }
+        let Some(d) = comm.device_comm() else {
+            continue;
+        };
+        for (item, stream) in items {
+            if let Err(e) = comm.usable().and_then(|()| d.enqueue(item, *stream)) {
+                fail(comm, e, &mut first_err);
+                break;
+            }
+        }
+    }
+    match first_err {
+        None => Ok(()),
+        Some(e) => Err(e),
+    }
+}
+
+fn run_host_batch(ops: Vec<(Arc<Comm>, Valid)>) -> Result<()> {
     let mut jobs = items_per_comm(ops);
     if jobs.len() == 1 {
         // One communicator: run on this thread (no hand-off to the worker thread).

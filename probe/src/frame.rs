@@ -116,8 +116,62 @@ const HEADER_WORDS: usize = FRAME_HEADER_BYTES / 8;
 #[derive(Debug)]
 pub struct Frame {
     /// Base layout words followed by the extension words (see [`EXT_WORDS_PER_CHANNEL`]).
-    words: Box<[AtomicU64]>,
+    words: Words,
     n_channels: usize,
+}
+
+/// Called once when a frame over external memory is dropped (frees that memory).
+pub type Release = Box<dyn FnOnce() + Send + Sync>;
+
+/// The frame's words: a heap allocation of this crate, or external memory (pinned mapped
+/// host memory a device kernel writes). Either way a pointer and a length, so reading a
+/// word is the same plain slice access as with a `Box<[AtomicU64]>`.
+struct Words {
+    ptr: std::ptr::NonNull<AtomicU64>,
+    len: usize,
+    /// `None`: `ptr` came from `Box::into_raw` of a `Box<[AtomicU64]>` of length `len`.
+    release: Option<Release>,
+}
+
+// SAFETY: the words are atomics (shared mutation through `&` is their purpose); the owned
+// allocation or the external memory stays valid until `Drop`, whatever thread drops it;
+// the release closure is `Send + Sync`.
+unsafe impl Send for Words {}
+// SAFETY: as above: `&Words` only hands out `&[AtomicU64]`.
+unsafe impl Sync for Words {}
+
+impl std::ops::Deref for Words {
+    type Target = [AtomicU64];
+    #[inline(always)]
+    fn deref(&self) -> &[AtomicU64] {
+        // SAFETY: `ptr` points to `len` initialised, properly aligned AtomicU64 that live
+        // until `Drop` (both constructors guarantee it).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl std::fmt::Debug for Words {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Words")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .field("external", &self.release.is_some())
+            .finish()
+    }
+}
+
+impl Drop for Words {
+    fn drop(&mut self) {
+        match self.release.take() {
+            Some(release) => release(),
+            None => {
+                let raw = std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.len);
+                // SAFETY: without a release closure the words came from Box::into_raw of a
+                // boxed slice of exactly this pointer and length (Frame::new), dropped once.
+                drop(unsafe { Box::from_raw(raw) });
+            }
+        }
+    }
 }
 
 /// Extension words per channel and block, stored after the base layout (never inside it):
@@ -143,11 +197,69 @@ pub struct ChannelWaits {
 impl Frame {
     /// A zeroed frame with room for `n_channels` channels, measurement on.
     pub fn new(n_channels: usize) -> Self {
-        let n_words = (frame_bytes(n_channels) + ext_bytes(n_channels)) / 8;
+        let n_words = Self::total_bytes(n_channels) / 8;
         let words: Box<[AtomicU64]> = (0..n_words).map(|_| AtomicU64::new(0)).collect();
-        let frame = Frame { words, n_channels };
+        let len = words.len();
+        let raw = Box::into_raw(words) as *mut AtomicU64;
+        // A boxed slice pointer is never null (dangling-but-aligned when empty).
+        let ptr = std::ptr::NonNull::new(raw).unwrap_or(std::ptr::NonNull::dangling());
+        let frame = Frame {
+            words: Words {
+                ptr,
+                len,
+                release: None,
+            },
+            n_channels,
+        };
         frame.set_mode(true);
         frame
+    }
+
+    /// Bytes a frame of `n_channels` channels occupies: the base layout
+    /// ([`frame_bytes`]) followed by the extension slots ([`ext_bytes`]).
+    pub const fn total_bytes(n_channels: usize) -> usize {
+        frame_bytes(n_channels) + ext_bytes(n_channels)
+    }
+
+    /// A frame over external memory (for the device backend: pinned, mapped host memory
+    /// whose device address a kernel writes the counters to, in the `ProbingFrame`
+    /// layout). The memory is zeroed here, measurement turned on; `release` runs once when
+    /// the frame is dropped (it frees the memory).
+    ///
+    /// # Safety
+    /// `ptr` must be 8-byte aligned and valid for reads and writes of
+    /// [`Frame::total_bytes`]`(n_channels)` bytes until `release` runs, and no Rust
+    /// reference other than this frame's may access those bytes (other agents, such as a
+    /// device kernel, may write the counter words with plain aligned 8-byte stores).
+    pub unsafe fn from_external(ptr: *mut u64, n_channels: usize, release: Release) -> Frame {
+        let len = Self::total_bytes(n_channels) / 8;
+        let Some(ptr) = std::ptr::NonNull::new(ptr.cast::<AtomicU64>()) else {
+            // A null pointer cannot satisfy the contract: fall back to owned memory rather
+            // than dereference it (the release closure still runs once).
+            release();
+            return Frame::new(n_channels);
+        };
+        for i in 0..len {
+            // SAFETY: i < len words inside the caller's valid, aligned range; AtomicU64 has
+            // the layout of u64, so writing a fresh atomic initialises the word.
+            unsafe { ptr.as_ptr().add(i).write(AtomicU64::new(0)) };
+        }
+        let frame = Frame {
+            words: Words {
+                ptr,
+                len,
+                release: Some(release),
+            },
+            n_channels,
+        };
+        frame.set_mode(true);
+        frame
+    }
+
+    /// Address of the first byte of the frame (the header), for handing its device-side
+    /// alias to a kernel.
+    pub fn as_ptr(&self) -> *const u64 {
+        self.words.ptr.as_ptr().cast::<u64>()
     }
 
     /// Channel capacity of this frame.
@@ -457,6 +569,47 @@ mod tests {
         assert_eq!(f.waits(b, 1), ChannelWaits::default(), "reused block reset");
         assert_eq!(f.expected(b, 1), (0, 0), "expected counts reset too");
         assert_eq!(ext_bytes(8), 8 * 8 * 32);
+    }
+
+    #[test]
+    fn frame_over_external_memory_has_the_same_layout_and_releases_once() {
+        use std::sync::atomic::AtomicUsize;
+        use std::sync::Arc;
+        let words = Frame::total_bytes(2) / 8;
+        let mut mem: Vec<u64> = vec![0xdead_beef; words];
+        let ptr = mem.as_mut_ptr();
+        let released = Arc::new(AtomicUsize::new(0));
+        let r2 = Arc::clone(&released);
+        // SAFETY: `mem` is aligned, has total_bytes(2) bytes and outlives the frame; it is
+        // only read through raw reads below while the frame exists.
+        let f = unsafe {
+            Frame::from_external(
+                ptr,
+                2,
+                Box::new(move || {
+                    r2.fetch_add(1, Ordering::SeqCst);
+                }),
+            )
+        };
+        assert_eq!(f.as_ptr(), ptr as *const u64);
+        assert!(f.is_measuring());
+        let owned = Frame::new(2);
+        for fr in [&f, &owned] {
+            let b = fr.begin_op(9, 11, 2);
+            fr.add_send(b, 1, 4);
+            fr.add_recv(b, 0, 2);
+            fr.add_expected(b, 1, 5, 6);
+        }
+        assert_eq!(f.to_bytes(), owned.to_bytes());
+        // A foreign writer (the kernel) stores absolute counts at the C ABI's offsets:
+        // SendCount of channel ch in block b at 32 + b * (16 + 16 cap) + 16 + 16 ch.
+        let off = (FRAME_HEADER_BYTES + 3 * block_bytes(2) + 16 + 16) / 8;
+        // SAFETY: in bounds of `mem`; a plain aligned store like the kernel's.
+        unsafe { ptr.add(off).write_volatile(77) };
+        assert_eq!(f.counts(3, 1).send_count, 77);
+        drop(f);
+        assert_eq!(released.load(Ordering::SeqCst), 1);
+        drop(mem);
     }
 
     #[test]

@@ -2,12 +2,15 @@
 //! uses, and the lowering of a pure [`crate::schedule::Plan`] into the flat arrays the
 //! kernels execute (`kernels/include/ccl_device.h`).
 //!
-//! Status: the pure parts (backend decision, lowering, reduction parameters) are here and
-//! unit-tested; the communicator does not use the device backend yet (buffers, streams and
-//! FIFOs in device memory are the next step, see docs/device-backend.md). Nothing here has
-//! run on a GPU.
+//! Status: the pure parts (backend decision, lowering, reduction parameters) are unit-tested;
+//! the runtime ([`runtime`], over the [`api::DeviceApi`] trait) is tested end to end through
+//! the CPU emulation of the device ([`emu`], `CCLD_DEVICE_EMULATION=1`). The CUDA side
+//! ([`api::CudaApi`]) has never run on a GPU (see docs/device-backend.md).
 
+pub mod api;
+pub mod emu;
 pub mod lower;
+pub mod runtime;
 pub mod selftest;
 
 pub use lower::{lower, red_params, ConnDir, ConnKey, LoweredPlan, RedParams};

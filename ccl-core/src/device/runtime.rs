@@ -1,0 +1,983 @@
+//! Per-communicator device state and the enqueue path of the device backend.
+//!
+//! Created at init when the backend is Device ([`select`]): the [`DeviceApi`] in use
+//! ([`super::api::CudaApi`] or, with `CCLD_DEVICE_EMULATION=1`, the CPU emulator), the
+//! probing frame and the abort flag in mapped host memory ([`DevicePre`], made before the
+//! bootstrap because the communicator's frame must be that one), and once the bootstrap is
+//! up ([`DeviceComm::attach`]) the FIFO connections: receiver-owned memory (tail counter,
+//! head counter, slots) in device memory; ring connections at init, p2p connections
+//! lazily in two phases ([`DeviceComm::p2p_begin`] / [`DeviceComm::p2p_finish`]) so that
+//! one thread can drive a group over several communicators. Peers in this process get raw
+//! device addresses; peers in other processes get IPC handles (CUDA only).
+//!
+//! An operation: `executor::plan_for` -> `device::lower` -> arrays in mapped memory
+//! (cached by plan shape) -> on the user's stream: a host function (probe `begin_op`,
+//! expected counts, `op_log.start`, `CCLD_INJECT` delay / not-entered), the kernel, a host
+//! function (`op_log.finish`, `Source::op_done`). The call returns after the enqueue.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{HashMap, HashSet};
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use kernels::ffi::{
+    ccl_dev_conn_t, ccl_dev_lane_t, ccl_dev_local_t, ccl_dev_plan_t, ccl_dev_step_t,
+    CCL_IPC_HANDLE_BYTES, CCL_MAX_BUFS, CCL_PROTO_SIMPLE,
+};
+use probe::{CollKind, Frame, OpLog};
+
+use super::api::{CudaApi, DeviceApi, Mapped, Stream};
+use super::lower::{lower, red_params, ConnDir, ConnKey, LoweredPlan};
+use super::{choose_backend, Backend, DeviceProbe};
+use crate::bootstrap::Bootstrap;
+use crate::comm::ScalarArg;
+use crate::error::{CclError, Result};
+use crate::executor::{self, RedSpec, Tuning, WorkItem};
+use crate::reduce::Reducer;
+use crate::schedule::LinkKind;
+use crate::types::{DataType, RedOpKind};
+
+/// `CCLD_BACKEND`: which backend communicators use.
+pub const ENV_BACKEND: &str = "CCLD_BACKEND";
+/// `CCLD_DEVICE_EMULATION`: 1 = the CPU emulator stands in for the device (testing aid).
+pub const ENV_EMULATION: &str = "CCLD_DEVICE_EMULATION";
+
+/// Bootstrap tags of the device FIFO exchanges.
+const TAG_RING: u32 = 0x6465_7601;
+const TAG_P2P: u32 = 0x6465_7602;
+/// Connection memory layout: tail at 0, head at 64, slots from 128.
+const HEAD_OFF: usize = 64;
+const SLOTS_OFF: usize = 128;
+/// Plan shapes whose arrays stay uploaded per communicator.
+const PLAN_CACHE: usize = 64;
+/// How long destroy waits for enqueued operations before leaking their memory.
+const DRAIN_LIMIT: Duration = Duration::from_secs(30);
+
+/// `CCLD_BACKEND` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendEnv {
+    /// Device when usable, host otherwise (default).
+    Auto,
+    /// Always the host backend.
+    Host,
+    /// The device backend; init fails without a usable device.
+    Device,
+}
+
+/// Parses `CCLD_BACKEND` (unset = auto).
+pub fn parse_backend(raw: Option<&str>) -> Result<BackendEnv> {
+    match raw.map(|s| s.trim().to_ascii_lowercase()).as_deref() {
+        None | Some("") | Some("auto") => Ok(BackendEnv::Auto),
+        Some("host") => Ok(BackendEnv::Host),
+        Some("device") => Ok(BackendEnv::Device),
+        Some(v) => Err(CclError::arg(format!(
+            "{ENV_BACKEND}={v:?} must be auto, host or device"
+        ))),
+    }
+}
+
+/// The backend decision, before any device call: pure.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Host backend (reason for the INIT log).
+    Host(String),
+    /// Device backend on `device` through the emulator.
+    Emulated(i32),
+    /// Device backend on CUDA device `device`.
+    Cuda(i32),
+}
+
+/// Decides the backend from the variables and what the device probe found (`probe` is
+/// only called when needed). `hint`: the device `ncclCommInitAll` assigned, if any.
+pub fn decide(
+    backend: BackendEnv,
+    emulation: bool,
+    hint: Option<i32>,
+    probe: &dyn Fn() -> DeviceProbe,
+) -> Result<Decision> {
+    if backend == BackendEnv::Host {
+        return Ok(Decision::Host(format!("host backend ({ENV_BACKEND}=host)")));
+    }
+    if emulation {
+        return Ok(Decision::Emulated(hint.unwrap_or(0)));
+    }
+    let p = probe();
+    let p = match (p, hint) {
+        (DeviceProbe::Present { count, .. }, Some(h)) => DeviceProbe::Present { count, current: h },
+        (p, _) => p,
+    };
+    match choose_backend(&p) {
+        (Backend::Device { device }, _) => Ok(Decision::Cuda(device)),
+        (Backend::Host, why) if backend == BackendEnv::Device => Err(CclError::usage(format!(
+            "{ENV_BACKEND}=device but no usable device: {why} (set {ENV_EMULATION}=1 to test \
+             with the CPU emulation)"
+        ))),
+        (Backend::Host, why) => Ok(Decision::Host(why)),
+    }
+}
+
+fn cuda_probe() -> DeviceProbe {
+    let p = super::probe_device();
+    match p {
+        DeviceProbe::Present { count, .. } => match CudaApi.current_device() {
+            Ok(current) => DeviceProbe::Present { count, current },
+            Err(e) => DeviceProbe::NoDevice(e.to_string()),
+        },
+        other => other,
+    }
+}
+
+/// What a communicator is created with on the device backend, before its bootstrap: the
+/// API, the device, the frame in mapped memory and the abort flag.
+#[derive(Debug)]
+pub(crate) struct DevicePre {
+    pub api: Arc<dyn DeviceApi>,
+    pub device: i32,
+    pub frame: Arc<Frame>,
+    pub frame_dev: usize,
+    pub abort: Mapped,
+}
+
+/// Reads `CCLD_BACKEND` / `CCLD_DEVICE_EMULATION` and, for a device communicator, makes its
+/// frame (capacity `channels`) and abort flag. `None`: host backend.
+pub(crate) fn select(hint: Option<i32>, channels: usize, rank: usize) -> Result<Option<DevicePre>> {
+    let backend = parse_backend(crate::env::var(ENV_BACKEND)?.as_deref())?;
+    let emulation = crate::env::bool_or(ENV_EMULATION, false)?;
+    let (api, device): (Arc<dyn DeviceApi>, i32) =
+        match decide(backend, emulation, hint, &cuda_probe)? {
+            Decision::Host(why) => {
+                tracing::debug!(target: "nccl::INIT", rank = rank, "{why}");
+                return Ok(None);
+            }
+            Decision::Emulated(d) => (super::emu::global(), d),
+            Decision::Cuda(d) => (Arc::new(CudaApi), d),
+        };
+    api.set_device(device)?;
+    let bytes = Frame::total_bytes(channels);
+    let m = api.host_alloc_mapped(bytes)?;
+    let abort = match api.host_alloc_mapped(64) {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = api.host_free(m.host);
+            return Err(e);
+        }
+    };
+    let a2 = Arc::clone(&api);
+    let host = m.host;
+    let release = Box::new(move || {
+        if let Err(e) = a2.host_free(host) {
+            tracing::warn!(target: "nccl::ALLOC", "freeing a probe frame: {e}");
+        }
+    });
+    // SAFETY: `m.host` is zeroed mapped memory of total_bytes(channels) bytes, page (or
+    // 256-byte) aligned, freed only by `release`; only the frame and kernels (through the
+    // device alias, plain aligned 8-byte stores) access it.
+    let frame = unsafe { Frame::from_external(m.host as *mut u64, channels, release) };
+    tracing::info!(target: "nccl::INIT", rank = rank,
+        "device backend ({}) on device {device}", api.name());
+    Ok(Some(DevicePre {
+        api,
+        device,
+        frame: Arc::new(frame),
+        frame_dev: m.dev,
+        abort,
+    }))
+}
+
+/// One FIFO end: device addresses of its counters and slots.
+#[derive(Clone, Copy, Debug)]
+struct ConnMem {
+    base: usize,
+}
+
+impl ConnMem {
+    fn abi(&self, t: &Tuning) -> ccl_dev_conn_t {
+        ccl_dev_conn_t {
+            slots: (self.base + SLOTS_OFF) as *mut _,
+            tail: self.base as *mut u64,
+            head: (self.base + HEAD_OFF) as *mut u64,
+            slot_bytes: t.slot_bytes as u64,
+            nslots: t.nslots as u32,
+            reserved: 0,
+        }
+    }
+}
+
+/// Plan arrays in mapped memory.
+#[derive(Clone, Copy, Debug)]
+struct Uploaded {
+    host: usize,
+    dev: usize,
+    steps: usize,
+    lanes: usize,
+    locals: usize,
+    conns: usize,
+}
+
+/// Memory an operation hands back when it completed.
+#[derive(Debug)]
+enum Freed {
+    Device(usize),
+    Mapped(usize),
+}
+
+/// Operations enqueued and not completed.
+#[derive(Debug, Default)]
+struct Inflight {
+    n: Mutex<usize>,
+    cv: Condvar,
+}
+
+impl Inflight {
+    fn add(&self) {
+        *lock(&self.n) += 1;
+    }
+    fn done(&self) {
+        let mut g = lock(&self.n);
+        *g = g.saturating_sub(1);
+        self.cv.notify_all();
+    }
+    fn wait_zero(&self, limit: Duration) -> bool {
+        let t0 = Instant::now();
+        let mut g = lock(&self.n);
+        while *g > 0 {
+            let left = limit.saturating_sub(t0.elapsed());
+            if left.is_zero() {
+                return false;
+            }
+            g = self
+                .cv
+                .wait_timeout(g, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        true
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A poisoned lock only means another thread panicked holding it; the state is plain.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[derive(Debug, Default)]
+struct State {
+    conns: HashMap<ConnKey, ConnMem>,
+    p2p_peers: HashSet<usize>,
+    /// Peers whose p2p descriptors were sent and are still to be received.
+    p2p_pending: Vec<usize>,
+    /// Our connection allocations (inbound FIFOs) and IPC-opened peer allocations.
+    owned: Vec<usize>,
+    opened: Vec<usize>,
+    cache: HashMap<u64, Vec<(LoweredPlan, Uploaded)>>,
+    cached: usize,
+    closed: bool,
+}
+
+/// Per-communicator runtime state of the device backend.
+#[derive(Debug)]
+pub(crate) struct DeviceComm {
+    api: Arc<dyn DeviceApi>,
+    device: i32,
+    rank: usize,
+    nranks: usize,
+    comm_id: u64,
+    tuning: Tuning,
+    boot: Arc<Bootstrap>,
+    frame: Arc<Frame>,
+    frame_dev: usize,
+    abort_mem: Mapped,
+    abort: Arc<AtomicBool>,
+    op_log: Arc<OpLog>,
+    probe_on: bool,
+    op_counter: Arc<AtomicU64>,
+    inject: Option<Arc<crate::inject::Injection>>,
+    source: Option<Arc<probe::Source>>,
+    pids: Vec<u32>,
+    state: Mutex<State>,
+    inflight: Arc<Inflight>,
+    to_free: Arc<Mutex<Vec<Freed>>>,
+}
+
+/// What `attach` needs of the communicator.
+pub(crate) struct AttachArgs {
+    pub pre: DevicePre,
+    pub boot: Arc<Bootstrap>,
+    pub tuning: Tuning,
+    pub abort: Arc<AtomicBool>,
+    pub op_log: Arc<OpLog>,
+    pub probe_on: bool,
+    pub op_counter: Arc<AtomicU64>,
+    pub inject: Option<Arc<crate::inject::Injection>>,
+    pub source: Option<Arc<probe::Source>>,
+}
+
+/// Wire form of one rank's inbound FIFOs for a peer: pid, then per channel a kind byte
+/// (0 = raw address in this process, 1 = IPC handle) and address or handle.
+fn encode_desc(pid: u32, ends: &[(u8, usize, [u8; CCL_IPC_HANDLE_BYTES])]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(8 + ends.len() * (9 + CCL_IPC_HANDLE_BYTES));
+    v.extend_from_slice(&pid.to_le_bytes());
+    v.extend_from_slice(&(ends.len() as u32).to_le_bytes());
+    for (k, a, h) in ends {
+        v.push(*k);
+        v.extend_from_slice(&(*a as u64).to_le_bytes());
+        v.extend_from_slice(h);
+    }
+    v
+}
+
+type DescEnd = (u8, usize, [u8; CCL_IPC_HANDLE_BYTES]);
+
+fn decode_desc(b: &[u8], peer: usize) -> Result<(u32, Vec<DescEnd>)> {
+    let bad = || CclError::Remote(format!("rank {peer} sent a malformed FIFO descriptor"));
+    let rd32 =
+        |o: usize| -> Option<u32> { Some(u32::from_le_bytes(b.get(o..o + 4)?.try_into().ok()?)) };
+    let pid = rd32(0).ok_or_else(bad)?;
+    let n = rd32(4).ok_or_else(bad)? as usize;
+    let per = 9 + CCL_IPC_HANDLE_BYTES;
+    if b.len() != 8 + n * per {
+        return Err(bad());
+    }
+    let mut v = Vec::with_capacity(n);
+    for i in 0..n {
+        let o = 8 + i * per;
+        let k = b[o];
+        let a = u64::from_le_bytes(b[o + 1..o + 9].try_into().map_err(|_| bad())?) as usize;
+        let mut h = [0u8; CCL_IPC_HANDLE_BYTES];
+        h.copy_from_slice(&b[o + 9..o + per]);
+        if k > 1 {
+            return Err(bad());
+        }
+        v.push((k, a, h));
+    }
+    Ok((pid, v))
+}
+
+/// Waits for a bootstrap message without a deadline, ending on abort (like the host
+/// transport's p2p handshake).
+fn recv_patiently(boot: &Bootstrap, peer: usize, tag: u32, abort: &AtomicBool) -> Result<Vec<u8>> {
+    loop {
+        if abort.load(Ordering::Acquire) {
+            return Err(CclError::Aborted(format!(
+                "ncclCommAbort called while waiting for rank {peer} to connect"
+            )));
+        }
+        match boot.recv_timeout(peer, tag, Duration::from_millis(100)) {
+            Err(CclError::Timeout(_)) => {}
+            other => return other,
+        }
+    }
+}
+
+impl DeviceComm {
+    /// Second half of a device communicator's init: connects the ring FIFOs over the
+    /// bootstrap (every rank calls it).
+    pub(crate) fn attach(a: AttachArgs) -> Result<DeviceComm> {
+        let boot = a.boot;
+        let nranks = boot.nranks();
+        let rank = boot.rank();
+        let dc = DeviceComm {
+            api: a.pre.api,
+            device: a.pre.device,
+            rank,
+            nranks,
+            comm_id: boot.comm_hash(),
+            tuning: a.tuning,
+            pids: (0..nranks).map(|r| boot.peer_pid(r)).collect(),
+            boot,
+            frame: a.pre.frame,
+            frame_dev: a.pre.frame_dev,
+            abort_mem: a.pre.abort,
+            abort: a.abort,
+            op_log: a.op_log,
+            probe_on: a.probe_on,
+            op_counter: a.op_counter,
+            inject: a.inject,
+            source: a.source,
+            state: Mutex::new(State::default()),
+            inflight: Arc::new(Inflight::default()),
+            to_free: Arc::new(Mutex::new(Vec::new())),
+        };
+        if nranks > 1 {
+            let prev = (rank + nranks - 1) % nranks;
+            let next = (rank + 1) % nranks;
+            let n = dc.tuning.max_channels;
+            dc.send_inbound(LinkKind::Ring, prev, n, TAG_RING)?;
+            dc.recv_outbound(LinkKind::Ring, next, n, TAG_RING)?;
+        }
+        tracing::info!(target: "nccl::INIT", rank = rank,
+            "comm {:#018x}: device FIFOs of the ring connected ({} channels, {} x {} B)",
+            dc.comm_id, dc.tuning.max_channels, dc.tuning.nslots, dc.tuning.slot_bytes);
+        Ok(dc)
+    }
+
+    fn conn_bytes(&self) -> usize {
+        SLOTS_OFF + self.tuning.nslots * self.tuning.slot_bytes
+    }
+
+    /// Allocates our inbound FIFOs from `peer` (channels 0..n of `link`) and sends their
+    /// descriptors to `peer`.
+    fn send_inbound(&self, link: LinkKind, peer: usize, n: usize, tag: u32) -> Result<()> {
+        self.api.set_device(self.device)?;
+        let same = self.pids[peer] == std::process::id();
+        let mut ends = Vec::with_capacity(n);
+        let mut st = lock(&self.state);
+        for ch in 0..n {
+            let base = self.api.malloc(self.conn_bytes())?;
+            st.owned.push(base);
+            // SAFETY: fresh allocation of conn_bytes() >= SLOTS_OFF bytes.
+            unsafe { self.api.memset(base, 0, SLOTS_OFF)? };
+            st.conns.insert(
+                ConnKey {
+                    link,
+                    peer,
+                    channel: ch,
+                    dir: ConnDir::In,
+                },
+                ConnMem { base },
+            );
+            if same {
+                ends.push((0u8, base, [0u8; CCL_IPC_HANDLE_BYTES]));
+            } else {
+                ends.push((1u8, 0, self.api.ipc_get(base)?));
+            }
+        }
+        drop(st);
+        self.boot
+            .send(peer, tag, &encode_desc(std::process::id(), &ends))
+    }
+
+    /// Receives `peer`'s inbound FIFO descriptors (its FIFOs from us): our outbound ends.
+    fn recv_outbound(&self, link: LinkKind, peer: usize, n: usize, tag: u32) -> Result<()> {
+        let b = recv_patiently(&self.boot, peer, tag, &self.abort)?;
+        let (pid, ends) = decode_desc(&b, peer)?;
+        if ends.len() != n {
+            return Err(CclError::Remote(format!(
+                "rank {peer} offered {} FIFO channels, expected {n} (different NCCL_MAX_CTAS?)",
+                ends.len()
+            )));
+        }
+        let mut st = lock(&self.state);
+        for (ch, (k, a, h)) in ends.into_iter().enumerate() {
+            let base = if k == 0 {
+                if pid != std::process::id() {
+                    return Err(CclError::Remote(format!(
+                        "rank {peer} (pid {pid}) sent a raw device address to another process"
+                    )));
+                }
+                a
+            } else {
+                let p = self.api.ipc_open(&h)?;
+                st.opened.push(p);
+                p
+            };
+            st.conns.insert(
+                ConnKey {
+                    link,
+                    peer,
+                    channel: ch,
+                    dir: ConnDir::Out,
+                },
+                ConnMem { base },
+            );
+        }
+        Ok(())
+    }
+
+    /// Phase 1 of lazy p2p connections: sends our inbound FIFO descriptors to every peer
+    /// of `peers` not connected yet. Every such peer must do the same for us at the same
+    /// point of its program (its matching operation).
+    pub(crate) fn p2p_begin(&self, peers: &[usize]) -> Result<()> {
+        let mut new: Vec<usize> = {
+            let st = lock(&self.state);
+            peers
+                .iter()
+                .copied()
+                .filter(|p| {
+                    *p != self.rank && !st.p2p_peers.contains(p) && !st.p2p_pending.contains(p)
+                })
+                .collect()
+        };
+        new.sort_unstable();
+        new.dedup();
+        for &p in &new {
+            self.send_inbound(LinkKind::P2p, p, self.tuning.p2p_channels(), TAG_P2P)?;
+            lock(&self.state).p2p_pending.push(p);
+        }
+        Ok(())
+    }
+
+    /// Phase 2: receives the descriptors of the peers of [`Self::p2p_begin`].
+    pub(crate) fn p2p_finish(&self) -> Result<()> {
+        let pending = std::mem::take(&mut lock(&self.state).p2p_pending);
+        for p in pending {
+            self.recv_outbound(LinkKind::P2p, p, self.tuning.p2p_channels(), TAG_P2P)?;
+            lock(&self.state).p2p_peers.insert(p);
+            tracing::debug!(target: "nccl::P2P", rank = self.rank,
+                "comm {:#018x}: device p2p FIFOs with rank {p} connected", self.comm_id);
+        }
+        Ok(())
+    }
+
+    /// The p2p peers `item` needs (AlltoAll/Gather/Scatter and Send/Recv groups).
+    pub(crate) fn p2p_peers_of(&self, item: &WorkItem) -> Result<Vec<usize>> {
+        let plan = executor::plan_for(item, self.rank, self.nranks, &self.tuning)?;
+        Ok(plan
+            .lanes
+            .iter()
+            .filter(|l| l.link == LinkKind::P2p && !l.steps.is_empty())
+            .flat_map(|l| l.recv_from.into_iter().chain(l.send_to))
+            .collect())
+    }
+
+    /// Sets the kernels' abort flag (`ncclCommAbort`).
+    pub(crate) fn abort(&self) {
+        // SAFETY: the abort flag is 64 bytes of mapped memory owned by this communicator
+        // until `shutdown`, 4-byte aligned; every access is atomic.
+        unsafe { AtomicU32::from_ptr(self.abort_mem.host as *mut u32) }.store(1, Ordering::Release);
+    }
+
+    fn drain_frees(&self) {
+        let v = std::mem::take(&mut *lock(&self.to_free));
+        for f in v {
+            let r = match f {
+                Freed::Device(p) => self.api.free(p),
+                Freed::Mapped(p) => self.api.host_free(p),
+            };
+            if let Err(e) = r {
+                tracing::warn!(target: "nccl::ALLOC", rank = self.rank, "{e}");
+            }
+        }
+    }
+
+    /// Checks that a user buffer is device memory (CUDA; the emulator takes any pointer).
+    fn check_buffer(&self, what: &str, label: &str, p: usize) -> Result<()> {
+        if p == 0 || self.api.is_emulated() {
+            return Ok(());
+        }
+        if !self.api.pointer_is_device(p)? {
+            return Err(CclError::arg(format!(
+                "{label}: {what} {p:#x} is host memory, but this communicator runs on CUDA device {} \
+                 (pass device buffers, or use {ENV_BACKEND}=host)",
+                self.device
+            )));
+        }
+        Ok(())
+    }
+
+    fn reducer(&self, spec: &RedSpec, dtype: DataType) -> Result<(Reducer, usize)> {
+        let n = self.nranks;
+        Ok(match spec {
+            RedSpec::Builtin(k) => (Reducer::new(dtype, *k, None, n)?, 0),
+            RedSpec::PreMul(ScalarArg::HostImmediate(v)) => {
+                (Reducer::new(dtype, RedOpKind::PreMulSum, Some(v), n)?, 0)
+            }
+            RedSpec::PreMul(ScalarArg::Device(addr)) => {
+                // The kernel reads the scalar from device memory when it runs.
+                let zero = [0u8; 8];
+                (
+                    Reducer::new(dtype, RedOpKind::PreMulSum, Some(&zero[..dtype.size()]), n)?,
+                    *addr,
+                )
+            }
+        })
+    }
+
+    fn upload(
+        &self,
+        st: &mut State,
+        lp: &LoweredPlan,
+        conns: &[ccl_dev_conn_t],
+    ) -> Result<(u64, Uploaded, bool)> {
+        let mut h = DefaultHasher::new();
+        (lp.n_channels, lp.unit, &lp.conns).hash(&mut h);
+        for s in &lp.steps {
+            (s.kind, s.src_buf, s.dst_buf, s.src_off, s.dst_off, s.count).hash(&mut h);
+        }
+        for l in &lp.lanes {
+            (l.channel, l.first_step, l.n_steps, l.conn_in, l.conn_out).hash(&mut h);
+        }
+        for l in &lp.locals {
+            (l.kind, l.src_buf, l.dst_buf, l.src_off, l.dst_off, l.count).hash(&mut h);
+        }
+        let key = h.finish();
+        if let Some(v) = st.cache.get(&key) {
+            if let Some((_, u)) = v.iter().find(|(p, _)| p == lp) {
+                return Ok((key, *u, true));
+            }
+        }
+        let align = |x: usize| x.div_ceil(64) * 64;
+        let steps = 0;
+        let lanes = align(steps + lp.steps.len() * std::mem::size_of::<ccl_dev_step_t>());
+        let locals = align(lanes + lp.lanes.len() * std::mem::size_of::<ccl_dev_lane_t>());
+        let cn = align(locals + lp.locals.len() * std::mem::size_of::<ccl_dev_local_t>());
+        let total = cn + std::mem::size_of_val(conns);
+        let m = self.api.host_alloc_mapped(total.max(64))?;
+        // SAFETY: `m.host` is fresh mapped memory of `total` bytes, at least 64-byte aligned
+        // (cudaHostAlloc: page; emulator: 256), so every typed destination is aligned and
+        // in bounds; the sources are live vectors of those lengths.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                lp.steps.as_ptr(),
+                (m.host + steps) as *mut ccl_dev_step_t,
+                lp.steps.len(),
+            );
+            std::ptr::copy_nonoverlapping(
+                lp.lanes.as_ptr(),
+                (m.host + lanes) as *mut ccl_dev_lane_t,
+                lp.lanes.len(),
+            );
+            std::ptr::copy_nonoverlapping(
+                lp.locals.as_ptr(),
+                (m.host + locals) as *mut ccl_dev_local_t,
+                lp.locals.len(),
+            );
+            std::ptr::copy_nonoverlapping(
+                conns.as_ptr(),
+                (m.host + cn) as *mut ccl_dev_conn_t,
+                conns.len(),
+            );
+        }
+        let u = Uploaded {
+            host: m.host,
+            dev: m.dev,
+            steps,
+            lanes,
+            locals,
+            conns: cn,
+        };
+        if st.cached < PLAN_CACHE {
+            st.cached += 1;
+            st.cache.entry(key).or_default().push((lp.clone(), u));
+            return Ok((key, u, true));
+        }
+        Ok((key, u, false))
+    }
+
+    /// Enqueues one work item on `stream` (0 = default stream) and returns.
+    pub(crate) fn enqueue(&self, item: &WorkItem, stream: Stream) -> Result<()> {
+        self.drain_frees();
+        if lock(&self.state).closed {
+            return Err(CclError::usage("communicator was destroyed"));
+        }
+        self.api.set_device(self.device)?;
+        let stream = if stream == 0 {
+            self.api.default_stream(self.device)?
+        } else {
+            stream
+        };
+        let label = item.label();
+        let plan = executor::plan_for(item, self.rank, self.nranks, &self.tuning)?;
+        let mut frees: Vec<Freed> = Vec::new();
+        let (mut bufs, red, dtype_bytes): (Vec<usize>, Option<(Reducer, usize)>, usize) = match item
+        {
+            WorkItem::Coll(c) => {
+                self.check_buffer("sendbuff", &label, c.sendbuf)?;
+                self.check_buffer("recvbuff", &label, c.recvbuf)?;
+                let red = match &c.red {
+                    Some(spec) => Some(self.reducer(spec, c.dtype)?),
+                    None => None,
+                };
+                (vec![c.sendbuf, c.recvbuf], red, c.count * c.dtype.size())
+            }
+            WorkItem::P2p(calls) => {
+                for c in calls {
+                    self.check_buffer("buff", &c.label, c.buf)?;
+                }
+                (calls.iter().map(|c| c.buf).collect(), None, 0)
+            }
+        };
+        if let WorkItem::Coll(c) = item {
+            let total = dtype_bytes * self.nranks;
+            if c.kind == CollKind::AlltoAll
+                && total > 0
+                && c.sendbuf < c.recvbuf + total
+                && c.recvbuf < c.sendbuf + total
+            {
+                // In-place AlltoAll: stage the input (ordered on the stream).
+                let scratch = self.api.malloc(total)?;
+                frees.push(Freed::Device(scratch));
+                // SAFETY: scratch has `total` bytes; sendbuf is valid for `total` bytes
+                // until the operation completed (enqueue contract); ordered on `stream`.
+                unsafe { self.api.memcpy_async(scratch, c.sendbuf, total, stream)? };
+                bufs[0] = scratch;
+            }
+        }
+        if bufs.len() > CCL_MAX_BUFS {
+            return Err(CclError::usage(format!(
+                "the device backend runs at most {CCL_MAX_BUFS} buffers per operation"
+            )));
+        }
+        let lp = lower(&plan, bufs.len())?;
+        let mut st = lock(&self.state);
+        let conns: Vec<ccl_dev_conn_t> = lp
+            .conns
+            .iter()
+            .map(|k| {
+                st.conns.get(k).map(|c| c.abi(&self.tuning)).ok_or_else(|| {
+                    CclError::Internal(format!("{label}: device connection {k:?} is not set up"))
+                })
+            })
+            .collect::<Result<_>>()?;
+        let (_, up, cached) = self.upload(&mut st, &lp, &conns)?;
+        drop(st);
+        if !cached {
+            frees.push(Freed::Mapped(up.host));
+        }
+        let mut p = ccl_dev_plan_t {
+            n_channels: lp.n_channels,
+            n_lanes: lp.lanes.len() as u32,
+            n_locals: lp.locals.len() as u32,
+            n_steps: lp.steps.len() as u32,
+            n_conns: conns.len() as u32,
+            unit: lp.unit,
+            dtype: 0,
+            op: 0,
+            reduce: 0,
+            avg_divisor: 0,
+            scalar_bits: 0,
+            scalar_dev: std::ptr::null(),
+            steps: (up.dev + up.steps) as *const _,
+            lanes: (up.dev + up.lanes) as *const _,
+            locals: (up.dev + up.locals) as *const _,
+            conns: (up.dev + up.conns) as *const _,
+            bufs: [std::ptr::null_mut(); CCL_MAX_BUFS],
+            frame: std::ptr::null_mut(),
+            frame_capacity: 0,
+            frame_block: 0,
+            proto: CCL_PROTO_SIMPLE,
+            reserved: 0,
+            abort_flag: self.abort_mem.dev as *const u32,
+        };
+        for (d, b) in p.bufs.iter_mut().zip(&bufs) {
+            *d = *b as *mut _;
+        }
+        if let Some((r, scalar_dev)) = &red {
+            let rp = red_params(r, self.nranks)?;
+            p.reduce = 1;
+            p.dtype = rp.dtype;
+            p.op = rp.op;
+            p.avg_divisor = rp.avg_divisor;
+            p.scalar_bits = rp.scalar_bits;
+            if *scalar_dev != 0 {
+                p.scalar_dev = *scalar_dev as *const _;
+            }
+        }
+        let counter = self.op_counter.fetch_add(1, Ordering::AcqRel);
+        let block = (counter % probe::FRAME_BLOCKS as u64) as usize;
+        if self.probe_on {
+            p.frame = self.frame_dev as *mut u64;
+            p.frame_capacity = self.frame.channel_capacity() as u32;
+            p.frame_block = block as u32;
+        }
+        let fault = match &self.inject {
+            Some(inj) => inj.for_op(self.rank, self.nranks, counter),
+            None => crate::inject::OpFault::default(),
+        };
+        if fault.throttle.is_some() || fault.halve || fault.stall.is_some() {
+            tracing::warn!(target: "nccl::COLL", rank = self.rank,
+                "CCLD_INJECT: only delays and not-entered ranks are injected on the device backend");
+        }
+        let info = executor::type_set(item, self.nranks, &plan);
+        let expected: Vec<(usize, u64, u64)> = plan
+            .lanes
+            .iter()
+            .map(|l| {
+                let (s, r) = l.steps.iter().fold((0, 0), |(s, r), st| {
+                    (
+                        s + u64::from(st.kind.sends()),
+                        r + u64::from(st.kind.recvs()),
+                    )
+                });
+                (l.channel, s, r)
+            })
+            .collect();
+        match item {
+            WorkItem::Coll(c) => tracing::info!(target: "nccl::COLL", rank = self.rank,
+                "{}: opCount {counter:x} sendbuff {:#x} recvbuff {:#x} count {} datatype {} op {} root {} comm {:#018x} [nranks={}] nChannels {} stream {stream:#x}",
+                c.kind.name(), c.sendbuf, c.recvbuf, c.count, c.dtype as i32, info.redop,
+                info.root, self.comm_id, self.nranks, plan.n_channels),
+            WorkItem::P2p(calls) => {
+                for c in calls {
+                    tracing::info!(target: "nccl::P2P", rank = self.rank,
+                        "{}: opCount {counter:x} buff {:#x} count {} datatype {} peer {} comm {:#018x} [nranks={}] stream {stream:#x}",
+                        if c.dir == crate::schedule::Dir::Send { "Send" } else { "Recv" }, c.buf,
+                        c.count, c.dtype as i32, c.peer, self.comm_id, self.nranks);
+                }
+            }
+        }
+        // Host function before the kernel.
+        let before = {
+            let frame = Arc::clone(&self.frame);
+            let op_log = Arc::clone(&self.op_log);
+            let abort = Arc::clone(&self.abort);
+            let (probe_on, comm_id, n_ch, rank) =
+                (self.probe_on, self.comm_id, plan.n_channels, self.rank);
+            move || {
+                if fault.not_enter {
+                    tracing::warn!(target: "nccl::COLL", rank = rank,
+                        "CCLD_INJECT: not entering operation {counter} (blocked until abort)");
+                    while !abort.load(Ordering::Acquire) {
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                }
+                if let Some(d) = fault.delay {
+                    std::thread::sleep(d);
+                }
+                if probe_on {
+                    let b = frame.begin_op(comm_id, counter, n_ch);
+                    for (ch, s, r) in expected {
+                        frame.add_expected(b, ch, s, r);
+                    }
+                    op_log.start(counter, &info, executor::now_ns());
+                }
+            }
+        };
+        let after = {
+            let op_log = Arc::clone(&self.op_log);
+            let source = self.source.clone();
+            let inflight = Arc::clone(&self.inflight);
+            let to_free = Arc::clone(&self.to_free);
+            let abort = Arc::clone(&self.abort);
+            let probe_on = self.probe_on;
+            move || {
+                if probe_on {
+                    let ok = !abort.load(Ordering::Acquire);
+                    op_log.finish(counter, executor::now_ns(), ok);
+                    if let Some(s) = &source {
+                        s.op_done(counter);
+                    }
+                }
+                lock(&to_free).extend(frees);
+                inflight.done();
+            }
+        };
+        self.inflight.add();
+        if let Err(e) = self.api.launch_host_fn(stream, Box::new(before)) {
+            self.inflight.done();
+            return Err(e);
+        }
+        // SAFETY: the arrays live in mapped memory freed only after the completion host
+        // function (or never, when cached, until shutdown waited for all operations); the
+        // FIFOs, frame and abort flag live until shutdown; user buffers are valid until
+        // completion (the enqueue contract).
+        let launched = unsafe { self.api.launch_plan(&p, stream) };
+        // The completion function runs even when the launch failed (it releases memory and
+        // the in-flight count).
+        self.api.launch_host_fn(stream, Box::new(after))?;
+        launched.map_err(|e| executor::with_context(e, &label))
+    }
+
+    /// Destroy: waits (bounded) for enqueued operations, then frees FIFOs, plan arrays and
+    /// the abort flag. Later enqueues fail.
+    pub(crate) fn shutdown(&self) {
+        {
+            let mut st = lock(&self.state);
+            if st.closed {
+                return;
+            }
+            st.closed = true;
+        }
+        if !self.inflight.wait_zero(DRAIN_LIMIT) {
+            tracing::warn!(target: "nccl::INIT", rank = self.rank,
+                "comm {:#018x}: operations still enqueued after {DRAIN_LIMIT:?}; leaking their device memory",
+                self.comm_id);
+            return;
+        }
+        self.drain_frees();
+        let mut st = lock(&self.state);
+        let mut errs = Vec::new();
+        for p in st.opened.drain(..) {
+            errs.push(self.api.ipc_close(p));
+        }
+        for p in st.owned.drain(..) {
+            errs.push(self.api.free(p));
+        }
+        for (_, v) in st.cache.drain() {
+            for (_, u) in v {
+                errs.push(self.api.host_free(u.host));
+            }
+        }
+        st.conns.clear();
+        errs.push(self.api.host_free(self.abort_mem.host));
+        for e in errs.into_iter().filter_map(|r| r.err()) {
+            tracing::warn!(target: "nccl::ALLOC", rank = self.rank, "{e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_variable_parses_strictly() {
+        assert_eq!(parse_backend(None).unwrap(), BackendEnv::Auto);
+        assert_eq!(parse_backend(Some("Device")).unwrap(), BackendEnv::Device);
+        assert_eq!(parse_backend(Some("host")).unwrap(), BackendEnv::Host);
+        let e = parse_backend(Some("gpu")).unwrap_err();
+        assert!(e.to_string().contains(ENV_BACKEND), "{e}");
+    }
+
+    #[test]
+    fn decision_covers_variables_and_probe_outcomes() {
+        let none = || DeviceProbe::NoDevice("driver missing".into());
+        let two = || DeviceProbe::Present {
+            count: 2,
+            current: 1,
+        };
+        let never = || -> DeviceProbe { panic!("probe must not run") };
+        assert!(matches!(
+            decide(BackendEnv::Host, true, None, &never).unwrap(),
+            Decision::Host(_)
+        ));
+        assert_eq!(
+            decide(BackendEnv::Auto, true, Some(3), &never).unwrap(),
+            Decision::Emulated(3)
+        );
+        assert_eq!(
+            decide(BackendEnv::Device, true, None, &never).unwrap(),
+            Decision::Emulated(0)
+        );
+        assert!(matches!(
+            decide(BackendEnv::Auto, false, None, &none).unwrap(),
+            Decision::Host(_)
+        ));
+        let e = decide(BackendEnv::Device, false, None, &none).unwrap_err();
+        assert!(
+            e.to_string().contains(ENV_BACKEND) && e.to_string().contains("driver missing"),
+            "{e}"
+        );
+        assert_eq!(
+            decide(BackendEnv::Auto, false, None, &two).unwrap(),
+            Decision::Cuda(1)
+        );
+        assert_eq!(
+            decide(BackendEnv::Device, false, Some(0), &two).unwrap(),
+            Decision::Cuda(0)
+        );
+        assert!(matches!(
+            decide(BackendEnv::Auto, false, Some(5), &two).unwrap(),
+            Decision::Host(_)
+        ));
+        let nb = || DeviceProbe::NotBuilt;
+        assert!(decide(BackendEnv::Device, false, None, &nb).is_err());
+    }
+
+    #[test]
+    fn fifo_descriptors_round_trip_and_junk_is_an_error() {
+        let ends = vec![(0u8, 0x1234usize, [0u8; 64]), (1u8, 0, [7u8; 64])];
+        let b = encode_desc(42, &ends);
+        let (pid, got) = decode_desc(&b, 3).unwrap();
+        assert_eq!(pid, 42);
+        assert_eq!(got, ends);
+        for cut in [0, 3, 7, b.len() - 1] {
+            assert!(decode_desc(&b[..cut], 3).is_err());
+        }
+        let mut bad = b.clone();
+        bad[8] = 9;
+        assert!(decode_desc(&bad, 3).is_err());
+    }
+}

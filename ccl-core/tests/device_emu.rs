@@ -1,0 +1,361 @@
+//! The device backend through the communicator API, on the CPU emulation of the device
+//! (`CCLD_DEVICE_EMULATION=1`; no GPU needed): every collective, Send/Recv groups and
+//! AlltoAll x 1, 2, 4, 8 ranks x Float32 + Int32 (Sum, Max, Avg) against an independent
+//! reference (exact inputs: see `common`), the probe frame after completion against the
+//! schedule, asynchronous completion (the call returns before the work is done) and abort
+//! of an operation whose peer never enqueues.
+//!
+//! Every test sets the same environment at its start (`std::env::set_var`): nextest runs
+//! each test in its own process; under `cargo test` the threads of one process set the
+//! same values, so they agree.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ccl_core::device::api::{DeviceApi, Stream};
+use ccl_core::device::emu;
+use ccl_core::group::expected_counts;
+use ccl_core::{group_end, group_start, CollArgs, Comm, DataType};
+use common::*;
+use probe::CollKind;
+
+fn setup() {
+    std::env::set_var("CCLD_DEVICE_EMULATION", "1");
+    std::env::set_var("CCLD_BOOTSTRAP_IP", "127.0.0.1");
+    std::env::set_var("NCCL_BUFFSIZE", "65536");
+}
+
+fn comms(n: usize) -> Vec<Arc<Comm>> {
+    setup();
+    let c = Comm::init_all(n as i32, None).expect("init_all");
+    assert!(
+        c.iter().all(|c| c.is_device()),
+        "emulation must pick the device backend"
+    );
+    c
+}
+
+/// Waits until `s` is idle, at most `limit`.
+fn wait(s: Stream, limit: Duration) -> bool {
+    let d = emu::global();
+    let t0 = Instant::now();
+    while t0.elapsed() < limit {
+        if d.stream_query(s).expect("query") {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    false
+}
+
+struct Rank {
+    send: Vec<u8>,
+    recv: Vec<u8>,
+    stream: Stream,
+}
+
+/// Runs `coll` on all ranks of `cs` from this thread (one group), waits for the streams,
+/// checks results and probe counters.
+fn run(cs: &[Arc<Comm>], coll: CollKind, dt: DataType, red: Red, op: i32, count: usize) {
+    let n = cs.len();
+    let es = dt.size();
+    let root = (count + 1) % n;
+    let (sn, rn) = sizes(coll, count, n);
+    let d = emu::global();
+    let mut ranks: Vec<Rank> = (0..n)
+        .map(|r| {
+            let mut send = vec![0u8; (sn * es).max(1)];
+            fill(dt, red, r, 0, &mut send[..sn * es]);
+            Rank {
+                send,
+                recv: vec![0xA5; (rn * es).max(1)],
+                stream: d.stream_create().expect("stream"),
+            }
+        })
+        .collect();
+    let args: Vec<CollArgs> = ranks
+        .iter_mut()
+        .map(|b| CollArgs {
+            kind: coll,
+            sendbuf: b.send.as_ptr() as usize,
+            recvbuf: b.recv.as_mut_ptr() as usize,
+            count,
+            dtype: dt as i32,
+            op,
+            root: if matches!(coll, CollKind::Broadcast | CollKind::Reduce) {
+                root as i32
+            } else {
+                -1
+            },
+            stream: b.stream,
+        })
+        .collect();
+    let before: Vec<u64> = cs.iter().map(|c| c.ops_started()).collect();
+    group_start().unwrap();
+    for (c, a) in cs.iter().zip(&args) {
+        ccl_core::enqueue(c, *a).expect("enqueue");
+    }
+    group_end().expect("group_end");
+    let ctx = format!("{coll:?} {dt:?} {red:?} n {n} count {count}");
+    for (r, b) in ranks.iter().enumerate() {
+        assert!(
+            wait(b.stream, Duration::from_secs(30)),
+            "{ctx}: rank {r} did not finish"
+        );
+    }
+    for (r, b) in ranks.iter().enumerate() {
+        let out = |k: usize| dec(dt, &b.recv[k * es..(k + 1) * es]);
+        let want: Option<Vec<f64>> = match coll {
+            CollKind::AllReduce => Some((0..count).map(|i| reduce_ref(dt, red, n, i).0).collect()),
+            CollKind::Reduce => {
+                (r == root).then(|| (0..count).map(|i| reduce_ref(dt, red, n, i).0).collect())
+            }
+            CollKind::ReduceScatter => Some(
+                (0..count)
+                    .map(|i| reduce_ref(dt, red, n, r * count + i).0)
+                    .collect(),
+            ),
+            CollKind::Broadcast => Some((0..count).map(|i| input(dt, red, root, i)).collect()),
+            CollKind::AllGather => Some(
+                (0..n * count)
+                    .map(|k| input(dt, red, k / count, k % count))
+                    .collect(),
+            ),
+            CollKind::AlltoAll => Some(
+                (0..n * count)
+                    .map(|k| input(dt, red, k / count, r * count + k % count))
+                    .collect(),
+            ),
+            _ => unreachable!(),
+        };
+        if let Some(w) = want {
+            for (k, v) in w.iter().enumerate() {
+                // Exact inputs, power-of-two rank counts: bit-exact (Avg included).
+                assert_eq!(out(k), *v, "{ctx}: rank {r} element {k}");
+            }
+        }
+        let exp = expected_counts(&cs[r], &[args[r]]).expect("expected counts");
+        check_probe(&cs[r], before[r], &exp).unwrap_or_else(|e| panic!("{ctx}: rank {r}: {e}"));
+    }
+    for b in ranks {
+        d.stream_destroy(b.stream).unwrap();
+    }
+}
+
+fn matrix(n: usize) {
+    let cs = comms(n);
+    for dt in [DataType::Float32, DataType::Int32] {
+        for (red, op) in [(Red::Sum, SUM), (Red::Max, MAX), (Red::Avg, AVG)] {
+            for coll in [
+                CollKind::AllReduce,
+                CollKind::Reduce,
+                CollKind::ReduceScatter,
+            ] {
+                for count in [1, 1000, 9000] {
+                    run(&cs, coll, dt, red, op, count);
+                }
+            }
+        }
+        for coll in [CollKind::Broadcast, CollKind::AllGather, CollKind::AlltoAll] {
+            for count in [1, 1000, 9000] {
+                run(&cs, coll, dt, Red::Sum, SUM, count);
+            }
+        }
+    }
+    sendrecv_ring(&cs, 5000);
+    for c in &cs {
+        c.destroy().unwrap();
+    }
+}
+
+/// Every rank sends to the next and receives from the previous, in one group.
+fn sendrecv_ring(cs: &[Arc<Comm>], count: usize) {
+    let n = cs.len();
+    let d = emu::global();
+    let dt = DataType::Float32;
+    let mut ranks: Vec<Rank> = (0..n)
+        .map(|r| {
+            let mut send = vec![0u8; count * 4];
+            fill(dt, Red::Sum, r, 0, &mut send);
+            Rank {
+                send,
+                recv: vec![0xA5; count * 4],
+                stream: d.stream_create().unwrap(),
+            }
+        })
+        .collect();
+    group_start().unwrap();
+    for (r, c) in cs.iter().enumerate() {
+        let b = &mut ranks[r];
+        let mk = |kind, buf: usize, peer: usize| CollArgs {
+            kind,
+            sendbuf: buf,
+            recvbuf: buf,
+            count,
+            dtype: dt as i32,
+            op: 0,
+            root: peer as i32,
+            stream: b.stream,
+        };
+        let send = mk(CollKind::Send, b.send.as_ptr() as usize, (r + 1) % n);
+        let recv = mk(
+            CollKind::Recv,
+            b.recv.as_mut_ptr() as usize,
+            (r + n - 1) % n,
+        );
+        ccl_core::enqueue(c, recv).unwrap();
+        ccl_core::enqueue(c, send).unwrap();
+    }
+    group_end().unwrap();
+    for (r, b) in ranks.iter().enumerate() {
+        assert!(
+            wait(b.stream, Duration::from_secs(30)),
+            "send/recv rank {r}"
+        );
+        let from = (r + n - 1) % n;
+        for k in 0..count {
+            assert_eq!(
+                dec(dt, &b.recv[k * 4..k * 4 + 4]),
+                input(dt, Red::Sum, from, k),
+                "send/recv n {n} rank {r} element {k}"
+            );
+        }
+    }
+}
+
+#[test]
+fn every_collective_on_1_rank() {
+    matrix(1);
+}
+
+#[test]
+fn every_collective_on_2_ranks() {
+    matrix(2);
+}
+
+#[test]
+fn every_collective_on_4_ranks() {
+    matrix(4);
+}
+
+#[test]
+fn every_collective_on_8_ranks() {
+    matrix(8);
+}
+
+#[test]
+fn the_call_returns_before_the_work_is_done() {
+    let cs = comms(2);
+    let d = emu::global();
+    let gate = Arc::new(AtomicBool::new(false));
+    let count = 4096;
+    let mut bufs: Vec<(Vec<u8>, Vec<u8>, Stream)> = (0..2)
+        .map(|r| {
+            let mut s = vec![0u8; count * 4];
+            fill(DataType::Float32, Red::Sum, r, 0, &mut s);
+            (s, vec![0xA5u8; count * 4], d.stream_create().unwrap())
+        })
+        .collect();
+    // Block both streams until the gate opens.
+    for (_, _, s) in &bufs {
+        let g = Arc::clone(&gate);
+        d.launch_host_fn(
+            *s,
+            Box::new(move || {
+                let t0 = Instant::now();
+                while !g.load(Ordering::Acquire) && t0.elapsed() < Duration::from_secs(20) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }),
+        )
+        .unwrap();
+    }
+    group_start().unwrap();
+    for (c, (s, r, st)) in cs.iter().zip(bufs.iter_mut()) {
+        let a = CollArgs {
+            kind: CollKind::AllReduce,
+            sendbuf: s.as_ptr() as usize,
+            recvbuf: r.as_mut_ptr() as usize,
+            count,
+            dtype: DataType::Float32 as i32,
+            op: SUM,
+            root: -1,
+            stream: *st,
+        };
+        ccl_core::enqueue(c, a).unwrap();
+    }
+    group_end().unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    for (_, r, s) in &bufs {
+        assert!(!d.stream_query(*s).unwrap(), "work must still be pending");
+        assert!(
+            r.iter().all(|b| *b == 0xA5),
+            "no result before the stream ran"
+        );
+    }
+    assert!(
+        cs[0]
+            .op_log()
+            .get(0)
+            .is_none_or(|o| o.state != probe::OpState::Completed),
+        "the op must not be complete yet"
+    );
+    gate.store(true, Ordering::Release);
+    for (_, _, s) in &bufs {
+        d.stream_synchronize(*s).unwrap();
+    }
+    for (_, r, _) in &bufs {
+        for k in 0..count {
+            assert_eq!(
+                dec(DataType::Float32, &r[k * 4..k * 4 + 4]),
+                reduce_ref(DataType::Float32, Red::Sum, 2, k).0
+            );
+        }
+    }
+    assert_eq!(
+        cs[0].op_log().get(0).map(|o| o.state),
+        Some(probe::OpState::Completed)
+    );
+    for c in &cs {
+        c.destroy().unwrap();
+    }
+}
+
+#[test]
+fn abort_ends_an_operation_whose_peer_never_enqueues() {
+    let cs = comms(2);
+    let d = emu::global();
+    let s = d.stream_create().unwrap();
+    let count = 1 << 16;
+    let send = vec![1u8; count * 4];
+    let mut recv = vec![0u8; count * 4];
+    let a = CollArgs {
+        kind: CollKind::AllReduce,
+        sendbuf: send.as_ptr() as usize,
+        recvbuf: recv.as_mut_ptr() as usize,
+        count,
+        dtype: DataType::Float32 as i32,
+        op: SUM,
+        root: -1,
+        stream: s,
+    };
+    // Rank 1 never calls: rank 0's kernel waits for it.
+    ccl_core::enqueue(&cs[0], a).unwrap();
+    assert!(!wait(s, Duration::from_millis(200)), "must be stuck");
+    let t0 = Instant::now();
+    cs[0].abort().unwrap();
+    assert!(wait(s, Duration::from_secs(5)), "abort must end the kernel");
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    let op = cs[0].op_log().get(0).expect("op logged");
+    assert_ne!(
+        op.state,
+        probe::OpState::Completed,
+        "an aborted op is not completed: {op:?}"
+    );
+    cs[1].destroy().unwrap();
+    drop(send);
+    drop(recv);
+}
