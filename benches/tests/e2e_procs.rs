@@ -348,9 +348,13 @@ fn cpu_starved_rank_is_named() {
     sh.kill();
     let d = d.expect("CPU-starved rank: no diagnosis");
     eprintln!(
-        "starved rank {victim}: {:?} {}",
+        "starved rank {victim}: {:?} {} roots {:?}",
         d.class(),
-        probe::describe(&d)
+        probe::describe(&d),
+        d.roots
+            .iter()
+            .map(|r| format!("{}: {}", r.rank, r.reason))
+            .collect::<Vec<_>>()
     );
     let roots: Vec<u32> = d.roots.iter().map(|r| r.rank).collect();
     // On the host backend communication is CPU work too: a starved rank is late into the

@@ -312,6 +312,10 @@ fn items_per_comm(ops: Vec<(Arc<Comm>, Valid)>) -> Vec<(Arc<Comm>, Vec<WorkItem>
 }
 
 fn run_batch(ops: Vec<(Arc<Comm>, Valid, usize)>) -> Result<()> {
+    if !ops.iter().any(|(c, _, _)| c.is_device()) {
+        // Host backend only (the common case): no partitioning.
+        return run_host_batch(ops.into_iter().map(|(c, v, _)| (c, v)).collect());
+    }
     let (dev, ops): (Vec<_>, Vec<_>) = ops.into_iter().partition(|(c, _, _)| c.is_device());
     let dev_result = if dev.is_empty() {
         Ok(())
