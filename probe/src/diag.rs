@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use analyzer::wire;
 
 use crate::frame::Frame;
-use crate::optype::{OpLog, OpState};
+use crate::optype::{OpLog, OpSnapshot, OpState};
 
 /// Monotonic nanoseconds since the first call in this process (the clock of op-log
 /// timestamps and of the embedded analyzer).
@@ -96,12 +96,47 @@ fn chan_done(frame: &Frame, block: usize, c: usize) -> ChanDone {
     }
 }
 
+/// Channels whose counters travel inline in a completion message (more spill to the heap).
+const INLINE_CHANS: usize = 4;
+
+/// The channels of a completion: inline up to [`INLINE_CHANS`] (no allocation on the
+/// collective path for the host backend's default of at most 4 channels), else on the heap.
+#[derive(Debug)]
+enum DoneChans {
+    Inline(usize, [ChanDone; INLINE_CHANS]),
+    Heap(Vec<ChanDone>),
+}
+
+impl DoneChans {
+    fn collect(n: usize, f: impl Fn(usize) -> ChanDone) -> DoneChans {
+        if n <= INLINE_CHANS {
+            let mut a = [ChanDone::default(); INLINE_CHANS];
+            for (c, slot) in a.iter_mut().enumerate().take(n) {
+                *slot = f(c);
+            }
+            DoneChans::Inline(n, a)
+        } else {
+            DoneChans::Heap((0..n).map(f).collect())
+        }
+    }
+
+    fn as_slice(&self) -> &[ChanDone] {
+        match self {
+            DoneChans::Inline(n, a) => &a[..*n],
+            DoneChans::Heap(v) => v,
+        }
+    }
+}
+
 /// What the executor hands over at completion.
 #[derive(Debug)]
 struct Done {
     source: u64,
     counter: u64,
-    chans: Vec<ChanDone>,
+    /// The operation's op-log entry, copied at completion: the op log keeps only the last
+    /// few operations, which fast operations overwrite long before the next tick.
+    snap: OpSnapshot,
+    chans: DoneChans,
 }
 
 struct Global {
@@ -116,7 +151,7 @@ struct Global {
 }
 
 /// Capacity of the completion queue (operations).
-pub const DONE_QUEUE: usize = 65_536;
+pub const DONE_QUEUE: usize = 16_384;
 
 fn global() -> &'static Global {
     static G: OnceLock<Global> = OnceLock::new();
@@ -181,16 +216,27 @@ impl Source {
         &self.ident
     }
 
-    /// Called by the executor when operation `counter` finished (after `OpLog::finish`):
-    /// copies its counters and queues them for the diagnostic thread without blocking.
-    pub fn op_done(&self, counter: u64) {
+    /// The completion message of operation `counter`: its op-log entry and counters.
+    fn done_message(&self, counter: u64) -> Option<Done> {
+        let snap = self.op_log.get(counter)?;
         let block = (counter % crate::FRAME_BLOCKS as u64) as usize;
         let n = self.frame.header().n_channels as usize;
-        let chans = (0..n).map(|c| chan_done(&self.frame, block, c)).collect();
-        let d = Done {
+        Some(Done {
             source: self.id,
             counter,
-            chans,
+            snap,
+            chans: DoneChans::collect(n, |c| chan_done(&self.frame, block, c)),
+        })
+    }
+
+    /// Called by the executor when operation `counter` finished (after `OpLog::finish`):
+    /// copies its counters and op-log entry and queues them for the diagnostic thread
+    /// without blocking.
+    pub fn op_done(&self, counter: u64) {
+        let Some(d) = self.done_message(counter) else {
+            // Not logged (cannot happen after OpLog::finish on the same thread): no record.
+            count_drop(1);
+            return;
         };
         match global().done_tx.try_send(d) {
             Ok(()) => {}
@@ -365,14 +411,15 @@ impl Sampler {
 
     #[allow(clippy::too_many_arguments)]
     fn record(
-        &mut self,
+        &self,
+        seq: u64,
         s: &Source,
-        counter: u64,
+        snap: &OpSnapshot,
         chans: &[ChanDone],
         ticks: Option<&[ChanTicks]>,
         now: u64,
-    ) -> Option<wire::OpRecord> {
-        let snap = s.op_log.get(counter)?;
+    ) -> wire::OpRecord {
+        let counter = snap.op_counter;
         let end = if snap.state == OpState::InFlight {
             now
         } else {
@@ -406,8 +453,7 @@ impl Sampler {
                 }
             })
             .collect();
-        self.seq += 1;
-        Some(wire::OpRecord {
+        wire::OpRecord {
             trace: Some(wire::TraceId {
                 comm_id: s.ident.comm_id,
                 op_counter: counter,
@@ -422,9 +468,14 @@ impl Sampler {
             duration_ns: dur,
             channels,
             state: crate::wire::op_state(snap.state) as i32,
-            seq: self.seq,
+            seq,
             device: s.ident.device,
-        })
+        }
+    }
+
+    fn next_seq(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
     }
 
     fn live_chans(s: &Source, counter: u64) -> Vec<ChanDone> {
@@ -473,9 +524,8 @@ impl Sampler {
             {
                 tr.last_snapshot_ns = now;
                 let ticks = tr.chans.clone();
-                if let Some(r) = self.record(s, h.op_counter, &live, Some(&ticks), now) {
-                    out.push(r);
-                }
+                let seq = self.next_seq();
+                out.push(self.record(seq, s, &snap, &live, Some(&ticks), now));
             }
         }
         // Keep the finished-ticks map small (completions normally arrive within a tick).
@@ -485,15 +535,20 @@ impl Sampler {
         out
     }
 
-    fn complete(&mut self, s: &Source, d: &Done, now: u64) -> Option<wire::OpRecord> {
-        let ticks = match self.tracks.get_mut(&s.id) {
+    fn complete(&mut self, s: &Source, d: &Done, now: u64) -> wire::OpRecord {
+        let seq = self.next_seq();
+        let chans = d.chans.as_slice();
+        match self.tracks.get_mut(&s.id) {
             Some(tr) if tr.counter == Some(d.counter) => {
                 tr.seq_done = Some(d.counter);
-                Some(tr.chans.clone())
+                let tr = &self.tracks[&s.id];
+                self.record(seq, s, &d.snap, chans, Some(&tr.chans), now)
             }
-            _ => self.finished_ticks.remove(&(s.id, d.counter)),
-        };
-        self.record(s, d.counter, &d.chans, ticks.as_deref(), now)
+            _ => {
+                let ticks = self.finished_ticks.remove(&(s.id, d.counter));
+                self.record(seq, s, &d.snap, chans, ticks.as_deref(), now)
+            }
+        }
     }
 
     /// The process heartbeat.
@@ -575,9 +630,7 @@ fn diag_loop(cfg: DiagConfig, rx: Receiver<Done>, btx: SyncSender<wire::Batch>) 
         // Completions first (their tick counts are still tracked), then the new tick.
         while let Ok(d) = rx.try_recv() {
             if let Some(s) = sources.iter().find(|s| s.id == d.source) {
-                if let Some(r) = sampler.complete(s, &d, now) {
-                    batch.records.push(r);
-                }
+                batch.records.push(sampler.complete(s, &d, now));
             }
         }
         batch.records.extend(sampler.sample(&sources, now));
@@ -658,9 +711,10 @@ mod tests {
         let d = Done {
             source: s.id,
             counter: 5,
-            chans: Sampler::live_chans(&s, 5),
+            snap: s.op_log.get(5).unwrap(),
+            chans: DoneChans::Heap(Sampler::live_chans(&s, 5)),
         };
-        let r = sm.complete(&s, &d, 0).unwrap();
+        let r = sm.complete(&s, &d, 0);
         assert_eq!(r.trace.unwrap().op_counter, 5);
         assert_eq!((r.rank, r.nranks, r.duration_ns), (1, 4, 2_000_000_000));
         assert_eq!(r.state, wire::OpState::Completed as i32);
@@ -722,13 +776,45 @@ mod tests {
     }
 
     #[test]
+    fn completions_of_fast_operations_keep_their_records() {
+        // 3 x FRAME_BLOCKS operations finish before the diagnostic thread looks at any of
+        // them (operations shorter than a tick): the op log and the frame have long been
+        // reused, yet every completion must become a record with its own times and counts.
+        let s = src(2);
+        let mut sm = Sampler::new(DiagConfig::default());
+        let n_ops = 3 * crate::FRAME_BLOCKS as u64;
+        let msgs: Vec<Done> = (0..n_ops)
+            .map(|k| {
+                let b = s.frame.begin_op(0xabc, k, 2);
+                s.op_log.start(k, &info(), 1_000 * k);
+                s.frame.add_send(b, 0, k + 1);
+                s.frame.add_recv(b, 1, 2 * k + 1);
+                s.op_log.finish(k, 1_000 * k + 10 * (k + 1), true);
+                s.done_message(k).expect("just finished")
+            })
+            .collect();
+        for (k, d) in (0..n_ops).zip(&msgs) {
+            let r = sm.complete(&s, d, 10_000_000);
+            assert_eq!(r.trace.unwrap().op_counter, k);
+            assert_eq!((r.start_ns, r.duration_ns), (1_000 * k, 10 * (k + 1)));
+            assert_eq!(r.channels[0].send_count, k + 1);
+            assert_eq!(r.channels[1].recv_count, 2 * k + 1);
+            assert_eq!(r.state, wire::OpState::Completed as i32);
+        }
+    }
+
+    #[test]
     fn thread_cpu_clock_counts_this_threads_work_only() {
         let t0 = thread_cpu_ns();
         assert!(t0 > 0, "CLOCK_THREAD_CPUTIME_ID unavailable");
         // Sleeping uses no CPU; spinning does (bounded in wall time for a loaded machine).
         std::thread::sleep(Duration::from_millis(30));
         let t1 = thread_cpu_ns();
-        assert!(t1 - t0 < 10_000_000, "slept 30 ms, clock advanced {} ns", t1 - t0);
+        assert!(
+            t1 - t0 < 10_000_000,
+            "slept 30 ms, clock advanced {} ns",
+            t1 - t0
+        );
         let spin = Instant::now();
         let mut x = 0u64;
         while thread_cpu_ns() - t1 < 5_000_000 {

@@ -15,12 +15,14 @@
 //! diagnostic thread runs for the whole process, so its CPU share weighs on both sides; the
 //! ratio isolates the per-operation cost. The last column, `est.`, is the ratio implied by
 //! the per-operation probe cost measured at 8 bytes (on - off there) at each size:
-//! off / (off + cost), the low-noise reading of the same comparison. `diag us` and `rep. us`
-//! are the CPU time the probe's own threads (diagnostic thread; reporter with the embedded
-//! analyzer it feeds) used per operation during the probes-on blocks (`probe::diag::pipeline_cpu_ns`):
-//! the work done off the collective path, which on a machine without spare cores (host
-//! backend, every core running a rank) is taken from the ranks.
+//! off / (off + cost), the low-noise reading of the same comparison. `diag %` and `rep. %`
+//! are the CPU the probe's own threads used over the size's rounds, in percent of one core
+//! (`probe::diag::pipeline_cpu_ns`): the diagnostic thread (its `CCLD_SAMPLE_US` tick) and
+//! the reporter with the embedded analyzer it feeds. That work is off the collective path,
+//! but on a machine without spare cores (host backend, every core running a rank) it is
+//! taken from the ranks.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
@@ -48,19 +50,36 @@ fn quantile(v: &mut [f64], q: f64) -> f64 {
     v[i.min(v.len() - 1)]
 }
 
-/// Iterations for a block of about `block_ms`: times a few AllReduces of `count` floats on
-/// `comms` (every rank in its own thread), at least 2 and at most 100,000 iterations.
+/// Iterations for a block of about `block_ms`: after one warm-up AllReduce of `count`
+/// floats on `comms` (every rank in its own thread), doubles the number of timed
+/// iterations until they take at least 20 ms on rank 0; at least 2 and at most 100,000.
 fn calibrate(comms: &[Arc<Comm>], count: usize, block_ms: usize) -> usize {
-    let probe_iters = 3usize;
-    let t = Instant::now();
+    let barrier = Arc::new(Barrier::new(comms.len()));
+    let per_ns = Arc::new(AtomicU64::new(0));
     let hs: Vec<_> = comms
         .iter()
-        .map(|c| {
-            let c = Arc::clone(c);
+        .enumerate()
+        .map(|(r, c)| {
+            let (c, barrier, per_ns) = (Arc::clone(c), Arc::clone(&barrier), Arc::clone(&per_ns));
             std::thread::spawn(move || {
                 let mut buf = vec![1.0f32; count.max(1)];
-                for _ in 0..probe_iters {
-                    allreduce(&c, &mut buf, count);
+                allreduce(&c, &mut buf, count);
+                let mut k = 1u64;
+                loop {
+                    barrier.wait();
+                    let t = Instant::now();
+                    for _ in 0..k {
+                        allreduce(&c, &mut buf, count);
+                    }
+                    let el = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                    if r == 0 && (el >= 20_000_000 || k >= 100_000) {
+                        per_ns.store((el / k).max(1), Ordering::Release);
+                    }
+                    barrier.wait();
+                    if per_ns.load(Ordering::Acquire) > 0 {
+                        return;
+                    }
+                    k *= 2;
                 }
             })
         })
@@ -68,8 +87,8 @@ fn calibrate(comms: &[Arc<Comm>], count: usize, block_ms: usize) -> usize {
     for h in hs {
         let _ = h.join();
     }
-    let per = t.elapsed().as_secs_f64() / probe_iters as f64;
-    ((block_ms as f64 / 1e3 / per.max(1e-9)) as usize).clamp(2, 100_000)
+    let per = per_ns.load(Ordering::Acquire).max(1) as f64 / 1e9;
+    ((block_ms as f64 / 1e3 / per) as usize).clamp(2, 100_000)
 }
 
 fn allreduce(c: &Arc<Comm>, buf: &mut [f32], count: usize) {
@@ -156,33 +175,32 @@ fn main() {
                         let mut t_on = Vec::new();
                         let mut t_off = Vec::new();
                         // CPU time of the probe's own threads during the probes-on blocks.
-                        let mut pipe_on_ns = (0u64, 0u64);
-                        let run = |c: &Arc<Comm>, buf: &mut Vec<f32>, pipe: &mut (u64, u64)| {
+                        let run = |c: &Arc<Comm>, buf: &mut Vec<f32>| {
                             barrier.wait();
-                            let cpu0 = probe::diag::pipeline_cpu_ns();
                             let t = Instant::now();
                             for _ in 0..iters {
                                 allreduce(c, buf, count);
                             }
-                            let dt = t.elapsed().as_secs_f64() / iters as f64;
-                            let cpu1 = probe::diag::pipeline_cpu_ns();
-                            pipe.0 += cpu1.0.saturating_sub(cpu0.0);
-                            pipe.1 += cpu1.1.saturating_sub(cpu0.1);
-                            dt
+                            t.elapsed().as_secs_f64() / iters as f64
                         };
-                        let mut ignore = (0u64, 0u64);
-                        run(&c_on, &mut buf, &mut ignore); // warm-up
-                        run(&c_off, &mut buf, &mut ignore);
+                        run(&c_on, &mut buf); // warm-up
+                        run(&c_off, &mut buf);
+                        // CPU of the probe's own threads over all rounds (they run during
+                        // both kinds of blocks: the diagnostic thread ticks regardless).
+                        let (cpu0, wall) = (probe::diag::pipeline_cpu_ns(), Instant::now());
                         for k in 0..rounds {
                             if k % 2 == 0 {
-                                t_on.push(run(&c_on, &mut buf, &mut pipe_on_ns));
-                                t_off.push(run(&c_off, &mut buf, &mut ignore));
+                                t_on.push(run(&c_on, &mut buf));
+                                t_off.push(run(&c_off, &mut buf));
                             } else {
-                                t_off.push(run(&c_off, &mut buf, &mut ignore));
-                                t_on.push(run(&c_on, &mut buf, &mut pipe_on_ns));
+                                t_off.push(run(&c_off, &mut buf));
+                                t_on.push(run(&c_on, &mut buf));
                             }
                         }
-                        (t_on, t_off, pipe_on_ns)
+                        let cpu1 = probe::diag::pipeline_cpu_ns();
+                        let wall_ns = wall.elapsed().as_nanos().max(1) as f64;
+                        let share = |a: u64, b: u64| b.saturating_sub(a) as f64 / wall_ns * 100.0;
+                        (t_on, t_off, (share(cpu0.0, cpu1.0), share(cpu0.1, cpu1.1)))
                     })
                 })
                 .collect();
@@ -190,9 +208,8 @@ fn main() {
                 .into_iter()
                 .map(|h| h.join().unwrap_or_default())
                 .collect();
-            let (mut t_on, mut t_off, pipe_ns) = res.into_iter().next().unwrap_or_default();
-            let per_op = |ns: u64| ns as f64 / 1e3 / (iters * rounds) as f64;
-            let (diag_us, report_us) = (per_op(pipe_ns.0), per_op(pipe_ns.1));
+            let (mut t_on, mut t_off, (diag_pct, report_pct)) =
+                res.into_iter().next().unwrap_or_default();
             let f = 2.0 * (n as f64 - 1.0) / n as f64 * bytes as f64 / 1e9;
             let mut ratios: Vec<f64> = t_on.iter().zip(&t_off).map(|(on, off)| off / on).collect();
             let (on_t, off_t) = (median(&mut t_on), median(&mut t_off));
@@ -204,7 +221,7 @@ fn main() {
                 quantile(&mut ratios, 0.75),
             );
             println!(
-                "{n:>6} {bytes:>12} {:>10.2} {:>10.2} {:>14.4} {:>14.4} {q2:>8.4} {:>17} {est:>8.4} {diag_us:>9.3} {report_us:>9.3}",
+                "{n:>6} {bytes:>12} {:>10.2} {:>10.2} {:>14.4} {:>14.4} {q2:>8.4} {:>17} {est:>8.4} {diag_pct:>7.1} {report_pct:>7.1}",
                 off_t * 1e6,
                 on_t * 1e6,
                 f / off_t,
