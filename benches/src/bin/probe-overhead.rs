@@ -126,7 +126,7 @@ fn main() {
     }
     println!("# probe overhead: AllReduce float32 sum, busbw ratio probes-on / CCLD_DISABLE=1 (median and q1..q3 of {rounds} interleaved paired rounds of ~{block_ms} ms)");
     println!(
-        "{:>6} {:>12} {:>10} {:>10} {:>14} {:>14} {:>8} {:>17} {:>8} {:>9} {:>9}",
+        "{:>6} {:>12} {:>10} {:>10} {:>14} {:>14} {:>8} {:>17} {:>8} {:>7} {:>7}",
         "ranks",
         "bytes",
         "off us",
@@ -136,8 +136,8 @@ fn main() {
         "ratio",
         "q1..q3",
         "est.",
-        "diag us",
-        "rep. us"
+        "diag %",
+        "rep. %"
     );
     for &n in &ranks {
         std::env::set_var("CCLD_DISABLE", "1");
