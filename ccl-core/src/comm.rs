@@ -347,26 +347,7 @@ impl Comm {
         )?;
         let bell = Doorbell::new(Arc::clone(transport.bell_region()), 0)?;
         let comm_hash = boot.comm_hash();
-        let probing = self.probe_on && probe::start().map_err(CclError::InvalidArgument)?;
-        self.agree_on_hub(&boot, probing)?;
-        let source = if probing {
-            let n = self.nranks as u32;
-            let r = self.rank as u32;
-            Some(probe::register(
-                probe::Identity {
-                    comm_id: comm_hash,
-                    rank: r,
-                    nranks: n,
-                    device: -1,
-                    ring_prev: (r + n - 1) % n,
-                    ring_next: (r + 1) % n,
-                },
-                Arc::clone(&self.frame),
-                Arc::clone(&self.op_log),
-            ))
-        } else {
-            None
-        };
+        let source = self.register_probe(&boot, comm_hash, -1)?;
         let shared = Shared {
             rank: self.rank,
             nranks: self.nranks,
@@ -399,32 +380,43 @@ impl Comm {
         Ok(())
     }
 
+    /// Starts the process's diagnostic thread if probing is on, agrees on the analyzer hub
+    /// with the other ranks (a collective step: every rank calls it) and registers this
+    /// rank's frame and op log; `None` when probing is off.
+    fn register_probe(
+        &self,
+        boot: &Bootstrap,
+        comm_hash: u64,
+        device: i32,
+    ) -> Result<Option<Arc<probe::Source>>> {
+        let probing = self.probe_on && probe::start().map_err(CclError::InvalidArgument)?;
+        self.agree_on_hub(boot, probing)?;
+        if !probing {
+            return Ok(None);
+        }
+        let n = self.nranks as u32;
+        let r = self.rank as u32;
+        Ok(Some(probe::register(
+            probe::Identity {
+                comm_id: comm_hash,
+                rank: r,
+                nranks: n,
+                device,
+                ring_prev: (r + n - 1) % n,
+                ring_next: (r + 1) % n,
+            },
+            Arc::clone(&self.frame),
+            Arc::clone(&self.op_log),
+        )))
+    }
+
     /// [`Comm::attach`] for the device backend: probe registration as on the host backend,
     /// then the device FIFOs instead of the shared-memory transport and worker.
     fn attach_device(&self, boot: Bootstrap, pre: DevicePre) -> Result<()> {
         let boot = Arc::new(boot);
         let comm_hash = boot.comm_hash();
         let device = pre.device;
-        let probing = self.probe_on && probe::start().map_err(CclError::InvalidArgument)?;
-        self.agree_on_hub(&boot, probing)?;
-        let source = if probing {
-            let n = self.nranks as u32;
-            let r = self.rank as u32;
-            Some(probe::register(
-                probe::Identity {
-                    comm_id: comm_hash,
-                    rank: r,
-                    nranks: n,
-                    device,
-                    ring_prev: (r + n - 1) % n,
-                    ring_next: (r + 1) % n,
-                },
-                Arc::clone(&self.frame),
-                Arc::clone(&self.op_log),
-            ))
-        } else {
-            None
-        };
+        let source = self.register_probe(&boot, comm_hash, device)?;
         let dev = DeviceComm::attach(AttachArgs {
             pre,
             boot: Arc::clone(&boot),
