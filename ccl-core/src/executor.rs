@@ -550,6 +550,47 @@ struct OpCtx<'a> {
 /// How long an injected not-entered rank sleeps between abort checks.
 const NOT_ENTERED_POLL: Duration = Duration::from_millis(10);
 
+/// ` stream 0x...` after a call's log line (device backend), nothing otherwise; formats only
+/// when the line is actually logged.
+struct StreamSuffix(Option<usize>);
+
+impl std::fmt::Display for StreamSuffix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(s) => write!(f, " stream {s:#x}"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// NCCL's per-call INFO line (subsystem COLL / P2P) of operation `counter`; `stream` is
+/// the caller's stream on the device backend.
+pub(crate) fn log_call(
+    item: &WorkItem,
+    info: &OpTypeSet,
+    rank: usize,
+    nranks: usize,
+    comm_id: u64,
+    counter: u64,
+    stream: Option<usize>,
+) {
+    let st = StreamSuffix(stream);
+    match item {
+        WorkItem::Coll(c) => tracing::info!(target: "nccl::COLL", rank,
+            "{}: opCount {counter:x} sendbuff {:#x} recvbuff {:#x} count {} datatype {} op {} root {} comm {comm_id:#018x} [nranks={nranks}] nChannels {}{st}",
+            c.kind.name(), c.sendbuf, c.recvbuf, c.count, c.dtype as i32, info.redop,
+            info.root, info.n_channels),
+        WorkItem::P2p(calls) => {
+            for c in calls {
+                tracing::info!(target: "nccl::P2P", rank,
+                    "{}: opCount {counter:x} buff {:#x} count {} datatype {} peer {} comm {comm_id:#018x} [nranks={nranks}]{st}",
+                    if c.dir == Dir::Send { "Send" } else { "Recv" }, c.buf, c.count,
+                    c.dtype as i32, c.peer);
+            }
+        }
+    }
+}
+
 fn is_fatal(e: &CclError) -> bool {
     !matches!(
         e,
@@ -637,33 +678,14 @@ impl Worker {
             // What the schedule expects of each channel: the analyzer's progress fractions
             // of a hung operation (H3) use it.
             for lane in &plan.lanes {
-                let (send, recv) = lane.steps.iter().fold((0, 0), |(s, r), st| {
-                    (
-                        s + u64::from(st.kind.sends()),
-                        r + u64::from(st.kind.recvs()),
-                    )
-                });
+                let (send, recv) = lane.step_counts();
                 sh.frame.add_expected(b, lane.channel, send, recv);
             }
         }
         if sh.probe_on {
             sh.op_log.start(counter, &info, now_ns());
         }
-        match item {
-            // NCCL's per-call INFO line (subsystem COLL / P2P).
-            WorkItem::Coll(c) => tracing::info!(target: "nccl::COLL", rank = sh.rank,
-                "{}: opCount {counter:x} sendbuff {:#x} recvbuff {:#x} count {} datatype {} op {} root {} comm {:#018x} [nranks={}] nChannels {}",
-                c.kind.name(), c.sendbuf, c.recvbuf, c.count, c.dtype as i32, info.redop,
-                info.root, sh.comm_id, sh.nranks, plan.n_channels),
-            WorkItem::P2p(calls) => {
-                for c in calls {
-                    tracing::info!(target: "nccl::P2P", rank = sh.rank,
-                        "{}: opCount {counter:x} buff {:#x} count {} datatype {} peer {} comm {:#018x} [nranks={}]",
-                        if c.dir == Dir::Send { "Send" } else { "Recv" }, c.buf, c.count,
-                        c.dtype as i32, c.peer, sh.comm_id, sh.nranks);
-                }
-            }
-        }
+        log_call(item, &info, sh.rank, sh.nranks, sh.comm_id, counter, None);
         let peers: Vec<usize> = plan
             .lanes
             .iter()

@@ -139,6 +139,18 @@ pub struct Lane {
     pub steps: Vec<Step>,
 }
 
+impl Lane {
+    /// (sending steps, receiving steps) of this lane: what the probe's counters reach.
+    pub fn step_counts(&self) -> (u64, u64) {
+        self.steps.iter().fold((0, 0), |(s, r), st| {
+            (
+                s + u64::from(st.kind.sends()),
+                r + u64::from(st.kind.recvs()),
+            )
+        })
+    }
+}
+
 /// A purely local data movement of an operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LocalKind {
@@ -195,10 +207,9 @@ impl Plan {
             let Some(c) = v.get_mut(lane.channel) else {
                 continue;
             };
-            for s in &lane.steps {
-                c.send += u64::from(s.kind.sends());
-                c.recv += u64::from(s.kind.recvs());
-            }
+            let (send, recv) = lane.step_counts();
+            c.send += send;
+            c.recv += recv;
         }
         v
     }

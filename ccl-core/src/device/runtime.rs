@@ -785,29 +785,19 @@ impl DeviceComm {
             .lanes
             .iter()
             .map(|l| {
-                let (s, r) = l.steps.iter().fold((0, 0), |(s, r), st| {
-                    (
-                        s + u64::from(st.kind.sends()),
-                        r + u64::from(st.kind.recvs()),
-                    )
-                });
+                let (s, r) = l.step_counts();
                 (l.channel, s, r)
             })
             .collect();
-        match item {
-            WorkItem::Coll(c) => tracing::info!(target: "nccl::COLL", rank = self.rank,
-                "{}: opCount {counter:x} sendbuff {:#x} recvbuff {:#x} count {} datatype {} op {} root {} comm {:#018x} [nranks={}] nChannels {} stream {stream:#x}",
-                c.kind.name(), c.sendbuf, c.recvbuf, c.count, c.dtype as i32, info.redop,
-                info.root, self.comm_id, self.nranks, plan.n_channels),
-            WorkItem::P2p(calls) => {
-                for c in calls {
-                    tracing::info!(target: "nccl::P2P", rank = self.rank,
-                        "{}: opCount {counter:x} buff {:#x} count {} datatype {} peer {} comm {:#018x} [nranks={}] stream {stream:#x}",
-                        if c.dir == crate::schedule::Dir::Send { "Send" } else { "Recv" }, c.buf,
-                        c.count, c.dtype as i32, c.peer, self.comm_id, self.nranks);
-                }
-            }
-        }
+        executor::log_call(
+            item,
+            &info,
+            self.rank,
+            self.nranks,
+            self.comm_id,
+            counter,
+            Some(stream),
+        );
         // Host function before the kernel.
         let before = {
             let frame = Arc::clone(&self.frame);
