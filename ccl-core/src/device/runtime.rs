@@ -140,20 +140,32 @@ pub(crate) struct DevicePre {
     pub abort: Mapped,
 }
 
+/// The device API and device a communicator created now on this thread would use
+/// (`CCLD_BACKEND`, `CCLD_DEVICE_EMULATION`, the CUDA probe), or `Err(reason)` inside `Ok`
+/// for the host backend. Programs that allocate buffers for device communicators (the GPU
+/// suite's `device_matrix`) use it to get the same API the runtime uses.
+pub fn device_api(
+    hint: Option<i32>,
+) -> Result<std::result::Result<(Arc<dyn DeviceApi>, i32), String>> {
+    let backend = parse_backend(crate::env::var(ENV_BACKEND)?.as_deref())?;
+    let emulation = crate::env::bool_or(ENV_EMULATION, false)?;
+    Ok(match decide(backend, emulation, hint, &cuda_probe)? {
+        Decision::Host(why) => Err(why),
+        Decision::Emulated(d) => Ok((super::emu::global(), d)),
+        Decision::Cuda(d) => Ok((Arc::new(CudaApi), d)),
+    })
+}
+
 /// Reads `CCLD_BACKEND` / `CCLD_DEVICE_EMULATION` and, for a device communicator, makes its
 /// frame (capacity `channels`) and abort flag. `None`: host backend.
 pub(crate) fn select(hint: Option<i32>, channels: usize, rank: usize) -> Result<Option<DevicePre>> {
-    let backend = parse_backend(crate::env::var(ENV_BACKEND)?.as_deref())?;
-    let emulation = crate::env::bool_or(ENV_EMULATION, false)?;
-    let (api, device): (Arc<dyn DeviceApi>, i32) =
-        match decide(backend, emulation, hint, &cuda_probe)? {
-            Decision::Host(why) => {
-                tracing::debug!(target: "nccl::INIT", rank = rank, "{why}");
-                return Ok(None);
-            }
-            Decision::Emulated(d) => (super::emu::global(), d),
-            Decision::Cuda(d) => (Arc::new(CudaApi), d),
-        };
+    let (api, device) = match device_api(hint)? {
+        Ok(v) => v,
+        Err(why) => {
+            tracing::debug!(target: "nccl::INIT", rank = rank, "{why}");
+            return Ok(None);
+        }
+    };
     api.set_device(device)?;
     let bytes = Frame::total_bytes(channels);
     let m = api.host_alloc_mapped(bytes)?;
