@@ -89,7 +89,9 @@ fn parse_args() -> Opts {
                     .collect();
                 o.ranks = match r {
                     Some(r) if !r.is_empty() => r,
-                    _ => usage(&format!("--ranks {v:?}: a comma-separated list of counts >= 1")),
+                    _ => usage(&format!(
+                        "--ranks {v:?}: a comma-separated list of counts >= 1"
+                    )),
                 }
             }
             other => usage(&format!("unknown argument {other:?}")),
@@ -150,7 +152,9 @@ fn pick_api() -> (Arc<dyn DeviceApi>, i32) {
         Ok(Ok(v)) => v,
         Ok(Err(why)) => {
             println!("# {why}");
-            println!("SKIP: no device backend (set CCLD_DEVICE_EMULATION=1 to use the CPU emulator)");
+            println!(
+                "SKIP: no device backend (set CCLD_DEVICE_EMULATION=1 to use the CPU emulator)"
+            );
             std::process::exit(2);
         }
         Err(e) => usage(&e.to_string()),
@@ -380,7 +384,9 @@ fn procs_main(
     }
     if let Some(e) = init_err.iter().flatten().next() {
         if emulated && e.contains("does not support CUDA IPC") {
-            println!("SKIP procs {n}: the emulated device cannot share memory between processes: {e}");
+            println!(
+                "SKIP procs {n}: the emulated device cannot share memory between processes: {e}"
+            );
             *skipped += 1;
         } else {
             println!("FAIL procs {n}: communicator init: {e}");

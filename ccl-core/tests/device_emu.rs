@@ -398,3 +398,138 @@ fn check_output_names_a_wrong_element() {
     );
     assert!(check_output(CollKind::Reduce, dt, Red::Sum, n, 0, 0, count, &out).is_err());
 }
+
+/// Our calls leave the caller's current device as it was (NCCL does too): one thread
+/// drives ranks on emulated devices 0 and 1 while its own current device is 5.
+#[test]
+fn calls_leave_the_current_device_as_it_was() {
+    let cs = comms(2);
+    let d = emu::global();
+    d.set_device(5).unwrap();
+    run(
+        &cs,
+        CollKind::AllReduce,
+        DataType::Float32,
+        Red::Sum,
+        SUM,
+        100,
+    );
+    assert_eq!(d.current_device().unwrap(), 5, "after a collective");
+    // AlltoAll connects p2p FIFOs lazily (descriptors sent and IPC-or-raw opened).
+    run(&cs, CollKind::AlltoAll, DataType::Int32, Red::Sum, SUM, 100);
+    assert_eq!(d.current_device().unwrap(), 5, "after p2p connection setup");
+    for c in &cs {
+        c.destroy().unwrap();
+    }
+    assert_eq!(d.current_device().unwrap(), 5, "after destroy");
+}
+
+/// Memory handed back by completed operations (in-place AlltoAll scratch, plan arrays
+/// beyond the per-communicator cache) is reused, never freed at enqueue: on CUDA a free
+/// synchronizes the device, and with several ranks on one device the thread would wait for
+/// kernels that wait for its own next launch. The emulator counts frees made while streams
+/// are busy; here every later operation is enqueued while both streams are held.
+#[test]
+fn no_device_free_while_work_is_queued() {
+    let cs = comms(2);
+    let d = emu::global();
+    let streams: Vec<Stream> = (0..2).map(|_| d.stream_create().unwrap()).collect();
+    let count = 257;
+    // One in-place AlltoAll per rank buffer; then 70 AllReduces of distinct shapes (more
+    // than the 64 cached plan shapes), so scratch and uncached plan arrays are handed back.
+    let mut bufs: Vec<Vec<u8>> = (0..2).map(|_| vec![0u8; 2 * count * 4]).collect();
+    let mut outs: Vec<Vec<u8>> = (0..2).map(|_| vec![0u8; 80 * 4]).collect();
+    let round = |bufs: &mut Vec<Vec<u8>>, outs: &mut Vec<Vec<u8>>| {
+        for (r, b) in bufs.iter_mut().enumerate() {
+            fill(DataType::Int32, Red::Sum, r, 0, b);
+        }
+        group_start().unwrap();
+        for (r, c) in cs.iter().enumerate() {
+            let p = bufs[r].as_mut_ptr() as usize;
+            let a = CollArgs {
+                kind: CollKind::AlltoAll,
+                sendbuf: p,
+                recvbuf: p,
+                count,
+                dtype: DataType::Int32 as i32,
+                op: SUM,
+                root: -1,
+                stream: streams[r],
+            };
+            ccl_core::enqueue(c, a).unwrap();
+        }
+        group_end().unwrap();
+        for k in 1..=70usize {
+            group_start().unwrap();
+            for (r, c) in cs.iter().enumerate() {
+                let o = outs[r].as_mut_ptr() as usize;
+                let a = CollArgs {
+                    kind: CollKind::AllReduce,
+                    sendbuf: o,
+                    recvbuf: o,
+                    count: k,
+                    dtype: DataType::Int32 as i32,
+                    op: SUM,
+                    root: -1,
+                    stream: streams[r],
+                };
+                ccl_core::enqueue(c, a).unwrap();
+            }
+            group_end().unwrap();
+        }
+    };
+    round(&mut bufs, &mut outs);
+    for s in &streams {
+        assert!(wait(*s, Duration::from_secs(30)));
+    }
+    let live = d.live_allocations();
+    // Hold both streams, enqueue a second round behind the gate.
+    let gate = Arc::new(AtomicBool::new(false));
+    for s in &streams {
+        let g = Arc::clone(&gate);
+        d.launch_host_fn(
+            *s,
+            Box::new(move || {
+                let t0 = Instant::now();
+                while !g.load(Ordering::Acquire) && t0.elapsed() < Duration::from_secs(20) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }),
+        )
+        .unwrap();
+    }
+    let before = emu::busy_frees_on_this_thread();
+    round(&mut bufs, &mut outs);
+    let busy = emu::busy_frees_on_this_thread() - before;
+    gate.store(true, Ordering::Release);
+    for s in &streams {
+        assert!(wait(*s, Duration::from_secs(30)));
+    }
+    assert_eq!(busy, 0, "frees while the streams were busy");
+    assert_eq!(
+        d.live_allocations(),
+        live,
+        "the second round must reuse the handed-back memory"
+    );
+    // The AlltoAll of the second round is right (element k of rank r: rank k / count's
+    // input index r * count + k % count).
+    for (r, b) in bufs.iter().enumerate() {
+        check_output(
+            CollKind::AlltoAll,
+            DataType::Int32,
+            Red::Sum,
+            2,
+            r,
+            0,
+            count,
+            b,
+        )
+        .unwrap_or_else(|e| panic!("rank {r}: {e}"));
+    }
+    for c in &cs {
+        c.destroy().unwrap();
+    }
+    for s in streams {
+        d.stream_destroy(s).unwrap();
+    }
+}

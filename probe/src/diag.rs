@@ -728,7 +728,11 @@ mod tests {
         // Sleeping uses no CPU; spinning does (bounded in wall time for a loaded machine).
         std::thread::sleep(Duration::from_millis(30));
         let t1 = thread_cpu_ns();
-        assert!(t1 - t0 < 10_000_000, "slept 30 ms, clock advanced {} ns", t1 - t0);
+        assert!(
+            t1 - t0 < 10_000_000,
+            "slept 30 ms, clock advanced {} ns",
+            t1 - t0
+        );
         let spin = Instant::now();
         let mut x = 0u64;
         while thread_cpu_ns() - t1 < 5_000_000 {

@@ -362,8 +362,10 @@ impl DevRank {
         drop(send);
         let mut out = poison;
         self.download(self.recv, &mut out).map_err(broken)?;
-        check_output(CollKind::Recv, c.dt, c.red, n, r, 0, c.count, &out).map_err(CaseErr::Wrong)?;
-        self.check_probe(before, &[recv_a, send_a]).map_err(CaseErr::Wrong)
+        check_output(CollKind::Recv, c.dt, c.red, n, r, 0, c.count, &out)
+            .map_err(CaseErr::Wrong)?;
+        self.check_probe(before, &[recv_a, send_a])
+            .map_err(CaseErr::Wrong)
     }
 
     /// Runs `iters` AllReduces of `count` float32 back to back (after one warm-up) and
@@ -459,8 +461,11 @@ pub fn run_threads(
     let broken_flag = Arc::new(AtomicBool::new(false));
     let handles: Vec<_> = (0..n)
         .map(|r| {
-            let (api, barrier, broken_flag) =
-                (Arc::clone(&api), Arc::clone(&barrier), Arc::clone(&broken_flag));
+            let (api, barrier, broken_flag) = (
+                Arc::clone(&api),
+                Arc::clone(&barrier),
+                Arc::clone(&broken_flag),
+            );
             let cases = cases.to_vec();
             let bw_counts = bw_counts.to_vec();
             std::thread::Builder::new()
@@ -505,11 +510,9 @@ pub fn run_threads(
                     let mut bw = Vec::new();
                     for &count in &bw_counts {
                         match (&mut rank, ok) {
-                            (Some(d), true) => {
-                                bw.push(d.time_allreduce(count, bw_iters, &|| {
-                                    barrier.wait();
-                                }))
-                            }
+                            (Some(d), true) => bw.push(d.time_allreduce(count, bw_iters, &|| {
+                                barrier.wait();
+                            })),
                             _ => {
                                 barrier.wait();
                                 bw.push(Err("not run: a case broke the communicators".into()))
