@@ -140,13 +140,14 @@ pub(crate) struct DevicePre {
     pub abort: Mapped,
 }
 
+/// A device API and the device it is used on.
+pub type ApiOnDevice = (Arc<dyn DeviceApi>, i32);
+
 /// The device API and device a communicator created now on this thread would use
 /// (`CCLD_BACKEND`, `CCLD_DEVICE_EMULATION`, the CUDA probe), or `Err(reason)` inside `Ok`
 /// for the host backend. Programs that allocate buffers for device communicators (the GPU
 /// suite's `device_matrix`) use it to get the same API the runtime uses.
-pub fn device_api(
-    hint: Option<i32>,
-) -> Result<std::result::Result<(Arc<dyn DeviceApi>, i32), String>> {
+pub fn device_api(hint: Option<i32>) -> Result<std::result::Result<ApiOnDevice, String>> {
     let backend = parse_backend(crate::env::var(ENV_BACKEND)?.as_deref())?;
     let emulation = crate::env::bool_or(ENV_EMULATION, false)?;
     Ok(match decide(backend, emulation, hint, &cuda_probe)? {
