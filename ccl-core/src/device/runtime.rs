@@ -50,6 +50,8 @@ const TAG_P2P: u32 = 0x6465_7602;
 /// Connection memory layout: tail at 0, head at 64, slots from 128.
 const HEAD_OFF: usize = 64;
 const SLOTS_OFF: usize = 128;
+/// Source of the zeroed FIFO counters.
+static ZEROS: [u8; SLOTS_OFF] = [0; SLOTS_OFF];
 /// Plan shapes whose arrays stay uploaded per communicator.
 const PLAN_CACHE: usize = 64;
 /// How long destroy waits for enqueued operations before leaking their memory.
@@ -354,6 +356,10 @@ pub(crate) struct DeviceComm {
     inflight: Arc<Inflight>,
     /// Blocks handed back by completed operations, for reuse (see [`Freed`]).
     spare: Arc<Mutex<Vec<Freed>>>,
+    /// A stream of our own for setting up FIFOs (zeroing counters). Not `cudaMemset`: it
+    /// runs on the legacy default stream, asynchronously for device memory, and kernels on
+    /// non-blocking streams are not ordered after it.
+    setup: Stream,
 }
 
 /// What `attach` needs of the communicator.
@@ -433,6 +439,10 @@ impl DeviceComm {
         let boot = a.boot;
         let nranks = boot.nranks();
         let rank = boot.rank();
+        let setup = {
+            let _dev = DeviceGuard::new(&*a.pre.api, a.pre.device)?;
+            a.pre.api.stream_create()?
+        };
         let dc = DeviceComm {
             api: a.pre.api,
             device: a.pre.device,
@@ -454,6 +464,7 @@ impl DeviceComm {
             state: Mutex::new(State::default()),
             inflight: Arc::new(Inflight::default()),
             spare: Arc::new(Mutex::new(Vec::new())),
+            setup,
         };
         if nranks > 1 {
             let prev = (rank + nranks - 1) % nranks;
@@ -482,8 +493,11 @@ impl DeviceComm {
         for ch in 0..n {
             let base = self.api.malloc(self.conn_bytes())?;
             st.owned.push(base);
-            // SAFETY: fresh allocation of conn_bytes() >= SLOTS_OFF bytes.
-            unsafe { self.api.memset(base, 0, SLOTS_OFF)? };
+            // SAFETY: fresh allocation of conn_bytes() >= SLOTS_OFF bytes; ZEROS is static.
+            unsafe {
+                self.api
+                    .memcpy_async(base, ZEROS.as_ptr() as usize, SLOTS_OFF, self.setup)?
+            };
             st.conns.insert(
                 ConnKey {
                     link,
@@ -500,6 +514,8 @@ impl DeviceComm {
             }
         }
         drop(st);
+        // The counters must be zero before the peer (or our kernel) can see the FIFOs.
+        self.api.stream_synchronize(self.setup)?;
         self.boot
             .send(peer, tag, &encode_desc(std::process::id(), &ends))
     }
@@ -1021,6 +1037,7 @@ impl DeviceComm {
         }
         st.conns.clear();
         errs.push(self.api.host_free(self.abort_mem.host));
+        errs.push(self.api.stream_destroy(self.setup));
         for e in errs.into_iter().filter_map(|r| r.err()) {
             tracing::warn!(target: "nccl::ALLOC", rank = self.rank, "{e}");
         }
