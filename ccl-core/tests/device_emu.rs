@@ -482,7 +482,6 @@ fn no_device_free_while_work_is_queued() {
     for s in &streams {
         assert!(wait(*s, Duration::from_secs(30)));
     }
-    let live = d.live_allocations();
     // Hold both streams, enqueue a second round behind the gate.
     let gate = Arc::new(AtomicBool::new(false));
     for s in &streams {
@@ -498,17 +497,20 @@ fn no_device_free_while_work_is_queued() {
         )
         .unwrap();
     }
-    let before = emu::busy_frees_on_this_thread();
+    let (before, allocs) = (
+        emu::busy_frees_on_this_thread(),
+        emu::allocations_on_this_thread(),
+    );
     round(&mut bufs, &mut outs);
     let busy = emu::busy_frees_on_this_thread() - before;
+    let allocs = emu::allocations_on_this_thread() - allocs;
     gate.store(true, Ordering::Release);
     for s in &streams {
         assert!(wait(*s, Duration::from_secs(30)));
     }
     assert_eq!(busy, 0, "frees while the streams were busy");
     assert_eq!(
-        d.live_allocations(),
-        live,
+        allocs, 0,
         "the second round must reuse the handed-back memory"
     );
     // The AlltoAll of the second round is right (element k of rank r: rank k / count's

@@ -49,6 +49,12 @@ const ALIGN: usize = 256;
 thread_local! {
     static CURRENT: std::cell::Cell<i32> = const { std::cell::Cell::new(0) };
     static BUSY_FREES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    static ALLOCS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Allocations (device and mapped) this thread made, for tests that check reuse.
+pub fn allocations_on_this_thread() -> usize {
+    ALLOCS.with(|c| c.get())
 }
 
 /// Frees this thread made while some stream had work queued or running (each one a whole
@@ -179,6 +185,7 @@ impl EmuDevice {
                 "emulated device: out of memory allocating {bytes} bytes"
             )));
         }
+        ALLOCS.with(|c| c.set(c.get() + 1));
         lock(&self.allocs).insert(
             p as usize,
             Alloc {
