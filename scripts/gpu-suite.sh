@@ -1,104 +1,232 @@
 #!/usr/bin/env bash
-# GPU suite: run on any machine with an NVIDIA GPU. Builds nothing: it takes prebuilt
-# artifacts (from scripts/gpu/ci-device-build.sh / cargo build --release):
-#   target/release/examples/device_selftest   kernel-level correctness, counters, bandwidth
-#   target/release/libnccl.so.2               the library (for the runtime-level parts)
-#   target/release/all_reduce_perf            nccl-tests-compat
-# and writes docs/gpu-results/<date>.md (date, GPU, driver, figures, pass/fail).
+# GPU suite: run on any machine with an NVIDIA GPU (driver only; no CUDA toolkit needed:
+# the kernels are compiled in and cudart is linked statically). Builds nothing. Writes
+# docs/gpu-results/<date>.md (date, GPU, driver, figures, pass/fail per part).
 #
-# Parts that need the device RUNTIME (communicators on device buffers: libnccl.so.2 with
-# device pointers, all_reduce_perf on the GPU, PyTorch DDP) are run only with
-# --with-runtime; without it they are recorded as "requires the device runtime (not yet
-# implemented)". The kernel-level self-test runs either way.
+# Artifacts it needs, built on the dev machine (where nvcc is: scripts/install-toolchains.sh)
+# and copied along with the repository (the whole target/release directory is simplest):
+#   cargo build --release -p ccl-ffi -p nccl-tests-compat
+#       -> target/release/libnccl.so.2, target/release/all_reduce_perf, target/release/ccl-run
+#   cargo build --release -p ccl-core --example device_selftest --example device_matrix
+#       -> target/release/examples/device_selftest, target/release/examples/device_matrix
+#   (CCLD_BUILD_SELFTEST=1 scripts/gpu/ci-device-build.sh builds the two examples too.)
+# all_reduce_perf (d) dlopens libcudart.so.13/.12/.11.0 for its cudaMalloc buffers: the
+# suite looks in LD_LIBRARY_PATH, the --bin-dir, /usr/local/cuda/lib64 and python's
+# site-packages/nvidia/*/lib (the nvidia-cuda-runtime wheel, also pulled in by torch); on a
+# machine without any, copy site-packages/nvidia/cu13/lib/libcudart.so.13 from the dev
+# machine into the --bin-dir. The driver must support CUDA 13.0 (the kernels' cudart_static):
+# R580 or newer; with an older driver every part reports "no device".
+# Part (e) needs python3 with torch built for CUDA (pip install torch); without it that part
+# is recorded as not run.
 #
-# Usage: scripts/gpu-suite.sh [--with-runtime] [--quick] [--out FILE] [--selftest BIN]
+# Parts (each PASS / FAIL / not run in the results file; exit status 1 if any FAILed):
+#   (a) device_selftest: kernel-level, every collective on 1/2/4/8 ranks sharing the GPU,
+#       results + probe counters, AllReduce busbw vs the device copy bandwidth;
+#   (b) device_matrix: the device RUNTIME's correctness matrix (ranks as threads, 1/2/4/8,
+#       own communicator + stream each, device buffers, probe counters vs the schedule) and
+#       AllReduce busbw per size for 2/4/8 ranks;
+#   (c) device_matrix --procs 2: two processes on device 0 (CUDA IPC);
+#   (d) all_reduce_perf against our libnccl.so.2 with probes on vs CCLD_DISABLE=1: per-size
+#       time ratio and busbw, next to the device copy bandwidth of (a); configurations:
+#       1 rank, 2 processes sharing GPU 0, and all GPUs of one process when there are >= 2;
+#   (e) PyTorch DDP, 2 processes sharing cuda:0, LD_PRELOAD of our libnccl.so.2, parameters
+#       vs a single-process run (scripts/gpu/ddp_check.py).
+# --kernels-only runs (a) only. --only a,b,... runs the named parts (to split a run over
+# several commands: give each its own --out). --quick: smaller matrices and sizes.
+#
+# Usage: scripts/gpu-suite.sh [--kernels-only] [--only PARTS] [--quick] [--out FILE]
+#                             [--bin-dir DIR]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-with_runtime=0; quick=""; out=""; bin=target/release/examples/device_selftest
+parts="a,b,c,d,e"; quick=(); out=""; bin=target/release
+usage() {
+  echo "usage: $0 [--kernels-only] [--only a,b,c,d,e] [--quick] [--out FILE] [--bin-dir DIR]" >&2
+  exit 2
+}
 while [ $# -gt 0 ]; do
   case "$1" in
-    --with-runtime) with_runtime=1 ;;
-    --quick) quick="--quick" ;;
-    --out) out="$2"; shift ;;
-    --selftest) bin="$2"; shift ;;
-    *) echo "usage: $0 [--with-runtime] [--quick] [--out FILE] [--selftest BIN]" >&2; exit 2 ;;
+    --kernels-only) parts="a" ;;
+    --only) [ $# -ge 2 ] || usage; parts="$2"; shift ;;
+    --quick) quick=(--quick) ;;
+    --out) [ $# -ge 2 ] || usage; out="$2"; shift ;;
+    --bin-dir) [ $# -ge 2 ] || usage; bin="$2"; shift ;;
+    *) usage ;;
   esac
   shift
 done
+case ",$parts," in *[!abcde,]*) usage ;; esac
+want() { case ",$parts," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
+
 day=$(date -u +%Y-%m-%d)
 out=${out:-docs/gpu-results/$day.md}
 mkdir -p "$(dirname "$out")"
 log=$(mktemp -d)
 fail=0
+export CCLD_BOOTSTRAP_IP=${CCLD_BOOTSTRAP_IP:-127.0.0.1}
+unset CCLD_DEVICE_EMULATION
+
+[ -d "$bin" ] && bin=$(cd "$bin" && pwd)
+selftest=$bin/examples/device_selftest
+matrix=$bin/examples/device_matrix
+lib=$bin/libnccl.so.2
+arp=$bin/all_reduce_perf
+ccl_run=$bin/ccl-run
 
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+ngpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
 driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)
 {
   echo "# GPU suite results, $day"
   echo
   echo "- date (UTC): $(date -u '+%Y-%m-%d %H:%M')"
-  echo "- GPU: ${gpu:-none found}"
+  echo "- GPU: ${gpu:-none found} (x${ngpu})"
   echo "- driver: ${driver:-unknown}"
   echo "- commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo "- parts: $parts${quick[*]:+ (quick)}"
   echo
 } > "$out"
 
-section() { echo; echo "## $1"; echo; } >> "$out"
+section() { { echo; echo "## $1"; echo; } >> "$out"; }
 pass_fail() { if [ "$1" = 0 ]; then echo "**PASS**"; else echo "**FAIL** (exit $1)"; fi; }
-
-# 1. Kernel-level self-test: every collective on 1, 2, 4, 8 ranks sharing the GPU (one
-#    stream each), results vs host reference, probe counters vs the schedule, AllReduce
-#    busbw vs device copy bandwidth.
-section "Kernel self-test (1, 2, 4, 8 ranks on one device)"
-if [ -x "$bin" ]; then
-  timeout 1200 "$bin" $quick > "$log/selftest.txt" 2>&1; rc=$?
-  pass_fail $rc >> "$out"
-  { echo; echo '```'; grep -E '^(#|FAIL|BW|SKIP)' "$log/selftest.txt"; echo '```'; } >> "$out"
-  echo "$(grep -c '^PASS' "$log/selftest.txt") cases passed; full log below." >> "$out"
-  [ $rc = 0 ] || fail=1
-else
-  echo "missing $bin (build it: cargo build --release -p ccl-core --example device_selftest)" >> "$out"
-  fail=1
-fi
-
-# 2. Runtime-level checks.
-runtime_parts=(
-  "Correctness matrix through libnccl.so.2 (1/2/4/8 ranks on one device as threads, 2 processes)"
-  "all_reduce_perf with probes on vs off (CCLD_DISABLE=1), busbw vs device copy bandwidth"
-  "PyTorch DDP, 2 processes sharing cuda:0, parameters vs single process"
-)
-if [ $with_runtime = 0 ]; then
-  for p in "${runtime_parts[@]}"; do
-    section "$p"
-    echo "Not run: requires the device runtime (not yet implemented)." >> "$out"
+# need FILE...: records the missing ones and returns 1.
+need() {
+  local f missing=0
+  for f in "$@"; do
+    if [ ! -e "$f" ]; then
+      echo "Not run: missing \`$f\` (build it on the dev machine: see the header of scripts/gpu-suite.sh)." >> "$out"
+      missing=1
+    fi
   done
-else
-  export LD_LIBRARY_PATH=$PWD/target/release${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  section "${runtime_parts[1]}"
-  if [ -x target/release/all_reduce_perf ]; then
-    for probes in on off; do
-      env $([ $probes = off ] && echo CCLD_DISABLE=1) timeout 600 \
-        target/release/all_reduce_perf -b 8 -e 256M -f 4 -g 1 > "$log/arp_$probes.txt" 2>&1
-      rc=$?; echo "- probes $probes: $(pass_fail $rc)" >> "$out"; [ $rc = 0 ] || fail=1
-      { echo '```'; grep -E '^ +[0-9]|Avg bus' "$log/arp_$probes.txt" | tail -8; echo '```'; } >> "$out"
-    done
-    grep '^BW copy' "$log/selftest.txt" >> "$out" 2>/dev/null
-  else
-    echo "missing target/release/all_reduce_perf" >> "$out"; fail=1
+  [ $missing = 0 ] || fail=1
+  return $missing
+}
+# A program's summary lines (everything but the per-case PASS lines) in a code block.
+summary_block() {
+  { echo; echo '```'; grep -v '^PASS' "$1" | head -200; echo '```'; } >> "$out"
+  echo "$(grep -c '^PASS' "$1") cases passed." >> "$out"
+}
+
+# (a) Kernel-level self-test.
+if want a; then
+  section "(a) Kernel self-test: 1, 2, 4, 8 ranks on one device (device_selftest)"
+  if need "$selftest"; then
+    timeout 900 "$selftest" "${quick[@]}" > "$log/selftest.txt" 2>&1; rc=$?
+    pass_fail $rc >> "$out"; [ $rc = 0 ] || fail=1
+    summary_block "$log/selftest.txt"
   fi
-  section "${runtime_parts[2]}"
-  if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
-    LD_PRELOAD=$PWD/target/release/libnccl.so.2 timeout 900 python3 scripts/gpu/ddp_check.py "$log/ddp.json" > "$log/ddp.txt" 2>&1
-    rc=$?; pass_fail $rc >> "$out"; { echo '```'; tail -5 "$log/ddp.txt"; echo '```'; } >> "$out"
-    [ $rc = 0 ] || fail=1
-  else
-    echo "Not run: no torch with CUDA on this machine." >> "$out"
-  fi
-  section "${runtime_parts[0]}"
-  echo "Not run: the matrix driver for the device runtime is not written yet." >> "$out"
 fi
 
-section "Full self-test log"
-{ echo '```'; cat "$log/selftest.txt" 2>/dev/null; echo '```'; } >> "$out"
+# (b) Runtime correctness matrix, ranks as threads, and its busbw figures.
+if want b; then
+  section "(b) Device runtime matrix: 1, 2, 4, 8 ranks as threads (device_matrix)"
+  if need "$matrix"; then
+    timeout 900 "$matrix" "${quick[@]}" > "$log/matrix.txt" 2>&1; rc=$?
+    pass_fail $rc >> "$out"; [ $rc = 0 ] || fail=1
+    summary_block "$log/matrix.txt"
+  fi
+fi
+
+# (c) Two processes on device 0 (CUDA IPC).
+if want c; then
+  section "(c) Device runtime matrix: 2 processes on device 0, CUDA IPC (device_matrix --procs 2)"
+  if need "$matrix"; then
+    timeout 600 "$matrix" "${quick[@]}" --procs 2 --no-bw > "$log/procs.txt" 2>&1; rc=$?
+    pass_fail $rc >> "$out"; [ $rc = 0 ] || fail=1
+    if grep -q '^SKIP' "$log/procs.txt"; then
+      echo "(SKIP on a real GPU is a failure of the suite: IPC must work here.)" >> "$out"; fail=1
+    fi
+    summary_block "$log/procs.txt"
+  fi
+fi
+
+# (d) all_reduce_perf, probes on vs off.
+# ratio_table ON OFF: rows of two nccl-tests tables joined on the size: out-of-place time
+# (column 6) and busbw (column 8), and the time ratio on/off.
+ratio_table() {
+  awk '
+    FILENAME != prev { f++; prev = FILENAME }
+    $1 ~ /^[0-9]+$/ && $2 ~ /^[0-9]+$/ && NF >= 9 {
+      if (f == 1) { ton[$1] = $6; bon[$1] = $8; order[++n] = $1 }
+      else { toff[$1] = $6; boff[$1] = $8 }
+    }
+    END {
+      print "| bytes | time probes on (us) | time probes off (us) | on/off | busbw on (GB/s) | busbw off (GB/s) |"
+      print "|---:|---:|---:|---:|---:|---:|"
+      for (i = 1; i <= n; i++) {
+        k = order[i]
+        if (!(k in toff)) continue
+        r = (toff[k] + 0 > 0) ? sprintf("%.3f", ton[k] / toff[k]) : "n/a"
+        printf "| %s | %s | %s | %s | %s | %s |\n", k, ton[k], toff[k], r, bon[k], boff[k]
+      }
+    }' "$1" "$2"
+}
+find_cudart() {
+  local d py
+  py=$(python3 -c 'import glob, site; print(" ".join(sorted({p for s in site.getsitepackages() + [site.getusersitepackages()] for p in glob.glob(s + "/nvidia/*/lib")})))' 2>/dev/null)
+  # Word splitting of the directory lists is intended (no spaces in these paths).
+  # shellcheck disable=SC2086
+  for d in ${LD_LIBRARY_PATH:+${LD_LIBRARY_PATH//:/ }} "$bin" /usr/local/cuda/lib64 $py; do
+    if compgen -G "$d/libcudart.so.1[0-9]*" > /dev/null; then echo "$d"; return 0; fi
+  done
+  return 1
+}
+if want d; then
+  section "(d) all_reduce_perf through libnccl.so.2: probes on vs off (CCLD_DISABLE=1)"
+  cudart_dir=$(find_cudart) || {
+    echo "Not run: no libcudart.so.1x found for all_reduce_perf's device buffers (see the header of scripts/gpu-suite.sh)." >> "$out"
+    fail=1
+  }
+  if [ -n "${cudart_dir:-}" ] && need "$lib" "$arp" "$ccl_run"; then
+    echo "libcudart for all_reduce_perf from \`$cudart_dir\`." >> "$out"; echo >> "$out"
+    maxb=256M; [ ${#quick[@]} -gt 0 ] && maxb=16M
+    arp_args=(-b 8 -e "$maxb" -f 4 -w 5 -n 20 -c 1)
+    configs=("1rank" "2procs-gpu0")
+    [ "${ngpu:-0}" -ge 2 ] && configs+=("${ngpu}gpus")
+    for cfg in "${configs[@]}"; do
+      echo "### $cfg" >> "$out"; echo >> "$out"
+      for probes in on off; do
+        f="$log/arp_${cfg}_$probes.txt"
+        disable=(); [ $probes = off ] && disable=(CCLD_DISABLE=1)
+        case "$cfg" in
+          1rank) env "${disable[@]}" LD_LIBRARY_PATH="$bin:$cudart_dir" timeout 300 \
+                   "$arp" "${arp_args[@]}" -g 1 > "$f" 2>&1 ;;
+          2procs-gpu0) env "${disable[@]}" LD_LIBRARY_PATH="$bin:$cudart_dir" NCCL_TESTS_DEVICE=0 timeout 300 \
+                   "$ccl_run" -n 2 "$arp" "${arp_args[@]}" -g 1 > "$f" 2>&1 ;;
+          *) env "${disable[@]}" LD_LIBRARY_PATH="$bin:$cudart_dir" timeout 300 \
+                   "$arp" "${arp_args[@]}" -g "$ngpu" > "$f" 2>&1 ;;
+        esac
+        rc=$?
+        echo "- probes $probes: $(pass_fail $rc) ($(grep -m1 -o 'nccl-library=[0-9]*' "$f" || echo 'no header'); $(grep -m1 'Avg bus bandwidth' "$f" | tr -s ' ' || echo 'no average'))" >> "$out"
+        [ $rc = 0 ] || { fail=1; { echo '```'; tail -15 "$f"; echo '```'; } >> "$out"; }
+      done
+      { echo; echo '```'; grep -E '^# +Rank' "$log/arp_${cfg}_on.txt" | head -8; echo '```'; echo; } >> "$out"
+      ratio_table "$log/arp_${cfg}_on.txt" "$log/arp_${cfg}_off.txt" >> "$out"
+      echo >> "$out"
+    done
+    if [ -s "$log/selftest.txt" ]; then
+      echo "Device-to-device copy bandwidth of the same run (device_selftest): $(grep -m1 '^BW copy' "$log/selftest.txt" || echo 'not measured')" >> "$out"
+    else
+      echo "Device copy bandwidth: part (a) did not run in this invocation." >> "$out"
+    fi
+  fi
+fi
+
+# (e) PyTorch DDP.
+if want e; then
+  section "(e) PyTorch DDP: 2 processes sharing cuda:0, parameters vs a single process"
+  if ! python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    echo "Not run: no python3 with a CUDA build of torch on this machine." >> "$out"
+  elif need "$lib"; then
+    LD_PRELOAD=$lib timeout 900 python3 scripts/gpu/ddp_check.py "$log/ddp.json" > "$log/ddp.txt" 2>&1
+    rc=$?; pass_fail $rc >> "$out"; [ $rc = 0 ] || fail=1
+    { echo '```'; tail -20 "$log/ddp.txt"; echo '```'; } >> "$out"
+  fi
+fi
+
+for f in selftest matrix procs; do
+  [ -s "$log/$f.txt" ] || continue
+  section "Full log: $f"
+  { echo '<details><summary>'"$f"'.txt</summary>'; echo; echo '```'; cat "$log/$f.txt"; echo '```'; echo '</details>'; } >> "$out"
+done
 echo "gpu-suite: wrote $out ($( [ $fail = 0 ] && echo PASS || echo FAIL ))"
 exit $fail

@@ -10,6 +10,7 @@
 //! same values, so they agree.
 
 mod common;
+mod device_support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -20,6 +21,7 @@ use ccl_core::device::emu;
 use ccl_core::group::expected_counts;
 use ccl_core::{group_end, group_start, CollArgs, Comm, DataType};
 use common::*;
+use device_support::{check_output, run_threads, DevCase};
 use probe::CollKind;
 
 fn setup() {
@@ -107,36 +109,9 @@ fn run(cs: &[Arc<Comm>], coll: CollKind, dt: DataType, red: Red, op: i32, count:
         );
     }
     for (r, b) in ranks.iter().enumerate() {
-        let out = |k: usize| dec(dt, &b.recv[k * es..(k + 1) * es]);
-        let want: Option<Vec<f64>> = match coll {
-            CollKind::AllReduce => Some((0..count).map(|i| reduce_ref(dt, red, n, i).0).collect()),
-            CollKind::Reduce => {
-                (r == root).then(|| (0..count).map(|i| reduce_ref(dt, red, n, i).0).collect())
-            }
-            CollKind::ReduceScatter => Some(
-                (0..count)
-                    .map(|i| reduce_ref(dt, red, n, r * count + i).0)
-                    .collect(),
-            ),
-            CollKind::Broadcast => Some((0..count).map(|i| input(dt, red, root, i)).collect()),
-            CollKind::AllGather => Some(
-                (0..n * count)
-                    .map(|k| input(dt, red, k / count, k % count))
-                    .collect(),
-            ),
-            CollKind::AlltoAll => Some(
-                (0..n * count)
-                    .map(|k| input(dt, red, k / count, r * count + k % count))
-                    .collect(),
-            ),
-            _ => unreachable!(),
-        };
-        if let Some(w) = want {
-            for (k, v) in w.iter().enumerate() {
-                // Exact inputs, power-of-two rank counts: bit-exact (Avg included).
-                assert_eq!(out(k), *v, "{ctx}: rank {r} element {k}");
-            }
-        }
+        // Exact inputs, power-of-two rank counts: bit-exact (Avg included).
+        check_output(coll, dt, red, n, r, root, count, &b.recv[..rn * es])
+            .unwrap_or_else(|e| panic!("{ctx}: rank {r}: {e}"));
         let exp = expected_counts(&cs[r], &[args[r]]).expect("expected counts");
         check_probe(&cs[r], before[r], &exp).unwrap_or_else(|e| panic!("{ctx}: rank {r}: {e}"));
     }
@@ -215,14 +190,8 @@ fn sendrecv_ring(cs: &[Arc<Comm>], count: usize) {
             wait(b.stream, Duration::from_secs(30)),
             "send/recv rank {r}"
         );
-        let from = (r + n - 1) % n;
-        for k in 0..count {
-            assert_eq!(
-                dec(dt, &b.recv[k * 4..k * 4 + 4]),
-                input(dt, Red::Sum, from, k),
-                "send/recv n {n} rank {r} element {k}"
-            );
-        }
+        check_output(CollKind::Recv, dt, Red::Sum, n, r, 0, count, &b.recv)
+            .unwrap_or_else(|e| panic!("send/recv n {n} rank {r}: {e}"));
     }
 }
 
@@ -358,4 +327,211 @@ fn abort_ends_an_operation_whose_peer_never_enqueues() {
     cs[1].destroy().unwrap();
     drop(send);
     drop(recv);
+}
+
+/// The GPU suite's driver (`device_support::run_threads`, used by `device_matrix`): ranks
+/// as threads, each with its own communicator, stream and buffers allocated through the
+/// runtime's `DeviceApi`, results copied back and checked, probe counters checked.
+#[test]
+fn ranks_as_threads_with_device_buffers() {
+    setup();
+    let (api, dev) = ccl_core::device::runtime::device_api(None)
+        .expect("variables")
+        .expect("emulation selects the device");
+    assert!(api.is_emulated());
+    let f = DataType::Float32;
+    let i = DataType::Int32;
+    let case = |coll, dt, red, op, count| DevCase {
+        coll,
+        dt,
+        red,
+        op,
+        count,
+    };
+    let cases = [
+        case(CollKind::AllReduce, f, Red::Sum, SUM, 0),
+        case(CollKind::AllReduce, f, Red::Avg, AVG, 999),
+        case(CollKind::Reduce, i, Red::Max, MAX, 7),
+        case(CollKind::ReduceScatter, i, Red::Avg, AVG, 999),
+        case(CollKind::AllGather, f, Red::Sum, SUM, 7),
+        case(CollKind::Broadcast, i, Red::Sum, SUM, 999),
+        case(CollKind::AlltoAll, f, Red::Sum, SUM, 7),
+        case(CollKind::Send, i, Red::Sum, SUM, 999),
+    ];
+    for n in [1, 2, 4] {
+        let rep = run_threads(
+            Arc::clone(&api),
+            dev,
+            n,
+            &cases,
+            &[4096],
+            2,
+            Duration::from_secs(20),
+        )
+        .expect("threads");
+        for (c, r) in cases.iter().zip(&rep.cases) {
+            assert!(r.is_ok(), "{} ranks {n}: {r:?}", c.name());
+        }
+        assert!(rep.bw[0].1.is_ok(), "{:?}", rep.bw);
+    }
+}
+
+#[test]
+fn check_output_names_a_wrong_element() {
+    let dt = DataType::Int32;
+    let (n, count) = (4, 10);
+    let mut out = vec![0u8; count * 4];
+    for k in 0..count {
+        enc(dt, reduce_ref(dt, Red::Sum, n, k).0, &mut out[k * 4..]);
+    }
+    assert_eq!(
+        check_output(CollKind::AllReduce, dt, Red::Sum, n, 0, 0, count, &out),
+        Ok(())
+    );
+    out[6 * 4] ^= 1;
+    let e = check_output(CollKind::AllReduce, dt, Red::Sum, n, 0, 0, count, &out).unwrap_err();
+    assert!(e.starts_with("element 6:"), "{e}");
+    // Reduce: only the root's output is specified.
+    assert_eq!(
+        check_output(CollKind::Reduce, dt, Red::Sum, n, 1, 0, count, &out),
+        Ok(())
+    );
+    assert!(check_output(CollKind::Reduce, dt, Red::Sum, n, 0, 0, count, &out).is_err());
+}
+
+/// Our calls leave the caller's current device as it was (NCCL does too): one thread
+/// drives ranks on emulated devices 0 and 1 while its own current device is 5.
+#[test]
+fn calls_leave_the_current_device_as_it_was() {
+    let cs = comms(2);
+    let d = emu::global();
+    d.set_device(5).unwrap();
+    run(
+        &cs,
+        CollKind::AllReduce,
+        DataType::Float32,
+        Red::Sum,
+        SUM,
+        100,
+    );
+    assert_eq!(d.current_device().unwrap(), 5, "after a collective");
+    // AlltoAll connects p2p FIFOs lazily (descriptors sent and IPC-or-raw opened).
+    run(&cs, CollKind::AlltoAll, DataType::Int32, Red::Sum, SUM, 100);
+    assert_eq!(d.current_device().unwrap(), 5, "after p2p connection setup");
+    for c in &cs {
+        c.destroy().unwrap();
+    }
+    assert_eq!(d.current_device().unwrap(), 5, "after destroy");
+}
+
+/// Memory handed back by completed operations (in-place AlltoAll scratch, plan arrays
+/// beyond the per-communicator cache) is reused, never freed at enqueue: on CUDA a free
+/// synchronizes the device, and with several ranks on one device the thread would wait for
+/// kernels that wait for its own next launch. The emulator counts frees made while streams
+/// are busy; here every later operation is enqueued while both streams are held.
+#[test]
+fn no_device_free_while_work_is_queued() {
+    let cs = comms(2);
+    let d = emu::global();
+    let streams: Vec<Stream> = (0..2).map(|_| d.stream_create().unwrap()).collect();
+    let count = 257;
+    // One in-place AlltoAll per rank buffer; then 70 AllReduces of distinct shapes (more
+    // than the 64 cached plan shapes), so scratch and uncached plan arrays are handed back.
+    let mut bufs: Vec<Vec<u8>> = (0..2).map(|_| vec![0u8; 2 * count * 4]).collect();
+    let mut outs: Vec<Vec<u8>> = (0..2).map(|_| vec![0u8; 80 * 4]).collect();
+    let round = |bufs: &mut Vec<Vec<u8>>, outs: &mut Vec<Vec<u8>>| {
+        for (r, b) in bufs.iter_mut().enumerate() {
+            fill(DataType::Int32, Red::Sum, r, 0, b);
+        }
+        group_start().unwrap();
+        for (r, c) in cs.iter().enumerate() {
+            let p = bufs[r].as_mut_ptr() as usize;
+            let a = CollArgs {
+                kind: CollKind::AlltoAll,
+                sendbuf: p,
+                recvbuf: p,
+                count,
+                dtype: DataType::Int32 as i32,
+                op: SUM,
+                root: -1,
+                stream: streams[r],
+            };
+            ccl_core::enqueue(c, a).unwrap();
+        }
+        group_end().unwrap();
+        for k in 1..=70usize {
+            group_start().unwrap();
+            for (r, c) in cs.iter().enumerate() {
+                let o = outs[r].as_mut_ptr() as usize;
+                let a = CollArgs {
+                    kind: CollKind::AllReduce,
+                    sendbuf: o,
+                    recvbuf: o,
+                    count: k,
+                    dtype: DataType::Int32 as i32,
+                    op: SUM,
+                    root: -1,
+                    stream: streams[r],
+                };
+                ccl_core::enqueue(c, a).unwrap();
+            }
+            group_end().unwrap();
+        }
+    };
+    round(&mut bufs, &mut outs);
+    for s in &streams {
+        assert!(wait(*s, Duration::from_secs(30)));
+    }
+    // Hold both streams, enqueue a second round behind the gate.
+    let gate = Arc::new(AtomicBool::new(false));
+    for s in &streams {
+        let g = Arc::clone(&gate);
+        d.launch_host_fn(
+            *s,
+            Box::new(move || {
+                let t0 = Instant::now();
+                while !g.load(Ordering::Acquire) && t0.elapsed() < Duration::from_secs(20) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }),
+        )
+        .unwrap();
+    }
+    let (before, allocs) = (
+        emu::busy_frees_on_this_thread(),
+        emu::allocations_on_this_thread(),
+    );
+    round(&mut bufs, &mut outs);
+    let busy = emu::busy_frees_on_this_thread() - before;
+    let allocs = emu::allocations_on_this_thread() - allocs;
+    gate.store(true, Ordering::Release);
+    for s in &streams {
+        assert!(wait(*s, Duration::from_secs(30)));
+    }
+    assert_eq!(busy, 0, "frees while the streams were busy");
+    assert_eq!(
+        allocs, 0,
+        "the second round must reuse the handed-back memory"
+    );
+    // The AlltoAll of the second round is right (element k of rank r: rank k / count's
+    // input index r * count + k % count).
+    for (r, b) in bufs.iter().enumerate() {
+        check_output(
+            CollKind::AlltoAll,
+            DataType::Int32,
+            Red::Sum,
+            2,
+            r,
+            0,
+            count,
+            b,
+        )
+        .unwrap_or_else(|e| panic!("rank {r}: {e}"));
+    }
+    for c in &cs {
+        c.destroy().unwrap();
+    }
+    for s in streams {
+        d.stream_destroy(s).unwrap();
+    }
 }

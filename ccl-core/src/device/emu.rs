@@ -19,6 +19,11 @@
 //!   the plan's dtype / op / scalar / divisor, so results are bit-identical to the host
 //!   backend's.
 //! - IPC is not supported (ranks in other processes cannot be emulated): a clear error.
+//! - `free` / `host_free` do not block, but CUDA's `cudaFree` / `cudaFreeHost` synchronize
+//!   the whole device; the emulator counts, per calling thread, the frees made while any
+//!   stream had queued or running work ([`busy_frees_on_this_thread`]): each would have
+//!   waited for every kernel on a real device (a deadlock when the kernels wait for this
+//!   thread's next launch). Tests assert the runtime makes none.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -43,6 +48,19 @@ const ALIGN: usize = 256;
 
 thread_local! {
     static CURRENT: std::cell::Cell<i32> = const { std::cell::Cell::new(0) };
+    static BUSY_FREES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    static ALLOCS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Allocations (device and mapped) this thread made, for tests that check reuse.
+pub fn allocations_on_this_thread() -> usize {
+    ALLOCS.with(|c| c.get())
+}
+
+/// Frees this thread made while some stream had work queued or running (each one a whole
+/// device synchronization on CUDA).
+pub fn busy_frees_on_this_thread() -> usize {
+    BUSY_FREES.with(|c| c.get())
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -167,6 +185,7 @@ impl EmuDevice {
                 "emulated device: out of memory allocating {bytes} bytes"
             )));
         }
+        ALLOCS.with(|c| c.set(c.get() + 1));
         lock(&self.allocs).insert(
             p as usize,
             Alloc {
@@ -180,6 +199,9 @@ impl EmuDevice {
     fn dealloc(&self, p: usize, mapped: bool, call: &str) -> Result<()> {
         if p == 0 {
             return Ok(());
+        }
+        if lock(&self.streams).values().any(|s| !s.idle()) {
+            BUSY_FREES.with(|c| c.set(c.get() + 1));
         }
         let mut g = lock(&self.allocs);
         match g.get(&p) {

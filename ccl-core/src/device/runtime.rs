@@ -50,6 +50,8 @@ const TAG_P2P: u32 = 0x6465_7602;
 /// Connection memory layout: tail at 0, head at 64, slots from 128.
 const HEAD_OFF: usize = 64;
 const SLOTS_OFF: usize = 128;
+/// Source of the zeroed FIFO counters.
+static ZEROS: [u8; SLOTS_OFF] = [0; SLOTS_OFF];
 /// Plan shapes whose arrays stay uploaded per communicator.
 const PLAN_CACHE: usize = 64;
 /// How long destroy waits for enqueued operations before leaking their memory.
@@ -140,20 +142,33 @@ pub(crate) struct DevicePre {
     pub abort: Mapped,
 }
 
+/// A device API and the device it is used on.
+pub type ApiOnDevice = (Arc<dyn DeviceApi>, i32);
+
+/// The device API and device a communicator created now on this thread would use
+/// (`CCLD_BACKEND`, `CCLD_DEVICE_EMULATION`, the CUDA probe), or `Err(reason)` inside `Ok`
+/// for the host backend. Programs that allocate buffers for device communicators (the GPU
+/// suite's `device_matrix`) use it to get the same API the runtime uses.
+pub fn device_api(hint: Option<i32>) -> Result<std::result::Result<ApiOnDevice, String>> {
+    let backend = parse_backend(crate::env::var(ENV_BACKEND)?.as_deref())?;
+    let emulation = crate::env::bool_or(ENV_EMULATION, false)?;
+    Ok(match decide(backend, emulation, hint, &cuda_probe)? {
+        Decision::Host(why) => Err(why),
+        Decision::Emulated(d) => Ok((super::emu::global(), d)),
+        Decision::Cuda(d) => Ok((Arc::new(CudaApi), d)),
+    })
+}
+
 /// Reads `CCLD_BACKEND` / `CCLD_DEVICE_EMULATION` and, for a device communicator, makes its
 /// frame (capacity `channels`) and abort flag. `None`: host backend.
 pub(crate) fn select(hint: Option<i32>, channels: usize, rank: usize) -> Result<Option<DevicePre>> {
-    let backend = parse_backend(crate::env::var(ENV_BACKEND)?.as_deref())?;
-    let emulation = crate::env::bool_or(ENV_EMULATION, false)?;
-    let (api, device): (Arc<dyn DeviceApi>, i32) =
-        match decide(backend, emulation, hint, &cuda_probe)? {
-            Decision::Host(why) => {
-                tracing::debug!(target: "nccl::INIT", rank = rank, "{why}");
-                return Ok(None);
-            }
-            Decision::Emulated(d) => (super::emu::global(), d),
-            Decision::Cuda(d) => (Arc::new(CudaApi), d),
-        };
+    let (api, device) = match device_api(hint)? {
+        Ok(v) => v,
+        Err(why) => {
+            tracing::debug!(target: "nccl::INIT", rank = rank, "{why}");
+            return Ok(None);
+        }
+    };
     api.set_device(device)?;
     let bytes = Frame::total_bytes(channels);
     let m = api.host_alloc_mapped(bytes)?;
@@ -214,13 +229,54 @@ struct Uploaded {
     lanes: usize,
     locals: usize,
     conns: usize,
+    /// Size of the mapped block (for reuse).
+    bytes: usize,
 }
 
-/// Memory an operation hands back when it completed.
+/// Memory an operation hands back when it completed: kept for reuse by later operations
+/// of the communicator and freed only at destroy. Freeing at enqueue time would be wrong on
+/// CUDA: `cudaFree` / `cudaFreeHost` synchronize the whole device, so a thread driving one
+/// rank would wait for the kernels of the other ranks on the device, which in turn wait for
+/// the kernel this thread has not launched yet (a deadlock with several ranks per device).
 #[derive(Debug)]
 enum Freed {
-    Device(usize),
-    Mapped(usize),
+    /// Device memory (in-place AlltoAll scratch).
+    Device { ptr: usize, bytes: usize },
+    /// Mapped host memory (plan arrays beyond the cache).
+    Mapped { m: Mapped, bytes: usize },
+}
+
+/// Makes `device` current on the calling thread for the guard's lifetime and restores the
+/// previous device afterwards: like NCCL, our calls leave the caller's current device as
+/// it was (a thread that drives ranks on several devices, or allocates after a collective,
+/// relies on it).
+struct DeviceGuard<'a> {
+    api: &'a dyn DeviceApi,
+    prev: Option<i32>,
+}
+
+impl<'a> DeviceGuard<'a> {
+    fn new(api: &'a dyn DeviceApi, device: i32) -> Result<DeviceGuard<'a>> {
+        let cur = api.current_device()?;
+        if cur == device {
+            return Ok(DeviceGuard { api, prev: None });
+        }
+        api.set_device(device)?;
+        Ok(DeviceGuard {
+            api,
+            prev: Some(cur),
+        })
+    }
+}
+
+impl Drop for DeviceGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(p) = self.prev {
+            if let Err(e) = self.api.set_device(p) {
+                tracing::warn!(target: "nccl::COLL", "restoring the current device {p}: {e}");
+            }
+        }
+    }
 }
 
 /// Operations enqueued and not completed.
@@ -298,7 +354,12 @@ pub(crate) struct DeviceComm {
     pids: Vec<u32>,
     state: Mutex<State>,
     inflight: Arc<Inflight>,
-    to_free: Arc<Mutex<Vec<Freed>>>,
+    /// Blocks handed back by completed operations, for reuse (see [`Freed`]).
+    spare: Arc<Mutex<Vec<Freed>>>,
+    /// A stream of our own for setting up FIFOs (zeroing counters). Not `cudaMemset`: it
+    /// runs on the legacy default stream, asynchronously for device memory, and kernels on
+    /// non-blocking streams are not ordered after it.
+    setup: Stream,
 }
 
 /// What `attach` needs of the communicator.
@@ -378,6 +439,10 @@ impl DeviceComm {
         let boot = a.boot;
         let nranks = boot.nranks();
         let rank = boot.rank();
+        let setup = {
+            let _dev = DeviceGuard::new(&*a.pre.api, a.pre.device)?;
+            a.pre.api.stream_create()?
+        };
         let dc = DeviceComm {
             api: a.pre.api,
             device: a.pre.device,
@@ -398,7 +463,8 @@ impl DeviceComm {
             source: a.source,
             state: Mutex::new(State::default()),
             inflight: Arc::new(Inflight::default()),
-            to_free: Arc::new(Mutex::new(Vec::new())),
+            spare: Arc::new(Mutex::new(Vec::new())),
+            setup,
         };
         if nranks > 1 {
             let prev = (rank + nranks - 1) % nranks;
@@ -420,15 +486,18 @@ impl DeviceComm {
     /// Allocates our inbound FIFOs from `peer` (channels 0..n of `link`) and sends their
     /// descriptors to `peer`.
     fn send_inbound(&self, link: LinkKind, peer: usize, n: usize, tag: u32) -> Result<()> {
-        self.api.set_device(self.device)?;
+        let _dev = DeviceGuard::new(&*self.api, self.device)?;
         let same = self.pids[peer] == std::process::id();
         let mut ends = Vec::with_capacity(n);
         let mut st = lock(&self.state);
         for ch in 0..n {
             let base = self.api.malloc(self.conn_bytes())?;
             st.owned.push(base);
-            // SAFETY: fresh allocation of conn_bytes() >= SLOTS_OFF bytes.
-            unsafe { self.api.memset(base, 0, SLOTS_OFF)? };
+            // SAFETY: fresh allocation of conn_bytes() >= SLOTS_OFF bytes; ZEROS is static.
+            unsafe {
+                self.api
+                    .memcpy_async(base, ZEROS.as_ptr() as usize, SLOTS_OFF, self.setup)?
+            };
             st.conns.insert(
                 ConnKey {
                     link,
@@ -445,6 +514,8 @@ impl DeviceComm {
             }
         }
         drop(st);
+        // The counters must be zero before the peer (or our kernel) can see the FIFOs.
+        self.api.stream_synchronize(self.setup)?;
         self.boot
             .send(peer, tag, &encode_desc(std::process::id(), &ends))
     }
@@ -453,6 +524,8 @@ impl DeviceComm {
     fn recv_outbound(&self, link: LinkKind, peer: usize, n: usize, tag: u32) -> Result<()> {
         let b = recv_patiently(&self.boot, peer, tag, &self.abort)?;
         let (pid, ends) = decode_desc(&b, peer)?;
+        // IPC mappings are opened in the current device's context: this rank's.
+        let _dev = DeviceGuard::new(&*self.api, self.device)?;
         if ends.len() != n {
             return Err(CclError::Remote(format!(
                 "rank {peer} offered {} FIFO channels, expected {n} (different NCCL_MAX_CTAS?)",
@@ -539,17 +612,57 @@ impl DeviceComm {
         unsafe { AtomicU32::from_ptr(self.abort_mem.host as *mut u32) }.store(1, Ordering::Release);
     }
 
-    fn drain_frees(&self) {
-        let v = std::mem::take(&mut *lock(&self.to_free));
-        for f in v {
-            let r = match f {
-                Freed::Device(p) => self.api.free(p),
-                Freed::Mapped(p) => self.api.host_free(p),
-            };
-            if let Err(e) = r {
-                tracing::warn!(target: "nccl::ALLOC", rank = self.rank, "{e}");
+    /// A spare device block of at least `bytes` (the smallest that fits), else a new one.
+    fn take_device(&self, bytes: usize) -> Result<(usize, usize)> {
+        {
+            let mut sp = lock(&self.spare);
+            let best = sp
+                .iter()
+                .enumerate()
+                .filter_map(|(i, f)| match f {
+                    Freed::Device { bytes: b, .. } if *b >= bytes => Some((i, *b)),
+                    _ => None,
+                })
+                .min_by_key(|(_, b)| *b);
+            if let Some((i, _)) = best {
+                if let Freed::Device { ptr, bytes } = sp.swap_remove(i) {
+                    return Ok((ptr, bytes));
+                }
             }
         }
+        Ok((self.api.malloc(bytes)?, bytes))
+    }
+
+    /// A spare mapped block of at least `bytes` (the smallest that fits), else a new one.
+    fn take_mapped(&self, bytes: usize) -> Result<(Mapped, usize)> {
+        {
+            let mut sp = lock(&self.spare);
+            let best = sp
+                .iter()
+                .enumerate()
+                .filter_map(|(i, f)| match f {
+                    Freed::Mapped { bytes: b, .. } if *b >= bytes => Some((i, *b)),
+                    _ => None,
+                })
+                .min_by_key(|(_, b)| *b);
+            if let Some((i, _)) = best {
+                if let Freed::Mapped { m, bytes } = sp.swap_remove(i) {
+                    return Ok((m, bytes));
+                }
+            }
+        }
+        Ok((self.api.host_alloc_mapped(bytes)?, bytes))
+    }
+
+    /// Frees the spare blocks (destroy, after every operation completed).
+    fn free_spares(&self) -> Vec<Result<()>> {
+        let v = std::mem::take(&mut *lock(&self.spare));
+        v.into_iter()
+            .map(|f| match f {
+                Freed::Device { ptr, .. } => self.api.free(ptr),
+                Freed::Mapped { m, .. } => self.api.host_free(m.host),
+            })
+            .collect()
     }
 
     /// Checks that a user buffer is device memory (CUDA; the emulator takes any pointer).
@@ -614,7 +727,7 @@ impl DeviceComm {
         let locals = align(lanes + lp.lanes.len() * std::mem::size_of::<ccl_dev_lane_t>());
         let cn = align(locals + lp.locals.len() * std::mem::size_of::<ccl_dev_local_t>());
         let total = cn + std::mem::size_of_val(conns);
-        let m = self.api.host_alloc_mapped(total.max(64))?;
+        let (m, bytes) = self.take_mapped(total.max(64))?;
         // SAFETY: `m.host` is fresh mapped memory of `total` bytes, at least 64-byte aligned
         // (cudaHostAlloc: page; emulator: 256), so every typed destination is aligned and
         // in bounds; the sources are live vectors of those lengths.
@@ -647,6 +760,7 @@ impl DeviceComm {
             lanes,
             locals,
             conns: cn,
+            bytes,
         };
         if st.cached < PLAN_CACHE {
             st.cached += 1;
@@ -658,11 +772,20 @@ impl DeviceComm {
 
     /// Enqueues one work item on `stream` (0 = default stream) and returns.
     pub(crate) fn enqueue(&self, item: &WorkItem, stream: Stream) -> Result<()> {
-        self.drain_frees();
         if lock(&self.state).closed {
             return Err(CclError::usage("communicator was destroyed"));
         }
-        self.api.set_device(self.device)?;
+        let _dev = DeviceGuard::new(&*self.api, self.device)?;
+        let mut frees: Vec<Freed> = Vec::new();
+        let r = self.enqueue_inner(item, stream, &mut frees);
+        if r.is_err() && !frees.is_empty() {
+            // Nothing was enqueued that uses them (or the completion function owns them).
+            lock(&self.spare).extend(frees);
+        }
+        r
+    }
+
+    fn enqueue_inner(&self, item: &WorkItem, stream: Stream, frees: &mut Vec<Freed>) -> Result<()> {
         let stream = if stream == 0 {
             self.api.default_stream(self.device)?
         } else {
@@ -670,7 +793,6 @@ impl DeviceComm {
         };
         let label = item.label();
         let plan = executor::plan_for(item, self.rank, self.nranks, &self.tuning)?;
-        let mut frees: Vec<Freed> = Vec::new();
         let (mut bufs, red, dtype_bytes): (Vec<usize>, Option<(Reducer, usize)>, usize) = match item
         {
             WorkItem::Coll(c) => {
@@ -697,8 +819,11 @@ impl DeviceComm {
                 && c.recvbuf < c.sendbuf + total
             {
                 // In-place AlltoAll: stage the input (ordered on the stream).
-                let scratch = self.api.malloc(total)?;
-                frees.push(Freed::Device(scratch));
+                let (scratch, bytes) = self.take_device(total)?;
+                frees.push(Freed::Device {
+                    ptr: scratch,
+                    bytes,
+                });
                 // SAFETY: scratch has `total` bytes; sendbuf is valid for `total` bytes
                 // until the operation completed (enqueue contract); ordered on `stream`.
                 unsafe { self.api.memcpy_async(scratch, c.sendbuf, total, stream)? };
@@ -724,7 +849,13 @@ impl DeviceComm {
         let (_, up, cached) = self.upload(&mut st, &lp, &conns)?;
         drop(st);
         if !cached {
-            frees.push(Freed::Mapped(up.host));
+            frees.push(Freed::Mapped {
+                m: Mapped {
+                    host: up.host,
+                    dev: up.dev,
+                },
+                bytes: up.bytes,
+            });
         }
         let mut p = ccl_dev_plan_t {
             n_channels: lp.n_channels,
@@ -825,13 +956,20 @@ impl DeviceComm {
                 }
             }
         };
+        self.inflight.add();
+        if let Err(e) = self.api.launch_host_fn(stream, Box::new(before)) {
+            self.inflight.done();
+            return Err(e);
+        }
         let after = {
             let op_log = Arc::clone(&self.op_log);
             let source = self.source.clone();
             let inflight = Arc::clone(&self.inflight);
-            let to_free = Arc::clone(&self.to_free);
+            let spare = Arc::clone(&self.spare);
+            let frees = std::mem::take(frees);
             let abort = Arc::clone(&self.abort);
             let probe_on = self.probe_on;
+            // No CUDA call in here (CUDA forbids them in host functions): only host state.
             move || {
                 if probe_on {
                     let ok = !abort.load(Ordering::Acquire);
@@ -840,17 +978,12 @@ impl DeviceComm {
                         s.op_done(counter);
                     }
                 }
-                lock(&to_free).extend(frees);
+                lock(&spare).extend(frees);
                 inflight.done();
             }
         };
-        self.inflight.add();
-        if let Err(e) = self.api.launch_host_fn(stream, Box::new(before)) {
-            self.inflight.done();
-            return Err(e);
-        }
-        // SAFETY: the arrays live in mapped memory freed only after the completion host
-        // function (or never, when cached, until shutdown waited for all operations); the
+        // SAFETY: the arrays live in mapped memory handed back for reuse only by the
+        // completion host function and freed at shutdown after all operations); the
         // FIFOs, frame and abort flag live until shutdown; user buffers are valid until
         // completion (the enqueue contract).
         let launched = unsafe { self.api.launch_plan(&p, stream) };
@@ -876,9 +1009,11 @@ impl DeviceComm {
                 self.comm_id);
             return;
         }
-        self.drain_frees();
+        let _dev = DeviceGuard::new(&*self.api, self.device)
+            .map_err(|e| tracing::warn!(target: "nccl::INIT", rank = self.rank, "{e}"))
+            .ok();
+        let mut errs = self.free_spares();
         let mut st = lock(&self.state);
-        let mut errs = Vec::new();
         for p in st.opened.drain(..) {
             errs.push(self.api.ipc_close(p));
         }
@@ -892,6 +1027,7 @@ impl DeviceComm {
         }
         st.conns.clear();
         errs.push(self.api.host_free(self.abort_mem.host));
+        errs.push(self.api.stream_destroy(self.setup));
         for e in errs.into_iter().filter_map(|r| r.err()) {
             tracing::warn!(target: "nccl::ALLOC", rank = self.rank, "{e}");
         }
