@@ -61,6 +61,21 @@ struct Rank {
 
 /// Runs `coll` on all ranks of `cs` from this thread (one group), waits for the streams,
 /// checks results and probe counters.
+/// Blocks `s` (a host function) until `gate` opens, at most 20 s.
+fn hold_stream(d: &dyn DeviceApi, s: Stream, gate: &Arc<AtomicBool>) {
+    let g = Arc::clone(gate);
+    d.launch_host_fn(
+        s,
+        Box::new(move || {
+            let t0 = Instant::now();
+            while !g.load(Ordering::Acquire) && t0.elapsed() < Duration::from_secs(20) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }),
+    )
+    .unwrap();
+}
+
 fn run(cs: &[Arc<Comm>], coll: CollKind, dt: DataType, red: Red, op: i32, count: usize) {
     let n = cs.len();
     let es = dt.size();
@@ -230,17 +245,7 @@ fn the_call_returns_before_the_work_is_done() {
         .collect();
     // Block both streams until the gate opens.
     for (_, _, s) in &bufs {
-        let g = Arc::clone(&gate);
-        d.launch_host_fn(
-            *s,
-            Box::new(move || {
-                let t0 = Instant::now();
-                while !g.load(Ordering::Acquire) && t0.elapsed() < Duration::from_secs(20) {
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-            }),
-        )
-        .unwrap();
+        hold_stream(&*d, *s, &gate);
     }
     group_start().unwrap();
     for (c, (s, r, st)) in cs.iter().zip(bufs.iter_mut()) {
@@ -485,17 +490,7 @@ fn no_device_free_while_work_is_queued() {
     // Hold both streams, enqueue a second round behind the gate.
     let gate = Arc::new(AtomicBool::new(false));
     for s in &streams {
-        let g = Arc::clone(&gate);
-        d.launch_host_fn(
-            *s,
-            Box::new(move || {
-                let t0 = Instant::now();
-                while !g.load(Ordering::Acquire) && t0.elapsed() < Duration::from_secs(20) {
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-            }),
-        )
-        .unwrap();
+        hold_stream(&*d, *s, &gate);
     }
     let (before, allocs) = (
         emu::busy_frees_on_this_thread(),

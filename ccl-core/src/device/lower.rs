@@ -283,4 +283,4 @@ pub fn red_params(r: &Reducer, nranks: usize) -> Result<RedParams> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

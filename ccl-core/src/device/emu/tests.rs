@@ -9,6 +9,7 @@ use kernels::ffi::{ccl_dev_conn_t, CCL_MAX_BUFS};
 use probe::{CollKind, Frame};
 
 use super::*;
+use crate::device::lower::tests::{buf_lens, lowered_plan};
 use crate::device::lower::{lower, red_params, ConnDir, ConnKey};
 use crate::schedule::{self, CollDesc, LinkKind, BUF_RECV, BUF_SEND};
 
@@ -91,14 +92,7 @@ fn run(coll: CollKind, dtype: DataType, op: RedOpKind, count: usize, n: usize, n
         let s = (op == RedOpKind::PreMulSum).then_some(&scalar[..]);
         Reducer::new(dtype, op, s, n).unwrap()
     });
-    let in_len = match coll {
-        CollKind::ReduceScatter | CollKind::AlltoAll | CollKind::Scatter => count * n,
-        _ => count,
-    };
-    let out_len = match coll {
-        CollKind::AllGather | CollKind::AlltoAll | CollKind::Gather => count * n,
-        _ => count,
-    };
+    let (in_len, out_len) = buf_lens(coll, count, n);
     let enc = |v: i32| -> [u8; 4] {
         match dtype {
             DataType::Float32 => (v as f32).to_le_bytes(),
@@ -116,18 +110,7 @@ fn run(coll: CollKind, dtype: DataType, op: RedOpKind, count: usize, n: usize, n
     let mut fifos: HashMap<(usize, usize, LinkKind, usize), ccl_dev_conn_t> = HashMap::new();
     let mut ranks = Vec::new();
     for rank in 0..n {
-        let plan = schedule::collective(&CollDesc {
-            coll,
-            count,
-            elem_size: 4,
-            nranks: n,
-            rank,
-            root,
-            n_channels: nch,
-            slot_bytes: slot,
-        })
-        .unwrap();
-        let lowered = lower(&plan, 2).unwrap();
+        let (_, lowered) = lowered_plan(coll, count, n, rank, root, nch, slot);
         let conns: Vec<ccl_dev_conn_t> = lowered
             .conns
             .iter()

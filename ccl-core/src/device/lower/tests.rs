@@ -161,6 +161,44 @@ fn input(r: usize, i: usize) -> i32 {
     ((r * 131 + i * 7) % 97) as i32 - 40
 }
 
+/// Elements of the send and the receive buffer of one rank for `coll` of `count`.
+pub(crate) fn buf_lens(coll: CollKind, count: usize, n: usize) -> (usize, usize) {
+    let in_len = match coll {
+        CollKind::ReduceScatter | CollKind::AlltoAll | CollKind::Scatter => count * n,
+        _ => count,
+    };
+    let out_len = match coll {
+        CollKind::AllGather | CollKind::AlltoAll | CollKind::Gather => count * n,
+        _ => count,
+    };
+    (in_len, out_len)
+}
+
+/// Rank `rank`'s plan of `coll` over 4-byte elements, and its lowering (2 buffers).
+pub(crate) fn lowered_plan(
+    coll: CollKind,
+    count: usize,
+    n: usize,
+    rank: usize,
+    root: usize,
+    nch: usize,
+    slot: usize,
+) -> (schedule::Plan, LoweredPlan) {
+    let plan = schedule::collective(&CollDesc {
+        coll,
+        count,
+        elem_size: 4,
+        nranks: n,
+        rank,
+        root,
+        n_channels: nch,
+        slot_bytes: slot,
+    })
+    .unwrap();
+    let lowered = lower(&plan, 2).unwrap();
+    (plan, lowered)
+}
+
 fn run_coll(coll: CollKind, count: usize, n: usize, op: RedOpKind, nch: usize, slot: usize) {
     let root = (count + 1) % n;
     let reducing = matches!(
@@ -173,29 +211,11 @@ fn run_coll(coll: CollKind, count: usize, n: usize, op: RedOpKind, nch: usize, s
         Reducer::new(DataType::Int32, op, s, n).unwrap()
     });
     let params = reducer.as_ref().map(|r| red_params(r, n).unwrap());
-    let in_len = match coll {
-        CollKind::ReduceScatter | CollKind::AlltoAll | CollKind::Scatter => count * n,
-        _ => count,
-    };
-    let out_len = match coll {
-        CollKind::AllGather | CollKind::AlltoAll | CollKind::Gather => count * n,
-        _ => count,
-    };
+    let (in_len, out_len) = buf_lens(coll, count, n);
     let mut plans = Vec::new();
     let mut bufs = Vec::new();
     for rank in 0..n {
-        let plan = schedule::collective(&CollDesc {
-            coll,
-            count,
-            elem_size: 4,
-            nranks: n,
-            rank,
-            root,
-            n_channels: nch,
-            slot_bytes: slot,
-        })
-        .unwrap();
-        let lowered = lower(&plan, 2).unwrap();
+        let (plan, lowered) = lowered_plan(coll, count, n, rank, root, nch, slot);
         // The counters the kernel stores equal the schedule's expectation.
         let exp: Vec<(u64, u64)> = plan
             .expected_counts()
