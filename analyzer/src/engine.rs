@@ -841,6 +841,9 @@ pub struct Engine {
     comms: HashMap<u64, Comm>,
     pending: Vec<wire::Diagnosis>,
     window_log: Vec<WindowEval>,
+    /// Clock (nanoseconds) measuring the location step's CPU cost where no clock is passed
+    /// in: windows closed by a record in `ingest`, and `tick`.
+    cost_clock: Option<fn() -> u64>,
 }
 
 /// Per-record aggregates over the channels.
@@ -917,7 +920,15 @@ impl Engine {
             comms: HashMap::new(),
             pending: Vec::new(),
             window_log: Vec::new(),
+            cost_clock: None,
         }
+    }
+
+    /// Measures every location step's CPU cost (`Evidence::location_cost_ns`) with `clock`,
+    /// also where the caller passes none (windows closed by a record in [`Engine::ingest`],
+    /// plain [`Engine::tick`]); [`Engine::tick_with_clock`]'s clock takes precedence.
+    pub fn set_cost_clock(&mut self, clock: fn() -> u64) {
+        self.cost_clock = Some(clock);
     }
 
     /// The configuration.
@@ -1241,7 +1252,10 @@ impl Engine {
         if all_done {
             self.finalize(comm_id, idx, now_ns);
         }
-        self.roll_windows(comm_id, now_ns, None);
+        match self.cost_clock {
+            Some(mut f) => self.roll_windows(comm_id, now_ns, Some(&mut f)),
+            None => self.roll_windows(comm_id, now_ns, None),
+        }
         Ok(())
     }
 
@@ -1434,7 +1448,10 @@ impl Engine {
     /// Runs detection and location at `now_ns`; returns the NEW diagnoses only (one per
     /// anomaly episode), ordered by communicator id.
     pub fn tick(&mut self, now_ns: u64) -> Vec<wire::Diagnosis> {
-        self.tick_inner(now_ns, None)
+        match self.cost_clock {
+            Some(mut f) => self.tick_inner(now_ns, Some(&mut f)),
+            None => self.tick_inner(now_ns, None),
+        }
     }
 
     /// Like [`Engine::tick`], with a clock used only to measure the cost of each location
@@ -3196,6 +3213,33 @@ mod tests {
         e.tick(T0 + 106 * S);
         assert!(e.comm_ids().is_empty());
         assert_eq!(e.stats().comms_evicted, 1);
+    }
+
+    #[test]
+    fn a_stored_cost_clock_measures_windows_closed_by_ingest() {
+        // Slow windows close on the first record after their end (no tick): with a stored
+        // clock the location step is still timed.
+        fn fake_clock() -> u64 {
+            use std::sync::atomic::{AtomicU64, Ordering};
+            static T: AtomicU64 = AtomicU64::new(0);
+            T.fetch_add(400, Ordering::Relaxed) + 400
+        }
+        let mut e = Engine::new(slow_cfg());
+        e.set_cost_clock(fake_clock);
+        round(&mut e, 1, T0 + S, [100 * MS, 90 * MS, 95 * MS, 99 * MS]);
+        round(&mut e, 2, T0 + 2 * S, [120 * MS, 90 * MS, 95 * MS, 99 * MS]);
+        round(&mut e, 3, T0 + 3 * S, [140 * MS, 90 * MS, 95 * MS, 99 * MS]);
+        round(&mut e, 4, T0 + 4 * S, [110 * MS; 4]);
+        assert!(e.tick(T0 + 61 * S).is_empty());
+        let late = [500 * MS, 500 * MS, 500 * MS, 100 * MS];
+        round(&mut e, 5, T0 + 70 * S, late);
+        // Window 2 ends at T0 + 121 s: this round's records close it (no tick).
+        round(&mut e, 6, T0 + 130 * S, [110 * MS; 4]);
+        // Before window 3 ends: the tick only hands out what ingest found.
+        let d = e.tick(T0 + 131 * S);
+        assert_eq!(d.len(), 1);
+        let cost = d[0].evidence.as_ref().unwrap().location_cost_ns;
+        assert!(cost >= 400 && cost % 400 == 0, "location cost {cost}");
     }
 
     #[test]

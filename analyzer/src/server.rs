@@ -149,6 +149,13 @@ impl Default for PeerConfig {
     }
 }
 
+/// Monotonic nanoseconds since the first call: the clock that times location steps.
+fn cost_clock_ns() -> u64 {
+    static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let base = *BASE.get_or_init(Instant::now);
+    u64::try_from(base.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
 /// Configuration of one shard.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -949,7 +956,12 @@ pub async fn start(
         shard_id: cfg.shard_id,
         shard_name: shard_name.clone(),
         shards: cfg.shards.clone(),
-        engine: Mutex::new(Engine::new(cfg.engine.clone())),
+        engine: Mutex::new({
+            let mut e = Engine::new(cfg.engine.clone());
+            // Location cost measured also for windows closed by a record (ingest path).
+            e.set_cost_clock(cost_clock_ns);
+            e
+        }),
         store,
         next_seq: AtomicU64::new(next_seq),
         metrics: metrics.clone(),

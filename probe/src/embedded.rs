@@ -87,8 +87,11 @@ pub fn embedded() -> Option<Arc<Embedded>> {
 impl Embedded {
     /// A new embedded analyzer.
     pub fn new(cfg: EngineConfig) -> Embedded {
+        let mut engine = Engine::new(cfg);
+        // Location cost measured also for windows closed by a record (ingest path).
+        engine.set_cost_clock(now_ns);
         Embedded {
-            engine: Mutex::new(Engine::new(cfg)),
+            engine: Mutex::new(engine),
             ranks_seen: Mutex::new(HashMap::new()),
             diagnoses: Mutex::new(Vec::new()),
             suppressed: Mutex::new(0),
