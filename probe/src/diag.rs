@@ -618,9 +618,38 @@ pub fn start_with(
         .clone()
 }
 
+/// Records per batch at most: a batch's record array (about 200 bytes a record) stays
+/// below glibc's 128 KiB mmap threshold, so batch memory is recycled from the heap instead
+/// of being mapped and page-faulted afresh for every batch.
+pub const BATCH_RECORDS: usize = 512;
+
+/// Hands `batch` to the reporter (a full queue drops it, counted) and starts a new one.
+/// Returns false when the reporter is gone.
+fn send_batch(btx: &SyncSender<wire::Batch>, batch: &mut wire::Batch) -> bool {
+    let full = std::mem::replace(
+        batch,
+        wire::Batch {
+            records: Vec::with_capacity(BATCH_RECORDS),
+            heartbeats: Vec::new(),
+        },
+    );
+    let n = full.records.len() as u64;
+    match btx.try_send(full) {
+        Ok(()) => true,
+        Err(TrySendError::Full(_)) => {
+            count_drop(n);
+            true
+        }
+        Err(TrySendError::Disconnected(_)) => false,
+    }
+}
+
 fn diag_loop(cfg: DiagConfig, rx: Receiver<Done>, btx: SyncSender<wire::Batch>) {
     let mut sampler = Sampler::new(cfg.clone());
-    let mut batch = wire::Batch::default();
+    let mut batch = wire::Batch {
+        records: Vec::with_capacity(BATCH_RECORDS),
+        heartbeats: Vec::new(),
+    };
     let mut last_flush = Instant::now();
     let mut last_hb: Option<Instant> = None;
     let mut ticks = 0u64;
@@ -631,6 +660,12 @@ fn diag_loop(cfg: DiagConfig, rx: Receiver<Done>, btx: SyncSender<wire::Batch>) 
         while let Ok(d) = rx.try_recv() {
             if let Some(s) = sources.iter().find(|s| s.id == d.source) {
                 batch.records.push(sampler.complete(s, &d, now));
+                if batch.records.len() >= BATCH_RECORDS {
+                    if !send_batch(&btx, &mut batch) {
+                        return;
+                    }
+                    last_flush = Instant::now();
+                }
             }
         }
         batch.records.extend(sampler.sample(&sources, now));
@@ -638,13 +673,10 @@ fn diag_loop(cfg: DiagConfig, rx: Receiver<Done>, btx: SyncSender<wire::Batch>) 
             batch.heartbeats.push(sampler.heartbeat(&sources, now));
             last_hb = Some(Instant::now());
         }
-        let due = last_flush.elapsed() >= cfg.flush || batch.records.len() >= 4096;
+        let due = last_flush.elapsed() >= cfg.flush || batch.records.len() >= BATCH_RECORDS;
         if due && (!batch.records.is_empty() || !batch.heartbeats.is_empty()) {
-            let n = batch.records.len() as u64;
-            match btx.try_send(std::mem::take(&mut batch)) {
-                Ok(()) => {}
-                Err(TrySendError::Full(_)) => count_drop(n),
-                Err(TrySendError::Disconnected(_)) => return,
+            if !send_batch(&btx, &mut batch) {
+                return;
             }
             last_flush = Instant::now();
         }
