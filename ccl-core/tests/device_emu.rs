@@ -61,6 +61,20 @@ struct Rank {
 
 /// Runs `coll` on all ranks of `cs` from this thread (one group), waits for the streams,
 /// checks results and probe counters.
+/// A Float32 Sum AllReduce of `count` elements on `stream`.
+fn sum_f32(sendbuf: usize, recvbuf: usize, count: usize, stream: Stream) -> CollArgs {
+    CollArgs {
+        kind: CollKind::AllReduce,
+        sendbuf,
+        recvbuf,
+        count,
+        dtype: DataType::Float32 as i32,
+        op: SUM,
+        root: -1,
+        stream,
+    }
+}
+
 /// Blocks `s` (a host function) until `gate` opens, at most 20 s.
 fn hold_stream(d: &dyn DeviceApi, s: Stream, gate: &Arc<AtomicBool>) {
     let g = Arc::clone(gate);
@@ -249,16 +263,7 @@ fn the_call_returns_before_the_work_is_done() {
     }
     group_start().unwrap();
     for (c, (s, r, st)) in cs.iter().zip(bufs.iter_mut()) {
-        let a = CollArgs {
-            kind: CollKind::AllReduce,
-            sendbuf: s.as_ptr() as usize,
-            recvbuf: r.as_mut_ptr() as usize,
-            count,
-            dtype: DataType::Float32 as i32,
-            op: SUM,
-            root: -1,
-            stream: *st,
-        };
+        let a = sum_f32(s.as_ptr() as usize, r.as_mut_ptr() as usize, count, *st);
         ccl_core::enqueue(c, a).unwrap();
     }
     group_end().unwrap();
@@ -306,16 +311,7 @@ fn abort_ends_an_operation_whose_peer_never_enqueues() {
     let count = 1 << 16;
     let send = vec![1u8; count * 4];
     let mut recv = vec![0u8; count * 4];
-    let a = CollArgs {
-        kind: CollKind::AllReduce,
-        sendbuf: send.as_ptr() as usize,
-        recvbuf: recv.as_mut_ptr() as usize,
-        count,
-        dtype: DataType::Float32 as i32,
-        op: SUM,
-        root: -1,
-        stream: s,
-    };
+    let a = sum_f32(send.as_ptr() as usize, recv.as_mut_ptr() as usize, count, s);
     // Rank 1 never calls: rank 0's kernel waits for it.
     ccl_core::enqueue(&cs[0], a).unwrap();
     assert!(!wait(s, Duration::from_millis(200)), "must be stuck");
