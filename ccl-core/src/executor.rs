@@ -702,9 +702,9 @@ impl Worker {
         }
         let sh = &self.shared;
         if sh.probe_on {
-            sh.op_log.finish(counter, now_ns(), r.is_ok());
-            if let Some(src) = &sh.source {
-                src.op_done(counter);
+            let fin = sh.op_log.finish(counter, now_ns(), r.is_ok());
+            if let (Some(src), Some(fin)) = (&sh.source, fin) {
+                src.op_done(&fin);
             }
         }
         r

@@ -216,31 +216,27 @@ impl Source {
         &self.ident
     }
 
-    /// The completion message of operation `counter`: its op-log entry and counters.
-    fn done_message(&self, counter: u64) -> Option<Done> {
-        let snap = self.op_log.get(counter)?;
+    /// The completion message of the operation whose final op-log entry is `snap`: that
+    /// entry and the operation's counters.
+    fn done_message(&self, snap: &OpSnapshot) -> Done {
+        let counter = snap.op_counter;
         let block = (counter % crate::FRAME_BLOCKS as u64) as usize;
         let n = self.frame.header().n_channels as usize;
-        Some(Done {
+        Done {
             source: self.id,
             counter,
-            snap,
+            snap: *snap,
             chans: DoneChans::collect(n, |c| chan_done(&self.frame, block, c)),
-        })
+        }
     }
 
-    /// Called by the executor when operation `counter` finished (after `OpLog::finish`):
-    /// copies its counters and op-log entry and queues them for the diagnostic thread
-    /// without blocking.
-    pub fn op_done(&self, counter: u64) {
-        let Some(d) = self.done_message(counter) else {
-            // Not logged (cannot happen after OpLog::finish on the same thread): no record.
+    /// Called by the executor when an operation finished, with the entry `OpLog::finish`
+    /// returned: copies its counters and queues them for the diagnostic thread without
+    /// blocking.
+    pub fn op_done(&self, snap: &OpSnapshot) {
+        if global().done_tx.try_send(self.done_message(snap)).is_err() {
+            // Full queue (or no diagnostic thread): dropped, counted.
             count_drop(1);
-            return;
-        };
-        match global().done_tx.try_send(d) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => count_drop(1),
         }
     }
 }
@@ -739,11 +735,11 @@ mod tests {
             assert!(sm.sample(std::slice::from_ref(&s), 2_000 + t).is_empty());
         }
         s.frame.add_wait_upstream(b, 0, 300);
-        s.op_log.finish(5, 1_000 + 2_000_000_000, true);
+        let fin = s.op_log.finish(5, 1_000 + 2_000_000_000, true).unwrap();
         let d = Done {
             source: s.id,
             counter: 5,
-            snap: s.op_log.get(5).unwrap(),
+            snap: fin,
             chans: DoneChans::Heap(Sampler::live_chans(&s, 5)),
         };
         let r = sm.complete(&s, &d, 0);
@@ -821,8 +817,8 @@ mod tests {
                 s.op_log.start(k, &info(), 1_000 * k);
                 s.frame.add_send(b, 0, k + 1);
                 s.frame.add_recv(b, 1, 2 * k + 1);
-                s.op_log.finish(k, 1_000 * k + 10 * (k + 1), true);
-                s.done_message(k).expect("just finished")
+                let fin = s.op_log.finish(k, 1_000 * k + 10 * (k + 1), true).unwrap();
+                s.done_message(&fin)
             })
             .collect();
         for (k, d) in (0..n_ops).zip(&msgs) {

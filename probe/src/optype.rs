@@ -280,20 +280,22 @@ impl OpLog {
         );
     }
 
-    /// Records the end of operation `op_counter` (single writer). Ignored if the slot was
-    /// already reused by a later operation.
-    pub fn finish(&self, op_counter: u64, end_ns: u64, ok: bool) {
-        if let Some(snap) = self.get(op_counter) {
-            let st = if ok {
-                OpState::Completed
-            } else {
-                OpState::Failed
-            };
-            self.write(
-                op_counter,
-                encode(op_counter, &snap.info, snap.start_ns, end_ns, st),
-            );
-        }
+    /// Records the end of operation `op_counter` (single writer) and returns the final
+    /// entry (for the completion message). Ignored (`None`) if the slot was already reused
+    /// by a later operation.
+    pub fn finish(&self, op_counter: u64, end_ns: u64, ok: bool) -> Option<OpSnapshot> {
+        let mut snap = self.get(op_counter)?;
+        snap.state = if ok {
+            OpState::Completed
+        } else {
+            OpState::Failed
+        };
+        snap.end_ns = end_ns;
+        self.write(
+            op_counter,
+            encode(op_counter, &snap.info, snap.start_ns, end_ns, snap.state),
+        );
+        Some(snap)
     }
 
     /// Consistent copy of the slot of `op_counter`, if it still holds that operation.
@@ -348,12 +350,16 @@ mod tests {
         let s = log.get(3).unwrap();
         assert_eq!(s.info, info());
         assert_eq!((s.start_ns, s.end_ns, s.state), (111, 0, OpState::InFlight));
-        log.finish(3, 222, true);
+        let fin = log.finish(3, 222, true).unwrap();
+        assert_eq!(Some(fin), log.get(3), "finish returns the entry it stored");
         assert_eq!(log.get(3).unwrap().state, OpState::Completed);
         assert_eq!(log.get(3).unwrap().end_ns, 222);
         log.start(11, &info(), 333);
         assert!(log.get(3).is_none(), "slot reused by op 11");
-        log.finish(3, 444, false); // stale finish is ignored
+        assert!(
+            log.finish(3, 444, false).is_none(),
+            "stale finish is ignored"
+        );
         assert_eq!(log.get(11).unwrap().state, OpState::InFlight);
     }
 

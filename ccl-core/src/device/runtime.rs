@@ -973,9 +973,9 @@ impl DeviceComm {
             move || {
                 if probe_on {
                     let ok = !abort.load(Ordering::Acquire);
-                    op_log.finish(counter, executor::now_ns(), ok);
-                    if let Some(s) = &source {
-                        s.op_done(counter);
+                    let fin = op_log.finish(counter, executor::now_ns(), ok);
+                    if let (Some(s), Some(fin)) = (&source, fin) {
+                        s.op_done(&fin);
                     }
                 }
                 lock(&spare).extend(frees);
