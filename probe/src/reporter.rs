@@ -3,7 +3,9 @@
 //! ([`analyzer::client::BlockingClient`]: rendezvous hashing, failover to the next shard in
 //! hash order, reconnect with doubling back-off). While no shard is reachable, batches are
 //! spooled to `CCLD_SPOOL_DIR` (default `$TMPDIR/ccld-spool`), file
-//! `spool-<pid>.bin`, at most `CCLD_SPOOL_MAX_MB` MiB (default 64; beyond it batches are
+//! `spool-<pid>-<start>.bin` (`<start>`: the process's start time from `/proc`, so a later
+//! process that reuses the pid never replays another process's batches; files of processes
+//! that are gone are deleted when a spool is opened), at most `CCLD_SPOOL_MAX_MB` MiB (default 64; beyond it batches are
 //! dropped and counted); the spool is replayed, oldest first, as soon as a shard answers.
 //! Spool format: repeated `[u32 little-endian length][protobuf Batch]`.
 
@@ -24,13 +26,60 @@ pub struct Spool {
     max_bytes: u64,
 }
 
+/// Start time of process `pid` (clock ticks since boot, field 22 of `/proc/<pid>/stat`);
+/// `None` when the process does not exist (or `/proc` is unreadable).
+fn process_start(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_start_time(&stat)
+}
+
+/// Field 22 (`starttime`) of a `/proc/<pid>/stat` line; the command name (field 2) may
+/// contain spaces and parentheses, so fields are counted after its last `)`.
+fn parse_start_time(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // `rest` starts with field 3 (state): starttime is the 20th field from there.
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// The (pid, start) a spool file name `spool-<pid>-<start>.bin` names; `start` is `None`
+/// for the old `spool-<pid>.bin` names.
+fn parse_spool_name(name: &str) -> Option<(u32, Option<u64>)> {
+    let stem = name.strip_prefix("spool-")?.strip_suffix(".bin")?;
+    match stem.split_once('-') {
+        Some((pid, start)) => Some((pid.parse().ok()?, Some(start.parse().ok()?))),
+        None => Some((stem.parse().ok()?, None)),
+    }
+}
+
+/// Deletes spool files in `dir` whose process is gone (or is another process with the same
+/// pid): their batches belong to a job that no longer exists.
+fn remove_stale_spools(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some((pid, start)) = name.to_str().and_then(parse_spool_name) else {
+            continue;
+        };
+        let live = process_start(pid);
+        if live.is_none() || start.is_none() || live != start {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
 impl Spool {
-    /// A spool file `spool-<pid>.bin` in `dir` (created), at most `max_bytes`.
+    /// A spool file `spool-<pid>-<start>.bin` in `dir` (created), at most `max_bytes`;
+    /// stale spool files of processes that are gone are deleted first.
     pub fn new(dir: &Path, max_bytes: u64) -> Result<Spool, String> {
         std::fs::create_dir_all(dir)
             .map_err(|e| format!("CCLD_SPOOL_DIR {}: {e}", dir.display()))?;
+        remove_stale_spools(dir);
+        let pid = std::process::id();
+        let start = process_start(pid).unwrap_or(0);
         Ok(Spool {
-            path: dir.join(format!("spool-{}.bin", std::process::id())),
+            path: dir.join(format!("spool-{pid}-{start}.bin")),
             max_bytes,
         })
     }
@@ -105,7 +154,7 @@ impl Spool {
 /// without touching the file system.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SpoolSettings {
-    /// Directory of `spool-<pid>.bin`.
+    /// Directory of the spool files.
     pub dir: PathBuf,
     /// Most bytes spooled.
     pub max_bytes: u64,
@@ -195,6 +244,50 @@ impl Sink for RemoteSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spool_names_carry_the_process_start_and_stale_files_go() {
+        assert_eq!(
+            parse_start_time("42 (a b) c) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 777 9"),
+            Some(777)
+        );
+        assert_eq!(parse_start_time("garbage"), None);
+        assert_eq!(parse_spool_name("spool-12-345.bin"), Some((12, Some(345))));
+        assert_eq!(parse_spool_name("spool-12.bin"), Some((12, None)));
+        assert_eq!(parse_spool_name("spool-x.bin"), None);
+        assert_eq!(parse_spool_name("other.bin"), None);
+        let me = std::process::id();
+        let start = process_start(me).expect("own /proc entry");
+        let dir = std::env::temp_dir().join(format!("ccld-spool-stale-{me}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        // A file of this process with another start time (a recycled pid), an old-style
+        // name, a file of a process that does not exist (pid above pid_max), and ours.
+        for n in [
+            format!("spool-{me}-{}.bin", start + 1),
+            format!("spool-{me}.bin"),
+            "spool-4294967294-1.bin".to_string(),
+            format!("spool-{me}-{start}.bin"),
+            "unrelated.txt".to_string(),
+        ] {
+            std::fs::write(dir.join(n), b"x").unwrap();
+        }
+        let sp = Spool::new(&dir, 1 << 20).unwrap();
+        let mut left: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            vec![
+                format!("spool-{me}-{start}.bin"),
+                "unrelated.txt".to_string()
+            ]
+        );
+        assert_eq!(sp.len(), 1, "this process's own spool is kept");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     fn batch(n: u64) -> wire::Batch {
         wire::Batch {
