@@ -620,7 +620,14 @@ struct RankInfo {
     win_send_rate: f64,
     win_recv_rate: f64,
     win_ch: Vec<ChanAcc>,
+    /// (end of the operation on the rank's clock, cumulative CPU wait) of the last
+    /// completed operation before the window and of the newest one (`OpRecord.cpu_wait_ns`).
+    cpu_wait_from: Option<(u64, u64)>,
+    cpu_wait_to: Option<(u64, u64)>,
 }
+
+/// Shortest span over which a rank's CPU-wait share is computed.
+const CPU_WAIT_MIN_SPAN_NS: u64 = 100_000_000;
 
 impl RankInfo {
     fn new() -> Self {
@@ -651,7 +658,18 @@ impl RankInfo {
             win_send_rate: 0.0,
             win_recv_rate: 0.0,
             win_ch: Vec::new(),
+            cpu_wait_from: None,
+            cpu_wait_to: None,
         }
+    }
+
+    /// Share of the window this rank's threads waited for a CPU (runnable, not running),
+    /// from the growth of its cumulative CPU wait; `None` when unknown or the span is short.
+    fn win_cpu_wait(&self) -> Option<f64> {
+        let ((t0, w0), (t1, w1)) = (self.cpu_wait_from?, self.cpu_wait_to?);
+        let span = t1.checked_sub(t0)?;
+        (span >= CPU_WAIT_MIN_SPAN_NS)
+            .then(|| (w1.saturating_sub(w0) as f64 / span as f64).min(1.0))
     }
 
     fn silent(&self, now_ns: u64, silent_after_ns: u64) -> bool {
@@ -1232,6 +1250,11 @@ impl Engine {
             info.done_ty = Some(tk);
             info.done_send = sums.send;
             info.done_recv = sums.recv;
+            if let Some(w) = rec.cpu_wait_ns {
+                let end = rec.start_ns.saturating_add(rec.duration_ns);
+                info.cpu_wait_to = Some((end, w));
+                info.cpu_wait_from.get_or_insert((end, w));
+            }
             info.win_ops += 1;
             info.win_send_rate += f64::from(sums.send_rate);
             info.win_recv_rate += f64::from(sums.recv_rate);
@@ -1400,6 +1423,7 @@ impl Engine {
         for r in &mut comm.ranks {
             r.win_ops = 0;
             r.win_last_in = 0;
+            r.cpu_wait_from = r.cpu_wait_to;
             r.win_send_rate = 0.0;
             r.win_recv_rate = 0.0;
             for a in &mut r.win_ch {
@@ -2103,7 +2127,12 @@ fn locate_slow(
     let mut by_links = false;
     let mut by_least_wait = false;
     let mut by_latecomer = false;
-    if kind_s != SlowKind::Computation {
+    let cpu_wait: Vec<Option<f64>> = comm.ranks.iter().map(RankInfo::win_cpu_wait).collect();
+    let starved = locate::cpu_starved(&cpu_wait);
+    let by_starved = kind_s != SlowKind::Computation && !starved.is_empty();
+    if by_starved {
+        s2 = starved;
+    } else if kind_s != SlowKind::Computation {
         if algo == wire::Algorithm::Ring as i32 {
             let nch = comm.ranks.iter().map(|r| r.win_ch.len()).max().unwrap_or(0);
             let mut chans: Vec<Vec<Option<ChanWait>>> = Vec::with_capacity(nch);
@@ -2209,7 +2238,15 @@ fn locate_slow(
     }
     if kind_s != SlowKind::Computation {
         for &j in &s2 {
-            let reason = if by_links {
+            let reason = if by_starved {
+                let mut known: Vec<f64> = cpu_wait.iter().flatten().copied().collect();
+                let med = locate::median(&mut known);
+                format!(
+                    "waited for a CPU {:.0}% of the window (runnable but not running; median of the ranks {:.0}%): CPU starvation (a competing process or thread on its cores), its peers waited for it inside the operations",
+                    cpu_wait[j as usize].unwrap_or(0.0) * 100.0,
+                    med * 100.0
+                )
+            } else if by_links {
                 let mine: Vec<&locate::SlowLink> =
                     links.iter().filter(|l| l.from == j || l.to == j).collect();
                 let desc: Vec<String> = mine
@@ -2249,7 +2286,12 @@ fn locate_slow(
         }
     }
     let s1_phrase = ranks_phrase(comm, &s1);
-    let s2_phrase = if by_links {
+    let s2_phrase = if by_starved {
+        format!(
+            "{} is starved of CPU and holds the ring back",
+            ranks_phrase(comm, &s2)
+        )
+    } else if by_links {
         match s2.as_slice() {
             [a, b] if links.iter().all(|l| (l.from, l.to) == (*a, *b)) => {
                 format!("the link {} -> {} is slow", who(comm, *a), who(comm, *b))
@@ -2436,6 +2478,7 @@ mod tests {
             state: state as i32,
             seq: c,
             device: -1,
+            cpu_wait_ns: None,
         }
     }
 
@@ -2978,6 +3021,52 @@ mod tests {
             d[0].summary
         );
         assert!(d[0].summary.contains("eq. 4"), "{}", d[0].summary);
+    }
+
+    #[test]
+    fn a_rank_starved_of_cpu_is_named_by_its_run_queue_delay() {
+        // Communication-slow round (everyone 800 ms, no latecomer); rank 2's threads were
+        // runnable but off the CPU for 6 s of the 10 s between its last two records.
+        let mut e = Engine::new(slow_cfg());
+        let round_cpu = |e: &mut Engine, c: u64, t: u64, d: u64, waits: [u64; 4]| {
+            for (r, w) in waits.into_iter().enumerate() {
+                let mut x = rec(4, c, r as u32, 4, OpState::Completed, d);
+                x.start_ns = c * 10 * S + 5 * S - d;
+                x.cpu_wait_ns = Some(w);
+                e.ingest(&x, t).unwrap();
+            }
+        };
+        for c in 1..=4 {
+            round_cpu(&mut e, c, T0 + c * S, 100 * MS, [c * MS; 4]);
+        }
+        round_cpu(
+            &mut e,
+            5,
+            T0 + 70 * S,
+            800 * MS,
+            [5 * MS, 5 * MS, 4 * MS + 6 * S, 5 * MS],
+        );
+        let d = e.tick(T0 + 121 * S);
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].class(), AnomalyClass::S2CommunicationSlow);
+        assert_eq!(d[0].roots.len(), 1, "{}", d[0].summary);
+        assert_eq!(d[0].roots[0].rank, 2);
+        assert!(
+            d[0].roots[0].reason.contains("waited for a CPU 60%"),
+            "{}",
+            d[0].roots[0].reason
+        );
+        assert!(d[0].summary.contains("starved of CPU"), "{}", d[0].summary);
+        // The same share spread over every rank (an oversubscribed machine) names nobody by
+        // CPU wait.
+        let mut e = Engine::new(slow_cfg());
+        for c in 1..=4 {
+            round_cpu(&mut e, c, T0 + c * S, 100 * MS, [c * MS; 4]);
+        }
+        round_cpu(&mut e, 5, T0 + 70 * S, 800 * MS, [4 * MS + 6 * S; 4]);
+        let d = e.tick(T0 + 121 * S);
+        assert_eq!(d.len(), 1);
+        assert!(!d[0].summary.contains("starved of CPU"), "{}", d[0].summary);
     }
 
     #[test]

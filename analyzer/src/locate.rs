@@ -475,6 +475,36 @@ pub fn least_waiting(chans: &[Vec<Option<ChanWait>>]) -> Vec<u32> {
     }
 }
 
+/// Minimal share of the window a rank must have spent waiting for a CPU (runnable, not
+/// running) to be called CPU-starved.
+pub const STARVED_MIN: f64 = 0.25;
+
+/// Minimal margin by which a CPU-starved rank's share exceeds the median of all ranks.
+pub const STARVED_MARGIN: f64 = 0.2;
+
+/// S2 by the scheduler's evidence: on the host backend communication is CPU work, and a
+/// rank kept off its CPU (a competing process, oversubscribed cores) holds the ring back
+/// while its own wait metrics look like waiting for peers (it waits while descheduled). The
+/// run-queue delay tells it apart: `cpu_wait[rank]` is the share of the window the rank's
+/// threads were runnable but not running (`None`: unknown). Returns the ranks at or above
+/// [`STARVED_MIN`] and at least [`STARVED_MARGIN`] above the median of the known shares
+/// (at least two known), most starved first.
+pub fn cpu_starved(cpu_wait: &[Option<f64>]) -> Vec<u32> {
+    let mut known: Vec<f64> = cpu_wait.iter().flatten().copied().collect();
+    if known.len() < 2 {
+        return Vec::new();
+    }
+    let med = median(&mut known);
+    let mut hit: Vec<(u32, f64)> = cpu_wait
+        .iter()
+        .enumerate()
+        .filter_map(|(r, w)| w.map(|w| (r as u32, w)))
+        .filter(|&(_, w)| w >= STARVED_MIN && w - med >= STARVED_MARGIN)
+        .collect();
+    hit.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    hit.into_iter().map(|(r, _)| r).collect()
+}
+
 /// S2 when neither a slow link nor a least-waiting rank stands out: the rank that entered
 /// last (with a positive computation lateness) in more than half of the window's rounds, at
 /// least 3 of them. `last_in[rank]` counts those rounds. A rank slowed down as a whole (CPU
@@ -717,6 +747,28 @@ mod tests {
         let (roots, links) = slow_links(&chans);
         assert_eq!(roots, vec![5]);
         assert_eq!(links.len(), 2);
+    }
+
+    #[test]
+    fn cpu_starved_needs_a_large_share_well_above_the_median() {
+        // One rank of four waited for a CPU 60% of the window.
+        assert_eq!(
+            cpu_starved(&[Some(0.01), Some(0.02), Some(0.0), Some(0.6)]),
+            vec![3]
+        );
+        // Everybody waits (an oversubscribed machine): nobody stands out.
+        assert!(cpu_starved(&[Some(0.5), Some(0.55), Some(0.6), Some(0.5)]).is_empty());
+        // Above the median but small in absolute terms.
+        assert!(cpu_starved(&[Some(0.0), Some(0.0), Some(0.2), Some(0.0)]).is_empty());
+        // Unknown ranks are ignored; one known share has no median to compare with.
+        assert!(cpu_starved(&[None, None, Some(0.9)]).is_empty());
+        assert_eq!(cpu_starved(&[None, Some(0.0), Some(0.9)]), vec![2]);
+        // Two starved ranks of eight, most starved first.
+        let mut v = vec![Some(0.02); 8];
+        v[5] = Some(0.5);
+        v[1] = Some(0.7);
+        assert_eq!(cpu_starved(&v), vec![1, 5]);
+        assert!(cpu_starved(&[]).is_empty());
     }
 
     #[test]

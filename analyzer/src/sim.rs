@@ -963,6 +963,7 @@ impl Sim {
             state: state as i32,
             seq: g.seq[ju],
             device: -1,
+            cpu_wait_ns: None,
         }
     }
 

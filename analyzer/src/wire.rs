@@ -86,6 +86,7 @@ mod tests {
             state: OpState::Completed as i32,
             seq: 9,
             device: -1,
+            cpu_wait_ns: None,
         };
         let bytes = Batch {
             records: vec![rec.clone()],

@@ -46,6 +46,7 @@ fn rec(comm: u64, c: u64, rank: u32, n: u32, state: OpState, dur: u64) -> OpReco
         state: state as i32,
         seq: c,
         device: -1,
+        cpu_wait_ns: None,
     }
 }
 

@@ -173,6 +173,7 @@ impl RecordGen {
             state: OpState::Completed as i32,
             seq: op,
             device: -1,
+            cpu_wait_ns: None,
         }
     }
 }

@@ -26,7 +26,7 @@
 //! analyzer cluster ([`crate::reporter`]) or nowhere.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
@@ -35,6 +35,7 @@ use analyzer::wire;
 
 use crate::frame::Frame;
 use crate::optype::{OpLog, OpSnapshot, OpState};
+use crate::sched::CpuWaitTracker;
 
 /// Monotonic nanoseconds since the first call in this process (the clock of op-log
 /// timestamps and of the embedded analyzer).
@@ -68,6 +69,9 @@ pub struct Source {
     ident: Identity,
     frame: Arc<Frame>,
     op_log: Arc<OpLog>,
+    /// Kernel thread id of the thread that completed the latest operation on the host
+    /// backend (0: none yet): whose run-queue delay is this rank's CPU wait (`sched`).
+    exec_tid: AtomicI32,
 }
 
 /// Counters of one channel at completion.
@@ -234,6 +238,12 @@ impl Source {
     /// returned: copies its counters and queues them for the diagnostic thread without
     /// blocking.
     pub fn op_done(&self, snap: &OpSnapshot) {
+        // On the host backend the completing thread ran the operation (on the device
+        // backend it is a CUDA callback thread, whose CPU wait says nothing).
+        if self.ident.device < 0 {
+            self.exec_tid
+                .store(crate::sched::current_tid(), Ordering::Relaxed);
+        }
         if global().done_tx.try_send(self.done_message(snap)).is_err() {
             // Full queue (or no diagnostic thread): dropped, counted.
             count_drop(1);
@@ -251,6 +261,7 @@ pub fn register(ident: Identity, frame: Arc<Frame>, op_log: Arc<OpLog>) -> Arc<S
         ident,
         frame,
         op_log,
+        exec_tid: AtomicI32::new(0),
     });
     let mut v = lock(&g.sources);
     v.retain(|(_, w)| w.strong_count() > 0);
@@ -374,6 +385,8 @@ pub struct Sampler {
     /// Ticks of operations that finished before their completion message was processed.
     finished_ticks: HashMap<(u64, u64), Vec<ChanTicks>>,
     seq: u64,
+    /// Each host-backend rank's accumulated CPU wait (run-queue delay).
+    cpu_wait: CpuWaitTracker,
 }
 
 fn hostname() -> String {
@@ -402,6 +415,7 @@ impl Sampler {
             tracks: HashMap::new(),
             finished_ticks: HashMap::new(),
             seq: 0,
+            cpu_wait: CpuWaitTracker::default(),
         }
     }
 
@@ -466,6 +480,7 @@ impl Sampler {
             state: crate::wire::op_state(snap.state) as i32,
             seq,
             device: s.ident.device,
+            cpu_wait_ns: self.cpu_wait.total(s.id),
         }
     }
 
@@ -545,6 +560,17 @@ impl Sampler {
                 self.record(seq, s, &d.snap, chans, ticks.as_deref(), now)
             }
         }
+    }
+
+    /// Reads the run-queue delay of the threads running the host-backend ranks' operations
+    /// (every [`crate::sched::SCHED_SAMPLE`]).
+    pub fn sample_cpu_wait(&mut self, sources: &[Arc<Source>]) {
+        let threads: Vec<(u64, i32)> = sources
+            .iter()
+            .filter(|s| s.ident.device < 0)
+            .map(|s| (s.id, s.exec_tid.load(Ordering::Relaxed)))
+            .collect();
+        self.cpu_wait.sample(&threads);
     }
 
     /// The process heartbeat.
@@ -648,6 +674,7 @@ fn diag_loop(cfg: DiagConfig, rx: Receiver<Done>, btx: SyncSender<wire::Batch>) 
     };
     let mut last_flush = Instant::now();
     let mut last_hb: Option<Instant> = None;
+    let mut last_sched = Instant::now();
     let mut ticks = 0u64;
     loop {
         let sources = live_sources();
@@ -675,6 +702,10 @@ fn diag_loop(cfg: DiagConfig, rx: Receiver<Done>, btx: SyncSender<wire::Batch>) 
                 return;
             }
             last_flush = Instant::now();
+        }
+        if last_sched.elapsed() >= crate::sched::SCHED_SAMPLE {
+            sampler.sample_cpu_wait(&sources);
+            last_sched = Instant::now();
         }
         // The thread clock is a system call: read it every 16th tick only.
         ticks += 1;
@@ -756,6 +787,43 @@ mod tests {
         let c1 = &r.channels[1];
         assert_eq!((c1.recv_count, c1.recv_rate), (8, 1.0));
         assert_eq!(r.op.unwrap().bytes, 4096);
+    }
+
+    #[test]
+    fn records_carry_the_cpu_wait_of_the_thread_that_ran_the_operations() {
+        if std::fs::metadata("/proc/self/schedstat").is_err() {
+            eprintln!("skipped: no schedstat on this kernel");
+            return;
+        }
+        let s = src(3);
+        let mut sm = Sampler::new(DiagConfig::default());
+        let op = |c: u64| {
+            let b = s.frame.begin_op(0xabc, c, 2);
+            s.frame.add_send(b, 0, 1);
+            s.op_log.start(c, &info(), 1_000);
+            let fin = s.op_log.finish(c, 2_000, true).unwrap();
+            // This thread completes the operation: it is the one whose CPU wait counts.
+            s.op_done(&fin);
+            Done {
+                source: s.id,
+                counter: c,
+                snap: fin,
+                chans: DoneChans::Heap(Sampler::live_chans(&s, c)),
+            }
+        };
+        // Before any reading the metric is unknown.
+        let d = op(1);
+        assert_eq!(sm.complete(&s, &d, 0).cpu_wait_ns, None);
+        assert_eq!(
+            s.exec_tid.load(Ordering::Relaxed),
+            crate::sched::current_tid()
+        );
+        sm.sample_cpu_wait(std::slice::from_ref(&s));
+        let d = op(2);
+        assert_eq!(sm.complete(&s, &d, 0).cpu_wait_ns, Some(0), "first reading");
+        sm.sample_cpu_wait(std::slice::from_ref(&s));
+        let d = op(3);
+        assert!(sm.complete(&s, &d, 0).cpu_wait_ns.is_some());
     }
 
     #[test]

@@ -328,6 +328,7 @@ mod tests {
             } as i32,
             seq: op * 4 + u64::from(rank),
             device: -1,
+            cpu_wait_ns: None,
         }
     }
 

@@ -14,6 +14,7 @@ pub mod frame;
 pub mod hub;
 pub mod optype;
 pub mod reporter;
+pub mod sched;
 pub mod wire;
 
 pub use diag::{now_ns, register, Identity, Source};

@@ -71,6 +71,7 @@ pub fn rec(comm: u64, op: u64, rank: u32, nranks: u32, dur_ns: u64) -> OpRecord 
         state: OpState::Completed as i32,
         seq: op,
         device: -1,
+        cpu_wait_ns: None,
     }
 }
 
