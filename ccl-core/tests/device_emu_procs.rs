@@ -297,17 +297,17 @@ fn staged_job(n: usize) {
 }
 
 #[test]
-fn two_processes_through_host_staging() {
+fn device_comms_in_two_processes_through_host_staging() {
     staged_job(2);
 }
 
 #[test]
-fn four_processes_through_host_staging() {
+fn device_comms_in_four_processes_through_host_staging() {
     staged_job(4);
 }
 
 #[test]
-fn malformed_p2p_disable_fails_init_naming_the_variable() {
+fn malformed_p2p_disable_fails_device_init_naming_the_variable() {
     let (marks, pids) = run_job(2, &[("NCCL_P2P_DISABLE", "yes")]);
     for (r, m) in marks.iter().enumerate() {
         let e = value(m, "INITERR").unwrap_or_else(|| panic!("rank {r} initialised: {m:?}"));
