@@ -110,8 +110,12 @@ fn rank_main() {
         other => panic!("no emulated device: {other:?}"),
     };
     api.set_device(device).expect("set_device");
-    let comm = match Comm::init_rank(nranks as i32, UniqueId(id), rank as i32, CommConfig::default())
-    {
+    let comm = match Comm::init_rank(
+        nranks as i32,
+        UniqueId(id),
+        rank as i32,
+        CommConfig::default(),
+    ) {
         Ok(c) => c,
         Err(e) => {
             println!("@@INITERR {e}");
@@ -122,8 +126,8 @@ fn rank_main() {
     println!("@@COMM {:016x}", comm.comm_id());
     let cases = cases();
     let cap = cases.iter().map(|c| c.max_bytes(nranks)).max().unwrap_or(0);
-    let mut dr = DevRank::new(Arc::clone(&api), Arc::clone(&comm), cap, CASE_LIMIT)
-        .expect("device buffers");
+    let mut dr =
+        DevRank::new(Arc::clone(&api), Arc::clone(&comm), cap, CASE_LIMIT).expect("device buffers");
     let broken = AtomicBool::new(false);
     for (i, r) in run_cases(&mut dr, &cases, &broken).into_iter().enumerate() {
         match r {
@@ -245,7 +249,12 @@ fn run_job(n: usize, extra: &[(&str, &str)]) -> (Vec<Vec<String>>, Vec<u32>) {
         }
     }
     for (r, c) in codes.iter().enumerate() {
-        assert_eq!(*c, Some(0), "rank {r} exited with {c:?}; markers {:?}", marks[r]);
+        assert_eq!(
+            *c,
+            Some(0),
+            "rank {r} exited with {c:?}; markers {:?}",
+            marks[r]
+        );
     }
     (marks, pids)
 }
@@ -264,9 +273,16 @@ fn staged_job(n: usize) {
         if let Some(e) = value(m, "INITERR") {
             panic!("rank {r}: init failed: {e}");
         }
-        assert!(m.iter().any(|x| x == "DONE"), "rank {r} did not finish: {m:?}");
+        assert!(
+            m.iter().any(|x| x == "DONE"),
+            "rank {r} did not finish: {m:?}"
+        );
         let c = value(m, "COMM").expect("comm id").to_string();
-        assert_eq!(comm.get_or_insert_with(|| c.clone()), &c, "ranks disagree on the comm");
+        assert_eq!(
+            comm.get_or_insert_with(|| c.clone()),
+            &c,
+            "ranks disagree on the comm"
+        );
         let mut failures = Vec::new();
         for (i, c) in cases.iter().enumerate() {
             let st = m
@@ -281,7 +297,11 @@ fn staged_job(n: usize) {
         // Staging was used: our segments and the peers' (ring + p2p) were registered.
         let reg: usize = value(m, "REG").expect("REG").parse().expect("REG");
         assert!(reg >= 2, "rank {r}: {reg} host registrations (no staging?)");
-        assert_eq!(value(m, "REGAFTER"), Some("0"), "rank {r}: registrations left");
+        assert_eq!(
+            value(m, "REGAFTER"),
+            Some("0"),
+            "rank {r}: registrations left"
+        );
         assert_eq!(
             value(m, "NAMED"),
             Some("0"),

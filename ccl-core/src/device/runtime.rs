@@ -51,8 +51,7 @@ use crate::executor::{self, RedSpec, Tuning, WorkItem};
 use crate::reduce::Reducer;
 use crate::schedule::LinkKind;
 use crate::transport::shm::{
-    align_up, remove_stale_segments, segment_name_for_pid, validate_name,
-    ShmRegion, CACHE_LINE,
+    align_up, remove_stale_segments, segment_name_for_pid, validate_name, ShmRegion, CACHE_LINE,
 };
 use crate::types::{DataType, RedOpKind};
 
@@ -638,7 +637,9 @@ fn decode_desc(b: &[u8], peer: usize) -> Result<FifoDesc> {
             let body = take(n.saturating_mul(8), "offsets")?;
             let offsets: Vec<usize> = body.chunks_exact(8).map(|c| u64_at(c) as usize).collect();
             if let Some(o) = offsets.iter().find(|o| *o % CACHE_LINE != 0) {
-                return Err(bad(format!("FIFO offset {o} is not {CACHE_LINE}-byte aligned")));
+                return Err(bad(format!(
+                    "FIFO offset {o} is not {CACHE_LINE}-byte aligned"
+                )));
             }
             FifoEnds::Staged { name, offsets }
         }
@@ -1652,7 +1653,10 @@ mod tests {
         // SAFETY: offset 128 + 8 bytes lies inside both mappings of the same 4096 bytes.
         unsafe {
             std::ptr::write_volatile(seg.host_addr(128) as *mut u64, 0xabcd);
-            assert_eq!(std::ptr::read_volatile(peer.host_addr(128) as *const u64), 0xabcd);
+            assert_eq!(
+                std::ptr::read_volatile(peer.host_addr(128) as *const u64),
+                0xabcd
+            );
         }
         assert_eq!(emu.live_registrations(), 2);
         drop(peer);
