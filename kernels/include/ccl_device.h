@@ -239,6 +239,15 @@ ccl_dev_result_t ccl_dev_ipc_get_mem_handle(void *dev, ccl_ipc_handle_t *handle)
 ccl_dev_result_t ccl_dev_ipc_open_mem_handle(const ccl_ipc_handle_t *handle, void **dev);
 ccl_dev_result_t ccl_dev_ipc_close_mem_handle(void *dev);
 
+/* Pins an existing host range (e.g. a shared-memory mapping) and maps it for the device:
+ * cudaHostRegister(host, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable), then
+ * cudaHostGetDevicePointer; *dev_out is the device-side address of `host` (kernels reach
+ * the same bytes through it). The range must stay mapped until ccl_dev_host_unregister.
+ * CCL_DEV_INVALID for NULL pointers or bytes == 0. */
+ccl_dev_result_t ccl_dev_host_register(void *host, size_t bytes, void **dev_out);
+/* cudaHostUnregister of a range registered by ccl_dev_host_register (its host address). */
+ccl_dev_result_t ccl_dev_host_unregister(void *host);
+
 ccl_dev_result_t ccl_dev_stream_create(ccl_stream_t *s);
 ccl_dev_result_t ccl_dev_stream_destroy(ccl_stream_t s);
 ccl_dev_result_t ccl_dev_stream_synchronize(ccl_stream_t s);

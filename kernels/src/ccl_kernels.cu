@@ -695,6 +695,25 @@ ccl_dev_result_t ccl_dev_ipc_close_mem_handle(void *dev) {
   return CCL_DEV_OK;
 }
 
+ccl_dev_result_t ccl_dev_host_register(void *host, size_t bytes, void **dev_out) {
+  if (!host || !dev_out || bytes == 0) return invalid("ccl_dev_host_register: bad arguments");
+  CCL_CHECK(cudaHostRegister(host, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable));
+  void *d = NULL;
+  cudaError_t e = cudaHostGetDevicePointer(&d, host, 0);
+  if (e != cudaSuccess) {
+    (void)cudaHostUnregister(host);
+    return fail(e, "cudaHostGetDevicePointer");
+  }
+  *dev_out = d;
+  return CCL_DEV_OK;
+}
+
+ccl_dev_result_t ccl_dev_host_unregister(void *host) {
+  if (!host) return invalid("ccl_dev_host_unregister: host is NULL");
+  CCL_CHECK(cudaHostUnregister(host));
+  return CCL_DEV_OK;
+}
+
 ccl_dev_result_t ccl_dev_stream_create(ccl_stream_t *s) {
   if (!s) return invalid("ccl_dev_stream_create: s is NULL");
   cudaStream_t st;

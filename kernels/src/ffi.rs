@@ -275,6 +275,8 @@ abi! {
     fn ccl_dev_ipc_get_mem_handle(dev: *mut c_void, handle: *mut ccl_ipc_handle_t) -> ccl_dev_result_t;
     fn ccl_dev_ipc_open_mem_handle(handle: *const ccl_ipc_handle_t, dev: *mut *mut c_void) -> ccl_dev_result_t;
     fn ccl_dev_ipc_close_mem_handle(dev: *mut c_void) -> ccl_dev_result_t;
+    fn ccl_dev_host_register(host: *mut c_void, bytes: usize, dev_out: *mut *mut c_void) -> ccl_dev_result_t;
+    fn ccl_dev_host_unregister(host: *mut c_void) -> ccl_dev_result_t;
     fn ccl_dev_stream_create(s: *mut ccl_stream_t) -> ccl_dev_result_t;
     fn ccl_dev_stream_destroy(s: ccl_stream_t) -> ccl_dev_result_t;
     fn ccl_dev_stream_synchronize(s: ccl_stream_t) -> ccl_dev_result_t;

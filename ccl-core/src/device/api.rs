@@ -75,6 +75,17 @@ pub trait DeviceApi: Send + Sync + std::fmt::Debug {
     fn ipc_open(&self, h: &IpcHandle) -> Result<usize>;
     /// Closes an opened allocation.
     fn ipc_close(&self, p: usize) -> Result<()>;
+    /// Whether ranks in other processes can map this API's device memory ([`Self::ipc_get`]
+    /// / [`Self::ipc_open`] work): true on CUDA (and HIP), false on the emulator. Without it
+    /// the runtime reaches ranks of other processes through host-staged shared memory.
+    fn supports_ipc(&self) -> bool;
+    /// Pins `bytes` of existing host memory at `host` (for instance a shared-memory
+    /// mapping) and maps it for the device (`cudaHostRegister(Mapped | Portable)` +
+    /// `cudaHostGetDevicePointer`); returns the device address of `host`. The range must
+    /// stay mapped until [`Self::host_unregister`].
+    fn host_register(&self, host: usize, bytes: usize) -> Result<usize>;
+    /// Undoes [`Self::host_register`] (by the host address it was given).
+    fn host_unregister(&self, host: usize) -> Result<()>;
     /// The handle that stream 0 stands for on `device` (CUDA: 0 itself, the legacy
     /// default stream; the emulator: that device's default stream).
     fn default_stream(&self, device: i32) -> Result<Stream>;
@@ -243,6 +254,27 @@ impl DeviceApi for CudaApi {
         // SAFETY: the runtime only closes addresses it opened.
         check("cudaIpcCloseMemHandle", unsafe {
             ffi::ccl_dev_ipc_close_mem_handle(p as *mut c_void)
+        })
+    }
+
+    fn supports_ipc(&self) -> bool {
+        true
+    }
+
+    fn host_register(&self, host: usize, bytes: usize) -> Result<usize> {
+        let mut dev = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; CUDA only records the range (the caller keeps it
+        // mapped until host_unregister); a bad range is reported as an error.
+        check("cudaHostRegister", unsafe {
+            ffi::ccl_dev_host_register(host as *mut c_void, bytes, &mut dev)
+        })?;
+        Ok(dev as usize)
+    }
+
+    fn host_unregister(&self, host: usize) -> Result<()> {
+        // SAFETY: the runtime only unregisters addresses it registered.
+        check("cudaHostUnregister", unsafe {
+            ffi::ccl_dev_host_unregister(host as *mut c_void)
         })
     }
 

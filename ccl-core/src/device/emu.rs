@@ -18,7 +18,9 @@
 //!   flag is polled while idle. Element arithmetic is ccl-core's [`Reducer`], rebuilt from
 //!   the plan's dtype / op / scalar / divisor, so results are bit-identical to the host
 //!   backend's.
-//! - IPC is not supported (ranks in other processes cannot be emulated): a clear error.
+//! - IPC is not supported (a clear error; `supports_ipc` is false). `host_register` is an
+//!   identity alias with tracked registrations, so ranks in other processes (each with its
+//!   own emulated device) communicate through host-staged shared-memory FIFOs.
 //! - `free` / `host_free` do not block, but CUDA's `cudaFree` / `cudaFreeHost` synchronize
 //!   the whole device; the emulator counts, per calling thread, the frees made while any
 //!   stream had queued or running work ([`busy_frees_on_this_thread`]): each would have
@@ -166,6 +168,8 @@ pub struct EmuDevice {
     streams: Mutex<HashMap<usize, Arc<EmuStream>>>,
     defaults: Mutex<HashMap<i32, usize>>,
     next_stream: AtomicUsize,
+    /// Host ranges registered with `host_register`: start -> length.
+    registered: Mutex<BTreeMap<usize, usize>>,
 }
 
 /// The process's emulated device.
@@ -237,6 +241,12 @@ impl EmuDevice {
     /// Bytes allocated and not freed (device + mapped), for leak checks in tests.
     pub fn live_allocations(&self) -> usize {
         lock(&self.allocs).len()
+    }
+
+    /// Host ranges registered ([`DeviceApi::host_register`]) and not unregistered, for leak
+    /// checks in tests.
+    pub fn live_registrations(&self) -> usize {
+        lock(&self.registered).len()
     }
 }
 
@@ -324,6 +334,45 @@ impl DeviceApi for EmuDevice {
         Err(ipc_unsupported())
     }
 
+    fn supports_ipc(&self) -> bool {
+        false
+    }
+
+    /// Identity alias (the emulated device addresses host memory directly); overlapping or
+    /// empty ranges are refused like `cudaHostRegister` refuses them.
+    fn host_register(&self, host: usize, bytes: usize) -> Result<usize> {
+        if host == 0 || bytes == 0 {
+            return Err(CclError::arg(format!(
+                "emulated device: host_register({host:#x}, {bytes}): NULL or empty range"
+            )));
+        }
+        let end = host.checked_add(bytes).ok_or_else(|| {
+            CclError::arg(format!(
+                "emulated device: host_register({host:#x}, {bytes}): range overflows"
+            ))
+        })?;
+        let mut g = lock(&self.registered);
+        let before = g.range(..end).next_back();
+        if let Some((b, l)) = before.filter(|(b, l)| **b + **l > host) {
+            return Err(CclError::arg(format!(
+                "emulated device: host_register({host:#x}, {bytes}): overlaps the registered \
+                 range {b:#x}+{l} (cudaErrorHostMemoryAlreadyRegistered)"
+            )));
+        }
+        g.insert(host, bytes);
+        Ok(host)
+    }
+
+    fn host_unregister(&self, host: usize) -> Result<()> {
+        match lock(&self.registered).remove(&host) {
+            Some(_) => Ok(()),
+            None => Err(CclError::arg(format!(
+                "emulated device: host_unregister({host:#x}): not registered \
+                 (cudaErrorHostMemoryNotRegistered)"
+            ))),
+        }
+    }
+
     fn default_stream(&self, device: i32) -> Result<Stream> {
         let mut d = lock(&self.defaults);
         if let Some(s) = d.get(&device) {
@@ -378,8 +427,8 @@ impl DeviceApi for EmuDevice {
 
 fn ipc_unsupported() -> CclError {
     CclError::usage(
-        "the emulated device (CCLD_DEVICE_EMULATION=1) does not support CUDA IPC: \
-         all ranks of a device communicator must live in one process under emulation",
+        "the emulated device (CCLD_DEVICE_EMULATION=1) does not support CUDA IPC \
+         (the runtime reaches ranks of other processes through host-staged shared memory)",
     )
 }
 

@@ -7,8 +7,21 @@
 //! up ([`DeviceComm::attach`]) the FIFO connections: receiver-owned memory (tail counter,
 //! head counter, slots) in device memory; ring connections at init, p2p connections
 //! lazily in two phases ([`DeviceComm::p2p_begin`] / [`DeviceComm::p2p_finish`]) so that
-//! one thread can drive a group over several communicators. Peers in this process get raw
-//! device addresses; peers in other processes get IPC handles (CUDA only).
+//! one thread can drive a group over several communicators. How a receiver makes its FIFOs
+//! reachable is chosen per peer ([`choose_path`]): peers in this process get raw device
+//! addresses; peers in other processes get CUDA IPC handles, or, when IPC is unavailable
+//! (the emulator) or `NCCL_P2P_DISABLE=1`, the FIFOs live in a shared-memory segment that
+//! both processes map and pin for their device ("host staging").
+//!
+//! Host-staged segments: `/dev/shm/ccldev-<comm hash>-<receiver>-<peer>-<link>-<pid>`
+//! (prefix [`STAGING_PREFIX`]), created and zeroed by the receiver, registered with
+//! `host_register` by both sides (each kernel uses its own device alias). The sender, the
+//! segment's only other user, unlinks the name right after it mapped it; the receiver's
+//! handle unlinks it at destroy if the peer never came. A job killed between the two leaves
+//! the file behind: every process sweeps segments of this prefix whose creator pid is dead
+//! before it creates its first one. Teardown (destroy, or a failed init) unregisters and
+//! unmaps; the pages live until the last process unmapped them, so the order in which the
+//! two processes destroy does not matter.
 //!
 //! An operation: `executor::plan_for` -> `device::lower` -> arrays in mapped memory
 //! (cached by plan shape) -> on the user's stream: a host function (probe `begin_op`,
@@ -28,7 +41,7 @@ use kernels::ffi::{
 };
 use probe::{CollKind, Frame, OpLog};
 
-use super::api::{CudaApi, DeviceApi, Mapped, Stream};
+use super::api::{CudaApi, DeviceApi, IpcHandle, Mapped, Stream};
 use super::lower::{lower, red_params, ConnDir, ConnKey, LoweredPlan};
 use super::{choose_backend, Backend, DeviceProbe};
 use crate::bootstrap::Bootstrap;
@@ -37,12 +50,22 @@ use crate::error::{CclError, Result};
 use crate::executor::{self, RedSpec, Tuning, WorkItem};
 use crate::reduce::Reducer;
 use crate::schedule::LinkKind;
+use crate::transport::shm::{
+    align_up, remove_stale_segments, segment_name_for_pid, validate_name, ShmRegion, CACHE_LINE,
+};
 use crate::types::{DataType, RedOpKind};
 
 /// `CCLD_BACKEND`: which backend communicators use.
 pub const ENV_BACKEND: &str = "CCLD_BACKEND";
 /// `CCLD_DEVICE_EMULATION`: 1 = the CPU emulator stands in for the device (testing aid).
 pub const ENV_EMULATION: &str = "CCLD_DEVICE_EMULATION";
+/// `NCCL_P2P_DISABLE` (NVIDIA's meaning: no peer-to-peer access between GPUs): 1 = the
+/// device backend never uses CUDA IPC; ranks of other processes are reached through
+/// host-staged shared memory.
+pub const ENV_P2P_DISABLE: &str = "NCCL_P2P_DISABLE";
+/// Prefix of host-staged FIFO segments in `/dev/shm` (distinct from the host transport's
+/// `ccld-`, so neither sweeps the other's files).
+pub const STAGING_PREFIX: &str = "ccldev";
 
 /// Bootstrap tags of the device FIFO exchanges.
 const TAG_RING: u32 = 0x6465_7601;
@@ -52,6 +75,122 @@ const HEAD_OFF: usize = 64;
 const SLOTS_OFF: usize = 128;
 /// Source of the zeroed FIFO counters.
 static ZEROS: [u8; SLOTS_OFF] = [0; SLOTS_OFF];
+/// Descriptor kinds on the wire.
+const DESC_RAW: u8 = 0;
+const DESC_IPC: u8 = 1;
+const DESC_STAGED: u8 = 2;
+
+/// How a receiver's inbound FIFOs from one peer are made reachable by the peer's kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeerPath {
+    /// The peer is in this process: raw device addresses.
+    SameProcess,
+    /// Another process: CUDA IPC handles of the receiver's device memory.
+    Ipc,
+    /// Another process: a shared-memory segment both processes map and pin for their
+    /// device (`host_register`); each kernel uses its own device alias.
+    HostStaged,
+}
+
+impl std::fmt::Display for PeerPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PeerPath::SameProcess => "raw device addresses (same process)",
+            PeerPath::Ipc => "CUDA IPC",
+            PeerPath::HostStaged => "host-staged shm",
+        })
+    }
+}
+
+/// The path for a peer (pure): same process -> raw addresses; another process -> CUDA IPC
+/// when the API has it and `NCCL_P2P_DISABLE` is not set, else host staging.
+pub fn choose_path(same_process: bool, ipc_available: bool, p2p_disabled: bool) -> PeerPath {
+    if same_process {
+        PeerPath::SameProcess
+    } else if ipc_available && !p2p_disabled {
+        PeerPath::Ipc
+    } else {
+        PeerPath::HostStaged
+    }
+}
+
+/// Link code in staging segment names.
+fn link_code(link: LinkKind) -> u64 {
+    match link {
+        LinkKind::Ring => 1,
+        LinkKind::P2p => 2,
+    }
+}
+
+/// Name of the staging segment holding `receiver`'s inbound FIFOs of `link` from `peer`,
+/// created by process `pid` (pure).
+fn staging_name(comm: u64, receiver: usize, peer: usize, link: LinkKind, pid: u32) -> String {
+    segment_name_for_pid(
+        STAGING_PREFIX,
+        comm,
+        &[receiver as u64, peer as u64, link_code(link)],
+        pid,
+    )
+}
+
+/// Removes staging segments of dead processes, once per process (before its first one).
+fn sweep_stale_staging() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| match remove_stale_segments(STAGING_PREFIX) {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(target: "nccl::SHM",
+            "removed {n} stale host-staged FIFO segment(s) of dead processes"),
+        Err(e) => tracing::debug!(target: "nccl::SHM", "sweeping stale staging segments: {e}"),
+    });
+}
+
+/// A shared-memory segment of host-staged FIFOs, mapped in this process and registered
+/// for the device. Dropping it unregisters, then unmaps (and, for the creator, unlinks the
+/// name if the peer never did).
+#[derive(Debug)]
+struct Staged {
+    api: Arc<dyn DeviceApi>,
+    region: ShmRegion,
+    /// Start of the mapping (the registered range) and its device alias.
+    host: usize,
+    dev: usize,
+    /// Offset of the region's user area from `host`.
+    user: usize,
+}
+
+impl Staged {
+    /// Claims `region`'s user area for the device and registers the whole mapping.
+    fn map(api: &Arc<dyn DeviceApi>, region: ShmRegion) -> Result<Staged> {
+        let (host, len, user) = region.claim_for_device()?;
+        let dev = api.host_register(host, len)?;
+        Ok(Staged {
+            api: Arc::clone(api),
+            region,
+            host,
+            dev,
+            user,
+        })
+    }
+
+    /// Device address of user-area offset `off`.
+    fn dev_addr(&self, off: usize) -> usize {
+        self.dev + self.user + off
+    }
+
+    /// Host address of user-area offset `off`.
+    fn host_addr(&self, off: usize) -> usize {
+        self.host + self.user + off
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if let Err(e) = self.api.host_unregister(self.host) {
+            tracing::warn!(target: "nccl::ALLOC", segment = %self.region.name(),
+                "unregistering a host-staged FIFO segment: {e}");
+        }
+    }
+}
 /// Plan shapes whose arrays stay uploaded per communicator.
 const PLAN_CACHE: usize = 64;
 /// How long destroy waits for enqueued operations before leaking their memory.
@@ -327,6 +466,8 @@ struct State {
     /// Our connection allocations (inbound FIFOs) and IPC-opened peer allocations.
     owned: Vec<usize>,
     opened: Vec<usize>,
+    /// Host-staged segments (ours and peers'), registered for the device.
+    staged: Vec<Staged>,
     cache: HashMap<u64, Vec<(LoweredPlan, Uploaded)>>,
     cached: usize,
     closed: bool,
@@ -341,6 +482,8 @@ pub(crate) struct DeviceComm {
     nranks: usize,
     comm_id: u64,
     tuning: Tuning,
+    /// `NCCL_P2P_DISABLE=1`: no CUDA IPC (host staging between processes).
+    p2p_disabled: bool,
     boot: Arc<Bootstrap>,
     frame: Arc<Frame>,
     frame_dev: usize,
@@ -375,45 +518,137 @@ pub(crate) struct AttachArgs {
     pub source: Option<Arc<probe::Source>>,
 }
 
-/// Wire form of one rank's inbound FIFOs for a peer: pid, then per channel a kind byte
-/// (0 = raw address in this process, 1 = IPC handle) and address or handle.
-fn encode_desc(pid: u32, ends: &[(u8, usize, [u8; CCL_IPC_HANDLE_BYTES])]) -> Vec<u8> {
-    let mut v = Vec::with_capacity(8 + ends.len() * (9 + CCL_IPC_HANDLE_BYTES));
-    v.extend_from_slice(&pid.to_le_bytes());
-    v.extend_from_slice(&(ends.len() as u32).to_le_bytes());
-    for (k, a, h) in ends {
-        v.push(*k);
-        v.extend_from_slice(&(*a as u64).to_le_bytes());
-        v.extend_from_slice(h);
+/// One rank's inbound FIFOs for a peer (channels 0..n), as the peer's kernel reaches them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum FifoEnds {
+    /// Raw device addresses (same process).
+    Raw(Vec<usize>),
+    /// CUDA IPC handles, one per FIFO allocation.
+    Ipc(Vec<IpcHandle>),
+    /// A staging segment and the FIFOs' offsets in its user area.
+    Staged { name: String, offsets: Vec<usize> },
+}
+
+impl FifoEnds {
+    fn len(&self) -> usize {
+        match self {
+            FifoEnds::Raw(v) => v.len(),
+            FifoEnds::Ipc(v) => v.len(),
+            FifoEnds::Staged { offsets, .. } => offsets.len(),
+        }
+    }
+}
+
+/// A FIFO descriptor: the receiver's pid and its ends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct FifoDesc {
+    pid: u32,
+    ends: FifoEnds,
+}
+
+/// Wire form: pid (u32 LE), kind (u8: 0 raw, 1 IPC, 2 staged), n (u32 LE), then kind 0:
+/// n addresses (u64 LE); kind 1: n handles of 64 bytes; kind 2: name length (u16 LE), the
+/// name (ASCII), n offsets (u64 LE).
+fn encode_desc(d: &FifoDesc) -> Vec<u8> {
+    let mut v = Vec::with_capacity(9 + d.ends.len() * CCL_IPC_HANDLE_BYTES + 256);
+    v.extend_from_slice(&d.pid.to_le_bytes());
+    let (kind, n) = match &d.ends {
+        FifoEnds::Raw(a) => (DESC_RAW, a.len()),
+        FifoEnds::Ipc(h) => (DESC_IPC, h.len()),
+        FifoEnds::Staged { offsets, .. } => (DESC_STAGED, offsets.len()),
+    };
+    v.push(kind);
+    v.extend_from_slice(&(n as u32).to_le_bytes());
+    match &d.ends {
+        FifoEnds::Raw(a) => a
+            .iter()
+            .for_each(|a| v.extend_from_slice(&(*a as u64).to_le_bytes())),
+        FifoEnds::Ipc(h) => h.iter().for_each(|h| v.extend_from_slice(h)),
+        FifoEnds::Staged { name, offsets } => {
+            // Names are at most MAX_NAME_LEN (240) bytes: validate_name, checked by the
+            // creator (ShmRegion::create) and by decode.
+            v.extend_from_slice(&(name.len() as u16).to_le_bytes());
+            v.extend_from_slice(name.as_bytes());
+            offsets
+                .iter()
+                .for_each(|o| v.extend_from_slice(&(*o as u64).to_le_bytes()));
+        }
     }
     v
 }
 
-type DescEnd = (u8, usize, [u8; CCL_IPC_HANDLE_BYTES]);
-
-fn decode_desc(b: &[u8], peer: usize) -> Result<(u32, Vec<DescEnd>)> {
-    let bad = || CclError::Remote(format!("rank {peer} sent a malformed FIFO descriptor"));
-    let rd32 =
-        |o: usize| -> Option<u32> { Some(u32::from_le_bytes(b.get(o..o + 4)?.try_into().ok()?)) };
-    let pid = rd32(0).ok_or_else(bad)?;
-    let n = rd32(4).ok_or_else(bad)? as usize;
-    let per = 9 + CCL_IPC_HANDLE_BYTES;
-    if b.len() != 8 + n * per {
-        return Err(bad());
-    }
-    let mut v = Vec::with_capacity(n);
-    for i in 0..n {
-        let o = 8 + i * per;
-        let k = b[o];
-        let a = u64::from_le_bytes(b[o + 1..o + 9].try_into().map_err(|_| bad())?) as usize;
-        let mut h = [0u8; CCL_IPC_HANDLE_BYTES];
-        h.copy_from_slice(&b[o + 9..o + per]);
-        if k > 1 {
-            return Err(bad());
+/// Parses a descriptor from `peer`; junk (unknown kind, truncated or trailing bytes, a bad
+/// segment name, unaligned offsets) is a `Remote` error naming the problem.
+fn decode_desc(b: &[u8], peer: usize) -> Result<FifoDesc> {
+    let bad = |why: String| {
+        CclError::Remote(format!(
+            "rank {peer} sent a malformed device FIFO descriptor: {why}"
+        ))
+    };
+    let mut pos = 0usize;
+    let mut take = |n: usize, what: &str| -> Result<&[u8]> {
+        let end = pos
+            .checked_add(n)
+            .filter(|e| *e <= b.len())
+            .ok_or_else(|| bad(format!("truncated ({} bytes) in {what}", b.len())))?;
+        let r = &b[pos..end];
+        pos = end;
+        Ok(r)
+    };
+    let u32_at = |x: &[u8]| u32::from_le_bytes([x[0], x[1], x[2], x[3]]);
+    let u64_at = |x: &[u8]| {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(x);
+        u64::from_le_bytes(a)
+    };
+    let pid = u32_at(take(4, "pid")?);
+    let kind = take(1, "kind")?[0];
+    let n = u32_at(take(4, "count")?) as usize;
+    let ends = match kind {
+        DESC_RAW => {
+            let body = take(n.saturating_mul(8), "addresses")?;
+            FifoEnds::Raw(body.chunks_exact(8).map(|c| u64_at(c) as usize).collect())
         }
-        v.push((k, a, h));
+        DESC_IPC => {
+            let body = take(n.saturating_mul(CCL_IPC_HANDLE_BYTES), "IPC handles")?;
+            FifoEnds::Ipc(
+                body.chunks_exact(CCL_IPC_HANDLE_BYTES)
+                    .map(|c| {
+                        let mut h = [0u8; CCL_IPC_HANDLE_BYTES];
+                        h.copy_from_slice(c);
+                        h
+                    })
+                    .collect(),
+            )
+        }
+        DESC_STAGED => {
+            let l = take(2, "name length")?;
+            let len = usize::from(u16::from_le_bytes([l[0], l[1]]));
+            let raw = take(len, "segment name")?;
+            let name = std::str::from_utf8(raw)
+                .map_err(|_| bad("segment name is not UTF-8".into()))?
+                .to_string();
+            validate_name(&name).map_err(|e| bad(e.to_string()))?;
+            if !name.starts_with(&format!("{STAGING_PREFIX}-")) {
+                return Err(bad(format!(
+                    "segment name {name:?} is not a staging segment ({STAGING_PREFIX}-...)"
+                )));
+            }
+            let body = take(n.saturating_mul(8), "offsets")?;
+            let offsets: Vec<usize> = body.chunks_exact(8).map(|c| u64_at(c) as usize).collect();
+            if let Some(o) = offsets.iter().find(|o| *o % CACHE_LINE != 0) {
+                return Err(bad(format!(
+                    "FIFO offset {o} is not {CACHE_LINE}-byte aligned"
+                )));
+            }
+            FifoEnds::Staged { name, offsets }
+        }
+        k => return Err(bad(format!("unknown kind {k}"))),
+    };
+    if pos != b.len() {
+        return Err(bad(format!("{} trailing bytes", b.len() - pos)));
     }
-    Ok((pid, v))
+    Ok(FifoDesc { pid, ends })
 }
 
 /// Waits for a bootstrap message without a deadline, ending on abort (like the host
@@ -439,6 +674,7 @@ impl DeviceComm {
         let boot = a.boot;
         let nranks = boot.nranks();
         let rank = boot.rank();
+        let p2p_disabled = crate::env::bool_or(ENV_P2P_DISABLE, false)?;
         let setup = {
             let _dev = DeviceGuard::new(&*a.pre.api, a.pre.device)?;
             a.pre.api.stream_create()?
@@ -450,6 +686,7 @@ impl DeviceComm {
             nranks,
             comm_id: boot.comm_hash(),
             tuning: a.tuning,
+            p2p_disabled,
             pids: (0..nranks).map(|r| boot.peer_pid(r)).collect(),
             boot,
             frame: a.pre.frame,
@@ -483,12 +720,48 @@ impl DeviceComm {
         SLOTS_OFF + self.tuning.nslots * self.tuning.slot_bytes
     }
 
-    /// Allocates our inbound FIFOs from `peer` (channels 0..n of `link`) and sends their
-    /// descriptors to `peer`.
+    /// Makes our inbound FIFOs from `peer` (channels 0..n of `link`) by the path
+    /// [`choose_path`] picks and sends their descriptor to `peer`.
     fn send_inbound(&self, link: LinkKind, peer: usize, n: usize, tag: u32) -> Result<()> {
         let _dev = DeviceGuard::new(&*self.api, self.device)?;
-        let same = self.pids[peer] == std::process::id();
-        let mut ends = Vec::with_capacity(n);
+        let me = std::process::id();
+        let path = choose_path(
+            self.pids[peer] == me,
+            self.api.supports_ipc(),
+            self.p2p_disabled,
+        );
+        let ends = match path {
+            PeerPath::HostStaged => self.staged_inbound(link, peer, n)?,
+            PeerPath::SameProcess | PeerPath::Ipc => {
+                let ends = self.device_inbound(link, peer, n, path)?;
+                // The counters must be zero before the peer (or our kernel) can see them.
+                self.api.stream_synchronize(self.setup)?;
+                ends
+            }
+        };
+        match link {
+            LinkKind::Ring => tracing::info!(target: "nccl::INIT", rank = self.rank,
+                "comm {:#018x}: ring FIFOs from rank {peer} ({n} channels) via {path}",
+                self.comm_id),
+            LinkKind::P2p => tracing::info!(target: "nccl::P2P", rank = self.rank,
+                "comm {:#018x}: p2p FIFOs from rank {peer} ({n} channels) via {path}",
+                self.comm_id),
+        }
+        self.boot
+            .send(peer, tag, &encode_desc(&FifoDesc { pid: me, ends }))
+    }
+
+    /// Inbound FIFOs in device memory (raw addresses or IPC handles for the peer); the
+    /// counters are zeroed on the setup stream (the caller synchronizes it).
+    fn device_inbound(
+        &self,
+        link: LinkKind,
+        peer: usize,
+        n: usize,
+        path: PeerPath,
+    ) -> Result<FifoEnds> {
+        let mut raw = Vec::with_capacity(n);
+        let mut ipc = Vec::with_capacity(n);
         let mut st = lock(&self.state);
         for ch in 0..n {
             let base = self.api.malloc(self.conn_bytes())?;
@@ -507,45 +780,95 @@ impl DeviceComm {
                 },
                 ConnMem { base },
             );
-            if same {
-                ends.push((0u8, base, [0u8; CCL_IPC_HANDLE_BYTES]));
+            if path == PeerPath::Ipc {
+                ipc.push(self.api.ipc_get(base)?);
             } else {
-                ends.push((1u8, 0, self.api.ipc_get(base)?));
+                raw.push(base);
             }
         }
-        drop(st);
-        // The counters must be zero before the peer (or our kernel) can see the FIFOs.
-        self.api.stream_synchronize(self.setup)?;
-        self.boot
-            .send(peer, tag, &encode_desc(std::process::id(), &ends))
+        Ok(if path == PeerPath::Ipc {
+            FifoEnds::Ipc(ipc)
+        } else {
+            FifoEnds::Raw(raw)
+        })
+    }
+
+    /// Bytes between consecutive FIFOs of a staging segment.
+    fn staged_stride(&self) -> Result<usize> {
+        align_up(self.conn_bytes(), CACHE_LINE)
+            .ok_or_else(|| CclError::arg("NCCL_BUFFSIZE too large: FIFO size overflows"))
+    }
+
+    /// Inbound FIFOs in a new staging segment (created, zeroed, registered here).
+    fn staged_inbound(&self, link: LinkKind, peer: usize, n: usize) -> Result<FifoEnds> {
+        sweep_stale_staging();
+        let stride = self.staged_stride()?;
+        let bytes = stride
+            .checked_mul(n)
+            .ok_or_else(|| CclError::arg("NCCL_BUFFSIZE x channels overflows"))?
+            .max(CACHE_LINE);
+        let name = staging_name(self.comm_id, self.rank, peer, link, std::process::id());
+        let seg = Staged::map(&self.api, ShmRegion::create(&name, bytes)?)?;
+        let offsets: Vec<usize> = (0..n).map(|ch| ch * stride).collect();
+        let mut st = lock(&self.state);
+        for (ch, &off) in offsets.iter().enumerate() {
+            // SAFETY: off + SLOTS_OFF <= off + stride <= bytes: inside the user area, which
+            // `Staged::map` claimed for the device; no kernel or peer has its address yet.
+            // (A new segment is zero already; zeroing the counters states the invariant.)
+            unsafe { std::ptr::write_bytes(seg.host_addr(off) as *mut u8, 0, SLOTS_OFF) };
+            st.conns.insert(
+                ConnKey {
+                    link,
+                    peer,
+                    channel: ch,
+                    dir: ConnDir::In,
+                },
+                ConnMem {
+                    base: seg.dev_addr(off),
+                },
+            );
+        }
+        st.staged.push(seg);
+        Ok(FifoEnds::Staged { name, offsets })
     }
 
     /// Receives `peer`'s inbound FIFO descriptors (its FIFOs from us): our outbound ends.
     fn recv_outbound(&self, link: LinkKind, peer: usize, n: usize, tag: u32) -> Result<()> {
         let b = recv_patiently(&self.boot, peer, tag, &self.abort)?;
-        let (pid, ends) = decode_desc(&b, peer)?;
+        let d = decode_desc(&b, peer)?;
         // IPC mappings are opened in the current device's context: this rank's.
         let _dev = DeviceGuard::new(&*self.api, self.device)?;
-        if ends.len() != n {
+        if d.ends.len() != n {
             return Err(CclError::Remote(format!(
                 "rank {peer} offered {} FIFO channels, expected {n} (different NCCL_MAX_CTAS?)",
-                ends.len()
+                d.ends.len()
             )));
         }
-        let mut st = lock(&self.state);
-        for (ch, (k, a, h)) in ends.into_iter().enumerate() {
-            let base = if k == 0 {
-                if pid != std::process::id() {
+        let bases: Vec<usize> = match d.ends {
+            FifoEnds::Raw(addrs) => {
+                if d.pid != std::process::id() {
                     return Err(CclError::Remote(format!(
-                        "rank {peer} (pid {pid}) sent a raw device address to another process"
+                        "rank {peer} (pid {}) sent a raw device address to another process",
+                        d.pid
                     )));
                 }
-                a
-            } else {
-                let p = self.api.ipc_open(&h)?;
-                st.opened.push(p);
-                p
-            };
+                addrs
+            }
+            FifoEnds::Ipc(handles) => {
+                let mut v = Vec::with_capacity(n);
+                for h in &handles {
+                    let p = self.api.ipc_open(h)?;
+                    lock(&self.state).opened.push(p);
+                    v.push(p);
+                }
+                v
+            }
+            FifoEnds::Staged { name, offsets } => {
+                self.staged_outbound(link, peer, d.pid, &name, &offsets)?
+            }
+        };
+        let mut st = lock(&self.state);
+        for (ch, base) in bases.into_iter().enumerate() {
             st.conns.insert(
                 ConnKey {
                     link,
@@ -557,6 +880,52 @@ impl DeviceComm {
             );
         }
         Ok(())
+    }
+
+    /// Maps and registers `peer`'s staging segment `name` (created by process `pid`),
+    /// checks it, unlinks its name (we are its only other user) and returns our device
+    /// addresses of its FIFOs.
+    fn staged_outbound(
+        &self,
+        link: LinkKind,
+        peer: usize,
+        pid: u32,
+        name: &str,
+        offsets: &[usize],
+    ) -> Result<Vec<usize>> {
+        let want = staging_name(self.comm_id, peer, self.rank, link, pid);
+        if name != want {
+            return Err(CclError::Remote(format!(
+                "rank {peer} named staging segment {name:?}, expected {want:?}"
+            )));
+        }
+        // The receiver created the segment before it sent the descriptor.
+        let region = ShmRegion::open(name)?;
+        if region.creator_pid() != pid {
+            return Err(CclError::Remote(format!(
+                "staging segment {name} was created by pid {}, not by rank {peer} (pid {pid})",
+                region.creator_pid()
+            )));
+        }
+        let fifo = self.conn_bytes();
+        if let Some(o) = offsets
+            .iter()
+            .find(|o| o.checked_add(fifo).is_none_or(|e| e > region.len()))
+        {
+            return Err(CclError::Remote(format!(
+                "rank {peer}: FIFO at offset {o} ({fifo} bytes) lies outside staging segment \
+                 {name} of {} bytes (different NCCL_BUFFSIZE?)",
+                region.len()
+            )));
+        }
+        let seg = Staged::map(&self.api, region)?;
+        if let Err(e) = seg.region.unlink() {
+            // The receiver's handle unlinks it at destroy.
+            tracing::warn!(target: "nccl::SHM", rank = self.rank, "{e}");
+        }
+        let bases = offsets.iter().map(|&o| seg.dev_addr(o)).collect();
+        lock(&self.state).staged.push(seg);
+        Ok(bases)
     }
 
     /// Phase 1 of lazy p2p connections: sends our inbound FIFO descriptors to every peer
@@ -1020,6 +1389,8 @@ impl DeviceComm {
         for p in st.owned.drain(..) {
             errs.push(self.api.free(p));
         }
+        // Unregister + unmap (Staged::drop); the peer's mapping keeps the pages alive.
+        st.staged.clear();
         for (_, v) in st.cache.drain() {
             for (_, u) in v {
                 errs.push(self.api.host_free(u.host));
@@ -1094,16 +1465,204 @@ mod tests {
 
     #[test]
     fn fifo_descriptors_round_trip_and_junk_is_an_error() {
-        let ends = vec![(0u8, 0x1234usize, [0u8; 64]), (1u8, 0, [7u8; 64])];
-        let b = encode_desc(42, &ends);
-        let (pid, got) = decode_desc(&b, 3).unwrap();
-        assert_eq!(pid, 42);
-        assert_eq!(got, ends);
-        for cut in [0, 3, 7, b.len() - 1] {
-            assert!(decode_desc(&b[..cut], 3).is_err());
+        let name = staging_name(0xfeed, 1, 0, LinkKind::P2p, 4242);
+        let descs = [
+            FifoDesc {
+                pid: 42,
+                ends: FifoEnds::Raw(vec![0x1234, 0xdead_beef_0000]),
+            },
+            FifoDesc {
+                pid: 7,
+                ends: FifoEnds::Ipc(vec![[0u8; 64], [7u8; 64], [0xff; 64]]),
+            },
+            FifoDesc {
+                pid: 9,
+                ends: FifoEnds::Staged {
+                    name: name.clone(),
+                    offsets: vec![0, 4096, 8192],
+                },
+            },
+            FifoDesc {
+                pid: 1,
+                ends: FifoEnds::Raw(Vec::new()),
+            },
+        ];
+        for d in &descs {
+            let b = encode_desc(d);
+            assert_eq!(&decode_desc(&b, 3).unwrap(), d);
+            // Every truncation and any trailing byte is an error, never a panic.
+            for cut in 0..b.len() {
+                let e = decode_desc(&b[..cut], 3).unwrap_err();
+                assert!(matches!(e, CclError::Remote(_)), "{e}");
+                assert!(e.to_string().contains("rank 3"), "{e}");
+            }
+            let mut long = b.clone();
+            long.push(0);
+            assert!(decode_desc(&long, 3)
+                .unwrap_err()
+                .to_string()
+                .contains("trailing"));
         }
-        let mut bad = b.clone();
-        bad[8] = 9;
+        let staged = encode_desc(&descs[2]);
+        // Unknown kind.
+        let mut bad = staged.clone();
+        bad[4] = 3;
+        assert!(decode_desc(&bad, 3)
+            .unwrap_err()
+            .to_string()
+            .contains("unknown kind 3"));
+        // Name with a character outside [A-Za-z0-9._-] ('/': a path).
+        let mut bad = staged.clone();
+        bad[11] = b'/';
         assert!(decode_desc(&bad, 3).is_err());
+        // Invalid UTF-8 in the name.
+        let mut bad = staged.clone();
+        bad[12] = 0xff;
+        assert!(decode_desc(&bad, 3).is_err());
+        // A valid name that is not a staging segment (the host transport's prefix).
+        let other = FifoDesc {
+            pid: 9,
+            ends: FifoEnds::Staged {
+                name: "ccld-00000000000000ff-2-0-1-9".into(),
+                offsets: vec![0],
+            },
+        };
+        assert!(decode_desc(&encode_desc(&other), 3)
+            .unwrap_err()
+            .to_string()
+            .contains("not a staging segment"));
+        // Empty name, unaligned offset, a count beyond the bytes.
+        let empty = FifoDesc {
+            pid: 9,
+            ends: FifoEnds::Staged {
+                name: String::new(),
+                offsets: vec![0],
+            },
+        };
+        assert!(decode_desc(&encode_desc(&empty), 3).is_err());
+        let unaligned = FifoDesc {
+            pid: 9,
+            ends: FifoEnds::Staged {
+                name: name.clone(),
+                offsets: vec![0, 100],
+            },
+        };
+        assert!(decode_desc(&encode_desc(&unaligned), 3)
+            .unwrap_err()
+            .to_string()
+            .contains("aligned"));
+        let mut huge = encode_desc(&descs[0]);
+        huge[5..9].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(decode_desc(&huge, 3)
+            .unwrap_err()
+            .to_string()
+            .contains("truncated"));
+        // Random junk never panics.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for len in 0..300 {
+            let junk: Vec<u8> = (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    (x % 4) as u8 // small values: kinds 0..3 and short lengths
+                })
+                .collect();
+            let _ = decode_desc(&junk, 0);
+        }
+    }
+
+    #[test]
+    fn path_choice_follows_process_ipc_and_p2p_disable() {
+        use PeerPath::*;
+        for ipc in [false, true] {
+            for off in [false, true] {
+                assert_eq!(choose_path(true, ipc, off), SameProcess);
+            }
+        }
+        assert_eq!(choose_path(false, true, false), Ipc);
+        assert_eq!(choose_path(false, true, true), HostStaged);
+        assert_eq!(choose_path(false, false, false), HostStaged);
+        assert_eq!(choose_path(false, false, true), HostStaged);
+        assert_eq!(HostStaged.to_string(), "host-staged shm");
+        assert_eq!(Ipc.to_string(), "CUDA IPC");
+    }
+
+    #[test]
+    fn staging_names_are_unique_valid_and_sweepable() {
+        let a = staging_name(0xabc, 1, 2, LinkKind::Ring, 77);
+        validate_name(&a).unwrap();
+        assert!(a.starts_with("ccldev-0000000000000abc-"), "{a}");
+        for b in [
+            staging_name(0xabd, 1, 2, LinkKind::Ring, 77),
+            staging_name(0xabc, 2, 1, LinkKind::Ring, 77),
+            staging_name(0xabc, 1, 2, LinkKind::P2p, 77),
+            staging_name(0xabc, 1, 2, LinkKind::Ring, 78),
+        ] {
+            assert_ne!(a, b);
+        }
+        // The stale sweep finds the creator pid; the host transport's sweep does not match.
+        assert_eq!(
+            crate::transport::shm::stale_candidate_pid(STAGING_PREFIX, &a),
+            Some(77)
+        );
+        assert_eq!(crate::transport::shm::stale_candidate_pid("ccld", &a), None);
+    }
+
+    #[test]
+    fn emulated_host_registration_is_tracked() {
+        let d = crate::device::emu::EmuDevice::default();
+        assert!(!d.supports_ipc());
+        let buf = vec![0u8; 4096];
+        let p = buf.as_ptr() as usize;
+        assert_eq!(d.host_register(p, 4096).unwrap(), p);
+        assert_eq!(d.live_registrations(), 1);
+        // Overlapping ranges (inside, straddling the start or the end) are refused.
+        for (a, n) in [(p, 1), (p + 100, 10), (p - 8, 16), (p + 4095, 8)] {
+            let e = d.host_register(a, n).unwrap_err();
+            assert!(e.to_string().contains("overlaps"), "{e}");
+        }
+        assert!(d.host_register(0, 16).is_err());
+        assert!(d.host_register(p + 8192, 0).is_err());
+        assert!(d.host_register(usize::MAX - 4, 16).is_err());
+        // Adjacent is fine.
+        assert_eq!(d.host_register(p + 4096, 64).unwrap(), p + 4096);
+        d.host_unregister(p + 4096).unwrap();
+        d.host_unregister(p).unwrap();
+        let e = d.host_unregister(p).unwrap_err();
+        assert!(e.to_string().contains("not registered"), "{e}");
+        assert!(d.host_unregister(p + 100).is_err());
+        assert_eq!(d.live_registrations(), 0);
+    }
+
+    #[test]
+    fn staged_segment_is_claimed_registered_and_released() {
+        let emu = Arc::new(crate::device::emu::EmuDevice::default());
+        let api: Arc<dyn DeviceApi> = emu.clone();
+        let name = staging_name(0x5eed, 0, 1, LinkKind::Ring, std::process::id());
+        let seg = Staged::map(&api, ShmRegion::create(&name, 4096).unwrap()).unwrap();
+        // The emulator's alias is the host address; the user area follows the header.
+        assert_eq!(seg.dev_addr(64), seg.host_addr(64));
+        // The user area is claimed for the device: no safe view may be made over it.
+        assert!(seg.region.atomic_u64(0).is_err());
+        // The peer's side: open by name, map, unlink; the file is gone, both still mapped.
+        let peer = Staged::map(&api, ShmRegion::open(&name).unwrap()).unwrap();
+        peer.region.unlink().unwrap();
+        let path = std::path::Path::new(crate::transport::shm::SHM_DIR).join(&name);
+        assert!(!path.exists());
+        // SAFETY: offset 128 + 8 bytes lies inside both mappings of the same 4096 bytes.
+        unsafe {
+            std::ptr::write_volatile(seg.host_addr(128) as *mut u64, 0xabcd);
+            assert_eq!(
+                std::ptr::read_volatile(peer.host_addr(128) as *const u64),
+                0xabcd
+            );
+        }
+        assert_eq!(emu.live_registrations(), 2);
+        drop(peer);
+        drop(seg);
+        assert_eq!(emu.live_registrations(), 0);
+        let e = api.host_unregister(0x1000).unwrap_err();
+        assert!(e.to_string().contains("not registered"), "{e}");
     }
 }

@@ -38,6 +38,9 @@ pub(crate) enum ClaimKind {
     /// Atomic words of `width` bytes (doorbells: 4, `atomic_u64`: 8); several handles to
     /// the same range with the same width are fine, mixed-size access is refused.
     Atomic { width: u8 },
+    /// Bytes handed to a device (host-staged device FIFOs, [`ShmRegion::claim_for_device`]):
+    /// only kernels and raw-pointer code access them; no safe view may overlap.
+    Device,
 }
 
 #[derive(Debug)]
@@ -379,6 +382,16 @@ impl ShmRegion {
         let p = self.claim_ptr(offset, 4, 4, ClaimKind::Atomic { width: 4 })?;
         // SAFETY: as in atomic_u64, for 4 bytes with 4-byte alignment.
         Ok(unsafe { AtomicU32::from_ptr(p.cast::<u32>()) })
+    }
+
+    /// Claims the whole user area for a device (host-staged device FIFOs: kernels and
+    /// raw-pointer code access it, so no FIFO end, doorbell or atomic word of this module may
+    /// be made over it in this process afterwards) and returns `(mapping start, mapping
+    /// length, offset of the user area in the mapping)`. The mapping start is page-aligned
+    /// (what `cudaHostRegister` pins); the claim lasts as long as the region handle.
+    pub(crate) fn claim_for_device(&self) -> Result<(usize, usize, usize)> {
+        self.claim_ptr(0, self.len, CACHE_LINE, ClaimKind::Device)?;
+        Ok((self.map.as_mut_ptr() as usize, self.map.len(), HEADER_BYTES))
     }
 
     /// Header word at `off` (< HEADER_BYTES, 8-aligned); private to this file.
