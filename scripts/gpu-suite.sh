@@ -25,7 +25,8 @@
 #   (b) device_matrix: the device RUNTIME's correctness matrix (ranks as threads, 1/2/4/8,
 #       own communicator + stream each, device buffers, probe counters vs the schedule) and
 #       AllReduce busbw per size for 2/4/8 ranks;
-#   (c) device_matrix --procs 2: two processes on device 0 (CUDA IPC);
+#   (c) device_matrix --procs 2: two processes on device 0 (CUDA IPC), then again with
+#       NCCL_P2P_DISABLE=1 (host-staged FIFOs in pinned shared memory);
 #   (d) all_reduce_perf against our libnccl.so.2 with probes on vs CCLD_DISABLE=1: per-size
 #       time ratio and busbw, next to the device copy bandwidth of (a); configurations:
 #       1 rank, 2 processes sharing GPU 0, and all GPUs of one process when there are >= 2;
@@ -136,6 +137,10 @@ if want c; then
       echo "(SKIP on a real GPU is a failure of the suite: IPC must work here.)" >> "$out"; fail=1
     fi
     summary_block "$log/procs.txt"
+    section "(c') The same with NCCL_P2P_DISABLE=1: host-staged FIFOs in pinned shared memory"
+    NCCL_P2P_DISABLE=1 timeout 600 "$matrix" "${quick[@]}" --procs 2 --no-bw > "$log/procs-staged.txt" 2>&1; rc=$?
+    pass_fail $rc >> "$out"; [ $rc = 0 ] || fail=1
+    summary_block "$log/procs-staged.txt"
   fi
 fi
 
@@ -223,7 +228,7 @@ if want e; then
   fi
 fi
 
-for f in selftest matrix procs; do
+for f in selftest matrix procs procs-staged; do
   [ -s "$log/$f.txt" ] || continue
   section "Full log: $f"
   { echo '<details><summary>'"$f"'.txt</summary>'; echo; echo '```'; cat "$log/$f.txt"; echo '```'; echo '</details>'; } >> "$out"
