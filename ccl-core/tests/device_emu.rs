@@ -245,6 +245,26 @@ fn every_collective_on_8_ranks() {
 }
 
 #[test]
+fn ranks_on_different_devices_of_one_process_enable_peer_access() {
+    // init_all puts rank r on (emulated) device r; a sender writes into its successor's
+    // FIFOs, so each device must have been given access to the next one's memory.
+    let cs = comms(4);
+    let d = emu::global();
+    for r in 0..4 {
+        assert!(
+            d.peer_access_enabled(r, (r + 1) % 4),
+            "device {r} -> {}",
+            (r + 1) % 4
+        );
+    }
+    assert!(
+        !d.peer_access_enabled(1, 0),
+        "only the direction data flows"
+    );
+    sendrecv_ring(&cs, 999);
+}
+
+#[test]
 fn the_call_returns_before_the_work_is_done() {
     let cs = comms(2);
     let d = emu::global();

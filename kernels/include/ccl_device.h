@@ -221,8 +221,24 @@ const char *ccl_dev_last_error(void);
 ccl_dev_result_t ccl_dev_device_count(int32_t *count);
 ccl_dev_result_t ccl_dev_get_device(int32_t *device);
 ccl_dev_result_t ccl_dev_set_device(int32_t device);
-/* 1 if p is device (or managed) memory, 0 if host/unregistered memory. */
-ccl_dev_result_t ccl_dev_pointer_is_device(const void *p, int32_t *is_device);
+/* Kinds of memory (ccl_dev_ptr_info_t.kind). */
+#define CCL_PTR_HOST 0        /* unregistered host memory: kernels cannot reach it */
+#define CCL_PTR_DEVICE 1      /* device memory (cudaMalloc, IPC-opened) */
+#define CCL_PTR_MANAGED 2     /* managed (unified) memory */
+#define CCL_PTR_HOST_PINNED 3 /* pinned host memory (cudaHostAlloc, cudaHostRegister) */
+
+/* What cudaPointerGetAttributes says of a pointer. */
+typedef struct ccl_dev_ptr_info {
+  int32_t kind;     /* CCL_PTR_* */
+  int32_t device;   /* the device it belongs to (device / managed memory), else -1 */
+  void *device_ptr; /* the address kernels use for these bytes; NULL if none */
+} ccl_dev_ptr_info_t;
+
+/* Kind, device and kernel address of p (unregistered host memory: CCL_PTR_HOST, never an
+ * error). */
+ccl_dev_result_t ccl_dev_pointer_info(const void *p, ccl_dev_ptr_info_t *info);
+/* cudaDeviceCanAccessPeer: *can = 1 when kernels on `device` can reach `peer`'s memory. */
+ccl_dev_result_t ccl_dev_can_access_peer(int32_t device, int32_t peer, int32_t *can);
 
 /* Pinned, mapped host memory (cudaHostAlloc(cudaHostAllocMapped|Portable)), zeroed;
  * *dev is the device-side address of the same bytes. */
@@ -233,6 +249,8 @@ ccl_dev_result_t ccl_dev_free(void *dev);
 ccl_dev_result_t ccl_dev_memset(void *dev, int32_t value, size_t bytes);
 ccl_dev_result_t ccl_dev_memcpy(void *dst, const void *src, size_t bytes);
 ccl_dev_result_t ccl_dev_memcpy_async(void *dst, const void *src, size_t bytes, ccl_stream_t s);
+/* cudaDeviceEnablePeerAccess(peer_device) from the current device; already enabled is
+ * success. */
 ccl_dev_result_t ccl_dev_enable_peer_access(int32_t peer_device);
 
 ccl_dev_result_t ccl_dev_ipc_get_mem_handle(void *dev, ccl_ipc_handle_t *handle);

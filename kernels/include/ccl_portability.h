@@ -65,6 +65,8 @@
 /* cudaLaunchHostFunc: hipStreamAddCallback through a trampoline (ccl_kernels.cu). */
 #define cudaMemoryTypeDevice hipMemoryTypeDevice
 #define cudaMemoryTypeManaged hipMemoryTypeUnified
+#define cudaMemoryTypeHost hipMemoryTypeHost
+#define cudaDeviceCanAccessPeer hipDeviceCanAccessPeer
 /* HIP 5.2's attribute struct names the field memoryType; CUDA's names it type. */
 #define CCL_PTR_ATTR_TYPE(a) ((a).memoryType)
 

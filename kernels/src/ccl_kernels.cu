@@ -600,18 +600,34 @@ ccl_dev_result_t ccl_dev_set_device(int32_t device) {
   return CCL_DEV_OK;
 }
 
-ccl_dev_result_t ccl_dev_pointer_is_device(const void *p, int32_t *is_device) {
-  if (!is_device) return invalid("ccl_dev_pointer_is_device: is_device is NULL");
+ccl_dev_result_t ccl_dev_pointer_info(const void *p, ccl_dev_ptr_info_t *info) {
+  if (!info) return invalid("ccl_dev_pointer_info: info is NULL");
+  info->kind = CCL_PTR_HOST;
+  info->device = -1;
+  info->device_ptr = NULL;
   cudaPointerAttributes a;
   memset(&a, 0, sizeof(a));
   cudaError_t e = cudaPointerGetAttributes(&a, p);
   if (e != cudaSuccess) {
     // Unregistered host memory on older runtimes reports an error: it is host memory.
     (void)cudaGetLastError();
-    *is_device = 0;
     return CCL_DEV_OK;
   }
-  *is_device = (CCL_PTR_ATTR_TYPE(a) == cudaMemoryTypeDevice || CCL_PTR_ATTR_TYPE(a) == cudaMemoryTypeManaged) ? 1 : 0;
+  switch (CCL_PTR_ATTR_TYPE(a)) {
+    case cudaMemoryTypeDevice: info->kind = CCL_PTR_DEVICE; info->device = a.device; break;
+    case cudaMemoryTypeManaged: info->kind = CCL_PTR_MANAGED; info->device = a.device; break;
+    case cudaMemoryTypeHost: info->kind = CCL_PTR_HOST_PINNED; break;
+    default: return CCL_DEV_OK;  // unregistered
+  }
+  info->device_ptr = a.devicePointer;
+  return CCL_DEV_OK;
+}
+
+ccl_dev_result_t ccl_dev_can_access_peer(int32_t device, int32_t peer, int32_t *can) {
+  if (!can) return invalid("ccl_dev_can_access_peer: can is NULL");
+  int c = 0;
+  CCL_CHECK(cudaDeviceCanAccessPeer(&c, device, peer));
+  *can = c ? 1 : 0;
   return CCL_DEV_OK;
 }
 

@@ -208,6 +208,24 @@ pub struct ccl_ipc_handle_t {
     pub bytes: [u8; CCL_IPC_HANDLE_BYTES],
 }
 
+/// `CCL_PTR_*`: kinds of memory in [`ccl_dev_ptr_info_t`].
+pub const CCL_PTR_HOST: i32 = 0;
+/// Device memory.
+pub const CCL_PTR_DEVICE: i32 = 1;
+/// Managed (unified) memory.
+pub const CCL_PTR_MANAGED: i32 = 2;
+/// Pinned host memory.
+pub const CCL_PTR_HOST_PINNED: i32 = 3;
+
+/// `ccl_dev_ptr_info_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ccl_dev_ptr_info_t {
+    pub kind: i32,
+    pub device: i32,
+    pub device_ptr: *mut c_void,
+}
+
 /// `ccl_stream_t` (a cudaStream_t / hipStream_t).
 pub type ccl_stream_t = *mut c_void;
 /// `ccl_event_t`.
@@ -263,7 +281,8 @@ abi! {
     fn ccl_dev_device_count(count: *mut i32) -> ccl_dev_result_t;
     fn ccl_dev_get_device(device: *mut i32) -> ccl_dev_result_t;
     fn ccl_dev_set_device(device: i32) -> ccl_dev_result_t;
-    fn ccl_dev_pointer_is_device(p: *const c_void, is_device: *mut i32) -> ccl_dev_result_t;
+    fn ccl_dev_pointer_info(p: *const c_void, info: *mut ccl_dev_ptr_info_t) -> ccl_dev_result_t;
+    fn ccl_dev_can_access_peer(device: i32, peer: i32, can: *mut i32) -> ccl_dev_result_t;
     fn ccl_dev_host_alloc_mapped(bytes: usize, host: *mut *mut c_void, dev: *mut *mut c_void) -> ccl_dev_result_t;
     fn ccl_dev_host_free(host: *mut c_void) -> ccl_dev_result_t;
     fn ccl_dev_malloc(bytes: usize, dev: *mut *mut c_void) -> ccl_dev_result_t;

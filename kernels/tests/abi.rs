@@ -39,6 +39,7 @@ fn every_struct_of_the_header_has_the_c_compilers_layout() {
             reduce, avg_divisor, scalar_bits, scalar_dev, steps, lanes, locals, conns, bufs,
             frame, frame_capacity, frame_block, proto, abort_flag }
         ccl_ipc_handle_t { }
+        ccl_dev_ptr_info_t { kind, device, device_ptr }
     );
     r.insert("CCL_FRAME_BYTES(8)".into(), frame_bytes(8));
     r.insert("CCL_FRAME_BYTES(1)".into(), frame_bytes(1));
@@ -51,7 +52,7 @@ fn every_struct_of_the_header_has_the_c_compilers_layout() {
         "CCL_FRAME_SEND_OFFSET(32, 7, 31)".into(),
         frame_send_offset(32, 7, 31),
     );
-    assert_eq!(c.len(), 74, "layout table size changed: update this test");
+    assert_eq!(c.len(), 78, "layout table size changed: update this test");
     assert_eq!(r, c, "Rust mirror differs from the C layout");
 }
 
@@ -153,6 +154,7 @@ fn c_to_rust(c: &str) -> String {
         "ccl_ipc_handle_t*" => "*mut ccl_ipc_handle_t",
         "const ccl_ipc_handle_t*" => "*const ccl_ipc_handle_t",
         "const ccl_dev_plan_t*" => "*const ccl_dev_plan_t",
+        "ccl_dev_ptr_info_t*" => "*mut ccl_dev_ptr_info_t",
         other => panic!("header type `{other}` has no mapping in this test"),
     };
     m.to_string()
@@ -288,6 +290,10 @@ fn constants_match_the_header() {
         ),
         ("CCL_MAX_CHANNELS", CCL_MAX_CHANNELS as i64),
         ("CCL_IPC_HANDLE_BYTES", CCL_IPC_HANDLE_BYTES as i64),
+        ("CCL_PTR_HOST", CCL_PTR_HOST.into()),
+        ("CCL_PTR_DEVICE", CCL_PTR_DEVICE.into()),
+        ("CCL_PTR_MANAGED", CCL_PTR_MANAGED.into()),
+        ("CCL_PTR_HOST_PINNED", CCL_PTR_HOST_PINNED.into()),
     ];
     for (name, v) in rust {
         assert_eq!(defines.get(name), Some(v), "{name}");

@@ -29,6 +29,30 @@ pub struct Mapped {
     pub dev: usize,
 }
 
+/// Kinds of memory a pointer can be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PtrKind {
+    /// Unregistered host memory: kernels cannot reach it.
+    Host,
+    /// Device memory.
+    Device,
+    /// Managed (unified) memory.
+    Managed,
+    /// Pinned host memory (`cudaHostAlloc`, `cudaHostRegister`): kernels reach it through
+    /// its device address.
+    HostPinned,
+}
+
+/// What the runtime knows of a pointer (`cudaPointerGetAttributes`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PtrInfo {
+    pub kind: PtrKind,
+    /// The device of device / managed memory, -1 otherwise.
+    pub device: i32,
+    /// The address kernels use for the bytes at the pointer (0: none).
+    pub device_ptr: usize,
+}
+
 /// An IPC handle of a device allocation (`cudaIpcMemHandle_t`, 64 bytes).
 pub type IpcHandle = [u8; CCL_IPC_HANDLE_BYTES];
 
@@ -44,8 +68,12 @@ pub trait DeviceApi: Send + Sync + std::fmt::Debug {
     fn current_device(&self) -> Result<i32>;
     /// Sets the calling thread's current device.
     fn set_device(&self, device: i32) -> Result<()>;
-    /// Whether `p` is device (or managed) memory.
-    fn pointer_is_device(&self, p: usize) -> Result<bool>;
+    /// What kind of memory `p` is, whose device it is and the address kernels use for it.
+    fn pointer_info(&self, p: usize) -> Result<PtrInfo>;
+    /// Whether kernels on `device` can reach memory of `peer`.
+    fn can_access_peer(&self, device: i32, peer: i32) -> Result<bool>;
+    /// Lets kernels on the current device reach memory of `peer` (already enabled: fine).
+    fn enable_peer_access(&self, peer: i32) -> Result<()>;
     /// Zeroed pinned host memory mapped for the device.
     fn host_alloc_mapped(&self, bytes: usize) -> Result<Mapped>;
     /// Frees memory from [`DeviceApi::host_alloc_mapped`] (by its host address).
@@ -162,13 +190,42 @@ impl DeviceApi for CudaApi {
         check("cudaSetDevice", unsafe { ffi::ccl_dev_set_device(device) })
     }
 
-    fn pointer_is_device(&self, p: usize) -> Result<bool> {
-        let mut is = 0i32;
+    fn pointer_info(&self, p: usize) -> Result<PtrInfo> {
+        let mut info = ffi::ccl_dev_ptr_info_t {
+            kind: ffi::CCL_PTR_HOST,
+            device: -1,
+            device_ptr: std::ptr::null_mut(),
+        };
         // SAFETY: the function only inspects the address value; valid out-pointer.
         check("cudaPointerGetAttributes", unsafe {
-            ffi::ccl_dev_pointer_is_device(p as *const c_void, &mut is)
+            ffi::ccl_dev_pointer_info(p as *const c_void, &mut info)
         })?;
-        Ok(is != 0)
+        Ok(PtrInfo {
+            kind: match info.kind {
+                ffi::CCL_PTR_DEVICE => PtrKind::Device,
+                ffi::CCL_PTR_MANAGED => PtrKind::Managed,
+                ffi::CCL_PTR_HOST_PINNED => PtrKind::HostPinned,
+                _ => PtrKind::Host,
+            },
+            device: info.device,
+            device_ptr: info.device_ptr as usize,
+        })
+    }
+
+    fn can_access_peer(&self, device: i32, peer: i32) -> Result<bool> {
+        let mut can = 0i32;
+        // SAFETY: plain values and a valid out-pointer.
+        check("cudaDeviceCanAccessPeer", unsafe {
+            ffi::ccl_dev_can_access_peer(device, peer, &mut can)
+        })?;
+        Ok(can != 0)
+    }
+
+    fn enable_peer_access(&self, peer: i32) -> Result<()> {
+        // SAFETY: plain value argument.
+        check("cudaDeviceEnablePeerAccess", unsafe {
+            ffi::ccl_dev_enable_peer_access(peer)
+        })
     }
 
     fn host_alloc_mapped(&self, bytes: usize) -> Result<Mapped> {

@@ -3,8 +3,9 @@
 //! CUDA calls run in CI without a GPU. It is not a performance path.
 //!
 //! - "Device memory" is zeroed, 256-byte aligned host memory, tracked so that
-//!   [`DeviceApi::pointer_is_device`] answers; mapped host memory is host memory whose
-//!   device address equals its host address.
+//!   [`DeviceApi::pointer_info`] answers (with the allocating thread's current device);
+//!   mapped and registered host memory is pinned host memory whose device address equals
+//!   its host address. Peer access is recorded per (device, peer) pair.
 //! - A stream is a worker thread executing its queued commands in order; query and
 //!   synchronize are real. Stream 0 stands for a per-device default stream
 //!   ([`DeviceApi::default_stream`]).
@@ -40,7 +41,7 @@ use kernels::ffi::{
     CCL_STEP_RECV_REDUCE_COPY_SEND, CCL_STEP_RECV_REDUCE_SEND, CCL_STEP_SEND,
 };
 
-use super::api::{DeviceApi, HostFn, IpcHandle, Mapped, Stream};
+use super::api::{DeviceApi, HostFn, IpcHandle, Mapped, PtrInfo, PtrKind, Stream};
 use crate::error::{CclError, Result};
 use crate::reduce::Reducer;
 use crate::types::{DataType, RedOpKind};
@@ -69,6 +70,8 @@ pub fn busy_frees_on_this_thread() -> usize {
 struct Alloc {
     len: usize,
     mapped: bool,
+    /// The current device of the allocating thread.
+    device: i32,
 }
 
 /// One emulated stream: a worker thread running queued commands in order.
@@ -170,6 +173,8 @@ pub struct EmuDevice {
     next_stream: AtomicUsize,
     /// Host ranges registered with `host_register`: start -> length.
     registered: Mutex<BTreeMap<usize, usize>>,
+    /// (device, peer) pairs with peer access enabled.
+    peer_access: Mutex<std::collections::HashSet<(i32, i32)>>,
 }
 
 /// The process's emulated device.
@@ -195,6 +200,7 @@ impl EmuDevice {
             Alloc {
                 len: bytes.max(1),
                 mapped,
+                device: CURRENT.with(|c| c.get()),
             },
         );
         Ok(p as usize)
@@ -248,6 +254,12 @@ impl EmuDevice {
     pub fn live_registrations(&self) -> usize {
         lock(&self.registered).len()
     }
+
+    /// Whether kernels on `device` were allowed to reach `peer`'s memory
+    /// ([`DeviceApi::enable_peer_access`]).
+    pub fn peer_access_enabled(&self, device: i32, peer: i32) -> bool {
+        lock(&self.peer_access).contains(&(device, peer))
+    }
 }
 
 impl DeviceApi for EmuDevice {
@@ -275,11 +287,63 @@ impl DeviceApi for EmuDevice {
         Ok(())
     }
 
-    fn pointer_is_device(&self, p: usize) -> Result<bool> {
-        let g = lock(&self.allocs);
-        Ok(g.range(..=p)
-            .next_back()
-            .is_some_and(|(base, a)| p < base + a.len))
+    fn pointer_info(&self, p: usize) -> Result<PtrInfo> {
+        let alloc = {
+            let g = lock(&self.allocs);
+            g.range(..=p)
+                .next_back()
+                .filter(|(base, a)| p < *base + a.len)
+                .map(|(_, a)| *a)
+        };
+        let registered = {
+            let g = lock(&self.registered);
+            g.range(..=p)
+                .next_back()
+                .is_some_and(|(base, len)| p < base + len)
+        };
+        // Device addresses are host addresses here.
+        Ok(match alloc {
+            Some(a) if !a.mapped => PtrInfo {
+                kind: PtrKind::Device,
+                device: a.device,
+                device_ptr: p,
+            },
+            Some(_) => PtrInfo {
+                kind: PtrKind::HostPinned,
+                device: -1,
+                device_ptr: p,
+            },
+            None if registered => PtrInfo {
+                kind: PtrKind::HostPinned,
+                device: -1,
+                device_ptr: p,
+            },
+            None => PtrInfo {
+                kind: PtrKind::Host,
+                device: -1,
+                device_ptr: 0,
+            },
+        })
+    }
+
+    fn can_access_peer(&self, device: i32, peer: i32) -> Result<bool> {
+        if device < 0 || peer < 0 {
+            return Err(CclError::arg(format!(
+                "emulated device: can_access_peer({device}, {peer})"
+            )));
+        }
+        Ok(true)
+    }
+
+    fn enable_peer_access(&self, peer: i32) -> Result<()> {
+        let dev = CURRENT.with(|c| c.get());
+        if peer < 0 || peer == dev {
+            return Err(CclError::arg(format!(
+                "emulated device: enable_peer_access({peer}) from device {dev}"
+            )));
+        }
+        lock(&self.peer_access).insert((dev, peer));
+        Ok(())
     }
 
     fn host_alloc_mapped(&self, bytes: usize) -> Result<Mapped> {

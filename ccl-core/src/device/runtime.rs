@@ -41,7 +41,7 @@ use kernels::ffi::{
 };
 use probe::{CollKind, Frame, OpLog};
 
-use super::api::{CudaApi, DeviceApi, IpcHandle, Mapped, Stream};
+use super::api::{CudaApi, DeviceApi, IpcHandle, Mapped, PtrInfo, PtrKind, Stream};
 use super::lower::{lower, red_params, ConnDir, ConnKey, LoweredPlan};
 use super::{choose_backend, Backend, DeviceProbe};
 use crate::bootstrap::Bootstrap;
@@ -111,6 +111,35 @@ pub fn choose_path(same_process: bool, ipc_available: bool, p2p_disabled: bool) 
         PeerPath::Ipc
     } else {
         PeerPath::HostStaged
+    }
+}
+
+/// The address a kernel on `device` uses for a user buffer at `p` described by `info`
+/// (pure): device memory of that device, managed memory, or pinned host memory through its
+/// device address (as NCCL, any device-accessible pointer). Anything else is the reason in
+/// words: unregistered host memory, or device memory of another device (the kernel would
+/// fault).
+pub fn kernel_address(info: PtrInfo, p: usize, device: i32) -> std::result::Result<usize, String> {
+    match info.kind {
+        PtrKind::Device if info.device == device => Ok(if info.device_ptr != 0 {
+            info.device_ptr
+        } else {
+            p
+        }),
+        PtrKind::Device => Err(format!(
+            "is memory of CUDA device {}, but this communicator runs on device {device}",
+            info.device
+        )),
+        PtrKind::Managed => Ok(p),
+        PtrKind::HostPinned if info.device_ptr != 0 => Ok(info.device_ptr),
+        PtrKind::HostPinned => Err(format!(
+            "is pinned host memory not mapped for device {device} (register it with \
+             cudaHostRegisterMapped or allocate it with cudaHostAllocMapped)"
+        )),
+        PtrKind::Host => Err(format!(
+            "is host memory, but this communicator runs on CUDA device {device} (pass device \
+             or pinned buffers, or use {ENV_BACKEND}=host)"
+        )),
     }
 }
 
@@ -852,6 +881,9 @@ impl DeviceComm {
                         d.pid
                     )));
                 }
+                if let Some(&a) = addrs.first() {
+                    self.reach_same_process_peer(peer, a)?;
+                }
                 addrs
             }
             FifoEnds::Ipc(handles) => {
@@ -879,6 +911,30 @@ impl DeviceComm {
                 ConnMem { base },
             );
         }
+        Ok(())
+    }
+
+    /// Lets our kernels write into the FIFO memory at `addr` of `peer`, a rank of this
+    /// process: when it lives on another device, peer access from our device to that one
+    /// is enabled (the caller made our device current), or refused clearly when the two
+    /// devices cannot reach each other.
+    fn reach_same_process_peer(&self, peer: usize, addr: usize) -> Result<()> {
+        let info = self.api.pointer_info(addr)?;
+        if info.kind != PtrKind::Device || info.device < 0 || info.device == self.device {
+            return Ok(());
+        }
+        if !self.api.can_access_peer(self.device, info.device)? {
+            return Err(CclError::usage(format!(
+                "rank {peer}'s FIFOs are on device {}, which kernels on device {} cannot reach \
+                 (no peer-to-peer access between them): run those ranks in separate processes \
+                 with {ENV_P2P_DISABLE}=1",
+                info.device, self.device
+            )));
+        }
+        self.api.enable_peer_access(info.device)?;
+        tracing::info!(target: "nccl::P2P", rank = self.rank,
+            "comm {:#018x}: peer access device {} -> {} enabled (rank {peer})",
+            self.comm_id, self.device, info.device);
         Ok(())
     }
 
@@ -1035,18 +1091,16 @@ impl DeviceComm {
     }
 
     /// Checks that a user buffer is device memory (CUDA; the emulator takes any pointer).
-    fn check_buffer(&self, what: &str, label: &str, p: usize) -> Result<()> {
+    /// The address this communicator's kernels use for the user buffer `p` (see
+    /// [`kernel_address`]); a buffer they cannot reach is `ncclInvalidArgument`. The
+    /// emulator takes any pointer (its device addresses are host addresses).
+    fn kernel_buffer(&self, what: &str, label: &str, p: usize) -> Result<usize> {
         if p == 0 || self.api.is_emulated() {
-            return Ok(());
+            return Ok(p);
         }
-        if !self.api.pointer_is_device(p)? {
-            return Err(CclError::arg(format!(
-                "{label}: {what} {p:#x} is host memory, but this communicator runs on CUDA device {} \
-                 (pass device buffers, or use {ENV_BACKEND}=host)",
-                self.device
-            )));
-        }
-        Ok(())
+        let info = self.api.pointer_info(p)?;
+        kernel_address(info, p, self.device)
+            .map_err(|why| CclError::arg(format!("{label}: {what} {p:#x} {why}")))
     }
 
     fn reducer(&self, spec: &RedSpec, dtype: DataType) -> Result<(Reducer, usize)> {
@@ -1165,20 +1219,22 @@ impl DeviceComm {
         let (mut bufs, red, dtype_bytes): (Vec<usize>, Option<(Reducer, usize)>, usize) = match item
         {
             WorkItem::Coll(c) => {
-                self.check_buffer("sendbuff", &label, c.sendbuf)?;
-                self.check_buffer("recvbuff", &label, c.recvbuf)?;
+                let send = self.kernel_buffer("sendbuff", &label, c.sendbuf)?;
+                let recv = self.kernel_buffer("recvbuff", &label, c.recvbuf)?;
                 let red = match &c.red {
                     Some(spec) => Some(self.reducer(spec, c.dtype)?),
                     None => None,
                 };
-                (vec![c.sendbuf, c.recvbuf], red, c.count * c.dtype.size())
+                (vec![send, recv], red, c.count * c.dtype.size())
             }
-            WorkItem::P2p(calls) => {
-                for c in calls {
-                    self.check_buffer("buff", &c.label, c.buf)?;
-                }
-                (calls.iter().map(|c| c.buf).collect(), None, 0)
-            }
+            WorkItem::P2p(calls) => (
+                calls
+                    .iter()
+                    .map(|c| self.kernel_buffer("buff", &c.label, c.buf))
+                    .collect::<Result<Vec<usize>>>()?,
+                None,
+                0,
+            ),
         };
         if let WorkItem::Coll(c) = item {
             let total = dtype_bytes * self.nranks;
@@ -1195,7 +1251,7 @@ impl DeviceComm {
                 });
                 // SAFETY: scratch has `total` bytes; sendbuf is valid for `total` bytes
                 // until the operation completed (enqueue contract); ordered on `stream`.
-                unsafe { self.api.memcpy_async(scratch, c.sendbuf, total, stream)? };
+                unsafe { self.api.memcpy_async(scratch, bufs[0], total, stream)? };
                 bufs[0] = scratch;
             }
         }
@@ -1461,6 +1517,30 @@ mod tests {
         ));
         let nb = || DeviceProbe::NotBuilt;
         assert!(decide(BackendEnv::Device, false, None, &nb).is_err());
+    }
+
+    #[test]
+    fn user_buffers_map_to_kernel_addresses_or_a_reason() {
+        let info = |kind, device, device_ptr| PtrInfo {
+            kind,
+            device,
+            device_ptr,
+        };
+        let p = 0x7000_0000;
+        assert_eq!(kernel_address(info(PtrKind::Device, 1, p), p, 1), Ok(p));
+        assert_eq!(kernel_address(info(PtrKind::Device, 1, 0), p, 1), Ok(p));
+        let e = kernel_address(info(PtrKind::Device, 0, p), p, 1).unwrap_err();
+        assert!(e.contains("device 0") && e.contains("device 1"), "{e}");
+        assert_eq!(kernel_address(info(PtrKind::Managed, 0, p), p, 1), Ok(p));
+        // Pinned host memory: the kernel uses its device alias.
+        assert_eq!(
+            kernel_address(info(PtrKind::HostPinned, -1, 0x9000), p, 1),
+            Ok(0x9000)
+        );
+        let e = kernel_address(info(PtrKind::HostPinned, -1, 0), p, 1).unwrap_err();
+        assert!(e.contains("not mapped"), "{e}");
+        let e = kernel_address(info(PtrKind::Host, -1, 0), p, 1).unwrap_err();
+        assert!(e.contains("host memory") && e.contains(ENV_BACKEND), "{e}");
     }
 
     #[test]

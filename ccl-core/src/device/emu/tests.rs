@@ -308,12 +308,36 @@ fn memory_is_tracked_and_ipc_is_refused_clearly() {
     let d = EmuDevice::default();
     let p = d.malloc(100).unwrap();
     assert_eq!(p % ALIGN, 0);
-    assert!(d.pointer_is_device(p).unwrap());
-    assert!(d.pointer_is_device(p + 99).unwrap());
+    let dev = d.current_device().unwrap();
+    for q in [p, p + 99] {
+        let i = d.pointer_info(q).unwrap();
+        assert_eq!((i.kind, i.device, i.device_ptr), (PtrKind::Device, dev, q));
+    }
+    assert_eq!(
+        d.pointer_info(p + 100).unwrap().kind,
+        PtrKind::Host,
+        "one past"
+    );
     let host = [0u8; 16];
-    assert!(!d.pointer_is_device(host.as_ptr() as usize).unwrap());
+    let i = d.pointer_info(host.as_ptr() as usize).unwrap();
+    assert_eq!((i.kind, i.device_ptr), (PtrKind::Host, 0));
     let m = d.host_alloc_mapped(64).unwrap();
     assert_eq!(m.host, m.dev);
+    assert_eq!(
+        d.pointer_info(m.host + 8).unwrap().kind,
+        PtrKind::HostPinned
+    );
+    let reg = vec![0u8; 256];
+    let a = d.host_register(reg.as_ptr() as usize, reg.len()).unwrap();
+    let i = d.pointer_info(reg.as_ptr() as usize + 255).unwrap();
+    assert_eq!((i.kind, i.device_ptr), (PtrKind::HostPinned, a + 255));
+    d.host_unregister(reg.as_ptr() as usize).unwrap();
+    assert_eq!(d.pointer_info(a).unwrap().kind, PtrKind::Host);
+    // Peer access: from the current device to another one; not to itself.
+    assert!(d.enable_peer_access(dev).is_err());
+    d.enable_peer_access(dev + 1).unwrap();
+    assert!(d.peer_access_enabled(dev, dev + 1));
+    assert!(!d.peer_access_enabled(dev + 1, dev));
     assert!(
         d.free(m.host).is_err(),
         "mapped memory is freed with host_free"
