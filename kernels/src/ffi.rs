@@ -54,8 +54,10 @@ pub const CCL_OP_MIN: u32 = 3;
 pub const CCL_OP_PREMUL: u32 = 4;
 /// Simple protocol.
 pub const CCL_PROTO_SIMPLE: u32 = 0;
-/// LL protocol (not implemented by the kernels).
+/// LL protocol: 16-byte lines {data, flag, data, flag}.
 pub const CCL_PROTO_LL: u32 = 1;
+/// Most payload bytes of one LL message (`CCL_LL_MAX_CHUNK`).
+pub const CCL_LL_MAX_CHUNK: usize = 16384;
 /// Buffers per plan.
 pub const CCL_MAX_BUFS: usize = 64;
 /// Lanes per channel.
@@ -144,7 +146,7 @@ pub struct ccl_dev_conn_t {
     pub head: *mut u64,
     pub slot_bytes: u64,
     pub nslots: u32,
-    pub reserved: u32,
+    pub ll_sync: u32,
 }
 
 /// `ccl_dev_lane_t`.

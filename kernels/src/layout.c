@@ -52,6 +52,7 @@ static const ccl_layout_entry_t ENTRIES[] = {
     OFF(ccl_dev_conn_t, head),
     OFF(ccl_dev_conn_t, slot_bytes),
     OFF(ccl_dev_conn_t, nslots),
+    OFF(ccl_dev_conn_t, ll_sync),
     SZ(ccl_dev_lane_t),
     OFF(ccl_dev_lane_t, channel),
     OFF(ccl_dev_lane_t, first_step),

@@ -184,7 +184,7 @@ pub fn run_case(
                     head: unsafe { ctr.add(1) },
                     slot_bytes: slot_bytes as u64,
                     nslots: NSLOTS,
-                    reserved: 0,
+                    ll_sync: 0,
                 });
             }
         }

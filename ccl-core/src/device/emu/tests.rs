@@ -37,7 +37,7 @@ fn conn_mem(d: &EmuDevice, slot_bytes: usize) -> ccl_dev_conn_t {
         head: (base + 64) as *mut u64,
         slot_bytes: slot_bytes as u64,
         nslots: SLOTS,
-        reserved: 0,
+        ll_sync: 0,
     }
 }
 
