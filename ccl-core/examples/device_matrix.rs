@@ -194,7 +194,8 @@ fn main() {
     }
     println!(
         "# protocol: NCCL_PROTO={}",
-        std::env::var("NCCL_PROTO").unwrap_or_else(|_| "(unset: auto, LL up to 64 KiB per rank)".into())
+        std::env::var("NCCL_PROTO")
+            .unwrap_or_else(|_| "(unset: auto, LL up to 64 KiB per rank)".into())
     );
     let (api, device) = pick_api();
     let emulated = api.is_emulated();

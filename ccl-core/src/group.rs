@@ -504,12 +504,7 @@ pub fn expected_counts(comm: &Comm, ops: &[CollArgs]) -> Result<Vec<ExpectedCoun
         Some(d) => d.plan_tuning(d.protocol_of(&item)),
         None => *comm.tuning(),
     };
-    let plan = executor::plan_for(
-        &item,
-        comm.rank() as usize,
-        comm.nranks() as usize,
-        &tuning,
-    )?;
+    let plan = executor::plan_for(&item, comm.rank() as usize, comm.nranks() as usize, &tuning)?;
     Ok(plan.expected_counts())
 }
 

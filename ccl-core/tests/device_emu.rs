@@ -197,7 +197,10 @@ fn matrix(n: usize, proto: Option<&str>) {
     match proto {
         Some("LL") => assert_eq!(simple, 0, "NCCL_PROTO=LL launched Simple plans"),
         Some("Simple") => assert_eq!(ll, 0, "NCCL_PROTO=Simple launched LL plans"),
-        _ => assert!(simple > 0 && ll > 0, "auto: both protocols ({simple}, {ll})"),
+        _ => assert!(
+            simple > 0 && ll > 0,
+            "auto: both protocols ({simple}, {ll})"
+        ),
     }
     for c in &cs {
         c.destroy().unwrap();
@@ -317,7 +320,7 @@ fn small_operations_use_ll_and_large_ones_simple() {
     let d = emu::global();
     let s = d.stream_create().unwrap();
     // Validation only (nothing runs): any non-null addresses.
-    let dummy = vec![0u8; 16];
+    let dummy = [0u8; 16];
     let probe_args = |coll, count| CollArgs {
         kind: coll,
         sendbuf: dummy.as_ptr() as usize,
@@ -336,7 +339,11 @@ fn small_operations_use_ll_and_large_ones_simple() {
         (CollKind::ReduceScatter, small, Proto::Ll),
         // AlltoAll: per-rank bytes = count * 4 * n.
         (CollKind::AlltoAll, 100, Proto::Ll),
-        (CollKind::AlltoAll, LL_THRESHOLD_BYTES / 4 / n + 1, Proto::Simple),
+        (
+            CollKind::AlltoAll,
+            LL_THRESHOLD_BYTES / 4 / n + 1,
+            Proto::Simple,
+        ),
         (CollKind::AlltoAll, 100, Proto::Ll),
         (CollKind::AllGather, 7, Proto::Ll),
     ];
@@ -350,7 +357,10 @@ fn small_operations_use_ll_and_large_ones_simple() {
             Proto::Ll => after.1 - before.1,
             Proto::Simple => after.0 - before.0,
         };
-        assert_eq!(launched, n, "{coll:?} {count}: every rank launched {want:?}");
+        assert_eq!(
+            launched, n,
+            "{coll:?} {count}: every rank launched {want:?}"
+        );
     }
     // Send/Recv groups: Simple when allowed (both ends must agree whatever their groups).
     let p2p = CollArgs {

@@ -34,8 +34,9 @@ use kernels::ffi::{
     ccl_dev_conn_t, ccl_dev_lane_t, ccl_dev_local_t, ccl_dev_plan_t, ccl_dev_step_t,
     frame_send_offset, CCL_LOCAL_COPY, CCL_LOCAL_REDUCE, CCL_MAX_BUFS, CCL_MAX_CHANNELS,
     CCL_MAX_LANES_PER_CHANNEL, CCL_OP_MAX, CCL_OP_MIN, CCL_OP_PREMUL, CCL_OP_PROD, CCL_OP_SUM,
-    CCL_PROTO_LL, CCL_PROTO_SIMPLE, CCL_STEP_RECV, CCL_STEP_RECV_COPY_SEND, CCL_STEP_RECV_REDUCE_COPY,
-    CCL_STEP_RECV_REDUCE_COPY_SEND, CCL_STEP_RECV_REDUCE_SEND, CCL_STEP_SEND,
+    CCL_PROTO_LL, CCL_PROTO_SIMPLE, CCL_STEP_RECV, CCL_STEP_RECV_COPY_SEND,
+    CCL_STEP_RECV_REDUCE_COPY, CCL_STEP_RECV_REDUCE_COPY_SEND, CCL_STEP_RECV_REDUCE_SEND,
+    CCL_STEP_SEND,
 };
 
 use super::api::{DeviceApi, HostFn, IpcHandle, Mapped, Stream};
@@ -509,7 +510,10 @@ impl Kernel {
     unsafe fn capture(p: &ccl_dev_plan_t) -> Result<Kernel> {
         let bad = |m: String| Err(CclError::arg(format!("emulated kernel: {m}")));
         if p.proto != CCL_PROTO_SIMPLE && p.proto != CCL_PROTO_LL {
-            return bad(format!("protocol {} (Simple and LL are implemented)", p.proto));
+            return bad(format!(
+                "protocol {} (Simple and LL are implemented)",
+                p.proto
+            ));
         }
         let ll = p.proto == CCL_PROTO_LL;
         if p.n_channels == 0 || p.n_channels as usize > CCL_MAX_CHANNELS {
@@ -723,7 +727,9 @@ impl Kernel {
                     pos: 0,
                     consumed: start(l.conn_in, true),
                     posted: start(l.conn_out, false),
-                    synced: !self.ll || l.conn_out < 0 || self.conns[l.conn_out as usize].ll_sync == 0,
+                    synced: !self.ll
+                        || l.conn_out < 0
+                        || self.conns[l.conn_out as usize].ll_sync == 0,
                 }
             })
             .collect();

@@ -226,11 +226,17 @@ mod tests {
         assert_eq!(parse(Some("simple")).unwrap(), set(false, false, true));
         assert_eq!(parse(Some("SIMPLE,ll")).unwrap(), set(true, false, true));
         assert_eq!(parse(Some("ll128")).unwrap(), set(false, true, false));
-        assert_eq!(parse(Some(" LL , Simple ")).unwrap(), set(true, false, true));
+        assert_eq!(
+            parse(Some(" LL , Simple ")).unwrap(),
+            set(true, false, true)
+        );
         assert_eq!(parse(Some("LL,LL")).unwrap(), set(true, false, false));
         assert_eq!(parse(Some("^LL")).unwrap(), set(false, true, true));
         assert_eq!(parse(Some("^ll128")).unwrap(), set(true, false, true));
-        assert_eq!(parse(Some("^Simple,LL128")).unwrap(), set(true, false, false));
+        assert_eq!(
+            parse(Some("^Simple,LL128")).unwrap(),
+            set(true, false, false)
+        );
         assert_eq!(
             parse(Some("^LL,LL128,Simple")).unwrap(),
             set(false, false, false)
@@ -240,8 +246,19 @@ mod tests {
     #[test]
     fn junk_is_an_error_naming_the_variable() {
         for bad in [
-            "LL64", "Ring", "^", "^ ", ",", "LL,", ",LL", "LL,,Simple", "^^LL", "LL;Simple",
-            "Simple LL", "ll 128", "\u{e9}",
+            "LL64",
+            "Ring",
+            "^",
+            "^ ",
+            ",",
+            "LL,",
+            ",LL",
+            "LL,,Simple",
+            "^^LL",
+            "LL;Simple",
+            "Simple LL",
+            "ll 128",
+            "\u{e9}",
         ] {
             let e = parse(Some(bad)).unwrap_err();
             assert!(

@@ -358,7 +358,7 @@ fn malformed_plans_are_rejected_at_launch() {
     assert!(unsafe { d.launch_plan(&p, s) }.is_err());
     let mut p = empty_plan();
     p.proto = 2; // LL128: not implemented
-    // SAFETY: as above.
+                 // SAFETY: as above.
     let e = unsafe { d.launch_plan(&p, s) }.unwrap_err();
     assert!(e.to_string().contains("protocol"), "{e}");
     // An LL step larger than the LL payload of its slot (32 of 64 bytes).
@@ -483,13 +483,37 @@ fn ll_kernels_give_reference_results_and_counters() {
         for n in [1, 2, 3, 4] {
             // 1 element (a partial line), 37 (several messages, partial last line), 300.
             for (count, nch) in [(1, 1), (37, 2), (300, 3)] {
-                run_proto(coll, DataType::Int32, RedOpKind::Sum, count, n, nch, CCL_PROTO_LL);
+                run_proto(
+                    coll,
+                    DataType::Int32,
+                    RedOpKind::Sum,
+                    count,
+                    n,
+                    nch,
+                    CCL_PROTO_LL,
+                );
             }
         }
     }
     for op in [RedOpKind::Max, RedOpKind::Avg, RedOpKind::PreMulSum] {
-        run_proto(CollKind::AllReduce, DataType::Float32, op, 41, 4, 2, CCL_PROTO_LL);
-        run_proto(CollKind::AllReduce, DataType::Int32, op, 41, 2, 1, CCL_PROTO_LL);
+        run_proto(
+            CollKind::AllReduce,
+            DataType::Float32,
+            op,
+            41,
+            4,
+            2,
+            CCL_PROTO_LL,
+        );
+        run_proto(
+            CollKind::AllReduce,
+            DataType::Int32,
+            op,
+            41,
+            2,
+            1,
+            CCL_PROTO_LL,
+        );
     }
 }
 
@@ -514,7 +538,12 @@ fn ll_lines_pack_and_unpack() {
 }
 
 /// One LL lane of `steps` on channel 0 with connection 0 as conn_in or conn_out.
-fn ll_plan(steps: &[ccl_dev_step_t], lane: &[ccl_dev_lane_t], conns: &[ccl_dev_conn_t], buf: usize) -> ccl_dev_plan_t {
+fn ll_plan(
+    steps: &[ccl_dev_step_t],
+    lane: &[ccl_dev_lane_t],
+    conns: &[ccl_dev_conn_t],
+    buf: usize,
+) -> ccl_dev_plan_t {
     let mut p = empty_plan();
     (p.n_steps, p.n_lanes, p.n_conns) = (steps.len() as u32, lane.len() as u32, conns.len() as u32);
     (p.steps, p.lanes, p.conns) = (steps.as_ptr(), lane.as_ptr(), conns.as_ptr());
@@ -597,7 +626,19 @@ fn an_ll_send_leaves_flag_lines_in_the_fifo() {
     }
     // The partial line's padding is zero; nothing beyond the message's lines was written.
     let last = bytes_at(slots + 2 * 64, 64);
-    assert_eq!(&last[16..24], &[payload[72], payload[73], payload[74], payload[75], 3, 0, 0, 0][..]);
+    assert_eq!(
+        &last[16..24],
+        &[
+            payload[72],
+            payload[73],
+            payload[74],
+            payload[75],
+            3,
+            0,
+            0,
+            0
+        ][..]
+    );
     assert_eq!(&last[24..28], &[payload[76], 0, 0, 0]);
     assert!(last[32..].iter().all(|b| *b == 0));
     // tail counts the messages (a later Simple operation starts from it).
@@ -637,7 +678,10 @@ fn stale_bytes_that_look_like_flags_are_scrubbed_before_the_sender_may_write() {
     let p = ll_plan(&recv_steps[..1], &lane1, &conn, dst);
     // SAFETY: arrays live until the stream is idle.
     unsafe { d.launch_plan(&p, s_recv).unwrap() };
-    assert!(wait_idle(&d, s_recv, Duration::from_secs(5)), "took the stale message");
+    assert!(
+        wait_idle(&d, s_recv, Duration::from_secs(5)),
+        "took the stale message"
+    );
     assert_eq!(bytes_at(dst, 4), 1u32.to_le_bytes(), "stale data received");
 
     // With a scrub: the receiver zeroes the lines and waits for the real message.
@@ -680,10 +724,16 @@ fn a_sender_waits_for_the_receivers_scrub() {
     let p = ll_plan(&steps, &lane, &conn, src);
     // SAFETY: arrays live until the stream is idle.
     unsafe { d.launch_plan(&p, s).unwrap() };
-    assert!(!wait_idle(&d, s, Duration::from_millis(100)), "sent before the scrub");
+    assert!(
+        !wait_idle(&d, s, Duration::from_millis(100)),
+        "sent before the scrub"
+    );
     // SAFETY: head[1] of a live connection; the kernel reads it atomically.
     unsafe { AtomicU64::from_ptr(conn[0].head.add(1)) }.store(1, Ordering::Release);
-    assert!(wait_idle(&d, s, Duration::from_secs(5)), "the scrub was acknowledged");
+    assert!(
+        wait_idle(&d, s, Duration::from_secs(5)),
+        "the scrub was acknowledged"
+    );
 }
 
 #[test]
@@ -709,5 +759,8 @@ fn an_ll_receiver_in_the_middle_of_a_message_ends_on_abort() {
     assert!(!wait_idle(&d, s, Duration::from_millis(100)));
     // SAFETY: the flag is 4-byte mapped memory.
     unsafe { AtomicU32::from_ptr(abort.host as *mut u32) }.store(1, Ordering::Release);
-    assert!(wait_idle(&d, s, Duration::from_secs(2)), "abort did not end the wait");
+    assert!(
+        wait_idle(&d, s, Duration::from_secs(2)),
+        "abort did not end the wait"
+    );
 }
