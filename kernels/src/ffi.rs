@@ -58,6 +58,18 @@ pub const CCL_PROTO_SIMPLE: u32 = 0;
 pub const CCL_PROTO_LL: u32 = 1;
 /// Most payload bytes of one LL message (`CCL_LL_MAX_CHUNK`).
 pub const CCL_LL_MAX_CHUNK: usize = 16384;
+
+/// `CCL_LL_CHUNK(slot_bytes)`: payload bytes of one LL message in a slot of `slot_bytes`
+/// (half the slot, at most `CCL_LL_MAX_CHUNK`, a multiple of 8).
+pub const fn ll_chunk(slot_bytes: u64) -> u64 {
+    let half = slot_bytes / 2;
+    let c = if half < CCL_LL_MAX_CHUNK as u64 {
+        half
+    } else {
+        CCL_LL_MAX_CHUNK as u64
+    };
+    c / 8 * 8
+}
 /// Buffers per plan.
 pub const CCL_MAX_BUFS: usize = 64;
 /// Lanes per channel.
