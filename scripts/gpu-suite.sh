@@ -24,7 +24,9 @@
 #       results + probe counters, AllReduce busbw vs the device copy bandwidth;
 #   (b) device_matrix: the device RUNTIME's correctness matrix (ranks as threads, 1/2/4/8,
 #       own communicator + stream each, device buffers, probe counters vs the schedule) and
-#       AllReduce busbw per size for 2/4/8 ranks;
+#       AllReduce busbw per size for 2/4/8 ranks, once per protocol: --proto Simple (as
+#       --quick says), --proto LL --quick and --proto auto --quick (LL for small operations,
+#       Simple for large ones, switching on the same connections); at most 10 min in all;
 #   (c) device_matrix --procs 2: two processes on device 0 (CUDA IPC), then again with
 #       NCCL_P2P_DISABLE=1 (host-staged FIFOs in pinned shared memory);
 #   (d) all_reduce_perf against our libnccl.so.2 with probes on vs CCLD_DISABLE=1: per-size
@@ -121,9 +123,16 @@ fi
 if want b; then
   section "(b) Device runtime matrix: 1, 2, 4, 8 ranks as threads (device_matrix)"
   if need "$matrix"; then
-    timeout 900 "$matrix" "${quick[@]}" > "$log/matrix.txt" 2>&1; rc=$?
-    pass_fail $rc >> "$out"; [ $rc = 0 ] || fail=1
-    summary_block "$log/matrix.txt"
+    # Simple as asked (full or --quick), LL and auto always --quick: 10 minutes in all.
+    for run in "simple 300 --proto Simple ${quick[*]}" "ll 150 --proto LL --quick" \
+               "auto 150 --proto auto --quick"; do
+      set -- $run; name=$1; limit=$2; shift 2
+      echo "### device_matrix $*" >> "$out"
+      timeout "$limit" "$matrix" "$@" > "$log/matrix-$name.txt" 2>&1; rc=$?
+      pass_fail $rc >> "$out"; [ $rc = 0 ] || fail=1
+      summary_block "$log/matrix-$name.txt"
+    done
+    cat "$log"/matrix-simple.txt "$log"/matrix-ll.txt "$log"/matrix-auto.txt > "$log/matrix.txt"
   fi
 fi
 

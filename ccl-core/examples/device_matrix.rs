@@ -19,7 +19,12 @@
 //! Output: one `PASS`/`FAIL` line per case, `BW` lines, `# summary`. Exit status: 0 all
 //! passed, 1 a failure, 2 bad usage or no device backend.
 //!
+//! `--proto LL|Simple|auto`: sets `NCCL_PROTO` for every communicator (children of
+//! `--procs` inherit it); `auto` unsets it (LL for small operations, Simple for large
+//! ones); without the flag the environment's `NCCL_PROTO` is used as it is.
+//!
 //! Usage: device_matrix [--quick] [--procs N] [--ranks 1,2,4,8] [--no-bw]
+//!        [--proto LL|Simple|auto]
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -56,11 +61,16 @@ struct Opts {
     procs: usize,
     ranks: Vec<usize>,
     bw: bool,
+    /// `--proto`: `Some(None)` = auto (unset), `Some(Some(p))` = NCCL_PROTO=p.
+    proto: Option<Option<&'static str>>,
 }
 
 fn usage(msg: &str) -> ! {
     eprintln!("device_matrix: {msg}");
-    eprintln!("usage: device_matrix [--quick] [--procs N] [--ranks 1,2,4,8] [--no-bw]");
+    eprintln!(
+        "usage: device_matrix [--quick] [--procs N] [--ranks 1,2,4,8] [--no-bw] \
+         [--proto LL|Simple|auto]"
+    );
     std::process::exit(2);
 }
 
@@ -70,6 +80,7 @@ fn parse_args() -> Opts {
         procs: 0,
         ranks: vec![1, 2, 4, 8],
         bw: true,
+        proto: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -81,6 +92,15 @@ fn parse_args() -> Opts {
                     Some(n) if n >= 2 => n,
                     _ => usage("--procs takes a number of processes >= 2"),
                 }
+            }
+            "--proto" => {
+                let v = args.next().unwrap_or_default();
+                o.proto = Some(match v.to_ascii_lowercase().as_str() {
+                    "ll" => Some("LL"),
+                    "simple" => Some("Simple"),
+                    "auto" => None,
+                    _ => usage(&format!("--proto {v:?}: LL, Simple or auto")),
+                });
             }
             "--ranks" => {
                 let v = args.next().unwrap_or_default();
@@ -167,6 +187,17 @@ fn main() {
         child_main();
     }
     let o = parse_args();
+    // Before any communicator or thread exists.
+    match o.proto {
+        Some(Some(p)) => std::env::set_var("NCCL_PROTO", p),
+        Some(None) => std::env::remove_var("NCCL_PROTO"),
+        None => {}
+    }
+    println!(
+        "# protocol: NCCL_PROTO={}",
+        std::env::var("NCCL_PROTO")
+            .unwrap_or_else(|_| "(unset: auto, LL up to 64 KiB per rank)".into())
+    );
     let (api, device) = pick_api();
     let emulated = api.is_emulated();
     println!(

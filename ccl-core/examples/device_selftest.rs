@@ -3,10 +3,14 @@
 //! bus bandwidth next to the device's copy bandwidth. Prints one line per case and exits
 //! 0 (all passed), 1 (a failure) or 2 (no device / built without kernels).
 //!
+//! Every case runs with the Simple and the LL protocol (LL: FIFO slots start with stale
+//! words that look like flags, so the kernels' scrub is checked too).
+//!
 //! Usage: device_selftest [--quick]
 
 use std::time::Duration;
 
+use ccl_core::device::proto::Proto;
 use ccl_core::device::{choose_backend, probe_device, selftest, Backend};
 use ccl_core::DataType;
 use probe::CollKind;
@@ -40,20 +44,23 @@ fn main() {
         for coll in colls {
             for dtype in [DataType::Float32, DataType::Int32] {
                 for &count in counts {
-                    let nch = if count > 100_000 { 4 } else { 1 + count % 2 };
-                    total += 1;
-                    let r = selftest::run_case(
-                        coll,
-                        dtype,
-                        count,
-                        n,
-                        nch,
-                        64 * 1024,
-                        Duration::from_secs(20),
-                    );
-                    match r {
+                    for proto in [Proto::Simple, Proto::Ll] {
+                        let nch = if count > 100_000 { 4 } else { 1 + count % 2 };
+                        total += 1;
+                        let r = selftest::run_case_proto(
+                            coll,
+                            dtype,
+                            count,
+                            n,
+                            nch,
+                            64 * 1024,
+                            proto,
+                            Duration::from_secs(20),
+                        );
+                        let pn = proto.name();
+                        match r {
                         Ok(c) => println!(
-                            "PASS {:<13} {:<6} ranks {n} count {count:>8} channels {nch} {:>9.3} ms counters {:?}",
+                            "PASS {:<13} {:<6} {pn:<6} ranks {n} count {count:>8} channels {nch} {:>9.3} ms counters {:?}",
                             coll.name(),
                             dtype.name(),
                             c.elapsed.as_secs_f64() * 1e3,
@@ -61,8 +68,9 @@ fn main() {
                         ),
                         Err(e) => {
                             failed += 1;
-                            println!("FAIL {:<13} {:<6} ranks {n} count {count:>8}: {e}", coll.name(), dtype.name());
+                            println!("FAIL {:<13} {:<6} {pn:<6} ranks {n} count {count:>8}: {e}", coll.name(), dtype.name());
                         }
+                    }
                     }
                 }
             }

@@ -499,11 +499,37 @@ pub fn expected_counts(comm: &Comm, ops: &[CollArgs]) -> Result<Vec<ExpectedCoun
         Some(c) => WorkItem::Coll(c),
         None => WorkItem::P2p(p2p),
     };
-    let plan = executor::plan_for(
-        &item,
-        comm.rank() as usize,
-        comm.nranks() as usize,
-        comm.tuning(),
-    )?;
+    // Device communicators plan LL operations with smaller chunks.
+    let tuning = match comm.device_comm() {
+        Some(d) => d.plan_tuning(d.protocol_of(&item)),
+        None => *comm.tuning(),
+    };
+    let plan = executor::plan_for(&item, comm.rank() as usize, comm.nranks() as usize, &tuning)?;
     Ok(plan.expected_counts())
+}
+
+/// The protocol `ops` (one collective, or the Send/Recv calls of one group) run with on a
+/// device communicator (`NCCL_PROTO` and the operation's size); `None` on the host
+/// backend (Simple only). Validates like [`enqueue`] but runs nothing.
+pub fn protocol_of(comm: &Comm, ops: &[CollArgs]) -> Result<Option<crate::device::proto::Proto>> {
+    let Some(d) = comm.device_comm() else {
+        return Ok(None);
+    };
+    let mut items = Vec::new();
+    let mut p2p = Vec::new();
+    for a in ops {
+        match validate(comm, a)? {
+            Valid::Coll(c) => items.push(WorkItem::Coll(c)),
+            Valid::P2p(p) => p2p.push(p),
+        }
+    }
+    if !p2p.is_empty() {
+        items.push(WorkItem::P2p(p2p));
+    }
+    match items.as_slice() {
+        [item] => Ok(Some(d.protocol_of(item))),
+        _ => Err(CclError::usage(
+            "protocol_of takes one collective or a list of Send/Recv",
+        )),
+    }
 }

@@ -111,9 +111,20 @@ typedef struct ccl_probing_frame8 {
 #define CCL_OP_MIN 3
 #define CCL_OP_PREMUL 4
 
-/* Protocols (NCCL_PROTO). Only SIMPLE is implemented. */
+/* Protocols (NCCL_PROTO; LL128 is not implemented).
+ * SIMPLE: message k's bytes in its slot, then a fence, then tail = k + 1.
+ * LL: message m (1-based count of messages sent on the connection) is a run of 16-byte
+ *   lines {u32 data0, u32 flag0, u32 data1, u32 flag1} from the start of its slot, 8
+ *   payload bytes per line (last line zero-padded), both flags = m's low 32 bits; the
+ *   sender writes each 8-byte half {data, flag} with one 8-byte store, the receiver polls
+ *   the flags and needs no tail (the sender still stores tail, after the lines, so a later
+ *   Simple operation starts from the right count). Payload per message: at most
+ *   CCL_LL_CHUNK(slot_bytes). The head counter works as in SIMPLE. */
 #define CCL_PROTO_SIMPLE 0
 #define CCL_PROTO_LL 1
+#define CCL_LL_MAX_CHUNK 16384
+#define CCL_LL_CHUNK(slot_bytes) \
+  ((((slot_bytes) / 2 < CCL_LL_MAX_CHUNK ? (slot_bytes) / 2 : CCL_LL_MAX_CHUNK) / 8) * 8)
 
 /* Most buffers one plan may address (collectives use 2; p2p groups one per call). */
 #define CCL_MAX_BUFS 64
@@ -136,14 +147,23 @@ typedef struct ccl_dev_step {
  * monotonically increasing counters in memory both sides can read: `tail` (messages
  * posted, written by the sender) and `head` (messages consumed, written by the receiver).
  * Message k lives in slot k % nslots; the size of message k is implied by the schedule
- * (the k-th send of a lane matches the k-th receive of its peer's lane). */
+ * (the k-th send of a lane matches the k-th receive of its peer's lane).
+ *
+ * ll_sync (LL plans only; 0 = nothing to do): the slots may hold bytes that are not LL
+ * lines of this connection (never-initialised memory, or earlier SIMPLE messages, whose
+ * data could look like a valid flag). The receiver's kernel then zeroes the LL part of
+ * every slot (the first 2 * CCL_LL_CHUNK(slot_bytes) bytes) before its lanes start and
+ * stores ll_sync into the 64-bit word right after *head (head[1], receiver-written);
+ * the sender's kernel sends its first message on the connection only once head[1] ==
+ * ll_sync (equality: the sequence may wrap; it skips 0). Both runtimes count scrubs per connection the same way (a connection is
+ * "dirty" when created and after every SIMPLE operation on it), so the values agree. */
 typedef struct ccl_dev_conn {
   void *slots;
   uint64_t *tail;
-  uint64_t *head;
+  uint64_t *head; /* head[1]: the LL scrub word (see ll_sync) */
   uint64_t slot_bytes;
   uint32_t nslots;
-  uint32_t reserved;
+  uint32_t ll_sync;
 } ccl_dev_conn_t;
 
 typedef struct ccl_dev_lane {

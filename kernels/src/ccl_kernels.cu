@@ -8,6 +8,9 @@
 // * thread 0 decides whether the next step of a lane can run (its inbound message is
 //   there: tail > consumed; its outbound slot is free: posted - head < nslots), the whole
 //   block moves the data, then thread 0 publishes (fence, then one counter store);
+// * LL (p.proto == CCL_PROTO_LL): the receiver polls the flags of 16-byte lines instead
+//   of tail; a step stages its input and output in shared memory (ll_recv_block /
+//   ll_send_block around the same typed step code);
 // * probe: after each step thread 0 stores the channel's new SendCount / RecvCount into
 //   the probing frame (mapped host memory) after a system-scope fence: one store per step
 //   by one thread, so the host sees progress while the kernel runs;
@@ -371,7 +374,73 @@ struct LaneState {
   uint32_t pos;
   uint64_t posted;   // messages this lane has sent on conn_out (its tail)
   uint64_t consumed; // messages this lane has consumed on conn_in (its head)
+  uint32_t synced;   // LL: the receiver acknowledged conn_out's scrub (or none was needed)
 };
+
+// ---------------------------------------------------------------------------------------
+// LL protocol (CCL_PROTO_LL, see ccl_device.h): 16-byte lines {data0, flag0, data1, flag1}
+// ---------------------------------------------------------------------------------------
+
+// The flag of message m (1-based count of messages sent on the connection).
+__device__ inline uint32_t ll_flag(uint64_t m) { return (uint32_t)m; }
+
+// Both halves of a line carry flag f.
+__device__ inline bool ll_line_has(uint64_t lo, uint64_t hi, uint32_t f) {
+  return (uint32_t)(lo >> 32) == f && (uint32_t)(hi >> 32) == f;
+}
+
+__device__ inline const volatile uint64_t *ll_slot(const ccl_dev_conn_t &c, uint64_t k) {
+  return (const volatile uint64_t *)((const char *)c.slots + (k % c.nslots) * c.slot_bytes);
+}
+
+// Whole block: waits for the nb payload bytes of message m (flag ll_flag(m)) in `lines`
+// and unpacks them into `in` (shared memory, whole 8-byte words). Returns false on abort
+// (this thread saw the flag set while waiting).
+__device__ bool ll_recv_block(const ccl_dev_plan_t &p, const volatile uint64_t *lines, uint32_t f,
+                              uint64_t nb, uint64_t *in) {
+  uint64_t nlines = (nb + 7) / 8;
+  for (uint64_t i = threadIdx.x; i < nlines; i += blockDim.x) {
+    uint64_t lo, hi;
+    uint32_t spins = 0;
+    for (;;) {
+      // Two 8-byte volatile loads: each half's data is valid when its own flag matches
+      // (the sender stored data and flag with one 8-byte store).
+      lo = lines[2 * i];
+      hi = lines[2 * i + 1];
+      if (ll_line_has(lo, hi, f)) break;
+      if ((++spins & 1023u) == 0 && p.abort_flag && *(const volatile uint32_t *)p.abort_flag) return false;
+    }
+    in[i] = (lo & 0xFFFFFFFFull) | (hi << 32);
+  }
+  return true;
+}
+
+// Whole block: stores the nb payload bytes of `out` (shared memory) as lines with flag f;
+// the last line's bytes beyond nb are zero.
+__device__ void ll_send_block(volatile uint64_t *lines, uint32_t f, uint64_t nb, const uint64_t *out) {
+  uint64_t nlines = (nb + 7) / 8;
+  uint64_t fl = (uint64_t)f << 32;
+  for (uint64_t i = threadIdx.x; i < nlines; i += blockDim.x) {
+    uint64_t v = out[i];
+    uint64_t rest = nb - i * 8;
+    if (rest < 8) v &= (1ull << (rest * 8)) - 1;
+    lines[2 * i] = (v & 0xFFFFFFFFull) | fl;
+    lines[2 * i + 1] = (v >> 32) | fl;
+  }
+}
+
+// Whole block: zeroes the LL part of every slot of c, then (thread 0, after a fence)
+// publishes the scrub in head[1] for the sender.
+__device__ void ll_scrub_block(const ccl_dev_conn_t &c) {
+  uint64_t words = 2 * (uint64_t)CCL_LL_CHUNK(c.slot_bytes) / 8;
+  for (uint32_t k = 0; k < c.nslots; k++) {
+    volatile uint64_t *w = (volatile uint64_t *)((char *)c.slots + (uint64_t)k * c.slot_bytes);
+    for (uint64_t i = threadIdx.x; i < words; i += blockDim.x) w[i] = 0;
+  }
+  __threadfence_system();
+  __syncthreads();
+  if (threadIdx.x == 0) vstore(c.head + 1, c.ll_sync);
+}
 
 // ---------------------------------------------------------------------------------------
 // The kernel
@@ -383,7 +452,11 @@ __global__ void __launch_bounds__(CCL_THREADS) ccl_plan_kernel(ccl_dev_plan_t p)
   __shared__ int32_t go;       // index into st of the lane whose step runs now, -1 none
   __shared__ uint32_t stop;    // 1: abort requested
   __shared__ uint64_t sends, recvs;
+  // LL staging of one step's input and output (payload bytes, whole 8-byte words).
+  __shared__ __align__(16) uint64_t ll_in[CCL_LL_MAX_CHUNK / 8];
+  __shared__ __align__(16) uint64_t ll_out[CCL_LL_MAX_CHUNK / 8];
   const uint32_t ch = blockIdx.x;
+  const bool ll = p.proto == CCL_PROTO_LL;
   RedCtx c;
   c.op = p.op;
   c.avg_divisor = p.avg_divisor;
@@ -433,6 +506,7 @@ __global__ void __launch_bounds__(CCL_THREADS) ccl_plan_kernel(ccl_dev_plan_t p)
       st[k].pos = 0;
       st[k].posted = ln.conn_out >= 0 ? vload(p.conns[ln.conn_out].tail) : 0;
       st[k].consumed = ln.conn_in >= 0 ? vload(p.conns[ln.conn_in].head) : 0;
+      st[k].synced = !ll || ln.conn_out < 0 || p.conns[ln.conn_out].ll_sync == 0;
       k++;
     }
     n_mine = k;
@@ -441,6 +515,15 @@ __global__ void __launch_bounds__(CCL_THREADS) ccl_plan_kernel(ccl_dev_plan_t p)
     recvs = 0;
   }
   __syncthreads();
+  if (ll) {
+    // Inbound FIFOs whose slots may hold bytes that are not LL lines of this connection
+    // (never-initialised memory, earlier Simple messages): zero the LL part before any
+    // sender may write (it waits for head[1] == ll_sync). The condition is uniform.
+    for (uint32_t k = 0; k < n_mine; k++) {
+      const ccl_dev_lane_t &ln = p.lanes[st[k].lane];
+      if (ln.conn_in >= 0 && p.conns[ln.conn_in].ll_sync != 0) ll_scrub_block(p.conns[ln.conn_in]);
+    }
+  }
 
   uint64_t *send_word = NULL;
   if (p.frame && ch < p.frame_capacity) {
@@ -462,11 +545,21 @@ __global__ void __launch_bounds__(CCL_THREADS) ccl_plan_kernel(ccl_dev_plan_t p)
         uint32_t kind = p.steps[ln.first_step + s.pos].kind;
         if (step_recvs(kind)) {
           const ccl_dev_conn_t &ci = p.conns[ln.conn_in];
-          if (vload(ci.tail) <= s.consumed) continue;
+          if (ll) {
+            // Peek the flags of the slot's first line instead of tail.
+            const volatile uint64_t *l0 = ll_slot(ci, s.consumed);
+            if (!ll_line_has(l0[0], l0[1], ll_flag(s.consumed + 1))) continue;
+          } else if (vload(ci.tail) <= s.consumed) {
+            continue;
+          }
         }
         if (step_sends(kind)) {
           const ccl_dev_conn_t &co = p.conns[ln.conn_out];
           if (s.posted - vload(co.head) >= co.nslots) continue;
+          if (!s.synced) {
+            if (vload(co.head + 1) != co.ll_sync) continue;
+            s.synced = 1;
+          }
         }
         go = (int32_t)k;
         cursor = k + 1;
@@ -503,7 +596,28 @@ __global__ void __launch_bounds__(CCL_THREADS) ccl_plan_kernel(ccl_dev_plan_t p)
     }
     const void *src = (const char *)p.bufs[stp.src_buf] + stp.src_off * p.unit;
     void *dst = (char *)p.bufs[stp.dst_buf] + stp.dst_off * p.unit;
-    run_step(p, c, stp.kind, in, src, out, dst, stp.count);
+    if (ll) {
+      // (1) wait for the lines and unpack into shared memory, (2) the typed step code on
+      // shared memory, (3) pack the output into lines with the message's flag.
+      uint64_t nb = stp.count * p.unit;
+      uint64_t cap = CCL_LL_MAX_CHUNK;
+      if (in) cap = cap < CCL_LL_CHUNK(p.conns[ln.conn_in].slot_bytes) ? cap : CCL_LL_CHUNK(p.conns[ln.conn_in].slot_bytes);
+      if (out) cap = cap < CCL_LL_CHUNK(p.conns[ln.conn_out].slot_bytes) ? cap : CCL_LL_CHUNK(p.conns[ln.conn_out].slot_bytes);
+      if (nb > cap) {
+        // The host plans LL chunks that fit (ccl_core::device::proto); never overrun.
+        if (threadIdx.x == 0) printf("ccl_plan_kernel: LL step of %llu bytes exceeds %llu\n",
+                                     (unsigned long long)nb, (unsigned long long)cap);
+        break;
+      }
+      if (in && !ll_recv_block(p, (const volatile uint64_t *)in, ll_flag(s.consumed + 1), nb, ll_in)) stop = 1;
+      __syncthreads();
+      if (stop) break;
+      run_step(p, c, stp.kind, in ? ll_in : NULL, src, out ? ll_out : NULL, dst, stp.count);
+      __syncthreads();
+      if (out) ll_send_block((volatile uint64_t *)out, ll_flag(s.posted + 1), nb, ll_out);
+    } else {
+      run_step(p, c, stp.kind, in, src, out, dst, stp.count);
+    }
     // Release: every thread's writes are ordered before thread 0's counter stores.
     __threadfence_system();
     __syncthreads();
@@ -818,8 +932,8 @@ ccl_dev_result_t ccl_dev_launch_plan(const ccl_dev_plan_t *plan, ccl_stream_t s)
     return invalid("ccl_dev_launch_plan: unit differs from the element size of dtype");
   if ((p.n_lanes && (!p.lanes || !p.steps || !p.conns)) || (p.n_locals && !p.locals))
     return invalid("ccl_dev_launch_plan: missing arrays");
-  if (p.proto != CCL_PROTO_SIMPLE)
-    return invalid("ccl_dev_launch_plan: only the Simple protocol is implemented");
+  if (p.proto != CCL_PROTO_SIMPLE && p.proto != CCL_PROTO_LL)
+    return invalid("ccl_dev_launch_plan: protocol is neither Simple nor LL");
   ccl_plan_kernel<<<dim3(p.n_channels), dim3(CCL_THREADS), 0, (cudaStream_t)s>>>(p);
   CCL_CHECK(cudaGetLastError());
   return CCL_DEV_OK;

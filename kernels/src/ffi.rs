@@ -54,8 +54,22 @@ pub const CCL_OP_MIN: u32 = 3;
 pub const CCL_OP_PREMUL: u32 = 4;
 /// Simple protocol.
 pub const CCL_PROTO_SIMPLE: u32 = 0;
-/// LL protocol (not implemented by the kernels).
+/// LL protocol: 16-byte lines {data, flag, data, flag}.
 pub const CCL_PROTO_LL: u32 = 1;
+/// Most payload bytes of one LL message (`CCL_LL_MAX_CHUNK`).
+pub const CCL_LL_MAX_CHUNK: usize = 16384;
+
+/// `CCL_LL_CHUNK(slot_bytes)`: payload bytes of one LL message in a slot of `slot_bytes`
+/// (half the slot, at most `CCL_LL_MAX_CHUNK`, a multiple of 8).
+pub const fn ll_chunk(slot_bytes: u64) -> u64 {
+    let half = slot_bytes / 2;
+    let c = if half < CCL_LL_MAX_CHUNK as u64 {
+        half
+    } else {
+        CCL_LL_MAX_CHUNK as u64
+    };
+    c / 8 * 8
+}
 /// Buffers per plan.
 pub const CCL_MAX_BUFS: usize = 64;
 /// Lanes per channel.
@@ -144,7 +158,7 @@ pub struct ccl_dev_conn_t {
     pub head: *mut u64,
     pub slot_bytes: u64,
     pub nslots: u32,
-    pub reserved: u32,
+    pub ll_sync: u32,
 }
 
 /// `ccl_dev_lane_t`.

@@ -32,7 +32,7 @@ fn every_struct_of_the_header_has_the_c_compilers_layout() {
         ccl_frame_block8_t { trace, channels }
         ccl_probing_frame8_t { header, blocks }
         ccl_dev_step_t { kind, src_buf, dst_buf, src_off, dst_off, count }
-        ccl_dev_conn_t { slots, tail, head, slot_bytes, nslots }
+        ccl_dev_conn_t { slots, tail, head, slot_bytes, nslots, ll_sync }
         ccl_dev_lane_t { channel, first_step, n_steps, conn_in, conn_out }
         ccl_dev_local_t { kind, src_buf, dst_buf, src_off, dst_off, count }
         ccl_dev_plan_t { n_channels, n_lanes, n_locals, n_steps, n_conns, unit, dtype, op,
@@ -52,7 +52,10 @@ fn every_struct_of_the_header_has_the_c_compilers_layout() {
         "CCL_FRAME_SEND_OFFSET(32, 7, 31)".into(),
         frame_send_offset(32, 7, 31),
     );
-    assert_eq!(c.len(), 78, "layout table size changed: update this test");
+    for s in [64, 200, 131072] {
+        r.insert(format!("CCL_LL_CHUNK({s})"), ll_chunk(s));
+    }
+    assert_eq!(c.len(), 82, "layout table size changed: update this test");
     assert_eq!(r, c, "Rust mirror differs from the C layout");
 }
 

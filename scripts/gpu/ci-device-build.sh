@@ -11,8 +11,9 @@
 #   4. the device runtime's correctness matrix (examples/device_matrix --quick: every
 #      collective x Float32/Int32 x Sum/Max/Avg x 1/2/4/8 ranks as threads, device
 #      buffers, probe counters) on the CPU emulator (CCLD_DEVICE_EMULATION=1), debug build,
-#      a few seconds; then --procs 2 (two processes, each with its own emulated device,
-#      FIFOs in host-staged shared memory) must pass and leave nothing in /dev/shm;
+#      a few seconds, with NCCL_PROTO unset (auto) and again with --proto LL; then
+#      --procs 2 (two processes, each with its own emulated device, FIFOs in host-staged
+#      shared memory) must pass and leave nothing in /dev/shm;
 #   5. the host-only variant of the kernels crate (CCLD_NO_NVCC=1) builds;
 #   6. with CCLD_BUILD_SELFTEST=1, the GPU suite's programs in release
 #      (target/release/examples/device_selftest, device_matrix; not needed by CI).
@@ -29,6 +30,8 @@ cargo test -p ccl-core --lib device::
 # The runtime's matrix on the emulator (same dev profile as the tests above).
 export CCLD_BOOTSTRAP_IP=${CCLD_BOOTSTRAP_IP:-127.0.0.1}
 CCLD_DEVICE_EMULATION=1 timeout 300 cargo run -q -p ccl-core --example device_matrix -- --quick
+# Once more with every operation on the LL protocol.
+CCLD_DEVICE_EMULATION=1 timeout 300 cargo run -q -p ccl-core --example device_matrix -- --quick --proto LL
 # Two processes through host staging (the emulator has no IPC); exits 1 on any failure.
 CCLD_DEVICE_EMULATION=1 timeout 120 cargo run -q -p ccl-core --example device_matrix -- --quick --procs 2
 # Host-only variant: the kernels crate must build without nvcc (its tests would pull the

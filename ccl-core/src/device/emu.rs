@@ -37,8 +37,9 @@ use kernels::ffi::{
     ccl_dev_conn_t, ccl_dev_lane_t, ccl_dev_local_t, ccl_dev_plan_t, ccl_dev_step_t,
     frame_send_offset, CCL_LOCAL_COPY, CCL_LOCAL_REDUCE, CCL_MAX_BUFS, CCL_MAX_CHANNELS,
     CCL_MAX_LANES_PER_CHANNEL, CCL_OP_MAX, CCL_OP_MIN, CCL_OP_PREMUL, CCL_OP_PROD, CCL_OP_SUM,
-    CCL_PROTO_SIMPLE, CCL_STEP_RECV, CCL_STEP_RECV_COPY_SEND, CCL_STEP_RECV_REDUCE_COPY,
-    CCL_STEP_RECV_REDUCE_COPY_SEND, CCL_STEP_RECV_REDUCE_SEND, CCL_STEP_SEND,
+    CCL_PROTO_LL, CCL_PROTO_SIMPLE, CCL_STEP_RECV, CCL_STEP_RECV_COPY_SEND,
+    CCL_STEP_RECV_REDUCE_COPY, CCL_STEP_RECV_REDUCE_COPY_SEND, CCL_STEP_RECV_REDUCE_SEND,
+    CCL_STEP_SEND,
 };
 
 use super::api::{DeviceApi, HostFn, IpcHandle, Mapped, PtrInfo, PtrKind, Stream};
@@ -53,6 +54,12 @@ thread_local! {
     static CURRENT: std::cell::Cell<i32> = const { std::cell::Cell::new(0) };
     static BUSY_FREES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
     static ALLOCS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    static LAUNCHES: std::cell::Cell<(usize, usize)> = const { std::cell::Cell::new((0, 0)) };
+}
+
+/// Plans this thread launched: (Simple, LL). Tests check which protocol the runtime used.
+pub fn launches_on_this_thread() -> (usize, usize) {
+    LAUNCHES.with(|c| c.get())
 }
 
 /// Allocations (device and mapped) this thread made, for tests that check reuse.
@@ -485,7 +492,13 @@ impl DeviceApi for EmuDevice {
     unsafe fn launch_plan(&self, plan: &ccl_dev_plan_t, s: Stream) -> Result<()> {
         // SAFETY: forwarded to the caller's contract (arrays readable at launch).
         let k = unsafe { Kernel::capture(plan) }?;
-        self.stream(s)?.push(Box::new(move || k.run()))
+        let ll = k.ll;
+        self.stream(s)?.push(Box::new(move || k.run()))?;
+        LAUNCHES.with(|c| {
+            let (s, l) = c.get();
+            c.set(if ll { (s, l + 1) } else { (s + 1, l) });
+        });
+        Ok(())
     }
 }
 
@@ -570,6 +583,8 @@ struct Kernel {
     frame_capacity: u64,
     frame_block: u64,
     abort: usize,
+    /// LL protocol (`CCL_PROTO_LL`): flag lines instead of data + `tail`.
+    ll: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -579,6 +594,8 @@ struct Conn {
     head: usize,
     slot_bytes: usize,
     nslots: u64,
+    /// LL scrub sequence number (`ccl_dev_conn_t.ll_sync`, 0 = none).
+    ll_sync: u32,
 }
 
 /// Reads `n` elements of an ABI array.
@@ -605,9 +622,13 @@ impl Kernel {
     /// The plan's arrays must be readable now.
     unsafe fn capture(p: &ccl_dev_plan_t) -> Result<Kernel> {
         let bad = |m: String| Err(CclError::arg(format!("emulated kernel: {m}")));
-        if p.proto != CCL_PROTO_SIMPLE {
-            return bad(format!("protocol {} (only Simple is implemented)", p.proto));
+        if p.proto != CCL_PROTO_SIMPLE && p.proto != CCL_PROTO_LL {
+            return bad(format!(
+                "protocol {} (Simple and LL are implemented)",
+                p.proto
+            ));
         }
+        let ll = p.proto == CCL_PROTO_LL;
         if p.n_channels == 0 || p.n_channels as usize > CCL_MAX_CHANNELS {
             return bad(format!("{} channels", p.n_channels));
         }
@@ -631,6 +652,7 @@ impl Kernel {
                 head: c.head as usize,
                 slot_bytes: c.slot_bytes as usize,
                 nslots: u64::from(c.nslots),
+                ll_sync: c.ll_sync,
             })
             .collect();
         for (i, c) in conns.iter().enumerate() {
@@ -639,6 +661,9 @@ impl Kernel {
             }
             if c.tail % 8 != 0 || c.head % 8 != 0 {
                 return bad(format!("connection {i}: unaligned counters"));
+            }
+            if ll && (c.slots % 16 != 0 || c.slot_bytes % 16 != 0 || c.slot_bytes < 16) {
+                return bad(format!("connection {i}: LL slots must be 16-byte lines"));
             }
         }
         let unit = p.unit as usize;
@@ -677,10 +702,17 @@ impl Kernel {
                 }
                 let recvs = s.kind != CCL_STEP_SEND;
                 let sends = step_sends(s.kind);
-                if recvs && cin.is_none_or(|c| nb > c.slot_bytes) {
+                let cap = |c: &Conn| {
+                    if ll {
+                        ll_chunk_bytes(c.slot_bytes)
+                    } else {
+                        c.slot_bytes
+                    }
+                };
+                if recvs && cin.is_none_or(|c| nb > cap(c)) {
                     return bad(format!("lane {li}: receive without a fitting connection"));
                 }
-                if sends && cout.is_none_or(|c| nb > c.slot_bytes) {
+                if sends && cout.is_none_or(|c| nb > cap(c)) {
                     return bad(format!("lane {li}: send without a fitting connection"));
                 }
                 if !buf_ok(s.src_buf, nb) || !buf_ok(s.dst_buf, nb) {
@@ -726,6 +758,7 @@ impl Kernel {
             frame_capacity: u64::from(p.frame_capacity),
             frame_block: u64::from(p.frame_block),
             abort: p.abort_flag as usize,
+            ll,
         })
     }
 
@@ -788,6 +821,8 @@ impl Kernel {
             pos: u32,
             consumed: u64,
             posted: u64,
+            /// LL: the receiver acknowledged the scrub of conn_out (or none was needed).
+            synced: bool,
         }
         let mut runs: Vec<Run> = lane_ids
             .iter()
@@ -805,12 +840,26 @@ impl Kernel {
                     pos: 0,
                     consumed: start(l.conn_in, true),
                     posted: start(l.conn_out, false),
+                    synced: !self.ll
+                        || l.conn_out < 0
+                        || self.conns[l.conn_out as usize].ll_sync == 0,
                 }
             })
             .collect();
+        if self.ll {
+            // Inbound FIFOs that may hold stale non-LL bytes: zero their LL lines, then
+            // tell the sender (who waits for it before its first LL message).
+            for r in &runs {
+                let l = &self.lanes[r.lane];
+                if l.conn_in >= 0 && self.conns[l.conn_in as usize].ll_sync != 0 {
+                    ll_scrub(&self.conns[l.conn_in as usize]);
+                }
+            }
+        }
         let (mut sends, mut recvs) = (0u64, 0u64);
         let mut idle = 0u32;
         let mut scratch = Vec::new();
+        let (mut ll_in, mut ll_out) = (Vec::new(), Vec::new());
         while !runs.is_empty() {
             let mut progressed = false;
             for r in runs.iter_mut() {
@@ -822,7 +871,13 @@ impl Kernel {
                     let cin = (l.conn_in >= 0).then(|| self.conns[l.conn_in as usize]);
                     let cout = (l.conn_out >= 0).then(|| self.conns[l.conn_out as usize]);
                     if let (true, Some(c)) = (rcv, cin) {
-                        if Self::counter(c.tail).load(Ordering::Acquire) <= r.consumed {
+                        if self.ll {
+                            // The first line of the slot carries this message's flags.
+                            let slot = c.slots + ((r.consumed % c.nslots) as usize) * c.slot_bytes;
+                            if !ll_line_ready(slot, ll_flag(r.consumed + 1)) {
+                                break;
+                            }
+                        } else if Self::counter(c.tail).load(Ordering::Acquire) <= r.consumed {
                             break;
                         }
                     }
@@ -831,14 +886,38 @@ impl Kernel {
                         if r.posted - head >= c.nslots {
                             break;
                         }
+                        if !r.synced {
+                            if ll_sync_word(&c).load(Ordering::Acquire) != u64::from(c.ll_sync) {
+                                break;
+                            }
+                            r.synced = true;
+                        }
                     }
-                    let inb = cin
+                    let nb = st.count as usize * self.unit;
+                    let mut inb = cin
                         .filter(|_| rcv)
                         .map(|c| c.slots + ((r.consumed % c.nslots) as usize) * c.slot_bytes);
-                    let out = cout
+                    let mut out = cout
                         .filter(|_| snd)
                         .map(|c| c.slots + ((r.posted % c.nslots) as usize) * c.slot_bytes);
+                    let ll_slot_out = out;
+                    if self.ll {
+                        if let Some(slot) = inb {
+                            if !self.ll_recv(slot, nb, ll_flag(r.consumed + 1), &mut ll_in) {
+                                return; // aborted
+                            }
+                            inb = Some(ll_in.as_ptr() as usize);
+                        }
+                        if out.is_some() {
+                            ll_out.clear();
+                            ll_out.resize(nb.div_ceil(8) * 8, 0);
+                            out = Some(ll_out.as_mut_ptr() as usize);
+                        }
+                    }
                     self.step(&st, inb, out, &mut scratch);
+                    if let (true, Some(slot)) = (self.ll, ll_slot_out) {
+                        ll_pack(slot, &ll_out, ll_flag(r.posted + 1));
+                    }
                     if let (true, Some(c)) = (rcv, cin) {
                         r.consumed += 1;
                         Self::counter(c.head).store(r.consumed, Ordering::Release);
@@ -863,14 +942,34 @@ impl Kernel {
             if idle % 64 == 0 && self.aborted() {
                 return;
             }
-            if idle < 64 {
-                std::hint::spin_loop();
-            } else if idle < 256 {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(Duration::from_micros(50));
-            }
+            backoff(idle);
         }
+    }
+
+    /// LL receive of one message of `nb` payload bytes from the slot at `slot`: waits for
+    /// every line's two flags to equal `flag`, unpacks the payload into `out` (padded to
+    /// whole lines). False when the wait ended on abort.
+    fn ll_recv(&self, slot: usize, nb: usize, flag: u32, out: &mut Vec<u8>) -> bool {
+        let lines = nb.div_ceil(8);
+        out.clear();
+        out.reserve(lines * 8);
+        for i in 0..lines {
+            let mut idle = 0u32;
+            let (lo, hi) = loop {
+                let (lo, hi) = ll_load_line(slot + 16 * i);
+                if (lo >> 32) as u32 == flag && (hi >> 32) as u32 == flag {
+                    break (lo, hi);
+                }
+                idle = idle.saturating_add(1);
+                if idle % 64 == 0 && self.aborted() {
+                    return false;
+                }
+                backoff(idle);
+            };
+            out.extend_from_slice(&(lo as u32).to_le_bytes());
+            out.extend_from_slice(&(hi as u32).to_le_bytes());
+        }
+        true
     }
 
     /// Executes one step (readiness checked by the caller). `inb` / `out`: the inbound and
@@ -970,6 +1069,116 @@ impl Kernel {
             (_, None) => {}
         }
     }
+}
+
+/// Spin, then yield, then sleep: the emulator's idle wait (`idle` = attempts so far).
+fn backoff(idle: u32) {
+    if idle < 64 {
+        std::hint::spin_loop();
+    } else if idle < 256 {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(Duration::from_micros(50));
+    }
+}
+
+/// Payload bytes of one LL message in a slot of `slot_bytes` (the kernel's rule; the
+/// runtime plans LL operations with chunks of this size).
+pub fn ll_chunk_bytes(slot_bytes: usize) -> usize {
+    super::proto::ll_chunk_bytes(slot_bytes)
+}
+
+/// The flag of message `m` (1-based count of messages sent on the connection): its low
+/// 32 bits. 0 never appears before 2^32 messages (FIFO memory starts zeroed or scrubbed).
+pub fn ll_flag(m: u64) -> u32 {
+    m as u32
+}
+
+/// Packs `payload` into LL lines `{data0, flag, data1, flag}` (little-endian u32 each),
+/// 8 payload bytes per 16-byte line, the last line zero-padded. Pure (for tests and the
+/// emulator's packing).
+pub fn ll_lines(payload: &[u8], flag: u32) -> Vec<[u64; 2]> {
+    payload
+        .chunks(8)
+        .map(|c| {
+            let mut b = [0u8; 8];
+            b[..c.len()].copy_from_slice(c);
+            let d0 = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            let d1 = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+            [
+                u64::from(d0) | (u64::from(flag) << 32),
+                u64::from(d1) | (u64::from(flag) << 32),
+            ]
+        })
+        .collect()
+}
+
+/// The payload of LL lines whose flags all equal `flag` (`None` if one differs), `nb`
+/// bytes. Pure inverse of [`ll_lines`].
+pub fn ll_unlines(lines: &[[u64; 2]], flag: u32, nb: usize) -> Option<Vec<u8>> {
+    let mut v = Vec::with_capacity(lines.len() * 8);
+    for [lo, hi] in lines {
+        if (lo >> 32) as u32 != flag || (hi >> 32) as u32 != flag {
+            return None;
+        }
+        v.extend_from_slice(&(*lo as u32).to_le_bytes());
+        v.extend_from_slice(&(*hi as u32).to_le_bytes());
+    }
+    (v.len() >= nb).then(|| {
+        v.truncate(nb);
+        v
+    })
+}
+
+fn ll_word(addr: usize) -> &'static AtomicU64 {
+    // SAFETY: LL lines live in FIFO slots (16-byte aligned, checked at capture) of emulated
+    // device memory the runtime keeps alive while any kernel of the communicator runs;
+    // while a connection runs LL every agent accesses its lines with 8-byte atomics.
+    unsafe { AtomicU64::from_ptr(addr as *mut u64) }
+}
+
+/// Both 8-byte halves of the line at `addr` (Acquire: the data of a half is valid when
+/// its flag matches, they are one atomic word).
+fn ll_load_line(addr: usize) -> (u64, u64) {
+    (
+        ll_word(addr).load(Ordering::Acquire),
+        ll_word(addr + 8).load(Ordering::Acquire),
+    )
+}
+
+/// The readiness peek: the first line of the slot carries `flag` in both halves.
+fn ll_line_ready(slot: usize, flag: u32) -> bool {
+    let (lo, hi) = ll_load_line(slot);
+    (lo >> 32) as u32 == flag && (hi >> 32) as u32 == flag
+}
+
+/// Stores `payload` as LL lines with `flag` into the slot at `slot` (Release per word).
+fn ll_pack(slot: usize, payload: &[u8], flag: u32) {
+    for (i, [lo, hi]) in ll_lines(payload, flag).into_iter().enumerate() {
+        ll_word(slot + 16 * i).store(lo, Ordering::Release);
+        ll_word(slot + 16 * i + 8).store(hi, Ordering::Release);
+    }
+}
+
+/// The LL scrub word of a connection: the 8 bytes after `head` (receiver-written).
+fn ll_sync_word(c: &Conn) -> &'static AtomicU64 {
+    // SAFETY: the connection's header holds head and, right after it, the scrub word
+    // (ABI: `ccl_dev_conn_t.ll_sync`), 8-aligned (head is, checked at capture), alive as
+    // the counters are, accessed atomically by every agent.
+    unsafe { AtomicU64::from_ptr((c.head + 8) as *mut u64) }
+}
+
+/// Zeroes the LL lines of every slot of `c` (the part an LL message can use), then
+/// publishes the scrub (`ll_sync`) for the sender.
+fn ll_scrub(c: &Conn) {
+    let used = 2 * ll_chunk_bytes(c.slot_bytes);
+    for k in 0..c.nslots as usize {
+        let base = c.slots + k * c.slot_bytes;
+        for off in (0..used).step_by(8) {
+            ll_word(base + off).store(0, Ordering::Relaxed);
+        }
+    }
+    ll_sync_word(c).store(u64::from(c.ll_sync), Ordering::Release);
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@
 pub mod api;
 pub mod emu;
 pub mod lower;
+pub mod proto;
 pub mod runtime;
 pub mod selftest;
 

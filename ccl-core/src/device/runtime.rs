@@ -37,12 +37,13 @@ use std::time::{Duration, Instant};
 
 use kernels::ffi::{
     ccl_dev_conn_t, ccl_dev_lane_t, ccl_dev_local_t, ccl_dev_plan_t, ccl_dev_step_t,
-    CCL_IPC_HANDLE_BYTES, CCL_MAX_BUFS, CCL_PROTO_SIMPLE,
+    CCL_IPC_HANDLE_BYTES, CCL_MAX_BUFS,
 };
 use probe::{CollKind, Frame, OpLog};
 
 use super::api::{CudaApi, DeviceApi, IpcHandle, Mapped, PtrInfo, PtrKind, Stream};
 use super::lower::{lower, red_params, ConnDir, ConnKey, LoweredPlan};
+use super::proto::{self, OpShape, Proto, ProtoSet};
 use super::{choose_backend, Backend, DeviceProbe};
 use crate::bootstrap::Bootstrap;
 use crate::comm::ScalarArg;
@@ -308,6 +309,8 @@ pub(crate) struct DevicePre {
     pub frame: Arc<Frame>,
     pub frame_dev: usize,
     pub abort: Mapped,
+    /// `NCCL_PROTO`, parsed at init.
+    pub proto: ProtoSet,
 }
 
 /// A device API and the device it is used on.
@@ -337,6 +340,7 @@ pub(crate) fn select(hint: Option<i32>, channels: usize, rank: usize) -> Result<
             return Ok(None);
         }
     };
+    let protos = proto::from_env()?;
     api.set_device(device)?;
     let bytes = Frame::total_bytes(channels);
     let m = api.host_alloc_mapped(bytes)?;
@@ -359,13 +363,15 @@ pub(crate) fn select(hint: Option<i32>, channels: usize, rank: usize) -> Result<
     // device alias, plain aligned 8-byte stores) access it.
     let frame = unsafe { Frame::from_external(m.host as *mut u64, channels, release) };
     tracing::info!(target: "nccl::INIT", rank = rank,
-        "device backend ({}) on device {device}", api.name());
+        "device backend ({}) on device {device}, protocols {}", api.name(),
+        ProtoSet { ll128: false, ..protos }.describe());
     Ok(Some(DevicePre {
         api,
         device,
         frame: Arc::new(frame),
         frame_dev: m.dev,
         abort,
+        proto: protos,
     }))
 }
 
@@ -383,7 +389,7 @@ impl ConnMem {
             head: (self.base + HEAD_OFF) as *mut u64,
             slot_bytes: t.slot_bytes as u64,
             nslots: t.nslots as u32,
-            reserved: 0,
+            ll_sync: 0,
         }
     }
 }
@@ -500,6 +506,40 @@ struct State {
     cache: HashMap<u64, Vec<(LoweredPlan, Uploaded)>>,
     cached: usize,
     closed: bool,
+    /// LL state of every connection end used so far (see [`LlConn`]).
+    ll: HashMap<ConnKey, LlConn>,
+}
+
+/// Whether a connection's slots may hold bytes other than its own LL lines, and how many
+/// LL scrubs it had (`ccl_dev_conn_t.ll_sync`). Both ends track the same sequence: the
+/// messages of every operation on a connection are all LL or all Simple on both ends
+/// (the protocol choice is the same on every rank, [`ProtoSet::choose`]).
+#[derive(Clone, Copy, Debug, Default)]
+struct LlConn {
+    /// No Simple message since the last scrub (false when created: device memory is not
+    /// zeroed by `cudaMalloc`).
+    clean: bool,
+    /// Scrubs so far (the last `ll_sync` value).
+    scrubs: u32,
+}
+
+impl LlConn {
+    /// Records an operation of protocol `p` on the connection; returns its `ll_sync`.
+    fn use_for(&mut self, p: Proto) -> u32 {
+        match p {
+            Proto::Simple => {
+                self.clean = false;
+                0
+            }
+            Proto::Ll if self.clean => 0,
+            Proto::Ll => {
+                self.clean = true;
+                // Never 0 (= no scrub); the kernels compare for equality, so wrapping is fine.
+                self.scrubs = self.scrubs.wrapping_add(1).max(1);
+                self.scrubs
+            }
+        }
+    }
 }
 
 /// Per-communicator runtime state of the device backend.
@@ -532,6 +572,8 @@ pub(crate) struct DeviceComm {
     /// runs on the legacy default stream, asynchronously for device memory, and kernels on
     /// non-blocking streams are not ordered after it.
     setup: Stream,
+    /// Protocols `NCCL_PROTO` allows (parsed at init).
+    proto: ProtoSet,
 }
 
 /// What `attach` needs of the communicator.
@@ -731,6 +773,7 @@ impl DeviceComm {
             inflight: Arc::new(Inflight::default()),
             spare: Arc::new(Mutex::new(Vec::new())),
             setup,
+            proto: a.pre.proto,
         };
         if nranks > 1 {
             let prev = (rank + nranks - 1) % nranks;
@@ -1126,9 +1169,13 @@ impl DeviceComm {
         st: &mut State,
         lp: &LoweredPlan,
         conns: &[ccl_dev_conn_t],
+        proto: Proto,
     ) -> Result<(u64, Uploaded, bool)> {
+        // Connections that need an LL scrub make a one-off array (rare: the first LL
+        // operation after Simple ones); the cache holds arrays without scrubs only.
+        let cacheable = conns.iter().all(|c| c.ll_sync == 0);
         let mut h = DefaultHasher::new();
-        (lp.n_channels, lp.unit, &lp.conns).hash(&mut h);
+        (proto, lp.n_channels, lp.unit, &lp.conns).hash(&mut h);
         for s in &lp.steps {
             (s.kind, s.src_buf, s.dst_buf, s.src_off, s.dst_off, s.count).hash(&mut h);
         }
@@ -1139,7 +1186,7 @@ impl DeviceComm {
             (l.kind, l.src_buf, l.dst_buf, l.src_off, l.dst_off, l.count).hash(&mut h);
         }
         let key = h.finish();
-        if let Some(v) = st.cache.get(&key) {
+        if let (true, Some(v)) = (cacheable, st.cache.get(&key)) {
             if let Some((_, u)) = v.iter().find(|(p, _)| p == lp) {
                 return Ok((key, *u, true));
             }
@@ -1185,12 +1232,47 @@ impl DeviceComm {
             conns: cn,
             bytes,
         };
-        if st.cached < PLAN_CACHE {
+        if cacheable && st.cached < PLAN_CACHE {
             st.cached += 1;
             st.cache.entry(key).or_default().push((lp.clone(), u));
             return Ok((key, u, true));
         }
         Ok((key, u, false))
+    }
+
+    /// The protocol `item` runs with on this communicator (`NCCL_PROTO`, the operation's
+    /// size; the same on every rank).
+    pub(crate) fn protocol_of(&self, item: &WorkItem) -> Proto {
+        let shape = match item {
+            WorkItem::Coll(c) => {
+                let per_rank_in = matches!(
+                    c.kind,
+                    CollKind::ReduceScatter | CollKind::AlltoAll | CollKind::Scatter
+                );
+                let bytes = c.count.saturating_mul(c.dtype.size());
+                OpShape::Coll {
+                    bytes: if per_rank_in {
+                        bytes.saturating_mul(self.nranks)
+                    } else {
+                        bytes
+                    },
+                }
+            }
+            WorkItem::P2p(_) => OpShape::P2pGroup,
+        };
+        self.proto.choose(shape)
+    }
+
+    /// The tuning an operation of protocol `p` is planned with: LL messages carry at most
+    /// `ll_chunk_bytes(slot_bytes)` payload bytes (the FIFOs themselves are the same).
+    pub(crate) fn plan_tuning(&self, p: Proto) -> Tuning {
+        match p {
+            Proto::Simple => self.tuning,
+            Proto::Ll => Tuning {
+                slot_bytes: proto::ll_chunk_bytes(self.tuning.slot_bytes),
+                ..self.tuning
+            },
+        }
     }
 
     /// Enqueues one work item on `stream` (0 = default stream) and returns.
@@ -1215,7 +1297,8 @@ impl DeviceComm {
             stream
         };
         let label = item.label();
-        let plan = executor::plan_for(item, self.rank, self.nranks, &self.tuning)?;
+        let proto = self.protocol_of(item);
+        let plan = executor::plan_for(item, self.rank, self.nranks, &self.plan_tuning(proto))?;
         let (mut bufs, red, dtype_bytes): (Vec<usize>, Option<(Reducer, usize)>, usize) = match item
         {
             WorkItem::Coll(c) => {
@@ -1262,7 +1345,7 @@ impl DeviceComm {
         }
         let lp = lower(&plan, bufs.len())?;
         let mut st = lock(&self.state);
-        let conns: Vec<ccl_dev_conn_t> = lp
+        let mut conns: Vec<ccl_dev_conn_t> = lp
             .conns
             .iter()
             .map(|k| {
@@ -1271,7 +1354,12 @@ impl DeviceComm {
                 })
             })
             .collect::<Result<_>>()?;
-        let (_, up, cached) = self.upload(&mut st, &lp, &conns)?;
+        // Every connection of the plan carries messages (lowering gives a lane a
+        // connection only when it has steps that use it).
+        for (c, k) in conns.iter_mut().zip(&lp.conns) {
+            c.ll_sync = st.ll.entry(*k).or_default().use_for(proto);
+        }
+        let (_, up, cached) = self.upload(&mut st, &lp, &conns, proto)?;
         drop(st);
         if !cached {
             frees.push(Freed::Mapped {
@@ -1303,7 +1391,7 @@ impl DeviceComm {
             frame: std::ptr::null_mut(),
             frame_capacity: 0,
             frame_block: 0,
-            proto: CCL_PROTO_SIMPLE,
+            proto: proto.abi(),
             reserved: 0,
             abort_flag: self.abort_mem.dev as *const u32,
         };

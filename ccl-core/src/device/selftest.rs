@@ -16,6 +16,7 @@ use kernels::ffi as k;
 use probe::CollKind;
 
 use super::lower::{lower, red_params, ConnDir};
+use super::proto::{ll_chunk_bytes, Proto};
 use crate::error::{CclError, Result};
 use crate::reduce::Reducer;
 use crate::schedule::{self, CollDesc, LinkKind, BUF_RECV, BUF_SEND};
@@ -128,6 +129,39 @@ pub fn run_case(
     slot_bytes: usize,
     timeout: Duration,
 ) -> Result<CaseResult> {
+    run_case_proto(
+        coll,
+        dtype,
+        count,
+        n,
+        nch,
+        slot_bytes,
+        Proto::Simple,
+        timeout,
+    )
+}
+
+/// [`run_case`] with protocol `proto`. LL: the plans are chunked to the LL payload of the
+/// slots, and every slot starts filled with 32-bit words equal to 1 (what an earlier
+/// Simple message could leave: the flags of message 1) with `ll_sync` = 1 on every
+/// connection, so the kernels must scrub before the first message or take stale data.
+#[allow(clippy::too_many_arguments)]
+pub fn run_case_proto(
+    coll: CollKind,
+    dtype: DataType,
+    count: usize,
+    n: usize,
+    nch: usize,
+    slot_bytes: usize,
+    proto: Proto,
+    timeout: Duration,
+) -> Result<CaseResult> {
+    let ll = proto == Proto::Ll;
+    let plan_slot = if ll {
+        ll_chunk_bytes(slot_bytes)
+    } else {
+        slot_bytes
+    };
     if !matches!(dtype, DataType::Int32 | DataType::Float32) {
         return Err(CclError::arg("self-test dtypes: Int32, Float32"));
     }
@@ -161,12 +195,18 @@ pub fn run_case(
             rank,
             root,
             n_channels: nch,
-            slot_bytes,
+            slot_bytes: plan_slot,
         })?;
         expected.push(plan.expected_counts());
         lowered.push(lower(&plan, 2)?);
     }
-    // One FIFO per (sender, receiver, link, channel): slots + tail + head in device memory.
+    // One FIFO per (sender, receiver, link, channel): slots + tail, head and the LL scrub
+    // word (head[1]) in device memory.
+    let stale: Vec<u32> = if ll {
+        vec![1; slot_bytes * NSLOTS as usize / 4]
+    } else {
+        Vec::new()
+    };
     let mut fifos: HashMap<(usize, usize, LinkKind, usize), k::ccl_dev_conn_t> = HashMap::new();
     for (r, l) in lowered.iter().enumerate() {
         for key in &l.conns {
@@ -175,16 +215,20 @@ pub fn run_case(
                 ConnDir::In => (key.peer, r, key.link, key.channel),
             };
             if let std::collections::hash_map::Entry::Vacant(e) = fifos.entry(id) {
-                let slots = a.malloc(slot_bytes * NSLOTS as usize)?;
-                let ctr = a.malloc(16)?.cast::<u64>();
+                let slots = if ll {
+                    a.upload(&stale)?
+                } else {
+                    a.malloc(slot_bytes * NSLOTS as usize)?
+                };
+                let ctr = a.malloc(24)?.cast::<u64>();
                 e.insert(k::ccl_dev_conn_t {
                     slots,
                     tail: ctr,
-                    // SAFETY: ctr points to 16 bytes: two u64 counters.
+                    // SAFETY: ctr points to 24 bytes: tail, head, scrub word.
                     head: unsafe { ctr.add(1) },
                     slot_bytes: slot_bytes as u64,
                     nslots: NSLOTS,
-                    reserved: 0,
+                    ll_sync: u32::from(ll),
                 });
             }
         }
@@ -240,7 +284,7 @@ pub fn run_case(
             frame: frame.1.cast(),
             frame_capacity: cap,
             frame_block: 0,
-            proto: k::CCL_PROTO_SIMPLE,
+            proto: proto.abi(),
             reserved: 0,
             abort_flag: abort.1.cast(),
         });

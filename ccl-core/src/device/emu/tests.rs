@@ -37,7 +37,7 @@ fn conn_mem(d: &EmuDevice, slot_bytes: usize) -> ccl_dev_conn_t {
         head: (base + 64) as *mut u64,
         slot_bytes: slot_bytes as u64,
         nslots: SLOTS,
-        reserved: 0,
+        ll_sync: 0,
     }
 }
 
@@ -77,8 +77,27 @@ fn input_i32(r: usize, i: usize) -> i32 {
 /// integer-valued inputs, so that any reduction order gives the same bits) and checks
 /// results and frame counters.
 fn run(coll: CollKind, dtype: DataType, op: RedOpKind, count: usize, n: usize, nch: usize) {
+    run_proto(coll, dtype, op, count, n, nch, CCL_PROTO_SIMPLE);
+}
+
+/// [`run`] with protocol `proto`: LL plans are chunked to the LL payload of the 64-byte
+/// slots (32 bytes: 4 lines per message).
+fn run_proto(
+    coll: CollKind,
+    dtype: DataType,
+    op: RedOpKind,
+    count: usize,
+    n: usize,
+    nch: usize,
+    proto: u32,
+) {
     let d = EmuDevice::default();
-    let slot = 64usize;
+    let conn_slot = 64usize;
+    let slot = if proto == CCL_PROTO_LL {
+        ll_chunk_bytes(conn_slot)
+    } else {
+        conn_slot
+    };
     let root = (count + 1) % n;
     let reducing = matches!(
         coll,
@@ -119,7 +138,7 @@ fn run(coll: CollKind, dtype: DataType, op: RedOpKind, count: usize, n: usize, n
                     ConnDir::Out => (rank, k.peer, k.link, k.channel),
                     ConnDir::In => (k.peer, rank, k.link, k.channel),
                 };
-                *fifos.entry(key).or_insert_with(|| conn_mem(&d, slot))
+                *fifos.entry(key).or_insert_with(|| conn_mem(&d, conn_slot))
             })
             .collect();
         let send = d.malloc(in_len * 4).unwrap();
@@ -161,6 +180,7 @@ fn run(coll: CollKind, dtype: DataType, op: RedOpKind, count: usize, n: usize, n
         p.frame = m.dev as *mut u64;
         p.frame_capacity = cap as u32;
         p.frame_block = block as u32;
+        p.proto = proto;
         let s = d.stream_create().unwrap();
         // SAFETY: arrays alive until the stream is idle (checked below), buffers/conns too.
         unsafe { d.launch_plan(&p, s).unwrap() };
@@ -216,7 +236,7 @@ fn run(coll: CollKind, dtype: DataType, op: RedOpKind, count: usize, n: usize, n
             let g: Vec<f64> = got.chunks(4).map(dec).collect();
             assert_eq!(
                 g, w,
-                "{coll:?} {dtype:?} {op:?} n {n} rank {r} count {count}"
+                "{coll:?} {dtype:?} {op:?} n {n} rank {r} count {count} proto {proto}"
             );
         }
         let exp = lowered.counts_per_channel();
@@ -361,9 +381,40 @@ fn malformed_plans_are_rejected_at_launch() {
     // SAFETY: the plan has no arrays.
     assert!(unsafe { d.launch_plan(&p, s) }.is_err());
     let mut p = empty_plan();
-    p.proto = 1;
-    // SAFETY: as above.
-    assert!(unsafe { d.launch_plan(&p, s) }.is_err());
+    p.proto = 2; // LL128: not implemented
+                 // SAFETY: as above.
+    let e = unsafe { d.launch_plan(&p, s) }.unwrap_err();
+    assert!(e.to_string().contains("protocol"), "{e}");
+    // An LL step larger than the LL payload of its slot (32 of 64 bytes).
+    let conns = [conn_mem(&d, 64)];
+    let big = [ccl_dev_step_t {
+        kind: CCL_STEP_SEND,
+        count: 9,
+        ..Default::default()
+    }];
+    let lane = [ccl_dev_lane_t {
+        channel: 0,
+        first_step: 0,
+        n_steps: 1,
+        conn_in: -1,
+        conn_out: 0,
+        reserved: 0,
+    }];
+    let buf = d.malloc(64).unwrap();
+    let mut p = empty_plan();
+    (p.n_steps, p.n_lanes, p.n_conns) = (1, 1, 1);
+    (p.steps, p.lanes, p.conns) = (big.as_ptr(), lane.as_ptr(), conns.as_ptr());
+    p.bufs[0] = buf as *mut _;
+    p.proto = CCL_PROTO_LL;
+    // SAFETY: arrays valid for the call.
+    let e = unsafe { d.launch_plan(&p, s) }.unwrap_err();
+    assert!(e.to_string().contains("fitting connection"), "{e}");
+    // 8 elements (32 bytes) fit.
+    let fits = [ccl_dev_step_t { count: 8, ..big[0] }];
+    p.steps = fits.as_ptr();
+    // SAFETY: as above; the kernel runs before the arrays die (synchronized below).
+    unsafe { d.launch_plan(&p, s) }.unwrap();
+    d.stream_synchronize(s).unwrap();
     let mut p = empty_plan();
     p.n_steps = 3; // steps == NULL
                    // SAFETY: NULL arrays are detected before any read.
@@ -441,4 +492,299 @@ fn a_kernel_waiting_for_a_peer_that_never_comes_ends_on_abort() {
         "abort did not end the kernel"
     );
     assert!(t0.elapsed() < Duration::from_secs(1));
+}
+
+#[test]
+fn ll_kernels_give_reference_results_and_counters() {
+    for coll in [
+        CollKind::AllReduce,
+        CollKind::Broadcast,
+        CollKind::Reduce,
+        CollKind::AllGather,
+        CollKind::ReduceScatter,
+        CollKind::AlltoAll,
+    ] {
+        for n in [1, 2, 3, 4] {
+            // 1 element (a partial line), 37 (several messages, partial last line), 300.
+            for (count, nch) in [(1, 1), (37, 2), (300, 3)] {
+                run_proto(
+                    coll,
+                    DataType::Int32,
+                    RedOpKind::Sum,
+                    count,
+                    n,
+                    nch,
+                    CCL_PROTO_LL,
+                );
+            }
+        }
+    }
+    for op in [RedOpKind::Max, RedOpKind::Avg, RedOpKind::PreMulSum] {
+        run_proto(
+            CollKind::AllReduce,
+            DataType::Float32,
+            op,
+            41,
+            4,
+            2,
+            CCL_PROTO_LL,
+        );
+        run_proto(
+            CollKind::AllReduce,
+            DataType::Int32,
+            op,
+            41,
+            2,
+            1,
+            CCL_PROTO_LL,
+        );
+    }
+}
+
+#[test]
+fn ll_lines_pack_and_unpack() {
+    let payload: Vec<u8> = (1..=13).collect();
+    let lines = ll_lines(&payload, 7);
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[0][0], 0x0000_0007_0403_0201);
+    assert_eq!(lines[0][1], 0x0000_0007_0807_0605);
+    // Partial last line: 5 payload bytes, zero padding.
+    assert_eq!(lines[1][0], 0x0000_0007_0C0B_0A09);
+    assert_eq!(lines[1][1], 0x0000_0007_0000_000D);
+    assert_eq!(ll_unlines(&lines, 7, 13).unwrap(), payload);
+    assert!(ll_unlines(&lines, 8, 13).is_none(), "wrong flag");
+    let mut torn = lines.clone();
+    torn[1][1] &= 0xFFFF_FFFF; // second half not written yet (flag 0)
+    assert!(ll_unlines(&torn, 7, 13).is_none());
+    assert!(ll_unlines(&lines, 7, 17).is_none(), "more bytes than lines");
+    assert_eq!(ll_flag(1), 1);
+    assert_eq!(ll_flag((1 << 32) + 5), 5);
+}
+
+/// One LL lane of `steps` on channel 0 with connection 0 as conn_in or conn_out.
+fn ll_plan(
+    steps: &[ccl_dev_step_t],
+    lane: &[ccl_dev_lane_t],
+    conns: &[ccl_dev_conn_t],
+    buf: usize,
+) -> ccl_dev_plan_t {
+    let mut p = empty_plan();
+    (p.n_steps, p.n_lanes, p.n_conns) = (steps.len() as u32, lane.len() as u32, conns.len() as u32);
+    (p.steps, p.lanes, p.conns) = (steps.as_ptr(), lane.as_ptr(), conns.as_ptr());
+    p.unit = 1;
+    p.bufs[0] = buf as *mut _;
+    p.proto = CCL_PROTO_LL;
+    p
+}
+
+fn lane_of(n_steps: u32, conn_in: i32, conn_out: i32) -> [ccl_dev_lane_t; 1] {
+    [ccl_dev_lane_t {
+        channel: 0,
+        first_step: 0,
+        n_steps,
+        conn_in,
+        conn_out,
+        reserved: 0,
+    }]
+}
+
+/// Steps of `kind` moving `total` bytes of buffer 0 in `chunk`-byte messages.
+fn byte_steps(kind: u32, total: usize, chunk: usize) -> Vec<ccl_dev_step_t> {
+    (0..total.div_ceil(chunk))
+        .map(|i| ccl_dev_step_t {
+            kind,
+            src_off: (i * chunk) as u64,
+            dst_off: (i * chunk) as u64,
+            count: chunk.min(total - i * chunk) as u64,
+            ..Default::default()
+        })
+        .collect()
+}
+
+fn bytes_at(a: usize, n: usize) -> Vec<u8> {
+    // SAFETY: callers pass live emulated allocations of at least n bytes, quiescent.
+    unsafe { std::slice::from_raw_parts(a as *const u8, n) }.to_vec()
+}
+
+#[test]
+fn an_ll_send_leaves_flag_lines_in_the_fifo() {
+    let d = EmuDevice::default();
+    let conn = [conn_mem(&d, 64)];
+    let chunk = ll_chunk_bytes(64);
+    assert_eq!(chunk, 32);
+    // 3 messages: 32 + 32 + 13 bytes (the last with a partial line).
+    let total = 77;
+    let steps = byte_steps(CCL_STEP_SEND, total, chunk);
+    let lane = lane_of(steps.len() as u32, -1, 0);
+    let buf = d.malloc(total).unwrap();
+    let payload: Vec<u8> = (0..total).map(|i| (i * 7 + 3) as u8).collect();
+    // SAFETY: fresh allocation of `total` bytes.
+    unsafe { d.memcpy(buf, payload.as_ptr() as usize, total).unwrap() };
+    let p = ll_plan(&steps, &lane, &conn, buf);
+    let s = d.stream_create().unwrap();
+    // SAFETY: arrays live until the stream is idle (synchronized below).
+    unsafe { d.launch_plan(&p, s).unwrap() };
+    d.stream_synchronize(s).unwrap();
+    let c = conn[0];
+    let slots = c.slots as usize;
+    for (m, st) in steps.iter().enumerate() {
+        let nb = st.count as usize;
+        let raw = bytes_at(slots + m * 64, 64);
+        let lines: Vec<[u64; 2]> = raw
+            .chunks(16)
+            .take(nb.div_ceil(8))
+            .map(|l| {
+                [
+                    u64::from_le_bytes(l[..8].try_into().unwrap()),
+                    u64::from_le_bytes(l[8..].try_into().unwrap()),
+                ]
+            })
+            .collect();
+        // Flag = 1-based message number, payload = the message's bytes.
+        let got = ll_unlines(&lines, m as u32 + 1, nb).expect("flags of every line");
+        assert_eq!(got, payload[m * chunk..m * chunk + nb], "message {m}");
+        // The u32 layout: data0, flag0, data1, flag1.
+        assert_eq!(&raw[4..8], &(m as u32 + 1).to_le_bytes());
+        assert_eq!(&raw[12..16], &(m as u32 + 1).to_le_bytes());
+        assert_eq!(&raw[..4], &payload[m * chunk..m * chunk + 4]);
+    }
+    // The partial line's padding is zero; nothing beyond the message's lines was written.
+    let last = bytes_at(slots + 2 * 64, 64);
+    assert_eq!(
+        &last[16..24],
+        &[
+            payload[72],
+            payload[73],
+            payload[74],
+            payload[75],
+            3,
+            0,
+            0,
+            0
+        ][..]
+    );
+    assert_eq!(&last[24..28], &[payload[76], 0, 0, 0]);
+    assert!(last[32..].iter().all(|b| *b == 0));
+    // tail counts the messages (a later Simple operation starts from it).
+    // SAFETY: tail is a live 8-byte counter.
+    assert_eq!(unsafe { *c.tail }, 3);
+}
+
+/// Fills the slots of `c` with 32-bit words all equal to `v` (stale data of a Simple
+/// message that looks like LL lines with flag `v`).
+fn poison(c: &ccl_dev_conn_t, v: u32) {
+    let words: Vec<u8> = (0..c.nslots as usize * c.slot_bytes as usize / 4)
+        .flat_map(|_| v.to_le_bytes())
+        .collect();
+    // SAFETY: the slots hold nslots * slot_bytes bytes; no kernel runs on them now.
+    unsafe { std::ptr::copy_nonoverlapping(words.as_ptr(), c.slots as *mut u8, words.len()) };
+}
+
+#[test]
+fn stale_bytes_that_look_like_flags_are_scrubbed_before_the_sender_may_write() {
+    let d = EmuDevice::default();
+    let total = 64;
+    let recv_steps = byte_steps(CCL_STEP_RECV, total, 32);
+    let send_steps = byte_steps(CCL_STEP_SEND, total, 32);
+    let s_recv = d.stream_create().unwrap();
+    let s_send = d.stream_create().unwrap();
+    let payload: Vec<u8> = (0..total).map(|i| i as u8 ^ 0x5A).collect();
+    let src = d.malloc(total).unwrap();
+    // SAFETY: fresh allocation of `total` bytes.
+    unsafe { d.memcpy(src, payload.as_ptr() as usize, total).unwrap() };
+
+    // Without a scrub (ll_sync = 0) the receiver takes stale words equal to the flag as a
+    // message: the hazard the scrub exists for.
+    let conn = [conn_mem(&d, 64)];
+    poison(&conn[0], 1);
+    let dst = d.malloc(total).unwrap();
+    let lane1 = lane_of(1, 0, -1);
+    let p = ll_plan(&recv_steps[..1], &lane1, &conn, dst);
+    // SAFETY: arrays live until the stream is idle.
+    unsafe { d.launch_plan(&p, s_recv).unwrap() };
+    assert!(
+        wait_idle(&d, s_recv, Duration::from_secs(5)),
+        "took the stale message"
+    );
+    assert_eq!(bytes_at(dst, 4), 1u32.to_le_bytes(), "stale data received");
+
+    // With a scrub: the receiver zeroes the lines and waits for the real message.
+    let conn = [ccl_dev_conn_t {
+        ll_sync: 3,
+        ..conn_mem(&d, 64)
+    }];
+    poison(&conn[0], 1);
+    let dst = d.malloc(total).unwrap();
+    let lane = lane_of(recv_steps.len() as u32, 0, -1);
+    let rp = ll_plan(&recv_steps, &lane, &conn, dst);
+    // SAFETY: as above.
+    unsafe { d.launch_plan(&rp, s_recv).unwrap() };
+    assert!(
+        !wait_idle(&d, s_recv, Duration::from_millis(100)),
+        "the receiver must wait for the sender"
+    );
+    // SAFETY: head[1] is the scrub word of the live connection.
+    assert_eq!(unsafe { *conn[0].head.add(1) }, 3, "scrub published");
+    let send_lane = lane_of(send_steps.len() as u32, -1, 0);
+    let sp = ll_plan(&send_steps, &send_lane, &conn, src);
+    // SAFETY: as above.
+    unsafe { d.launch_plan(&sp, s_send).unwrap() };
+    assert!(wait_idle(&d, s_send, Duration::from_secs(5)));
+    assert!(wait_idle(&d, s_recv, Duration::from_secs(5)));
+    assert_eq!(bytes_at(dst, total), payload);
+}
+
+#[test]
+fn a_sender_waits_for_the_receivers_scrub() {
+    let d = EmuDevice::default();
+    let conn = [ccl_dev_conn_t {
+        ll_sync: 1,
+        ..conn_mem(&d, 64)
+    }];
+    let steps = byte_steps(CCL_STEP_SEND, 8, 32);
+    let src = d.malloc(8).unwrap();
+    let s = d.stream_create().unwrap();
+    let lane = lane_of(1, -1, 0);
+    let p = ll_plan(&steps, &lane, &conn, src);
+    // SAFETY: arrays live until the stream is idle.
+    unsafe { d.launch_plan(&p, s).unwrap() };
+    assert!(
+        !wait_idle(&d, s, Duration::from_millis(100)),
+        "sent before the scrub"
+    );
+    // SAFETY: head[1] of a live connection; the kernel reads it atomically.
+    unsafe { AtomicU64::from_ptr(conn[0].head.add(1)) }.store(1, Ordering::Release);
+    assert!(
+        wait_idle(&d, s, Duration::from_secs(5)),
+        "the scrub was acknowledged"
+    );
+}
+
+#[test]
+fn an_ll_receiver_in_the_middle_of_a_message_ends_on_abort() {
+    let d = EmuDevice::default();
+    let conn = [conn_mem(&d, 64)];
+    // Line 0 of message 1 is there, line 1 never comes.
+    let first = ll_lines(&[1, 2, 3, 4, 5, 6, 7, 8], 1);
+    // SAFETY: the slot holds 64 bytes; no kernel runs yet.
+    unsafe {
+        *(conn[0].slots as *mut u64) = first[0][0];
+        *(conn[0].slots as *mut u64).add(1) = first[0][1];
+    }
+    let steps = byte_steps(CCL_STEP_RECV, 16, 32);
+    let dst = d.malloc(16).unwrap();
+    let abort = d.host_alloc_mapped(4).unwrap();
+    let lane = lane_of(1, 0, -1);
+    let mut p = ll_plan(&steps, &lane, &conn, dst);
+    p.abort_flag = abort.dev as *const u32;
+    let s = d.stream_create().unwrap();
+    // SAFETY: arrays live until the stream is idle.
+    unsafe { d.launch_plan(&p, s).unwrap() };
+    assert!(!wait_idle(&d, s, Duration::from_millis(100)));
+    // SAFETY: the flag is 4-byte mapped memory.
+    unsafe { AtomicU32::from_ptr(abort.host as *mut u32) }.store(1, Ordering::Release);
+    assert!(
+        wait_idle(&d, s, Duration::from_secs(2)),
+        "abort did not end the wait"
+    );
 }
