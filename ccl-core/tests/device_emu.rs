@@ -361,6 +361,14 @@ fn small_operations_use_ll_and_large_ones_simple() {
             launched, n,
             "{coll:?} {count}: every rank launched {want:?}"
         );
+        // The probe's operation type set says which protocol ran.
+        let c = cs[1].probe_frame().header().op_counter;
+        let logged = cs[1].op_log().get(c).expect("newest op").info.proto;
+        let want_probe = match want {
+            Proto::Ll => probe::Proto::Ll,
+            Proto::Simple => probe::Proto::Simple,
+        };
+        assert_eq!(logged, want_probe, "{coll:?} {count}");
     }
     // Send/Recv groups: Simple when allowed (both ends must agree whatever their groups).
     let p2p = CollArgs {

@@ -1424,7 +1424,11 @@ impl DeviceComm {
             tracing::warn!(target: "nccl::COLL", rank = self.rank,
                 "CCLD_INJECT: only delays and not-entered ranks are injected on the device backend");
         }
-        let info = executor::type_set(item, self.nranks, &plan);
+        let mut info = executor::type_set(item, self.nranks, &plan);
+        info.proto = match proto {
+            Proto::Simple => probe::Proto::Simple,
+            Proto::Ll => probe::Proto::Ll,
+        };
         let expected: Vec<(usize, u64, u64)> = plan
             .lanes
             .iter()
