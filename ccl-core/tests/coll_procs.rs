@@ -12,13 +12,12 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use ccl_core::bootstrap::get_unique_id;
 use ccl_core::{enqueue, CollArgs, Comm, CommConfig, DataType, UniqueId};
+use common::procs::{spawn_ranks, wait_all, Job};
 use common::*;
 use probe::CollKind;
 
@@ -262,76 +261,22 @@ fn proc_rank_entry() {
     }
 }
 
-struct Job {
-    children: Vec<Child>,
-    lines: mpsc::Receiver<(usize, String)>,
-}
-
 fn spawn_job(n: usize, mode: &str, extra: &[(&str, &str)]) -> Job {
     let id = get_unique_id().expect("unique id");
-    let exe = std::env::current_exe().expect("current_exe");
-    let (tx, lines) = mpsc::channel();
-    let children = (0..n)
-        .map(|r| {
-            let mut cmd = Command::new(&exe);
-            cmd.args([
-                "--exact",
-                "proc_rank_entry",
-                "--ignored",
-                "--nocapture",
-                "--test-threads",
-                "1",
-            ])
-            .env(ENV_MODE, mode)
-            .env(ENV_UID, hex(&id.0))
-            .env(ENV_RANK, r.to_string())
-            .env(ENV_NRANKS, n.to_string())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-            for (k, v) in extra {
-                cmd.env(k, v);
-            }
-            let mut child = cmd.spawn().expect("spawn rank");
-            let out = child.stdout.take().expect("stdout");
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                // Markers are "@@..." (the test harness may print text before them).
-                for line in BufReader::new(out).lines().map_while(|l| l.ok()) {
-                    if let Some((_, m)) = line.split_once("@@") {
-                        let _ = tx.send((r, m.to_string()));
-                    }
-                }
-            });
-            child
-        })
-        .collect();
-    Job { children, lines }
-}
-
-/// Waits for every child, killing all of them if `limit` passes. Returns exit codes.
-fn wait_all(children: &mut [Child], limit: Duration) -> Vec<Option<i32>> {
-    let deadline = Instant::now() + limit;
-    let mut codes = vec![None; children.len()];
-    let mut done = vec![false; children.len()];
-    while done.iter().any(|d| !d) {
-        for (i, c) in children.iter_mut().enumerate() {
-            if !done[i] {
-                if let Ok(Some(st)) = c.try_wait() {
-                    codes[i] = st.code();
-                    done[i] = true;
-                }
-            }
-        }
-        if Instant::now() > deadline {
-            for c in children.iter_mut() {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-            panic!("rank processes did not finish within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    codes
+    spawn_ranks(
+        n,
+        |r| {
+            let mut v = vec![
+                (ENV_MODE.to_string(), mode.to_string()),
+                (ENV_UID.to_string(), hex(&id.0)),
+                (ENV_RANK.to_string(), r.to_string()),
+                (ENV_NRANKS.to_string(), n.to_string()),
+            ];
+            v.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+            v
+        },
+        &[],
+    )
 }
 
 fn matrix(n: usize) {

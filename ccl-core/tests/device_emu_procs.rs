@@ -19,10 +19,8 @@
 mod common;
 mod device_support;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::AtomicBool;
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ccl_core::bootstrap::get_unique_id;
@@ -30,6 +28,7 @@ use ccl_core::device::emu;
 use ccl_core::device::runtime::{device_api, STAGING_PREFIX};
 use ccl_core::transport::shm::{stale_candidate_pid, SHM_DIR};
 use ccl_core::{Comm, CommConfig, DataType, UniqueId};
+use common::procs::{spawn_ranks, wait_all, Job};
 use common::{hex, unhex, Red, AVG, MAX, SUM};
 use device_support::{run_cases, CaseErr, DevCase, DevRank};
 use probe::CollKind;
@@ -158,80 +157,27 @@ fn proc_rank_entry() {
     }
 }
 
-struct Job {
-    children: Vec<Child>,
-    lines: mpsc::Receiver<(usize, String)>,
-}
-
 fn spawn_job(n: usize, extra: &[(&str, &str)]) -> Job {
     let id = get_unique_id().expect("unique id");
-    let exe = std::env::current_exe().expect("current_exe");
-    let (tx, lines) = mpsc::channel();
-    let children = (0..n)
-        .map(|r| {
-            let mut cmd = Command::new(&exe);
-            cmd.args([
-                "--exact",
-                "proc_rank_entry",
-                "--ignored",
-                "--nocapture",
-                "--test-threads",
-                "1",
-            ])
-            .env("CCLD_DEVICE_EMULATION", "1")
-            .env("CCLD_BOOTSTRAP_IP", "127.0.0.1")
-            .env("NCCL_BUFFSIZE", "65536")
-            .env_remove("NCCL_P2P_DISABLE")
-            .env(ENV_UID, hex(&id.0))
-            .env(ENV_RANK, r.to_string())
-            .env(ENV_NRANKS, n.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-            for (k, v) in extra {
-                cmd.env(k, v);
-            }
-            let mut child = cmd.spawn().expect("spawn rank");
-            let out = child.stdout.take().expect("stdout");
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                // Markers are "@@..." (the test harness may print text before them).
-                for line in BufReader::new(out).lines().map_while(|l| l.ok()) {
-                    if let Some((_, m)) = line.split_once("@@") {
-                        let _ = tx.send((r, m.to_string()));
-                    }
-                }
-            });
-            child
-        })
-        .collect();
-    Job { children, lines }
-}
-
-/// Waits for every child, killing all of them if `limit` passes. Returns exit codes.
-fn wait_all(children: &mut [Child], limit: Duration) -> Vec<Option<i32>> {
-    let deadline = Instant::now() + limit;
-    let mut codes = vec![None; children.len()];
-    let mut done = vec![false; children.len()];
-    while done.iter().any(|d| !d) {
-        for (i, c) in children.iter_mut().enumerate() {
-            if !done[i] {
-                if let Ok(Some(st)) = c.try_wait() {
-                    codes[i] = st.code();
-                    done[i] = true;
-                }
-            }
-        }
-        if Instant::now() > deadline {
-            for c in children.iter_mut() {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-            panic!("rank processes did not finish within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    codes
+    spawn_ranks(
+        n,
+        |r| {
+            let mut v: Vec<(String, String)> = [
+                ("CCLD_DEVICE_EMULATION", "1".to_string()),
+                ("CCLD_BOOTSTRAP_IP", "127.0.0.1".to_string()),
+                ("NCCL_BUFFSIZE", "65536".to_string()),
+                (ENV_UID, hex(&id.0)),
+                (ENV_RANK, r.to_string()),
+                (ENV_NRANKS, n.to_string()),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+            v.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+            v
+        },
+        &["NCCL_P2P_DISABLE"],
+    )
 }
 
 /// Runs a job of `n` rank processes; returns each rank's markers and the children's pids.

@@ -12,6 +12,8 @@
 
 #![allow(dead_code)]
 
+pub mod procs;
+
 use std::sync::Arc;
 
 use ccl_core::group::expected_counts;
