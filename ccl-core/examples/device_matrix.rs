@@ -39,10 +39,9 @@ use std::time::{Duration, Instant};
 
 use ccl_core::device::api::DeviceApi;
 use ccl_core::device::runtime::device_api;
-use ccl_core::{Comm, CommConfig, DataType, UniqueId};
-use common::{hex, unhex, Red, AVG, MAX, SUM};
-use device_support::{run_cases, run_threads, CaseErr, DevCase, DevRank};
-use probe::CollKind;
+use ccl_core::{Comm, CommConfig, UniqueId};
+use common::{hex, unhex};
+use device_support::{matrix_cases, run_cases, run_threads, CaseErr, DevCase, DevRank};
 
 /// Environment of a child rank (`--procs`).
 const ENV_RANK: &str = "CCLD_MATRIX_RANK";
@@ -123,49 +122,12 @@ fn parse_args() -> Opts {
 
 /// The cases, in the order every rank runs them.
 fn cases(quick: bool) -> Vec<DevCase> {
-    let counts: &[usize] = if quick {
-        &[0, 7, 999]
+    if quick {
+        matrix_cases(&[0, 7, 999])
     } else {
         // 0, not multiples of 2/4/8, and 1 Mi elements (4 MiB of float32/int32).
-        &[0, 1, 7, 999, 65_537, 1 << 20]
-    };
-    let mut v = Vec::new();
-    for dt in [DataType::Float32, DataType::Int32] {
-        for coll in [
-            CollKind::AllReduce,
-            CollKind::Reduce,
-            CollKind::ReduceScatter,
-        ] {
-            for (red, op) in [(Red::Sum, SUM), (Red::Max, MAX), (Red::Avg, AVG)] {
-                for &count in counts {
-                    v.push(DevCase {
-                        coll,
-                        dt,
-                        red,
-                        op,
-                        count,
-                    });
-                }
-            }
-        }
-        for coll in [
-            CollKind::AllGather,
-            CollKind::Broadcast,
-            CollKind::AlltoAll,
-            CollKind::Send,
-        ] {
-            for &count in counts {
-                v.push(DevCase {
-                    coll,
-                    dt,
-                    red: Red::Sum,
-                    op: SUM,
-                    count,
-                });
-            }
-        }
+        matrix_cases(&[0, 1, 7, 999, 65_537, 1 << 20])
     }
-    v
 }
 
 fn pick_api() -> (Arc<dyn DeviceApi>, i32) {

@@ -27,11 +27,10 @@ use ccl_core::bootstrap::get_unique_id;
 use ccl_core::device::emu;
 use ccl_core::device::runtime::{device_api, STAGING_PREFIX};
 use ccl_core::transport::shm::{stale_candidate_pid, SHM_DIR};
-use ccl_core::{Comm, CommConfig, DataType, UniqueId};
+use ccl_core::{Comm, CommConfig, UniqueId};
 use common::procs::{spawn_ranks, wait_all, Job};
-use common::{hex, unhex, Red, AVG, MAX, SUM};
-use device_support::{run_cases, CaseErr, DevCase, DevRank};
-use probe::CollKind;
+use common::{hex, unhex};
+use device_support::{matrix_cases, run_cases, CaseErr, DevCase, DevRank};
 
 const ENV_UID: &str = "CCLD_EMU_PROCS_UID";
 const ENV_RANK: &str = "CCLD_EMU_PROCS_RANK";
@@ -43,46 +42,7 @@ const CASE_LIMIT: Duration = Duration::from_secs(20);
 const JOB_LIMIT: Duration = Duration::from_secs(90);
 
 fn cases() -> Vec<DevCase> {
-    let counts = [1usize, 999, 70_001];
-    let mut v = Vec::new();
-    for dt in [DataType::Float32, DataType::Int32] {
-        for coll in [
-            CollKind::AllReduce,
-            CollKind::Reduce,
-            CollKind::ReduceScatter,
-        ] {
-            for (red, op) in [(Red::Sum, SUM), (Red::Max, MAX), (Red::Avg, AVG)] {
-                for count in counts {
-                    v.push(DevCase {
-                        coll,
-                        dt,
-                        red,
-                        op,
-                        count,
-                    });
-                }
-            }
-        }
-        // AlltoAll last but one and the Send/Recv ring last: by the end every rank has
-        // connected p2p with every peer.
-        for coll in [
-            CollKind::AllGather,
-            CollKind::Broadcast,
-            CollKind::AlltoAll,
-            CollKind::Send,
-        ] {
-            for count in counts {
-                v.push(DevCase {
-                    coll,
-                    dt,
-                    red: Red::Sum,
-                    op: SUM,
-                    count,
-                });
-            }
-        }
-    }
-    v
+    matrix_cases(&[1, 999, 70_001])
 }
 
 /// Staging segments in `/dev/shm` whose name matches `keep`.

@@ -22,7 +22,9 @@ use ccl_core::group::expected_counts;
 use ccl_core::{group_end, group_start, CollArgs, Comm, CommConfig, DataType};
 use probe::CollKind;
 
-use crate::common::{check_probe, dec, enc, fill, input, reduce_ref, sizes, Red, PERIOD};
+use crate::common::{
+    check_probe, dec, enc, fill, input, reduce_ref, sizes, Red, AVG, MAX, PERIOD, SUM,
+};
 
 /// Where element `k` of a rank's output comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -571,4 +573,48 @@ impl Drop for DevRank {
         let _ = self.api.free(self.recv);
         let _ = self.api.stream_destroy(self.stream);
     }
+}
+
+/// The runtime matrix's cases for `counts`: Float32 and Int32; AllReduce, Reduce and
+/// ReduceScatter with Sum/Max/Avg; AllGather, Broadcast, AlltoAll and the Send/Recv ring
+/// with Sum, the last two at the end of each dtype (by then every rank has connected p2p
+/// with every peer).
+pub fn matrix_cases(counts: &[usize]) -> Vec<DevCase> {
+    let mut v = Vec::new();
+    for dt in [DataType::Float32, DataType::Int32] {
+        for coll in [
+            CollKind::AllReduce,
+            CollKind::Reduce,
+            CollKind::ReduceScatter,
+        ] {
+            for (red, op) in [(Red::Sum, SUM), (Red::Max, MAX), (Red::Avg, AVG)] {
+                for &count in counts {
+                    v.push(DevCase {
+                        coll,
+                        dt,
+                        red,
+                        op,
+                        count,
+                    });
+                }
+            }
+        }
+        for coll in [
+            CollKind::AllGather,
+            CollKind::Broadcast,
+            CollKind::AlltoAll,
+            CollKind::Send,
+        ] {
+            for &count in counts {
+                v.push(DevCase {
+                    coll,
+                    dt,
+                    red: Red::Sum,
+                    op: SUM,
+                    count,
+                });
+            }
+        }
+    }
+    v
 }
