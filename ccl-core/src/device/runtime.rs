@@ -779,8 +779,14 @@ impl DeviceComm {
             let prev = (rank + nranks - 1) % nranks;
             let next = (rank + 1) % nranks;
             let n = dc.tuning.max_channels;
-            dc.send_inbound(LinkKind::Ring, prev, n, TAG_RING)?;
-            dc.recv_outbound(LinkKind::Ring, next, n, TAG_RING)?;
+            let connected = dc
+                .send_inbound(LinkKind::Ring, prev, n, TAG_RING)
+                .and_then(|()| dc.recv_outbound(LinkKind::Ring, next, n, TAG_RING));
+            if let Err(e) = connected {
+                // Nothing is enqueued yet: release the FIFOs, mappings, flag and stream.
+                dc.shutdown();
+                return Err(e);
+            }
         }
         tracing::info!(target: "nccl::INIT", rank = rank,
             "comm {:#018x}: device FIFOs of the ring connected ({} channels, {} x {} B)",
