@@ -66,6 +66,9 @@ fn empty_plan() -> ccl_dev_plan_t {
         proto: 0,
         reserved: 0,
         abort_flag: std::ptr::null(),
+        throttle_gap_ns: 0,
+        stall_channel: CCL_STALL_NONE,
+        stall_after: 0,
     }
 }
 
@@ -398,7 +401,7 @@ fn malformed_plans_are_rejected_at_launch() {
         n_steps: 1,
         conn_in: -1,
         conn_out: 0,
-        reserved: 0,
+        flags: 0,
     }];
     let buf = d.malloc(64).unwrap();
     let mut p = empty_plan();
@@ -431,7 +434,7 @@ fn malformed_plans_are_rejected_at_launch() {
         n_steps: 1,
         conn_in: -1,
         conn_out: -1,
-        reserved: 0,
+        flags: 0,
     }];
     let mut p = empty_plan();
     p.n_steps = 1;
@@ -584,7 +587,7 @@ fn lane_of(n_steps: u32, conn_in: i32, conn_out: i32) -> [ccl_dev_lane_t; 1] {
         n_steps,
         conn_in,
         conn_out,
-        reserved: 0,
+        flags: 0,
     }]
 }
 
