@@ -380,8 +380,13 @@ __device__ inline bool step_recvs(uint32_t k) { return k != CCL_STEP_SEND; }
 // Nanoseconds of a free-running device clock (only differences are used).
 __device__ inline uint64_t ccl_now_ns() {
 #if CCL_PLATFORM_HIP
-  // HIP: the constant-rate wall clock (100 MHz on gfx90a / gfx942: 10 ns per tick).
-  return (uint64_t)wall_clock64() * 10ull;
+#if defined(__HIP_DEVICE_COMPILE__)
+  // HIP: the constant-rate real-time counter behind wall_clock64() (s_memrealtime,
+  // 100 MHz on gfx90a / gfx942: 10 ns per tick).
+  return (uint64_t)__builtin_amdgcn_s_memrealtime() * 10ull;
+#else
+  return 0;  // host pass of hipcc: never called
+#endif
 #else
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
