@@ -487,6 +487,11 @@ __global__ void __launch_bounds__(CCL_THREADS) ccl_plan_kernel(ccl_dev_plan_t p)
   c.avg_divisor = p.avg_divisor;
   c.scalar_bits = p.scalar_bits;
   if (p.scalar_dev) memcpy(&c.scalar_bits, p.scalar_dev, p.unit <= 8 ? p.unit : 8);
+  // An aborted communicator's kernel touches nothing: its peers may have freed the FIFOs
+  // it would read (ncclCommAbort of every rank).
+  if (threadIdx.x == 0) stop = p.abort_flag && *(const volatile uint32_t *)p.abort_flag;
+  __syncthreads();
+  if (stop) return;
 
   // Local steps: every block takes its share of each (disjoint from lane outputs).
   for (uint32_t l = 0; l < p.n_locals; l++) {

@@ -796,6 +796,11 @@ impl Kernel {
     }
 
     fn run(self) {
+        if self.aborted() {
+            // An aborted communicator's kernel touches nothing (its peers may have freed
+            // the FIFOs it would read).
+            return;
+        }
         let mut scratch = Vec::new();
         for l in &self.locals {
             self.local(l, &mut scratch);
