@@ -198,7 +198,8 @@ impl DevBufs {
         // SAFETY: `send` has floats * 4 bytes (just allocated), `ones` as many; `one` has
         // 64 bytes, the source 4.
         unsafe {
-            api.memcpy(send, ones.as_ptr() as usize, floats * 4).map_err(e)?;
+            api.memcpy(send, ones.as_ptr() as usize, floats * 4)
+                .map_err(e)?;
             api.memcpy(one, ones.as_ptr() as usize, 4).map_err(e)?;
         }
         Ok(DevBufs {
@@ -289,7 +290,11 @@ pub fn run_case_device(
         // step costs a little less than on the host backend: a shorter entry delay keeps
         // P ~ 0.5 (measured on the emulator: P = 0.60 with the host's delay).
         AnomalyClass::S3MixedSlow => {
-            let steps = if kind == CollKind::AllReduce { 2 * (n - 1) } else { n - 1 };
+            let steps = if kind == CollKind::AllReduce {
+                2 * (n - 1)
+            } else {
+                n - 1
+            };
             format!(
                 "s3:rank={root},nranks={n},ops={ONSET}..,delay={}us,gap=2ms",
                 steps * 1800

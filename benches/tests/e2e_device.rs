@@ -48,7 +48,10 @@ fn check(class: AnomalyClass, root: usize) {
         probe::describe(d)
     );
     eprintln!("{line}");
-    assert!(d.class() == class && roots_ok(class, root, &roots), "{line}");
+    assert!(
+        d.class() == class && roots_ok(class, root, &roots),
+        "{line}"
+    );
 }
 
 #[test]

@@ -170,8 +170,16 @@ fn the_c_wait_slots_are_probes_extension_slots() {
             unsafe { std::sync::atomic::AtomicU64::from_ptr((f.as_ptr() as *mut u64).add(o / 8)) }
         };
         use std::sync::atomic::Ordering::SeqCst;
-        assert_eq!(word(off).load(SeqCst), 1234, "upstream wait of ({cap}, {block}, {ch})");
-        assert_eq!(word(off + 8).load(SeqCst), 5678, "downstream of ({cap}, {block}, {ch})");
+        assert_eq!(
+            word(off).load(SeqCst),
+            1234,
+            "upstream wait of ({cap}, {block}, {ch})"
+        );
+        assert_eq!(
+            word(off + 8).load(SeqCst),
+            5678,
+            "downstream of ({cap}, {block}, {ch})"
+        );
         // The other way: a kernel-style absolute store at the C offset reads back through
         // Frame::waits.
         word(off).store(99, SeqCst);

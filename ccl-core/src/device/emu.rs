@@ -42,12 +42,11 @@ use std::time::{Duration, Instant};
 
 use kernels::ffi::{
     ccl_dev_conn_t, ccl_dev_lane_t, ccl_dev_local_t, ccl_dev_plan_t, ccl_dev_step_t,
-    frame_send_offset, frame_wait_offset, CCL_LANE_THROTTLED, CCL_STALL_ALL, CCL_STALL_NONE,
-    CCL_LOCAL_COPY, CCL_LOCAL_REDUCE, CCL_MAX_BUFS, CCL_MAX_CHANNELS,
-    CCL_MAX_LANES_PER_CHANNEL, CCL_OP_MAX, CCL_OP_MIN, CCL_OP_PREMUL, CCL_OP_PROD, CCL_OP_SUM,
-    CCL_PROTO_LL, CCL_PROTO_SIMPLE, CCL_STEP_RECV, CCL_STEP_RECV_COPY_SEND,
-    CCL_STEP_RECV_REDUCE_COPY, CCL_STEP_RECV_REDUCE_COPY_SEND, CCL_STEP_RECV_REDUCE_SEND,
-    CCL_STEP_SEND,
+    frame_send_offset, frame_wait_offset, CCL_LANE_THROTTLED, CCL_LOCAL_COPY, CCL_LOCAL_REDUCE,
+    CCL_MAX_BUFS, CCL_MAX_CHANNELS, CCL_MAX_LANES_PER_CHANNEL, CCL_OP_MAX, CCL_OP_MIN,
+    CCL_OP_PREMUL, CCL_OP_PROD, CCL_OP_SUM, CCL_PROTO_LL, CCL_PROTO_SIMPLE, CCL_STALL_ALL,
+    CCL_STALL_NONE, CCL_STEP_RECV, CCL_STEP_RECV_COPY_SEND, CCL_STEP_RECV_REDUCE_COPY,
+    CCL_STEP_RECV_REDUCE_COPY_SEND, CCL_STEP_RECV_REDUCE_SEND, CCL_STEP_SEND,
 };
 
 use super::api::{DeviceApi, HostFn, IpcHandle, Mapped, PtrInfo, PtrKind, Stream};
@@ -961,9 +960,8 @@ impl Kernel {
                             break;
                         }
                     }
-                    let throttled = snd
-                        && l.flags & CCL_LANE_THROTTLED != 0
-                        && self.throttle_gap.is_some();
+                    let throttled =
+                        snd && l.flags & CCL_LANE_THROTTLED != 0 && self.throttle_gap.is_some();
                     if let (true, Some(c)) = (snd, cout) {
                         let head = Self::counter(c.head).load(Ordering::Acquire);
                         if r.posted - head >= c.nslots {

@@ -6,11 +6,11 @@
 use std::collections::HashMap;
 
 use kernels::ffi::{
-    ccl_dev_lane_t, ccl_dev_local_t, ccl_dev_step_t, CCL_LOCAL_COPY, CCL_LOCAL_REDUCE,
-    CCL_MAX_BUFS, CCL_MAX_CHANNELS, CCL_MAX_LANES_PER_CHANNEL, CCL_OP_MAX, CCL_OP_MIN,
-    CCL_OP_PREMUL, CCL_OP_PROD, CCL_OP_SUM, CCL_STEP_RECV, CCL_STEP_RECV_COPY_SEND,
-    CCL_STEP_RECV_REDUCE_COPY, CCL_STEP_RECV_REDUCE_COPY_SEND, CCL_STEP_RECV_REDUCE_SEND,
-    CCL_LANE_THROTTLED, CCL_STALL_ALL, CCL_STALL_NONE, CCL_STEP_SEND,
+    ccl_dev_lane_t, ccl_dev_local_t, ccl_dev_step_t, CCL_LANE_THROTTLED, CCL_LOCAL_COPY,
+    CCL_LOCAL_REDUCE, CCL_MAX_BUFS, CCL_MAX_CHANNELS, CCL_MAX_LANES_PER_CHANNEL, CCL_OP_MAX,
+    CCL_OP_MIN, CCL_OP_PREMUL, CCL_OP_PROD, CCL_OP_SUM, CCL_STALL_ALL, CCL_STALL_NONE,
+    CCL_STEP_RECV, CCL_STEP_RECV_COPY_SEND, CCL_STEP_RECV_REDUCE_COPY,
+    CCL_STEP_RECV_REDUCE_COPY_SEND, CCL_STEP_RECV_REDUCE_SEND, CCL_STEP_SEND,
 };
 
 use crate::error::{CclError, Result};
@@ -267,13 +267,9 @@ pub fn apply_fault(lp: &mut LoweredPlan, fault: &crate::inject::OpFault) -> Faul
         }
     }
     match fault.stall {
-        None => {}
         Some(None) => f.stall_channel = CCL_STALL_ALL,
-        Some(Some(c)) => {
-            if c < lp.n_channels as usize {
-                f.stall_channel = c as u32;
-            }
-        }
+        Some(Some(c)) if c < lp.n_channels as usize => f.stall_channel = c as u32,
+        _ => {}
     }
     f
 }

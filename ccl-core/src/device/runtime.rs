@@ -1184,7 +1184,15 @@ impl DeviceComm {
             (s.kind, s.src_buf, s.dst_buf, s.src_off, s.dst_off, s.count).hash(&mut h);
         }
         for l in &lp.lanes {
-            (l.channel, l.first_step, l.n_steps, l.conn_in, l.conn_out, l.flags).hash(&mut h);
+            (
+                l.channel,
+                l.first_step,
+                l.n_steps,
+                l.conn_in,
+                l.conn_out,
+                l.flags,
+            )
+                .hash(&mut h);
         }
         for l in &lp.locals {
             (l.kind, l.src_buf, l.dst_buf, l.src_off, l.dst_off, l.count).hash(&mut h);
