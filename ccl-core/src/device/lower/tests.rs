@@ -445,7 +445,10 @@ fn fault_fields_follow_the_host_rules() {
         for l in &lp.lanes {
             let peer = lp.conns[l.conn_out as usize].peer;
             assert_eq!(peer, 2);
-            assert_eq!(l.flags, CCL_LANE_THROTTLED, "link {link:?}: lane sends to 2");
+            assert_eq!(
+                l.flags, CCL_LANE_THROTTLED,
+                "link {link:?}: lane sends to 2"
+            );
         }
     }
     // A link that is not this rank's outbound peer throttles nothing (the gap is still
@@ -479,7 +482,11 @@ fn fault_fields_follow_the_host_rules() {
         let mut flagged = 0;
         for l in &lp.lanes {
             let out = usize::try_from(l.conn_out).ok().map(|i| lp.conns[i].peer);
-            assert_eq!(l.flags == CCL_LANE_THROTTLED, out == Some(3), "{l:?} to {out:?}");
+            assert_eq!(
+                l.flags == CCL_LANE_THROTTLED,
+                out == Some(3),
+                "{l:?} to {out:?}"
+            );
             flagged += usize::from(l.flags != 0);
         }
         assert_eq!(flagged, 2, "one send lane to 3 per channel");
@@ -510,7 +517,10 @@ fn a_halved_plan_keeps_the_first_half_of_every_lane() {
     for (a, b) in h.lanes.iter().zip(&plan.lanes) {
         assert_eq!(a.steps.len(), b.steps.len().div_ceil(2));
         assert_eq!(a.steps[..], b.steps[..a.steps.len()]);
-        assert_eq!((a.channel, a.send_to, a.recv_from), (b.channel, b.send_to, b.recv_from));
+        assert_eq!(
+            (a.channel, a.send_to, a.recv_from),
+            (b.channel, b.send_to, b.recv_from)
+        );
     }
     assert!(h.total_steps() < plan.total_steps());
 }
