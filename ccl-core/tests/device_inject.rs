@@ -24,10 +24,14 @@ const N: usize = 4;
 const COUNT: usize = 1 << 16;
 
 fn comms(inject: &str) -> Vec<Arc<Comm>> {
+    comms_proto(inject, "Simple")
+}
+
+fn comms_proto(inject: &str, proto: &str) -> Vec<Arc<Comm>> {
     std::env::set_var("CCLD_DEVICE_EMULATION", "1");
     std::env::set_var("CCLD_BOOTSTRAP_IP", "127.0.0.1");
     std::env::set_var("NCCL_BUFFSIZE", "65536");
-    std::env::set_var("NCCL_PROTO", "Simple");
+    std::env::set_var("NCCL_PROTO", proto);
     std::env::set_var("CCLD_INJECT", inject);
     let c = Comm::init_all(N as i32, None).expect("init_all");
     std::env::remove_var("CCLD_INJECT");
@@ -146,6 +150,16 @@ fn a_throttled_link_shows_downstream_at_the_sender_and_upstream_at_the_receiver(
         w[2].0 > w[1].0,
         "the receiver waits upstream more than the sender: {w:?}"
     );
+}
+
+#[test]
+fn ll_a_throttled_link_shows_the_same_waits() {
+    let w = one_op(&comms_proto("s2:rank=1,gap=3ms", "LL"));
+    let ms = 1_000_000;
+    assert!(w[1].1 >= 5 * ms, "sender's downstream wait: {w:?}");
+    assert!(w[2].0 >= 5 * ms, "receiver's upstream wait: {w:?}");
+    let max_other_down = [0, 2, 3].iter().map(|&r| w[r].1).max().unwrap_or(0);
+    assert!(w[1].1 > 2 * max_other_down, "{w:?}");
 }
 
 #[test]

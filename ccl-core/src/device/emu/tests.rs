@@ -444,6 +444,34 @@ fn malformed_plans_are_rejected_at_launch() {
     // SAFETY: arrays valid for the call.
     let e = unsafe { d.launch_plan(&p, s) }.unwrap_err();
     assert!(e.to_string().contains("connection"), "{e}");
+    // Fault fields: a stall channel outside the plan, unknown lane flags.
+    let mut p = empty_plan();
+    p.stall_channel = 1; // the plan has 1 channel
+                         // SAFETY: no arrays.
+    let e = unsafe { d.launch_plan(&p, s) }.unwrap_err();
+    assert!(e.to_string().contains("stall_channel"), "{e}");
+    p.stall_channel = CCL_STALL_ALL;
+    // SAFETY: no arrays.
+    unsafe { d.launch_plan(&p, s) }.unwrap();
+    let send = [ccl_dev_step_t {
+        kind: CCL_STEP_SEND,
+        count: 1,
+        ..Default::default()
+    }];
+    let conn = [conn_mem(&d, 64)];
+    let buf = d.malloc(64).unwrap();
+    let odd = [ccl_dev_lane_t {
+        conn_out: 0,
+        flags: 2,
+        ..lanes[0]
+    }];
+    let mut p = empty_plan();
+    (p.n_steps, p.n_lanes, p.n_conns) = (1, 1, 1);
+    (p.steps, p.lanes, p.conns) = (send.as_ptr(), odd.as_ptr(), conn.as_ptr());
+    p.bufs[0] = buf as *mut _;
+    // SAFETY: arrays valid for the call.
+    let e = unsafe { d.launch_plan(&p, s) }.unwrap_err();
+    assert!(e.to_string().contains("lane flags"), "{e}");
     // An empty plan runs.
     // SAFETY: no arrays.
     unsafe { d.launch_plan(&empty_plan(), s) }.unwrap();
