@@ -315,7 +315,8 @@ pub fn run_case_device(
     };
     let stop = Arc::new(AtomicBool::new(false));
     let (tx, rx) = std::sync::mpsc::channel::<Result<Arc<Comm>, String>>();
-    let go = Arc::new(std::sync::Barrier::new(n + 1));
+    // Set once every rank is set up (or, with `stop`, when the case is abandoned).
+    let go = Arc::new(AtomicBool::new(false));
     let floats = 16 << 10; // 64 KiB per rank buffer
     let hs: Vec<_> = (0..n)
         .map(|r| {
@@ -352,11 +353,12 @@ pub fn run_case_device(
                     }
                     Err(e) => {
                         let _ = tx.send(Err(format!("rank {r}: {e}")));
-                        go.wait();
                         return;
                     }
                 };
-                go.wait();
+                while !go.load(Ordering::Acquire) && !stop.load(Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
                 let mut i = 0u64;
                 while !stop.load(Ordering::Acquire) {
                     let jitter = (i * 7919 + r as u64 * 104_729) % 300;
@@ -389,17 +391,14 @@ pub fn run_case_device(
     std::env::remove_var("CCLD_INJECT");
     if !errs.is_empty() {
         stop.store(true, Ordering::Release);
-        for c in &comms {
-            let _ = c.abort();
-        }
-        go.wait();
+        abort_together(&comms);
         for h in hs {
             let _ = h.join();
         }
         return Err(errs.join("; "));
     }
     let cid = comms[0].comm_id();
-    go.wait();
+    go.store(true, Ordering::Release);
     let emb = probe::embedded::embedded().ok_or("embedded analyzer not running")?;
     let t0 = Instant::now();
     let mut found = Vec::new();

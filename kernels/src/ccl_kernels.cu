@@ -644,19 +644,18 @@ __global__ void __launch_bounds__(CCL_THREADS) ccl_plan_kernel(ccl_dev_plan_t p)
         __nanosleep(100);
 #endif
       } else {
+        // Acquire: the data behind the observed tail/head is visible after this fence.
+        __threadfence_system();
         if (idle >= 2) {
-          // A wait episode ended: charge it to the reasons of its last idle pass.
+          // A wait episode ended: charge it to the reasons of its last idle pass (absolute
+          // values, one store per reason, after the system fence, like the counts).
           uint64_t ns = ccl_now_ns() - ep_start;
           if (ep_up) wait_up += ns;
           if (ep_down) wait_down += ns;
-          if (wait_word && (ep_up || ep_down)) {
-            if (ep_up) vstore(wait_word, wait_up);
-            if (ep_down) vstore(wait_word + 1, wait_down);
-          }
+          if (wait_word && ep_up) vstore(wait_word, wait_up);
+          if (wait_word && ep_down) vstore(wait_word + 1, wait_down);
         }
         idle = 0;
-        // Acquire: the data behind the observed tail/head is visible after this fence.
-        __threadfence_system();
       }
     }
     __syncthreads();
