@@ -10,6 +10,8 @@
 #   cargo build --release -p ccl-core --example device_selftest --example device_matrix
 #       -> target/release/examples/device_selftest, target/release/examples/device_matrix
 #   (CCLD_BUILD_SELFTEST=1 scripts/gpu/ci-device-build.sh builds the two examples too.)
+#   cargo build --release -p benches --example device_diagnosis
+#       -> target/release/examples/device_diagnosis (part f)
 # all_reduce_perf (d) dlopens libcudart.so.13/.12/.11.0 for its cudaMalloc buffers: the
 # suite looks in LD_LIBRARY_PATH, the --bin-dir, /usr/local/cuda/lib64 and python's
 # site-packages/nvidia/*/lib (the nvidia-cuda-runtime wheel, also pulled in by torch); on a
@@ -33,7 +35,11 @@
 #       time ratio and busbw, next to the device copy bandwidth of (a); configurations:
 #       1 rank, 2 processes sharing GPU 0, and all GPUs of one process when there are >= 2;
 #   (e) PyTorch DDP, 2 processes sharing cuda:0, LD_PRELOAD of our libnccl.so.2, parameters
-#       vs a single-process run (scripts/gpu/ddp_check.py).
+#       vs a single-process run (scripts/gpu/ddp_check.py);
+#   (f) diagnosis end to end on the GPU (device_diagnosis): 4 ranks as threads sharing GPU 0,
+#       each with a device communicator, the embedded analyzer, one CCLD_INJECT anomaly per
+#       class S1/S2/S3/H1/H2/H3 at a non-zero root (faults in the kernel / runtime, wait
+#       times from the kernel's global timer); class and rank RIGHT / WRONG per case.
 # --kernels-only runs (a) only. --only a,b,... runs the named parts (to split a run over
 # several commands: give each its own --out). --quick: smaller matrices and sizes.
 #
@@ -41,9 +47,9 @@
 #                             [--bin-dir DIR]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-parts="a,b,c,d,e"; quick=(); out=""; bin=target/release
+parts="a,b,c,d,e,f"; quick=(); out=""; bin=target/release
 usage() {
-  echo "usage: $0 [--kernels-only] [--only a,b,c,d,e] [--quick] [--out FILE] [--bin-dir DIR]" >&2
+  echo "usage: $0 [--kernels-only] [--only a,b,c,d,e,f] [--quick] [--out FILE] [--bin-dir DIR]" >&2
   exit 2
 }
 while [ $# -gt 0 ]; do
@@ -57,7 +63,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-case ",$parts," in *[!abcde,]*) usage ;; esac
+case ",$parts," in *[!abcdef,]*) usage ;; esac
 want() { case ",$parts," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 
 day=$(date -u +%Y-%m-%d)
@@ -71,6 +77,7 @@ unset CCLD_DEVICE_EMULATION
 [ -d "$bin" ] && bin=$(cd "$bin" && pwd)
 selftest=$bin/examples/device_selftest
 matrix=$bin/examples/device_matrix
+diagnosis=$bin/examples/device_diagnosis
 lib=$bin/libnccl.so.2
 arp=$bin/all_reduce_perf
 ccl_run=$bin/ccl-run
@@ -237,7 +244,34 @@ if want e; then
   fi
 fi
 
-for f in selftest matrix procs procs-staged; do
+# (f) Diagnosis end to end on the GPU.
+if want f; then
+  section "(f) Diagnosis end to end: 4 ranks sharing GPU 0, one anomaly per class (device_diagnosis)"
+  if need "$diagnosis"; then
+    timeout 300 "$diagnosis" --ranks 4 > "$log/diagnosis.txt" 2>&1; rc=$?
+    pass_fail $rc >> "$out"; [ $rc = 0 ] || fail=1
+    {
+      echo
+      echo "| verdict | injected | ranks | root | diagnosed | roots |"
+      echo "|---|---|---:|---:|---|---|"
+      awk '$1 == "RIGHT" || $1 == "WRONG" {
+        v = $1; c = ""; n = ""; r = ""; g = ""; roots = ""
+        for (i = 2; i <= NF; i++) {
+          if ($i ~ /^class=/) c = substr($i, 7)
+          else if ($i ~ /^n=/) n = substr($i, 3)
+          else if ($i ~ /^root=/) r = substr($i, 6)
+          else if ($i ~ /^got=/) g = substr($i, 5)
+          else if ($i ~ /^roots=/) { roots = substr($i, 7); while (roots !~ /]$/ && i < NF) { i++; roots = roots " " $i } }
+        }
+        printf "| %s | %s | %s | %s | %s | %s |\n", v, c, n, r, g, roots
+      }' "$log/diagnosis.txt"
+      echo
+      echo '```'; grep -v '^RIGHT' "$log/diagnosis.txt" | tail -30; echo '```'
+    } >> "$out"
+  fi
+fi
+
+for f in selftest matrix procs procs-staged diagnosis; do
   [ -s "$log/$f.txt" ] || continue
   section "Full log: $f"
   { echo '<details><summary>'"$f"'.txt</summary>'; echo; echo '```'; cat "$log/$f.txt"; echo '```'; echo '</details>'; } >> "$out"

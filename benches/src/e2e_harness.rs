@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant};
 
 use analyzer::wire::{self, AnomalyClass};
-use ccl_core::{enqueue, CollArgs, Comm, DataType};
+use ccl_core::device::api::{DeviceApi, Stream};
+use ccl_core::{enqueue, CollArgs, Comm, CommConfig, DataType};
 use probe::CollKind;
 
 const ONSET: u64 = 150;
@@ -172,6 +173,279 @@ pub fn run_case(
         let _ = h.join();
     }
     found
+}
+
+/// One rank of a device case: its stream and device buffers (allocated once; freeing
+/// device memory synchronizes the whole device on CUDA).
+struct DevBufs {
+    api: Arc<dyn DeviceApi>,
+    stream: Stream,
+    send: usize,
+    recv: usize,
+    one: usize,
+    out: usize,
+}
+
+impl DevBufs {
+    fn new(api: Arc<dyn DeviceApi>, floats: usize, recv_floats: usize) -> Result<DevBufs, String> {
+        let e = |e: ccl_core::CclError| e.to_string();
+        let stream = api.stream_create().map_err(e)?;
+        let send = api.malloc(floats * 4).map_err(e)?;
+        let recv = api.malloc(recv_floats * 4).map_err(e)?;
+        let one = api.malloc(64).map_err(e)?;
+        let out = api.malloc(64).map_err(e)?;
+        let ones = vec![1.0f32; floats];
+        // SAFETY: `send` has floats * 4 bytes (just allocated), `ones` as many; `one` has
+        // 64 bytes, the source 4.
+        unsafe {
+            api.memcpy(send, ones.as_ptr() as usize, floats * 4)
+                .map_err(e)?;
+            api.memcpy(one, ones.as_ptr() as usize, 4).map_err(e)?;
+        }
+        Ok(DevBufs {
+            api,
+            stream,
+            send,
+            recv,
+            one,
+            out,
+        })
+    }
+
+    /// Waits for the stream (polling, so a stop request after abort is seen): true when
+    /// it drained, false when `stop` was set and it did not drain within 10 s after.
+    fn drain(&self, stop: &AtomicBool) -> bool {
+        let mut stopped_at: Option<Instant> = None;
+        loop {
+            match self.api.stream_query(self.stream) {
+                Ok(true) => return true,
+                Ok(false) => {}
+                Err(_) => return false,
+            }
+            if stop.load(Ordering::Acquire) {
+                let t = *stopped_at.get_or_insert_with(Instant::now);
+                if t.elapsed() > Duration::from_secs(10) {
+                    return false;
+                }
+            }
+            std::thread::sleep(Duration::from_micros(300));
+        }
+    }
+
+    fn release(self, stop: &AtomicBool) {
+        if self.drain(stop) {
+            for p in [self.send, self.recv, self.one, self.out] {
+                let _ = self.api.free(p);
+            }
+            let _ = self.api.stream_destroy(self.stream);
+        }
+        // else: leaked on purpose (a kernel may still use them).
+    }
+}
+
+/// Issues one collective on device buffers and stream (shapes as [`op`]).
+fn dev_op(c: &Arc<Comm>, kind: CollKind, b: &DevBufs, floats: usize, n: usize, tiny: bool) -> bool {
+    let (send, recv, count) = if tiny {
+        (b.one, b.out, 1)
+    } else {
+        let count = match kind {
+            CollKind::AllReduce | CollKind::AllGather => floats,
+            _ => floats / n,
+        };
+        (b.send, b.recv, count)
+    };
+    let a = CollArgs {
+        kind: if tiny { CollKind::AllReduce } else { kind },
+        sendbuf: send,
+        recvbuf: recv,
+        count,
+        dtype: DataType::Float32 as i32,
+        op: 0,
+        root: -1,
+        stream: b.stream,
+    };
+    enqueue(c, a).is_ok()
+}
+
+/// [`run_case`] with device communicators: `n` ranks as threads of this process, each
+/// with its own communicator (`Comm::init_rank` on a shared id, device `device` of `api`:
+/// the CPU emulator with `CCLD_DEVICE_EMULATION=1`, or a GPU), stream and device buffers;
+/// after every collective the rank waits for its stream (device collectives return before
+/// they complete), like a training step that uses the result. Same loop, anomaly and
+/// analyzer polling as `run_case`; `Err` when the ranks could not be set up (e.g. the
+/// communicators chose the host backend).
+pub fn run_case_device(
+    api: &Arc<dyn DeviceApi>,
+    device: i32,
+    class: AnomalyClass,
+    n: usize,
+    root: usize,
+    kind: CollKind,
+    wait: Duration,
+) -> Result<Vec<wire::Diagnosis>, String> {
+    setup();
+    let _g = RUN.lock().unwrap_or_else(|p| p.into_inner());
+    let s = match class {
+        // The device ranks wait for their stream after each operation, so a throttled
+        // step costs a little less than on the host backend: a shorter entry delay keeps
+        // P ~ 0.5 (measured on the emulator: P = 0.60 with the host's delay).
+        AnomalyClass::S3MixedSlow => {
+            let steps = if kind == CollKind::AllReduce {
+                2 * (n - 1)
+            } else {
+                n - 1
+            };
+            format!(
+                "s3:rank={root},nranks={n},ops={ONSET}..,delay={}us,gap=2ms",
+                steps * 1800
+            )
+        }
+        _ => spec(class, root, n, kind),
+    };
+    if !s.is_empty() {
+        std::env::set_var("CCLD_INJECT", &s);
+    }
+    let id = ccl_core::bootstrap::get_unique_id().map_err(|e| e.to_string());
+    let id = match id {
+        Ok(id) => id,
+        Err(e) => {
+            std::env::remove_var("CCLD_INJECT");
+            return Err(e);
+        }
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = std::sync::mpsc::channel::<Result<Arc<Comm>, String>>();
+    // Set once every rank is set up (or, with `stop`, when the case is abandoned).
+    let go = Arc::new(AtomicBool::new(false));
+    let floats = 16 << 10; // 64 KiB per rank buffer
+    let hs: Vec<_> = (0..n)
+        .map(|r| {
+            let (api, stop, tx, go) = (
+                Arc::clone(api),
+                Arc::clone(&stop),
+                tx.clone(),
+                Arc::clone(&go),
+            );
+            std::thread::spawn(move || {
+                let init = api
+                    .set_device(device)
+                    .map_err(|e| e.to_string())
+                    .and_then(|()| {
+                        Comm::init_rank(n as i32, id, r as i32, CommConfig::default())
+                            .map_err(|e| e.to_string())
+                    })
+                    .and_then(|c| {
+                        if c.is_device() {
+                            Ok(c)
+                        } else {
+                            let _ = c.destroy();
+                            Err("the communicator chose the host backend".to_string())
+                        }
+                    });
+                let recv_floats = floats * if kind == CollKind::AllGather { n } else { 1 };
+                let setup = init.and_then(|c| {
+                    DevBufs::new(Arc::clone(&api), floats, recv_floats).map(|b| (c, b))
+                });
+                let (c, b) = match setup {
+                    Ok((c, b)) => {
+                        let _ = tx.send(Ok(Arc::clone(&c)));
+                        (c, b)
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(format!("rank {r}: {e}")));
+                        return;
+                    }
+                };
+                while !go.load(Ordering::Acquire) && !stop.load(Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                let mut i = 0u64;
+                while !stop.load(Ordering::Acquire) {
+                    let jitter = (i * 7919 + r as u64 * 104_729) % 300;
+                    std::thread::sleep(Duration::from_micros(1000 + jitter));
+                    if i == 1500 {
+                        std::thread::sleep(Duration::from_millis(800));
+                    }
+                    if i % 50 == 49 && (!dev_op(&c, kind, &b, floats, n, true) || !b.drain(&stop)) {
+                        break;
+                    }
+                    if !dev_op(&c, kind, &b, floats, n, false) || !b.drain(&stop) {
+                        break;
+                    }
+                    i += 1;
+                }
+                b.release(&stop);
+            })
+        })
+        .collect();
+    drop(tx);
+    let mut comms = Vec::new();
+    let mut errs = Vec::new();
+    for _ in 0..n {
+        match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(Ok(c)) => comms.push(c),
+            Ok(Err(e)) => errs.push(e),
+            Err(_) => errs.push("a rank did not finish init within 60 s".into()),
+        }
+    }
+    std::env::remove_var("CCLD_INJECT");
+    if !errs.is_empty() {
+        stop.store(true, Ordering::Release);
+        abort_together(&comms);
+        for h in hs {
+            let _ = h.join();
+        }
+        return Err(errs.join("; "));
+    }
+    let cid = comms[0].comm_id();
+    go.store(true, Ordering::Release);
+    let emb = probe::embedded::embedded().ok_or("embedded analyzer not running")?;
+    let t0 = Instant::now();
+    let mut found = Vec::new();
+    while t0.elapsed() < wait {
+        std::thread::sleep(Duration::from_millis(50));
+        found = emb
+            .diagnoses()
+            .into_iter()
+            .filter(|d| d.comm_id == cid)
+            .collect();
+        if !found.is_empty() && class != AnomalyClass::Unspecified {
+            break;
+        }
+    }
+    stop.store(true, Ordering::Release);
+    // Ranks that are not hung finish their operation and stop on their own; then abort.
+    let t1 = Instant::now();
+    while t1.elapsed() < Duration::from_secs(2) && !hs.iter().all(|h| h.is_finished()) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    abort_together(&comms);
+    for h in hs {
+        let _ = h.join();
+    }
+    Ok(found)
+}
+
+/// Aborts every communicator at once (one thread each, released together). `abort` frees
+/// a rank's inbound FIFOs once its own operations ended, and the kernels of its peers in
+/// this process read those FIFOs' counters until their own abort flag is set: aborting
+/// one rank after the other would free memory under a peer's running kernel (on CUDA,
+/// `cudaFree` would wait for that kernel, which waits for an abort that never comes).
+fn abort_together(comms: &[Arc<Comm>]) {
+    let go = Arc::new(std::sync::Barrier::new(comms.len()));
+    let hs: Vec<_> = comms
+        .iter()
+        .map(|c| {
+            let (c, go) = (Arc::clone(c), Arc::clone(&go));
+            std::thread::spawn(move || {
+                go.wait();
+                let _ = c.abort();
+            })
+        })
+        .collect();
+    for h in hs {
+        let _ = h.join();
+    }
 }
 
 /// The collectives of the end-to-end matrix.

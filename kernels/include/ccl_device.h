@@ -73,6 +73,17 @@ typedef struct ccl_probing_frame8 {
  * RecvCount follows at +8. */
 #define CCL_FRAME_SEND_OFFSET(cap, b, ch) \
   (CCL_FRAME_HEADER_BYTES + (uint64_t)(b) * CCL_FRAME_BLOCK_BYTES(cap) + 16u + 16u * (uint64_t)(ch))
+/* Extension slots (probe::Frame, after the base frame, never inside it): per block and
+ * channel CCL_FRAME_EXT_WORDS 64-bit words: cumulative ns the channel waited for upstream
+ * data, cumulative ns it waited for a free downstream slot (or a throttled link), then the
+ * send and receive steps the schedule expects (written by the host at begin_op). */
+#define CCL_FRAME_EXT_WORDS 4
+#define CCL_FRAME_TOTAL_BYTES(cap) \
+  (CCL_FRAME_BYTES(cap) + CCL_FRAME_BLOCKS * (uint64_t)(cap) * 8u * CCL_FRAME_EXT_WORDS)
+/* Byte offset of channel ch's upstream wait (ns) in block b; the downstream wait follows
+ * at +8. */
+#define CCL_FRAME_WAIT_OFFSET(cap, b, ch) \
+  (CCL_FRAME_BYTES(cap) + ((uint64_t)(b) * (uint64_t)(cap) + (uint64_t)(ch)) * 8u * CCL_FRAME_EXT_WORDS)
 
 /* ---- plans (mirror ccl_core::schedule) ---------------------------------------------- */
 
@@ -172,8 +183,16 @@ typedef struct ccl_dev_lane {
   uint32_t n_steps;
   int32_t conn_in;  /* index into ccl_dev_plan_t.conns, -1 if the lane never receives */
   int32_t conn_out; /* index into ccl_dev_plan_t.conns, -1 if the lane never sends */
-  uint32_t reserved;
+  uint32_t flags;   /* CCL_LANE_* */
 } ccl_dev_lane_t;
+
+/* ccl_dev_lane_t.flags: the lane's sends obey the plan's throttle_gap_ns (CCLD_INJECT s2/s3;
+ * the runtime flags the lanes whose outbound peer is the throttled link, or all). */
+#define CCL_LANE_THROTTLED 1u
+
+/* ccl_dev_plan_t.stall_channel (CCLD_INJECT h3): no stall, every channel, or a channel. */
+#define CCL_STALL_NONE 0xffffffffu
+#define CCL_STALL_ALL 0xfffffffeu
 
 typedef struct ccl_dev_local {
   uint32_t kind; /* CCL_LOCAL_* */
@@ -215,6 +234,14 @@ typedef struct ccl_dev_plan {
   /* Mapped host memory the host sets non-zero to make the kernel give up (ncclCommAbort);
    * NULL: never aborts. */
   const uint32_t *abort_flag;
+  /* Injected faults (CCLD_INJECT; the host backend's rules). Throttle: a send of a lane
+   * flagged CCL_LANE_THROTTLED starts at least throttle_gap_ns after the previous such send
+   * of its channel (0 = no throttle); the time is waiting downstream. Stall: the lanes of
+   * stall_channel (or every channel) stop after stall_after steps and spin until abort
+   * (the time is waiting upstream). */
+  uint64_t throttle_gap_ns;
+  uint32_t stall_channel; /* CCL_STALL_NONE, CCL_STALL_ALL or a channel */
+  uint32_t stall_after;
 } ccl_dev_plan_t;
 
 /* ---- runtime ------------------------------------------------------------------------ */

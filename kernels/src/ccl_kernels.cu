@@ -14,6 +14,14 @@
 // * probe: after each step thread 0 stores the channel's new SendCount / RecvCount into
 //   the probing frame (mapped host memory) after a system-scope fence: one store per step
 //   by one thread, so the host sees progress while the kernel runs;
+// * wait metrics: thread 0 times the passes in which no lane of its channel can run (from
+//   the second one, GPU global timer) and, when a step runs again, adds the episode to the
+//   reasons the lanes were blocked for (inbound missing = upstream; no free outbound slot,
+//   LL scrub pending or throttled = downstream), like the host executor's WaitEpisode;
+//   cumulative ns, one store per reason per episode end into the frame's extension slots;
+// * injected faults (CCLD_INJECT, carried in the plan): throttled lanes' sends keep a
+//   minimum gap per channel; stalled channels stop after stall_after steps per lane and
+//   spin until abort;
 // * reductions: compute in the type's arithmetic (float for half/bf16/fp8), round once;
 //   fp8 saturates (SATFINITE); integer arithmetic wraps; max/min ignore a NaN operand.
 
@@ -369,6 +377,23 @@ __device__ inline bool step_sends(uint32_t k) {
 }
 __device__ inline bool step_recvs(uint32_t k) { return k != CCL_STEP_SEND; }
 
+// Nanoseconds of a free-running device clock (only differences are used).
+__device__ inline uint64_t ccl_now_ns() {
+#if CCL_PLATFORM_HIP
+#if defined(__HIP_DEVICE_COMPILE__)
+  // HIP: the constant-rate real-time counter behind wall_clock64() (s_memrealtime,
+  // 100 MHz on gfx90a / gfx942: 10 ns per tick).
+  return (uint64_t)__builtin_amdgcn_s_memrealtime() * 10ull;
+#else
+  return 0;  // host pass of hipcc: never called
+#endif
+#else
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+#endif
+}
+
 struct LaneState {
   uint32_t lane;
   uint32_t pos;
@@ -462,6 +487,11 @@ __global__ void __launch_bounds__(CCL_THREADS) ccl_plan_kernel(ccl_dev_plan_t p)
   c.avg_divisor = p.avg_divisor;
   c.scalar_bits = p.scalar_bits;
   if (p.scalar_dev) memcpy(&c.scalar_bits, p.scalar_dev, p.unit <= 8 ? p.unit : 8);
+  // An aborted communicator's kernel touches nothing: its peers may have freed the FIFOs
+  // it would read (ncclCommAbort of every rank).
+  if (threadIdx.x == 0) stop = p.abort_flag && *(const volatile uint32_t *)p.abort_flag;
+  __syncthreads();
+  if (stop) return;
 
   // Local steps: every block takes its share of each (disjoint from lane outputs).
   for (uint32_t l = 0; l < p.n_locals; l++) {
@@ -526,9 +556,20 @@ __global__ void __launch_bounds__(CCL_THREADS) ccl_plan_kernel(ccl_dev_plan_t p)
   }
 
   uint64_t *send_word = NULL;
+  uint64_t *wait_word = NULL;  // upstream ns; downstream ns at +1
   if (p.frame && ch < p.frame_capacity) {
     send_word = (uint64_t *)((char *)p.frame + CCL_FRAME_SEND_OFFSET(p.frame_capacity, p.frame_block, ch));
+    wait_word = (uint64_t *)((char *)p.frame + CCL_FRAME_WAIT_OFFSET(p.frame_capacity, p.frame_block, ch));
   }
+  // Injected faults (thread 0's state): does this channel stall; when may the channel's
+  // next throttled send start.
+  const bool stalled = p.stall_channel == CCL_STALL_ALL || p.stall_channel == ch;
+  uint64_t next_send = 0;
+  bool have_next = false;
+  // Wait accounting (thread 0): cumulative ns per reason, the episode's start and the
+  // reasons seen at its last idle pass.
+  uint64_t wait_up = 0, wait_down = 0, ep_start = 0;
+  bool ep_up = false, ep_down = false;
 
   uint32_t remaining = n_mine;
   uint32_t cursor = 0;
@@ -537,29 +578,55 @@ __global__ void __launch_bounds__(CCL_THREADS) ccl_plan_kernel(ccl_dev_plan_t p)
     if (threadIdx.x == 0) {
       // Find a lane whose next step can run, starting after the last one served.
       go = -1;
+      bool up = false, down = false;
       for (uint32_t t = 0; t < n_mine; t++) {
         uint32_t k = (cursor + t) % n_mine;
         LaneState &s = st[k];
         const ccl_dev_lane_t &ln = p.lanes[s.lane];
         if (s.pos >= ln.n_steps) continue;
+        if (stalled && s.pos >= p.stall_after) {
+          up = true;
+          continue;
+        }
         uint32_t kind = p.steps[ln.first_step + s.pos].kind;
         if (step_recvs(kind)) {
           const ccl_dev_conn_t &ci = p.conns[ln.conn_in];
           if (ll) {
             // Peek the flags of the slot's first line instead of tail.
             const volatile uint64_t *l0 = ll_slot(ci, s.consumed);
-            if (!ll_line_has(l0[0], l0[1], ll_flag(s.consumed + 1))) continue;
+            if (!ll_line_has(l0[0], l0[1], ll_flag(s.consumed + 1))) {
+              up = true;
+              continue;
+            }
           } else if (vload(ci.tail) <= s.consumed) {
+            up = true;
             continue;
           }
         }
+        bool throttled = false;
         if (step_sends(kind)) {
           const ccl_dev_conn_t &co = p.conns[ln.conn_out];
-          if (s.posted - vload(co.head) >= co.nslots) continue;
+          if (s.posted - vload(co.head) >= co.nslots) {
+            down = true;
+            continue;
+          }
           if (!s.synced) {
-            if (vload(co.head + 1) != co.ll_sync) continue;
+            if (vload(co.head + 1) != co.ll_sync) {
+              down = true;
+              continue;
+            }
             s.synced = 1;
           }
+          throttled = (ln.flags & CCL_LANE_THROTTLED) && p.throttle_gap_ns != 0;
+          if (throttled && have_next && ccl_now_ns() < next_send) {
+            down = true;
+            continue;
+          }
+        }
+        if (throttled) {
+          // The gap starts now; the channel's next throttled send waits for it.
+          next_send = ccl_now_ns() + p.throttle_gap_ns;
+          have_next = true;
         }
         go = (int32_t)k;
         cursor = k + 1;
@@ -567,14 +634,28 @@ __global__ void __launch_bounds__(CCL_THREADS) ccl_plan_kernel(ccl_dev_plan_t p)
       }
       if (go < 0) {
         idle++;
+        if (idle == 2) ep_start = ccl_now_ns();
+        if (idle >= 2) {
+          ep_up = up;
+          ep_down = down;
+        }
         if ((idle & 1023u) == 0 && p.abort_flag && *(const volatile uint32_t *)p.abort_flag) stop = 1;
 #if !CCL_PLATFORM_HIP && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 700)
         __nanosleep(100);
 #endif
       } else {
-        idle = 0;
         // Acquire: the data behind the observed tail/head is visible after this fence.
         __threadfence_system();
+        if (idle >= 2) {
+          // A wait episode ended: charge it to the reasons of its last idle pass (absolute
+          // values, one store per reason, after the system fence, like the counts).
+          uint64_t ns = ccl_now_ns() - ep_start;
+          if (ep_up) wait_up += ns;
+          if (ep_down) wait_down += ns;
+          if (wait_word && ep_up) vstore(wait_word, wait_up);
+          if (wait_word && ep_down) vstore(wait_word + 1, wait_down);
+        }
+        idle = 0;
       }
     }
     __syncthreads();
@@ -934,6 +1015,9 @@ ccl_dev_result_t ccl_dev_launch_plan(const ccl_dev_plan_t *plan, ccl_stream_t s)
     return invalid("ccl_dev_launch_plan: missing arrays");
   if (p.proto != CCL_PROTO_SIMPLE && p.proto != CCL_PROTO_LL)
     return invalid("ccl_dev_launch_plan: protocol is neither Simple nor LL");
+  if (p.stall_channel != CCL_STALL_NONE && p.stall_channel != CCL_STALL_ALL &&
+      p.stall_channel >= p.n_channels)
+    return invalid("ccl_dev_launch_plan: stall_channel is not a channel of the plan");
   ccl_plan_kernel<<<dim3(p.n_channels), dim3(CCL_THREADS), 0, (cudaStream_t)s>>>(p);
   CCL_CHECK(cudaGetLastError());
   return CCL_DEV_OK;

@@ -136,6 +136,19 @@ pub const fn frame_send_offset(cap: u64, block: u64, ch: u64) -> u64 {
     CCL_FRAME_HEADER_BYTES as u64 + block * frame_block_bytes(cap) + 16 + 16 * ch
 }
 
+/// `CCL_FRAME_EXT_WORDS`: extension words per block and channel (probe's
+/// `EXT_WORDS_PER_CHANNEL`).
+pub const CCL_FRAME_EXT_WORDS: u64 = 4;
+/// `CCL_FRAME_TOTAL_BYTES(cap)`: base frame plus extension slots.
+pub const fn frame_total_bytes(cap: u64) -> u64 {
+    frame_bytes(cap) + CCL_FRAME_BLOCKS as u64 * cap * 8 * CCL_FRAME_EXT_WORDS
+}
+/// `CCL_FRAME_WAIT_OFFSET(cap, b, ch)`: channel `ch`'s upstream wait (ns) in block `b`; the
+/// downstream wait follows at +8.
+pub const fn frame_wait_offset(cap: u64, block: u64, ch: u64) -> u64 {
+    frame_bytes(cap) + (block * cap + ch) * 8 * CCL_FRAME_EXT_WORDS
+}
+
 /// `ccl_dev_step_t`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -170,8 +183,15 @@ pub struct ccl_dev_lane_t {
     pub n_steps: u32,
     pub conn_in: i32,
     pub conn_out: i32,
-    pub reserved: u32,
+    pub flags: u32,
 }
+
+/// `CCL_LANE_THROTTLED`: the lane's sends obey `ccl_dev_plan_t.throttle_gap_ns`.
+pub const CCL_LANE_THROTTLED: u32 = 1;
+/// `CCL_STALL_NONE`: no channel stalls.
+pub const CCL_STALL_NONE: u32 = 0xffff_ffff;
+/// `CCL_STALL_ALL`: every channel stalls.
+pub const CCL_STALL_ALL: u32 = 0xffff_fffe;
 
 /// `ccl_dev_local_t`.
 #[repr(C)]
@@ -213,6 +233,9 @@ pub struct ccl_dev_plan_t {
     pub proto: u32,
     pub reserved: u32,
     pub abort_flag: *const u32,
+    pub throttle_gap_ns: u64,
+    pub stall_channel: u32,
+    pub stall_after: u32,
 }
 
 /// `ccl_ipc_handle_t`.

@@ -39,6 +39,10 @@ static const ccl_layout_entry_t ENTRIES[] = {
     {"CCL_FRAME_BYTES(32)", CCL_FRAME_BYTES(32)},
     {"CCL_FRAME_SEND_OFFSET(8, 5, 3)", CCL_FRAME_SEND_OFFSET(8, 5, 3)},
     {"CCL_FRAME_SEND_OFFSET(32, 7, 31)", CCL_FRAME_SEND_OFFSET(32, 7, 31)},
+    {"CCL_FRAME_TOTAL_BYTES(8)", CCL_FRAME_TOTAL_BYTES(8)},
+    {"CCL_FRAME_TOTAL_BYTES(32)", CCL_FRAME_TOTAL_BYTES(32)},
+    {"CCL_FRAME_WAIT_OFFSET(8, 5, 3)", CCL_FRAME_WAIT_OFFSET(8, 5, 3)},
+    {"CCL_FRAME_WAIT_OFFSET(32, 7, 31)", CCL_FRAME_WAIT_OFFSET(32, 7, 31)},
     {"CCL_LL_CHUNK(64)", CCL_LL_CHUNK(64)},
     {"CCL_LL_CHUNK(200)", CCL_LL_CHUNK(200)},
     {"CCL_LL_CHUNK(131072)", CCL_LL_CHUNK(131072)},
@@ -66,6 +70,7 @@ static const ccl_layout_entry_t ENTRIES[] = {
     OFF(ccl_dev_lane_t, n_steps),
     OFF(ccl_dev_lane_t, conn_in),
     OFF(ccl_dev_lane_t, conn_out),
+    OFF(ccl_dev_lane_t, flags),
     SZ(ccl_dev_local_t),
     OFF(ccl_dev_local_t, kind),
     OFF(ccl_dev_local_t, src_buf),
@@ -96,6 +101,9 @@ static const ccl_layout_entry_t ENTRIES[] = {
     OFF(ccl_dev_plan_t, frame_block),
     OFF(ccl_dev_plan_t, proto),
     OFF(ccl_dev_plan_t, abort_flag),
+    OFF(ccl_dev_plan_t, throttle_gap_ns),
+    OFF(ccl_dev_plan_t, stall_channel),
+    OFF(ccl_dev_plan_t, stall_after),
     SZ(ccl_ipc_handle_t),
 };
 

@@ -33,11 +33,12 @@ fn every_struct_of_the_header_has_the_c_compilers_layout() {
         ccl_probing_frame8_t { header, blocks }
         ccl_dev_step_t { kind, src_buf, dst_buf, src_off, dst_off, count }
         ccl_dev_conn_t { slots, tail, head, slot_bytes, nslots, ll_sync }
-        ccl_dev_lane_t { channel, first_step, n_steps, conn_in, conn_out }
+        ccl_dev_lane_t { channel, first_step, n_steps, conn_in, conn_out, flags }
         ccl_dev_local_t { kind, src_buf, dst_buf, src_off, dst_off, count }
         ccl_dev_plan_t { n_channels, n_lanes, n_locals, n_steps, n_conns, unit, dtype, op,
             reduce, avg_divisor, scalar_bits, scalar_dev, steps, lanes, locals, conns, bufs,
-            frame, frame_capacity, frame_block, proto, abort_flag }
+            frame, frame_capacity, frame_block, proto, abort_flag, throttle_gap_ns,
+            stall_channel, stall_after }
         ccl_ipc_handle_t { }
         ccl_dev_ptr_info_t { kind, device, device_ptr }
     );
@@ -52,10 +53,20 @@ fn every_struct_of_the_header_has_the_c_compilers_layout() {
         "CCL_FRAME_SEND_OFFSET(32, 7, 31)".into(),
         frame_send_offset(32, 7, 31),
     );
+    r.insert("CCL_FRAME_TOTAL_BYTES(8)".into(), frame_total_bytes(8));
+    r.insert("CCL_FRAME_TOTAL_BYTES(32)".into(), frame_total_bytes(32));
+    r.insert(
+        "CCL_FRAME_WAIT_OFFSET(8, 5, 3)".into(),
+        frame_wait_offset(8, 5, 3),
+    );
+    r.insert(
+        "CCL_FRAME_WAIT_OFFSET(32, 7, 31)".into(),
+        frame_wait_offset(32, 7, 31),
+    );
     for s in [64, 200, 131072] {
         r.insert(format!("CCL_LL_CHUNK({s})"), ll_chunk(s));
     }
-    assert_eq!(c.len(), 82, "layout table size changed: update this test");
+    assert_eq!(c.len(), 90, "layout table size changed: update this test");
     assert_eq!(r, c, "Rust mirror differs from the C layout");
 }
 
@@ -128,6 +139,52 @@ fn the_c_frame_is_probes_probing_frame() {
     let rd = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().unwrap());
     assert_eq!(rd(off), 77);
     assert_eq!(rd(off + 8), 66);
+}
+
+#[test]
+fn the_c_wait_slots_are_probes_extension_slots() {
+    use probe::frame as pf;
+    let c = c_table();
+    let get = |k: &str| *c.get(k).unwrap_or_else(|| panic!("missing {k}"));
+    assert_eq!(
+        get("CCL_FRAME_TOTAL_BYTES(8)"),
+        pf::Frame::total_bytes(8) as u64
+    );
+    assert_eq!(
+        get("CCL_FRAME_TOTAL_BYTES(32)"),
+        pf::Frame::total_bytes(32) as u64
+    );
+    assert_eq!(CCL_FRAME_EXT_WORDS, pf::EXT_WORDS_PER_CHANNEL as u64);
+    // Write waits through probe's Frame, read them at the C offsets (capacity 8 and 32).
+    for (cap, block, ch) in [(8usize, 5usize, 3usize), (32, 7, 31)] {
+        let f = pf::Frame::new(cap);
+        let b = f.begin_op(1, block as u64 + 8, cap);
+        assert_eq!(b, block);
+        f.add_wait_upstream(b, ch, 1234);
+        f.add_wait_downstream(b, ch, 5678);
+        let off = get(&format!("CCL_FRAME_WAIT_OFFSET({cap}, {block}, {ch})")) as usize;
+        assert!(off + 16 <= pf::Frame::total_bytes(cap));
+        let word = |o: usize| {
+            // SAFETY: o is 8-aligned and inside the frame's total bytes (asserted above);
+            // the frame's words are AtomicU64 and stay alive while `f` does.
+            unsafe { std::sync::atomic::AtomicU64::from_ptr((f.as_ptr() as *mut u64).add(o / 8)) }
+        };
+        use std::sync::atomic::Ordering::SeqCst;
+        assert_eq!(
+            word(off).load(SeqCst),
+            1234,
+            "upstream wait of ({cap}, {block}, {ch})"
+        );
+        assert_eq!(
+            word(off + 8).load(SeqCst),
+            5678,
+            "downstream of ({cap}, {block}, {ch})"
+        );
+        // The other way: a kernel-style absolute store at the C offset reads back through
+        // Frame::waits.
+        word(off).store(99, SeqCst);
+        assert_eq!(f.waits(b, ch).upstream_ns, 99);
+    }
 }
 
 /// Normalises a C parameter/return type to the Rust spelling used in `ffi`.

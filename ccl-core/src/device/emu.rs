@@ -16,7 +16,14 @@
 //!   `head` counters (atomics in emulated device memory shared by the ranks of the
 //!   process; message k in slot k mod nslots); after every step the channel's absolute
 //!   SendCount / RecvCount are stored into the frame at `CCL_FRAME_SEND_OFFSET`; the abort
-//!   flag is polled while idle. Element arithmetic is ccl-core's [`Reducer`], rebuilt from
+//!   flag is polled while idle. Wait time is accounted like the kernel (and the host
+//!   executor's `WaitEpisode`): a channel's passes without a runnable lane, timed from the
+//!   second one with the host's monotonic clock, charged when progress resumes to the
+//!   blocked lanes' reasons (inbound missing = upstream; no free outbound slot or throttled
+//!   = downstream), cumulative ns stored at `CCL_FRAME_WAIT_OFFSET`. Injected faults of the
+//!   plan: throttled lanes (`CCL_LANE_THROTTLED`, `throttle_gap_ns` per channel) and
+//!   stalls (`stall_channel` / `stall_after`: the lanes stop and the channel spins until
+//!   abort). Element arithmetic is ccl-core's [`Reducer`], rebuilt from
 //!   the plan's dtype / op / scalar / divisor, so results are bit-identical to the host
 //!   backend's.
 //! - IPC is not supported (a clear error; `supports_ipc` is false). `host_register` is an
@@ -31,15 +38,15 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kernels::ffi::{
     ccl_dev_conn_t, ccl_dev_lane_t, ccl_dev_local_t, ccl_dev_plan_t, ccl_dev_step_t,
-    frame_send_offset, CCL_LOCAL_COPY, CCL_LOCAL_REDUCE, CCL_MAX_BUFS, CCL_MAX_CHANNELS,
-    CCL_MAX_LANES_PER_CHANNEL, CCL_OP_MAX, CCL_OP_MIN, CCL_OP_PREMUL, CCL_OP_PROD, CCL_OP_SUM,
-    CCL_PROTO_LL, CCL_PROTO_SIMPLE, CCL_STEP_RECV, CCL_STEP_RECV_COPY_SEND,
-    CCL_STEP_RECV_REDUCE_COPY, CCL_STEP_RECV_REDUCE_COPY_SEND, CCL_STEP_RECV_REDUCE_SEND,
-    CCL_STEP_SEND,
+    frame_send_offset, frame_wait_offset, CCL_LANE_THROTTLED, CCL_LOCAL_COPY, CCL_LOCAL_REDUCE,
+    CCL_MAX_BUFS, CCL_MAX_CHANNELS, CCL_MAX_LANES_PER_CHANNEL, CCL_OP_MAX, CCL_OP_MIN,
+    CCL_OP_PREMUL, CCL_OP_PROD, CCL_OP_SUM, CCL_PROTO_LL, CCL_PROTO_SIMPLE, CCL_STALL_ALL,
+    CCL_STALL_NONE, CCL_STEP_RECV, CCL_STEP_RECV_COPY_SEND, CCL_STEP_RECV_REDUCE_COPY,
+    CCL_STEP_RECV_REDUCE_COPY_SEND, CCL_STEP_RECV_REDUCE_SEND, CCL_STEP_SEND,
 };
 
 use super::api::{DeviceApi, HostFn, IpcHandle, Mapped, PtrInfo, PtrKind, Stream};
@@ -585,6 +592,20 @@ struct Kernel {
     abort: usize,
     /// LL protocol (`CCL_PROTO_LL`): flag lines instead of data + `tail`.
     ll: bool,
+    /// Injected throttle: minimum gap between two sends of throttled lanes of a channel.
+    throttle_gap: Option<Duration>,
+    /// Injected stall: (channel or every channel, steps each stalled lane runs first).
+    stall: Option<(Option<usize>, u32)>,
+}
+
+/// Why a lane could not run its next step (the kernel's wait accounting).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Blocked {
+    No,
+    /// Inbound message not there (or the lane is stalled): waiting upstream.
+    Up,
+    /// No free outbound slot, LL scrub not acknowledged, or throttled: waiting downstream.
+    Down,
 }
 
 #[derive(Clone, Copy)]
@@ -741,6 +762,15 @@ impl Kernel {
         if p.frame as usize % 8 != 0 || p.abort_flag as usize % 4 != 0 {
             return bad("unaligned frame or abort flag".into());
         }
+        let stall = match p.stall_channel {
+            CCL_STALL_NONE => None,
+            CCL_STALL_ALL => Some((None, p.stall_after)),
+            c if c < p.n_channels => Some((Some(c as usize), p.stall_after)),
+            c => return bad(format!("stall_channel {c} of {} channels", p.n_channels)),
+        };
+        if lanes.iter().any(|l| l.flags & !CCL_LANE_THROTTLED != 0) {
+            return bad("unknown lane flags".into());
+        }
         let mut bufs = [0usize; CCL_MAX_BUFS];
         for (d, s) in bufs.iter_mut().zip(p.bufs.iter()) {
             *d = *s as usize;
@@ -759,10 +789,17 @@ impl Kernel {
             frame_block: u64::from(p.frame_block),
             abort: p.abort_flag as usize,
             ll,
+            throttle_gap: (p.throttle_gap_ns > 0).then(|| Duration::from_nanos(p.throttle_gap_ns)),
+            stall,
         })
     }
 
     fn run(self) {
+        if self.aborted() {
+            // An aborted communicator's kernel touches nothing (its peers may have freed
+            // the FIFOs it would read).
+            return;
+        }
         let mut scratch = Vec::new();
         for l in &self.locals {
             self.local(l, &mut scratch);
@@ -814,6 +851,25 @@ impl Kernel {
         r.store(recv, Ordering::Release);
     }
 
+    /// Stores the channel's cumulative wait times (ns) into the frame's extension slots.
+    fn store_waits(&self, ch: usize, up: u64, down: u64) {
+        if self.frame == 0 || ch as u64 >= self.frame_capacity {
+            return;
+        }
+        let off = frame_wait_offset(self.frame_capacity, self.frame_block, ch as u64) as usize;
+        // SAFETY: the frame is mapped memory of CCL_FRAME_TOTAL_BYTES(capacity) bytes (the
+        // ABI's contract for `frame`), alive until the kernel finished, 8-aligned; the host
+        // reads these words atomically.
+        let (u, d) = unsafe {
+            (
+                AtomicU64::from_ptr((self.frame + off) as *mut u64),
+                AtomicU64::from_ptr((self.frame + off + 8) as *mut u64),
+            )
+        };
+        u.store(up, Ordering::Release);
+        d.store(down, Ordering::Release);
+    }
+
     /// One channel ("thread block"): its lanes round-robin until all finished or abort.
     fn channel(&self, ch: usize, lane_ids: &[usize]) {
         struct Run {
@@ -823,7 +879,14 @@ impl Kernel {
             posted: u64,
             /// LL: the receiver acknowledged the scrub of conn_out (or none was needed).
             synced: bool,
+            /// Steps after which the lane stops (injected stall), if any.
+            stall_at: Option<u32>,
+            /// Why the lane's next step could not run in the last pass.
+            wait: Blocked,
         }
+        let stalled = self
+            .stall
+            .and_then(|(c, after)| c.is_none_or(|c| c == ch).then_some(after));
         let mut runs: Vec<Run> = lane_ids
             .iter()
             .map(|&i| {
@@ -843,6 +906,8 @@ impl Kernel {
                     synced: !self.ll
                         || l.conn_out < 0
                         || self.conns[l.conn_out as usize].ll_sync == 0,
+                    stall_at: stalled,
+                    wait: Blocked::No,
                 }
             })
             .collect();
@@ -860,11 +925,23 @@ impl Kernel {
         let mut idle = 0u32;
         let mut scratch = Vec::new();
         let (mut ll_in, mut ll_out) = (Vec::new(), Vec::new());
+        // Wait accounting: cumulative ns per reason, the current episode's start (from
+        // its second idle pass) and the reasons seen at its last idle pass.
+        let (mut wait_up, mut wait_down) = (0u64, 0u64);
+        let mut since: Option<Instant> = None;
+        let (mut blocked_up, mut blocked_down) = (false, false);
+        // Injected throttle: when the channel's next throttled send may start.
+        let mut next_send: Option<Instant> = None;
         while !runs.is_empty() {
             let mut progressed = false;
             for r in runs.iter_mut() {
                 let l = self.lanes[r.lane];
+                r.wait = Blocked::No;
                 while r.pos < l.n_steps {
+                    if r.stall_at.is_some_and(|k| r.pos >= k) {
+                        r.wait = Blocked::Up;
+                        break;
+                    }
                     let st = self.steps[(l.first_step + r.pos) as usize];
                     let rcv = st.kind != CCL_STEP_SEND;
                     let snd = step_sends(st.kind);
@@ -875,23 +952,37 @@ impl Kernel {
                             // The first line of the slot carries this message's flags.
                             let slot = c.slots + ((r.consumed % c.nslots) as usize) * c.slot_bytes;
                             if !ll_line_ready(slot, ll_flag(r.consumed + 1)) {
+                                r.wait = Blocked::Up;
                                 break;
                             }
                         } else if Self::counter(c.tail).load(Ordering::Acquire) <= r.consumed {
+                            r.wait = Blocked::Up;
                             break;
                         }
                     }
+                    let throttled =
+                        snd && l.flags & CCL_LANE_THROTTLED != 0 && self.throttle_gap.is_some();
                     if let (true, Some(c)) = (snd, cout) {
                         let head = Self::counter(c.head).load(Ordering::Acquire);
                         if r.posted - head >= c.nslots {
+                            r.wait = Blocked::Down;
                             break;
                         }
                         if !r.synced {
                             if ll_sync_word(&c).load(Ordering::Acquire) != u64::from(c.ll_sync) {
+                                r.wait = Blocked::Down;
                                 break;
                             }
                             r.synced = true;
                         }
+                        if throttled && next_send.is_some_and(|n| Instant::now() < n) {
+                            r.wait = Blocked::Down;
+                            break;
+                        }
+                    }
+                    if let (true, Some(gap)) = (throttled, self.throttle_gap) {
+                        // The gap starts now; the channel's next throttled send waits for it.
+                        next_send = Some(Instant::now() + gap);
                     }
                     let nb = st.count as usize * self.unit;
                     let mut inb = cin
@@ -933,12 +1024,32 @@ impl Kernel {
                     progressed = true;
                 }
             }
+            if progressed {
+                // A wait episode ended: charge it to the reasons of its last idle pass.
+                if let Some(t0) = since.take() {
+                    let ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                    if blocked_up {
+                        wait_up = wait_up.saturating_add(ns);
+                    }
+                    if blocked_down {
+                        wait_down = wait_down.saturating_add(ns);
+                    }
+                    self.store_waits(ch, wait_up, wait_down);
+                }
+            }
             runs.retain(|r| r.pos < self.lanes[r.lane].n_steps);
             if progressed {
                 idle = 0;
                 continue;
             }
             idle = idle.saturating_add(1);
+            if idle == 2 {
+                since = Some(Instant::now());
+            }
+            if idle >= 2 {
+                blocked_up = runs.iter().any(|r| r.wait == Blocked::Up);
+                blocked_down = runs.iter().any(|r| r.wait == Blocked::Down);
+            }
             if idle % 64 == 0 && self.aborted() {
                 return;
             }

@@ -6,11 +6,11 @@
 use std::collections::HashMap;
 
 use kernels::ffi::{
-    ccl_dev_lane_t, ccl_dev_local_t, ccl_dev_step_t, CCL_LOCAL_COPY, CCL_LOCAL_REDUCE,
-    CCL_MAX_BUFS, CCL_MAX_CHANNELS, CCL_MAX_LANES_PER_CHANNEL, CCL_OP_MAX, CCL_OP_MIN,
-    CCL_OP_PREMUL, CCL_OP_PROD, CCL_OP_SUM, CCL_STEP_RECV, CCL_STEP_RECV_COPY_SEND,
-    CCL_STEP_RECV_REDUCE_COPY, CCL_STEP_RECV_REDUCE_COPY_SEND, CCL_STEP_RECV_REDUCE_SEND,
-    CCL_STEP_SEND,
+    ccl_dev_lane_t, ccl_dev_local_t, ccl_dev_step_t, CCL_LANE_THROTTLED, CCL_LOCAL_COPY,
+    CCL_LOCAL_REDUCE, CCL_MAX_BUFS, CCL_MAX_CHANNELS, CCL_MAX_LANES_PER_CHANNEL, CCL_OP_MAX,
+    CCL_OP_MIN, CCL_OP_PREMUL, CCL_OP_PROD, CCL_OP_SUM, CCL_STALL_ALL, CCL_STALL_NONE,
+    CCL_STEP_RECV, CCL_STEP_RECV_COPY_SEND, CCL_STEP_RECV_REDUCE_COPY,
+    CCL_STEP_RECV_REDUCE_COPY_SEND, CCL_STEP_RECV_REDUCE_SEND, CCL_STEP_SEND,
 };
 
 use crate::error::{CclError, Result};
@@ -210,7 +210,7 @@ pub fn lower(plan: &Plan, n_bufs: usize) -> Result<LoweredPlan> {
             n_steps: u32_of(lane.steps.len(), "steps")?,
             conn_in,
             conn_out,
-            reserved: 0,
+            flags: 0,
         });
     }
     for l in &plan.local {
@@ -229,6 +229,60 @@ pub fn lower(plan: &Plan, n_bufs: usize) -> Result<LoweredPlan> {
     }
     u32_of(out.steps.len(), "steps")?;
     Ok(out)
+}
+
+/// The fault fields of `ccl_dev_plan_t` (`CCLD_INJECT`, see [`apply_fault`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FaultFields {
+    /// `throttle_gap_ns` (0: no throttle).
+    pub throttle_gap_ns: u64,
+    /// `stall_channel` (`CCL_STALL_NONE`, `CCL_STALL_ALL` or a channel).
+    pub stall_channel: u32,
+    /// `stall_after`: steps each stalled lane runs before it stops.
+    pub stall_after: u32,
+}
+
+/// Applies an operation's injected throttle and stall to a lowered plan, with the host
+/// executor's rules: a throttle marks every lane that sends to the throttled peer (or every
+/// sending lane when no peer is named) `CCL_LANE_THROTTLED` and sets the gap; a stall stops
+/// the lanes of one channel (or of all) before their first step (a channel the plan does
+/// not use never stalls, as on the host). Halving is not a plan field: see [`halved`].
+pub fn apply_fault(lp: &mut LoweredPlan, fault: &crate::inject::OpFault) -> FaultFields {
+    let mut f = FaultFields {
+        throttle_gap_ns: 0,
+        stall_channel: CCL_STALL_NONE,
+        stall_after: 0,
+    };
+    if let Some((gap, link)) = fault.throttle {
+        // At least 1 ns (a zero gap would mean "no throttle"); clamped to u64.
+        f.throttle_gap_ns = u64::try_from(gap.as_nanos()).unwrap_or(u64::MAX).max(1);
+        for l in &mut lp.lanes {
+            let peer = usize::try_from(l.conn_out)
+                .ok()
+                .and_then(|i| lp.conns.get(i))
+                .map(|k| k.peer);
+            if peer.is_some_and(|p| link.is_none_or(|t| t == p)) {
+                l.flags |= CCL_LANE_THROTTLED;
+            }
+        }
+    }
+    match fault.stall {
+        Some(None) => f.stall_channel = CCL_STALL_ALL,
+        Some(Some(c)) if c < lp.n_channels as usize => f.stall_channel = c as u32,
+        _ => {}
+    }
+    f
+}
+
+/// An injected h2 fault's plan: every lane keeps the first half of its steps (rounded up),
+/// as the host executor runs it; local steps stay.
+pub fn halved(plan: &Plan) -> Plan {
+    let mut p = plan.clone();
+    for l in &mut p.lanes {
+        let n = l.steps.len().div_ceil(2);
+        l.steps.truncate(n);
+    }
+    p
 }
 
 /// The reduction fields of `ccl_dev_plan_t` for a reducer: the kernel's element operation,

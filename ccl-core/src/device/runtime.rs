@@ -42,7 +42,7 @@ use kernels::ffi::{
 use probe::{CollKind, Frame, OpLog};
 
 use super::api::{CudaApi, DeviceApi, IpcHandle, Mapped, PtrInfo, PtrKind, Stream};
-use super::lower::{lower, red_params, ConnDir, ConnKey, LoweredPlan};
+use super::lower::{apply_fault, halved, lower, red_params, ConnDir, ConnKey, LoweredPlan};
 use super::proto::{self, OpShape, Proto, ProtoSet};
 use super::{choose_backend, Backend, DeviceProbe};
 use crate::bootstrap::Bootstrap;
@@ -562,6 +562,9 @@ pub(crate) struct DeviceComm {
     probe_on: bool,
     op_counter: Arc<AtomicU64>,
     inject: Option<Arc<crate::inject::Injection>>,
+    /// An injected h2 fault made this rank issue a different operation: like the host
+    /// executor, it issues no more (later calls are held back until abort).
+    diverged: AtomicBool,
     source: Option<Arc<probe::Source>>,
     pids: Vec<u32>,
     state: Mutex<State>,
@@ -768,6 +771,7 @@ impl DeviceComm {
             probe_on: a.probe_on,
             op_counter: a.op_counter,
             inject: a.inject,
+            diverged: AtomicBool::new(false),
             source: a.source,
             state: Mutex::new(State::default()),
             inflight: Arc::new(Inflight::default()),
@@ -1186,7 +1190,15 @@ impl DeviceComm {
             (s.kind, s.src_buf, s.dst_buf, s.src_off, s.dst_off, s.count).hash(&mut h);
         }
         for l in &lp.lanes {
-            (l.channel, l.first_step, l.n_steps, l.conn_in, l.conn_out).hash(&mut h);
+            (
+                l.channel,
+                l.first_step,
+                l.n_steps,
+                l.conn_in,
+                l.conn_out,
+                l.flags,
+            )
+                .hash(&mut h);
         }
         for l in &lp.locals {
             (l.kind, l.src_buf, l.dst_buf, l.src_off, l.dst_off, l.count).hash(&mut h);
@@ -1305,6 +1317,27 @@ impl DeviceComm {
         let label = item.label();
         let proto = self.protocol_of(item);
         let plan = executor::plan_for(item, self.rank, self.nranks, &self.plan_tuning(proto))?;
+        // CCLD_INJECT: the faults of the operation this call becomes (its counter is taken
+        // below; calls on one communicator are serialized, as NCCL requires), applied with
+        // the host executor's rules (see `inject`).
+        let mut fault = match &self.inject {
+            Some(inj) => inj.for_op(
+                self.rank,
+                self.nranks,
+                self.op_counter.load(Ordering::Acquire),
+            ),
+            None => crate::inject::OpFault::default(),
+        };
+        if self.diverged.load(Ordering::Acquire) {
+            fault.not_enter = true;
+        }
+        // h2: the rank runs the first half of every lane (its op type set says half the
+        // count); the expected counts stay the schedule's.
+        let run_plan = if fault.halve && !fault.not_enter {
+            halved(&plan)
+        } else {
+            plan.clone()
+        };
         let (mut bufs, red, dtype_bytes): (Vec<usize>, Option<(Reducer, usize)>, usize) = match item
         {
             WorkItem::Coll(c) => {
@@ -1349,7 +1382,8 @@ impl DeviceComm {
                 "the device backend runs at most {CCL_MAX_BUFS} buffers per operation"
             )));
         }
-        let lp = lower(&plan, bufs.len())?;
+        let mut lp = lower(&run_plan, bufs.len())?;
+        let faults = apply_fault(&mut lp, &fault);
         let mut st = lock(&self.state);
         let mut conns: Vec<ccl_dev_conn_t> = lp
             .conns
@@ -1400,6 +1434,9 @@ impl DeviceComm {
             proto: proto.abi(),
             reserved: 0,
             abort_flag: self.abort_mem.dev as *const u32,
+            throttle_gap_ns: faults.throttle_gap_ns,
+            stall_channel: faults.stall_channel,
+            stall_after: faults.stall_after,
         };
         for (d, b) in p.bufs.iter_mut().zip(&bufs) {
             *d = *b as *mut _;
@@ -1422,19 +1459,24 @@ impl DeviceComm {
             p.frame_capacity = self.frame.channel_capacity() as u32;
             p.frame_block = block as u32;
         }
-        let fault = match &self.inject {
-            Some(inj) => inj.for_op(self.rank, self.nranks, counter),
-            None => crate::inject::OpFault::default(),
-        };
-        if fault.throttle.is_some() || fault.halve || fault.stall.is_some() {
-            tracing::warn!(target: "nccl::COLL", rank = self.rank,
-                "CCLD_INJECT: only delays and not-entered ranks are injected on the device backend");
-        }
         let mut info = executor::type_set(item, self.nranks, &plan);
         info.proto = match proto {
             Proto::Simple => probe::Proto::Simple,
             Proto::Ll => probe::Proto::Ll,
         };
+        if fault.halve && !fault.not_enter {
+            info.count /= 2;
+            info.bytes /= 2;
+            tracing::warn!(target: "nccl::COLL", rank = self.rank,
+                "CCLD_INJECT: operation {counter} runs half its steps; no further operation is \
+                 issued on this communicator");
+            self.diverged.store(true, Ordering::Release);
+        }
+        if fault.throttle.is_some() || fault.stall.is_some() {
+            tracing::warn!(target: "nccl::COLL", rank = self.rank,
+                "CCLD_INJECT: operation {counter}: throttle {:?}, stall {:?}",
+                fault.throttle, fault.stall);
+        }
         let expected: Vec<(usize, u64, u64)> = plan
             .lanes
             .iter()

@@ -258,7 +258,7 @@ pub fn run_case_proto(
             })
             .collect();
         let cap = l.n_channels;
-        let frame = a.mapped(k::frame_bytes(u64::from(cap)) as usize)?;
+        let frame = a.mapped(k::frame_total_bytes(u64::from(cap)) as usize)?;
         frames.push((frame.0.cast::<u64>(), cap));
         let mut bufs = [std::ptr::null_mut(); k::CCL_MAX_BUFS];
         bufs[BUF_SEND] = sb;
@@ -287,6 +287,9 @@ pub fn run_case_proto(
             proto: proto.abi(),
             reserved: 0,
             abort_flag: abort.1.cast(),
+            throttle_gap_ns: 0,
+            stall_channel: k::CCL_STALL_NONE,
+            stall_after: 0,
         });
     }
     for _ in 0..n {
@@ -391,7 +394,7 @@ pub fn run_case_proto(
         let mut per = Vec::new();
         for (ch, e) in expected[r].iter().enumerate() {
             let off = k::frame_send_offset(u64::from(*cap), 0, ch as u64) as usize / 8;
-            // SAFETY: the frame is frame_bytes(cap) bytes of mapped host memory and
+            // SAFETY: the frame is frame_total_bytes(cap) bytes of mapped host memory and
             // ch < n_channels = cap, so both words lie inside it; the kernels finished.
             let got = unsafe {
                 (

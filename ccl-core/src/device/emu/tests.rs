@@ -66,6 +66,9 @@ fn empty_plan() -> ccl_dev_plan_t {
         proto: 0,
         reserved: 0,
         abort_flag: std::ptr::null(),
+        throttle_gap_ns: 0,
+        stall_channel: CCL_STALL_NONE,
+        stall_after: 0,
     }
 }
 
@@ -398,7 +401,7 @@ fn malformed_plans_are_rejected_at_launch() {
         n_steps: 1,
         conn_in: -1,
         conn_out: 0,
-        reserved: 0,
+        flags: 0,
     }];
     let buf = d.malloc(64).unwrap();
     let mut p = empty_plan();
@@ -431,7 +434,7 @@ fn malformed_plans_are_rejected_at_launch() {
         n_steps: 1,
         conn_in: -1,
         conn_out: -1,
-        reserved: 0,
+        flags: 0,
     }];
     let mut p = empty_plan();
     p.n_steps = 1;
@@ -441,6 +444,34 @@ fn malformed_plans_are_rejected_at_launch() {
     // SAFETY: arrays valid for the call.
     let e = unsafe { d.launch_plan(&p, s) }.unwrap_err();
     assert!(e.to_string().contains("connection"), "{e}");
+    // Fault fields: a stall channel outside the plan, unknown lane flags.
+    let mut p = empty_plan();
+    p.stall_channel = 1; // the plan has 1 channel
+                         // SAFETY: no arrays.
+    let e = unsafe { d.launch_plan(&p, s) }.unwrap_err();
+    assert!(e.to_string().contains("stall_channel"), "{e}");
+    p.stall_channel = CCL_STALL_ALL;
+    // SAFETY: no arrays.
+    unsafe { d.launch_plan(&p, s) }.unwrap();
+    let send = [ccl_dev_step_t {
+        kind: CCL_STEP_SEND,
+        count: 1,
+        ..Default::default()
+    }];
+    let conn = [conn_mem(&d, 64)];
+    let buf = d.malloc(64).unwrap();
+    let odd = [ccl_dev_lane_t {
+        conn_out: 0,
+        flags: 2,
+        ..lanes[0]
+    }];
+    let mut p = empty_plan();
+    (p.n_steps, p.n_lanes, p.n_conns) = (1, 1, 1);
+    (p.steps, p.lanes, p.conns) = (send.as_ptr(), odd.as_ptr(), conn.as_ptr());
+    p.bufs[0] = buf as *mut _;
+    // SAFETY: arrays valid for the call.
+    let e = unsafe { d.launch_plan(&p, s) }.unwrap_err();
+    assert!(e.to_string().contains("lane flags"), "{e}");
     // An empty plan runs.
     // SAFETY: no arrays.
     unsafe { d.launch_plan(&empty_plan(), s) }.unwrap();
@@ -584,7 +615,7 @@ fn lane_of(n_steps: u32, conn_in: i32, conn_out: i32) -> [ccl_dev_lane_t; 1] {
         n_steps,
         conn_in,
         conn_out,
-        reserved: 0,
+        flags: 0,
     }]
 }
 

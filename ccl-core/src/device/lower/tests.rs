@@ -405,3 +405,122 @@ fn limits_are_reported_as_errors() {
     p.lanes.push(dup);
     assert!(lower(&p, 2).is_err(), "two lanes on one connection");
 }
+
+#[test]
+fn fault_fields_follow_the_host_rules() {
+    use crate::inject::OpFault;
+    use std::time::Duration;
+    // Rank 1 of 4, ring AllReduce on 2 channels: every lane sends to rank 2.
+    let (_, lp0) = lowered_plan(CollKind::AllReduce, 4096, 4, 1, 0, 2, 1024);
+    let none = {
+        let mut lp = lp0.clone();
+        let f = apply_fault(&mut lp, &OpFault::default());
+        assert_eq!(lp, lp0, "no fault: the arrays are unchanged");
+        f
+    };
+    assert_eq!(
+        none,
+        FaultFields {
+            throttle_gap_ns: 0,
+            stall_channel: CCL_STALL_NONE,
+            stall_after: 0
+        }
+    );
+    let throttled = |link: Option<usize>| {
+        let mut lp = lp0.clone();
+        let f = apply_fault(
+            &mut lp,
+            &OpFault {
+                throttle: Some((Duration::from_micros(1500), link)),
+                ..OpFault::default()
+            },
+        );
+        assert_eq!(f.throttle_gap_ns, 1_500_000);
+        assert_eq!(f.stall_channel, CCL_STALL_NONE);
+        lp
+    };
+    for link in [None, Some(2)] {
+        let lp = throttled(link);
+        assert_eq!(lp.lanes.len(), 2);
+        for l in &lp.lanes {
+            let peer = lp.conns[l.conn_out as usize].peer;
+            assert_eq!(peer, 2);
+            assert_eq!(
+                l.flags, CCL_LANE_THROTTLED,
+                "link {link:?}: lane sends to 2"
+            );
+        }
+    }
+    // A link that is not this rank's outbound peer throttles nothing (the gap is still
+    // carried, the kernel applies it to flagged lanes only).
+    let lp = throttled(Some(0));
+    assert!(lp.lanes.iter().all(|l| l.flags == 0));
+    // P2p: lanes that send to 3 are flagged, lanes to others and receive lanes are not.
+    {
+        use crate::schedule::{Dir, P2pOp};
+        let ops: Vec<P2pOp> = (0..4)
+            .flat_map(|peer| {
+                [Dir::Send, Dir::Recv].map(|dir| P2pOp {
+                    dir,
+                    peer,
+                    buf: usize::from(dir == Dir::Recv),
+                    off: 0,
+                    bytes: 100,
+                    n_channels: 2,
+                })
+            })
+            .collect();
+        let plan = schedule::p2p(1, 4, 16, &ops).unwrap();
+        let mut lp = lower(&plan, 2).unwrap();
+        apply_fault(
+            &mut lp,
+            &OpFault {
+                throttle: Some((Duration::from_millis(1), Some(3))),
+                ..OpFault::default()
+            },
+        );
+        let mut flagged = 0;
+        for l in &lp.lanes {
+            let out = usize::try_from(l.conn_out).ok().map(|i| lp.conns[i].peer);
+            assert_eq!(
+                l.flags == CCL_LANE_THROTTLED,
+                out == Some(3),
+                "{l:?} to {out:?}"
+            );
+            flagged += usize::from(l.flags != 0);
+        }
+        assert_eq!(flagged, 2, "one send lane to 3 per channel");
+    }
+    // Stalls: every channel, one channel, a channel the plan does not use.
+    let st = |s: Option<usize>| {
+        let mut lp = lp0.clone();
+        apply_fault(
+            &mut lp,
+            &OpFault {
+                stall: Some(s),
+                ..OpFault::default()
+            },
+        )
+        .stall_channel
+    };
+    assert_eq!(st(None), CCL_STALL_ALL);
+    assert_eq!(st(Some(1)), 1);
+    assert_eq!(st(Some(2)), CCL_STALL_NONE, "channel 2 of a 2-channel plan");
+}
+
+#[test]
+fn a_halved_plan_keeps_the_first_half_of_every_lane() {
+    let (plan, _) = lowered_plan(CollKind::AllReduce, 4096, 4, 1, 0, 2, 1024);
+    let h = halved(&plan);
+    assert_eq!(h.local, plan.local);
+    assert_eq!(h.lanes.len(), plan.lanes.len());
+    for (a, b) in h.lanes.iter().zip(&plan.lanes) {
+        assert_eq!(a.steps.len(), b.steps.len().div_ceil(2));
+        assert_eq!(a.steps[..], b.steps[..a.steps.len()]);
+        assert_eq!(
+            (a.channel, a.send_to, a.recv_from),
+            (b.channel, b.send_to, b.recv_from)
+        );
+    }
+    assert!(h.total_steps() < plan.total_steps());
+}
