@@ -58,9 +58,15 @@ pub fn spec(class: AnomalyClass, root: usize, n: usize, kind: CollKind) -> Strin
         n - 1
     };
     let mixed_delay_us = steps * 2500;
+    // S2: a send gap that slows each operation by about as much as S1's 25 ms entry delay
+    // (at least 3 ms a send). With a fixed 3 ms, a ReduceScatter / AllGather of 4 ranks
+    // (3 sends a channel) was only about 9 ms slower: R near theta = 10 when the baseline
+    // had been learned during a descheduling hiccup, and detection then waited for a
+    // window with R above theta (seen: up to 15 s, once more than the tests' 20 s).
+    let s2_gap_us = (25_000 / steps).max(3000);
     match class {
         AnomalyClass::S1ComputationSlow => format!("s1:{sel},delay=25ms"),
-        AnomalyClass::S2CommunicationSlow => format!("s2:{sel},gap=3ms"),
+        AnomalyClass::S2CommunicationSlow => format!("s2:{sel},gap={s2_gap_us}us"),
         AnomalyClass::S3MixedSlow => format!("s3:{sel},delay={mixed_delay_us}us,gap=2ms"),
         AnomalyClass::H1NotEntered => format!("h1:{sel}"),
         AnomalyClass::H2Inconsistent => format!("h2:rank={root},nranks={n},ops={ONSET}"),
