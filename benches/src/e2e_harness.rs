@@ -75,6 +75,31 @@ pub fn spec(class: AnomalyClass, root: usize, n: usize, kind: CollKind) -> Strin
     }
 }
 
+/// Polls the embedded analyzer every 50 ms for diagnoses of communicator `comm_id`, at most
+/// `wait`; returns at the first one unless `class` is `Unspecified` (a clean run waits the
+/// whole time to see that nothing comes).
+fn await_diagnoses(
+    emb: &probe::embedded::Embedded,
+    comm_id: u64,
+    class: AnomalyClass,
+    wait: Duration,
+) -> Vec<wire::Diagnosis> {
+    let t0 = Instant::now();
+    let mut found = Vec::new();
+    while t0.elapsed() < wait {
+        std::thread::sleep(Duration::from_millis(50));
+        found = emb
+            .diagnoses()
+            .into_iter()
+            .filter(|d| d.comm_id == comm_id)
+            .collect();
+        if !found.is_empty() && class != AnomalyClass::Unspecified {
+            break;
+        }
+    }
+    found
+}
+
 /// Issues one collective `kind` of the harness's shape (AllGather: `send.len() / n` floats
 /// per rank; ReduceScatter: `recv.len() / n`); false when the communicator refused it.
 pub fn op(c: &Arc<Comm>, kind: CollKind, send: &[f32], recv: &mut [f32], n: usize) -> bool {
@@ -158,19 +183,7 @@ pub fn run_case(
         })
         .collect();
     let emb = probe::embedded::embedded().expect("embedded analyzer started at init");
-    let t0 = Instant::now();
-    let mut found = Vec::new();
-    while t0.elapsed() < wait {
-        std::thread::sleep(Duration::from_millis(50));
-        found = emb
-            .diagnoses()
-            .into_iter()
-            .filter(|d| d.comm_id == id)
-            .collect();
-        if !found.is_empty() && class != AnomalyClass::Unspecified {
-            break;
-        }
-    }
+    let found = await_diagnoses(&emb, id, class, wait);
     stop.store(true, Ordering::Release);
     for c in &comms {
         let _ = c.abort();
@@ -406,19 +419,7 @@ pub fn run_case_device(
     let cid = comms[0].comm_id();
     go.store(true, Ordering::Release);
     let emb = probe::embedded::embedded().ok_or("embedded analyzer not running")?;
-    let t0 = Instant::now();
-    let mut found = Vec::new();
-    while t0.elapsed() < wait {
-        std::thread::sleep(Duration::from_millis(50));
-        found = emb
-            .diagnoses()
-            .into_iter()
-            .filter(|d| d.comm_id == cid)
-            .collect();
-        if !found.is_empty() && class != AnomalyClass::Unspecified {
-            break;
-        }
-    }
+    let found = await_diagnoses(&emb, cid, class, wait);
     stop.store(true, Ordering::Release);
     // Ranks that are not hung finish their operation and stop on their own; then abort.
     let t1 = Instant::now();
