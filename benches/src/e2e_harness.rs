@@ -26,9 +26,14 @@ pub const WINDOW_ENV: [(&str, &str); 8] = [
     ("CCLD_INFLIGHT_MS", "200"),
     ("CCLD_SILENT_S", "1"),
     ("CCLD_SLOW_REPEAT", "3"),
-    // theta for an oversubscribed 2-core CI machine, where a rank thread descheduled for
-    // a few ms is routine (paper: about 3 on a dedicated cluster).
-    ("CCLD_SLOW_THETA", "10"),
+    // theta for an oversubscribed 2-core machine, where a rank thread descheduled for a few
+    // ms is routine (paper: about 3 on a dedicated cluster). Measured on clean 4-rank runs
+    // (36 runs, 446 windows, half of them beside two busy loops): R p99 = 7.5 .. 11.8, and
+    // single windows up to 34 (T_base is 0.2 .. 0.5 ms, so one 17 ms descheduling gives
+    // R = 34); never three windows in a row above 10 here, but one CI run saw that with
+    // theta = 10 and its clean run got a diagnosis. A slow verdict needs three windows in a
+    // row above theta (`CCLD_SLOW_REPEAT`).
+    ("CCLD_SLOW_THETA", "25"),
 ];
 
 fn setup() {
@@ -41,33 +46,48 @@ fn setup() {
     });
 }
 
+/// Ring steps of one operation on each channel: 2(n-1) for AllReduce, n-1 otherwise.
+fn ring_steps(n: usize, kind: CollKind) -> usize {
+    if kind == CollKind::AllReduce {
+        2 * (n - 1)
+    } else {
+        n - 1
+    }
+}
+
 /// Serialises "set CCLD_INJECT, init, unset" and the runs themselves (timing).
 static RUN: Mutex<()> = Mutex::new(());
+
+/// How much the injected slowdowns exceed the ones first tuned for theta = 10 (S1: 25 ms).
+/// Scaled with theta so that an 8-rank AllReduce (T_base about 1 ms) still gives R about
+/// twice theta.
+const SLOW_SCALE: usize = 3;
 
 /// The `CCLD_INJECT` value of a case: an anomaly of `class` at rank `root` of `n`-rank
 /// communicators from operation 150 on (empty for `AnomalyClass::Unspecified`).
 pub fn spec(class: AnomalyClass, root: usize, n: usize, kind: CollKind) -> String {
     let sel = format!("rank={root},nranks={n},ops={ONSET}..");
+    let steps = ring_steps(n, kind);
     // S3: an entry delay about as long as the slowdown the throttle causes, so that P ~ 0.5
     // (between alpha = 0.4 and beta = 0.6). The throttle delays one send per ring step and
-    // channel (2(n-1) steps for AllReduce, n-1 otherwise) by up to the 2 ms gap, and the
-    // lockstep ring adds about a quarter on top (measured: 2.2 .. 3 ms per step).
-    let steps = if kind == CollKind::AllReduce {
-        2 * (n - 1)
-    } else {
-        n - 1
-    };
-    let mixed_delay_us = steps * 2500;
-    // S2: a send gap that slows each operation by about as much as S1's 25 ms entry delay
-    // (at least 3 ms a send). With a fixed 3 ms, a ReduceScatter / AllGather of 4 ranks
-    // (3 sends a channel) was only about 9 ms slower: R near theta = 10 when the baseline
-    // had been learned during a descheduling hiccup, and detection then waited for a
-    // window with R above theta (seen: up to 15 s, once more than the tests' 20 s).
-    let s2_gap_us = (25_000 / steps).max(3000);
+    // channel (2(n-1) steps for AllReduce, n-1 otherwise) by up to the gap; with a 6 ms gap
+    // an operation was measured 4.2 (4-rank AllGather) .. 6.1 ms (8-rank AllReduce) slower
+    // per step, so a delay of 0.85 gap per step gives P = 0.45 .. 0.55.
+    let mixed_gap_us = SLOW_SCALE * 2000;
+    let mixed_delay_us = steps * mixed_gap_us * 17 / 20;
+    // S2: a send gap that slows each operation by about as much as S1's entry delay. With a
+    // gap independent of the step count, a ReduceScatter / AllGather of 4 ranks (3 sends a
+    // channel) was only about a third as slow: R near theta when the baseline had been
+    // learned during a descheduling hiccup, and detection then waited for a window with R
+    // above theta (seen: up to 15 s, once more than the tests' 20 s).
+    let s2_gap_us = SLOW_SCALE * (25_000 / steps).max(3000);
+    let s1_delay_us = SLOW_SCALE * 25_000;
     match class {
-        AnomalyClass::S1ComputationSlow => format!("s1:{sel},delay=25ms"),
+        AnomalyClass::S1ComputationSlow => format!("s1:{sel},delay={s1_delay_us}us"),
         AnomalyClass::S2CommunicationSlow => format!("s2:{sel},gap={s2_gap_us}us"),
-        AnomalyClass::S3MixedSlow => format!("s3:{sel},delay={mixed_delay_us}us,gap=2ms"),
+        AnomalyClass::S3MixedSlow => {
+            format!("s3:{sel},delay={mixed_delay_us}us,gap={mixed_gap_us}us")
+        }
         AnomalyClass::H1NotEntered => format!("h1:{sel}"),
         AnomalyClass::H2Inconsistent => format!("h2:rank={root},nranks={n},ops={ONSET}"),
         AnomalyClass::H3Hardware => format!("h3:rank={root},nranks={n},ops={ONSET}"),
@@ -304,23 +324,7 @@ pub fn run_case_device(
 ) -> Result<Vec<wire::Diagnosis>, String> {
     setup();
     let _g = RUN.lock().unwrap_or_else(|p| p.into_inner());
-    let s = match class {
-        // The device ranks wait for their stream after each operation, so a throttled
-        // step costs a little less than on the host backend: a shorter entry delay keeps
-        // P ~ 0.5 (measured on the emulator: P = 0.60 with the host's delay).
-        AnomalyClass::S3MixedSlow => {
-            let steps = if kind == CollKind::AllReduce {
-                2 * (n - 1)
-            } else {
-                n - 1
-            };
-            format!(
-                "s3:rank={root},nranks={n},ops={ONSET}..,delay={}us,gap=2ms",
-                steps * 1800
-            )
-        }
-        _ => spec(class, root, n, kind),
-    };
+    let s = spec(class, root, n, kind);
     if !s.is_empty() {
         std::env::set_var("CCLD_INJECT", &s);
     }

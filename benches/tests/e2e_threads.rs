@@ -99,9 +99,10 @@ fn s3_mixed_slow() {
     run_class(AnomalyClass::S3MixedSlow);
 }
 
+/// 1000+ collectives (about 1.2 ms each with compute) with jitter: no diagnosis. Returns
+/// the diagnoses as the error, so that they are the last lines a failing run prints.
 #[test]
-fn clean_run_with_jitter_raises_nothing() {
-    // 1000+ collectives (about 1.2 ms each with compute) with jitter: no diagnosis.
+fn clean_run_with_jitter_raises_nothing() -> Result<(), String> {
     let ds = run_case(
         AnomalyClass::Unspecified,
         4,
@@ -109,9 +110,12 @@ fn clean_run_with_jitter_raises_nothing() {
         CollKind::AllReduce,
         Duration::from_secs(4),
     );
-    assert!(
-        ds.is_empty(),
-        "{:#?}",
-        ds.iter().map(probe::describe).collect::<Vec<_>>()
-    );
+    if ds.is_empty() {
+        return Ok(());
+    }
+    Err(ds
+        .iter()
+        .map(probe::describe)
+        .collect::<Vec<_>>()
+        .join("\n"))
 }
