@@ -55,6 +55,17 @@ fn ring_steps(n: usize, kind: CollKind) -> usize {
     }
 }
 
+/// The "computation" before operation `i` of rank `r` in the harness's training loop: about
+/// 1 ms with up to 0.3 ms of per-rank jitter, and at operation 1500 a pause of every rank
+/// below the hang threshold (checkpoint-like).
+fn compute_step(i: u64, r: usize) {
+    let jitter = (i * 7919 + r as u64 * 104_729) % 300;
+    std::thread::sleep(Duration::from_micros(1000 + jitter));
+    if i == 1500 {
+        std::thread::sleep(Duration::from_millis(800));
+    }
+}
+
 /// Serialises "set CCLD_INJECT, init, unset" and the runs themselves (timing).
 static RUN: Mutex<()> = Mutex::new(());
 
@@ -180,12 +191,7 @@ pub fn run_case(
                     vec![0.0f32; floats * if kind == CollKind::AllGather { n } else { 1 }];
                 let mut i = 0u64;
                 while !stop.load(Ordering::Acquire) {
-                    let jitter = (i * 7919 + r as u64 * 104_729) % 300;
-                    std::thread::sleep(Duration::from_micros(1000 + jitter));
-                    if i == 1500 {
-                        // A pause of every rank below the hang threshold (checkpoint-like).
-                        std::thread::sleep(Duration::from_millis(800));
-                    }
+                    compute_step(i, r);
                     if i % 50 == 49 {
                         // A barrier: AllReduce of one float (never diagnosed).
                         let one = [1.0f32];
@@ -384,11 +390,7 @@ pub fn run_case_device(
                 }
                 let mut i = 0u64;
                 while !stop.load(Ordering::Acquire) {
-                    let jitter = (i * 7919 + r as u64 * 104_729) % 300;
-                    std::thread::sleep(Duration::from_micros(1000 + jitter));
-                    if i == 1500 {
-                        std::thread::sleep(Duration::from_millis(800));
-                    }
+                    compute_step(i, r);
                     if i % 50 == 49 && (!dev_op(&c, kind, &b, floats, n, true) || !b.drain(&stop)) {
                         break;
                     }
