@@ -10,6 +10,9 @@
 //! `max_rounds_per_comm` rounds (operation counters), each with one compact entry per rank
 //! (state, duration, counts, rates, waits, type set index). A round that every rank
 //! completed is handed to slow detection and its buffer recycled; older rounds are evicted.
+//! Rounds are held sparsely: a probe that thins its records (`OpRecord.stride`) reports the
+//! same sample of rounds on every rank, so the rounds held skip the counters in between;
+//! the computation gap then comes with the record (`OpRecord.gap_ns`).
 //! Ingest is O(channels) per record and allocation-free in the steady state.
 //!
 //! # Hang (section 4.2.1)
@@ -702,7 +705,9 @@ struct Comm {
     id: u64,
     nranks: u32,
     ranks: Vec<RankInfo>,
+    /// Rounds held, sorted by counter (not necessarily consecutive).
     rounds: VecDeque<Round>,
+    /// Lowest counter still accepted: every round below it was finalized or evicted.
     base: u64,
     spare: Vec<Vec<Entry>>,
     kinds: Vec<OpKind>,
@@ -754,33 +759,39 @@ impl Comm {
         }
     }
 
+    /// The index of round `c` in `rounds` (created if new), or `None` when the round is
+    /// no longer held (finalized and dropped, or older than every held round while the
+    /// store is full). Rounds are held sparsely, sorted by counter: thinned reporters
+    /// (`OpRecord.stride`) report only some rounds, so the counters held need not be
+    /// consecutive. Beyond `max_rounds` held rounds the oldest is evicted.
     fn round_index(&mut self, c: u64, max_rounds: usize, stats: &mut EngineStats) -> Option<usize> {
-        if self.rounds.is_empty() {
-            self.base = c;
-        }
         if c < self.base {
             return None;
         }
-        let max_rounds = max_rounds.max(1);
-        let len = self.rounds.len() as u64;
-        if c - self.base >= len + max_rounds as u64 {
-            // A jump far ahead: drop everything held.
-            while let Some(r) = self.rounds.pop_front() {
-                self.evict(r, stats);
+        let mut idx = if self.rounds.back().is_none_or(|b| b.op_counter < c) {
+            self.rounds.push_back(Round::new(c));
+            self.rounds.len() - 1
+        } else {
+            match self.rounds.binary_search_by_key(&c, |r| r.op_counter) {
+                Ok(i) => i,
+                Err(i) => {
+                    self.rounds.insert(i, Round::new(c));
+                    i
+                }
             }
-            self.base = c;
-        }
-        while c - self.base >= self.rounds.len() as u64 {
-            let op = self.base + self.rounds.len() as u64;
-            self.rounds.push_back(Round::new(op));
-        }
-        while self.rounds.len() > max_rounds {
+        };
+        while self.rounds.len() > max_rounds.max(1) {
             if let Some(r) = self.rounds.pop_front() {
+                self.base = r.op_counter + 1;
                 self.evict(r, stats);
             }
-            self.base += 1;
+            if idx == 0 {
+                // The new round was the oldest: dropped at once.
+                return None;
+            }
+            idx -= 1;
         }
-        Some((c - self.base) as usize)
+        Some(idx)
     }
 
     fn evict(&mut self, r: Round, stats: &mut EngineStats) {
@@ -793,9 +804,9 @@ impl Comm {
     fn pop_finalized(&mut self) {
         while self.rounds.front().is_some_and(|r| r.finalized) {
             if let Some(r) = self.rounds.pop_front() {
+                self.base = r.op_counter + 1;
                 self.recycle(r.entries);
             }
-            self.base += 1;
         }
     }
 
@@ -1160,6 +1171,9 @@ impl Engine {
         let start_est = now_ns.saturating_sub(rec.duration_ns).min(e.start_est_ns);
         let gap_ns = if e.gap_ns != NO_GAP {
             e.gap_ns
+        } else if let Some(g) = rec.gap_ns {
+            // Measured by the probe (thinned records are not consecutive).
+            g
         } else {
             let info = &comm.ranks[ri];
             match info.last_done_op {
@@ -2479,6 +2493,8 @@ mod tests {
             seq: c,
             device: -1,
             cpu_wait_ns: None,
+            gap_ns: None,
+            stride: 0,
         }
     }
 
@@ -2975,6 +2991,109 @@ mod tests {
             [500 * MS, 500 * MS, 500 * MS, 100 * MS],
         );
         assert!(e.tick(T0 + 181 * S).is_empty());
+    }
+
+    #[test]
+    fn thinned_rounds_with_probe_gaps_read_like_consecutive_ones() {
+        // The scenario of `entry_skew_inherited_from_the_previous_operation_is_not_computation`
+        // as a thinning probe reports it: only every 16th round, each record carrying the
+        // rank's computation gap (1 ms) since the unreported operation before it.
+        let run = |with_gap: bool| {
+            let mut e = Engine::new(slow_cfg());
+            let mut k = 0u64;
+            let mut run = |e: &mut Engine, t: u64, starts: [u64; 4], ends: [u64; 4]| {
+                k += 1;
+                for r in 0..4 {
+                    let mut x = rec(4, 16 * k, r as u32, 4, OpState::Completed, 0);
+                    x.start_ns = starts[r];
+                    x.duration_ns = ends[r] - starts[r];
+                    x.stride = 16;
+                    x.gap_ns = with_gap.then_some(MS);
+                    e.ingest(&x, t).unwrap();
+                }
+            };
+            for i in 1..=4 {
+                let s0 = 10 * S + i * 101 * MS;
+                run(&mut e, T0 + i * S, [s0; 4], [s0 + 100 * MS; 4]);
+            }
+            // A slow link staggered the ends of the (unreported) operation before: the
+            // reported one starts staggered, 1 ms after each rank's previous end.
+            let base = 20 * S;
+            let starts = [0, 1, 2, 3].map(|i| base + i * 250 * MS);
+            run(&mut e, T0 + 70 * S, starts, [starts[3] + S; 4]);
+            let d = e.tick(T0 + 122 * S);
+            assert_eq!(d.len(), 1);
+            let stats = e.stats().clone();
+            assert_eq!(stats.rounds_evicted_incomplete, 0);
+            assert_eq!(e.comm_state(4, T0 + 122 * S).unwrap().tracked_rounds, 0);
+            d[0].clone()
+        };
+        let d = run(true);
+        let ev = d.evidence.as_ref().unwrap();
+        assert_eq!(ev.computation_lateness_ns, Some(0));
+        assert_eq!(
+            d.class(),
+            AnomalyClass::S2CommunicationSlow,
+            "{}",
+            d.summary
+        );
+        assert_eq!(d.trace.as_ref().unwrap().op_counter, 80);
+        // Without the gaps the rounds are not consecutive: eq. 4 decides (computation).
+        let d = run(false);
+        let ev = d.evidence.as_ref().unwrap();
+        assert_eq!(ev.computation_lateness_ns, None);
+        assert_ne!(
+            d.class(),
+            AnomalyClass::S2CommunicationSlow,
+            "{}",
+            d.summary
+        );
+    }
+
+    #[test]
+    fn ranks_on_different_strides_complete_the_common_rounds() {
+        // Ranks 0..2 report every 8th round, rank 3 (briefly on a larger stride) every
+        // 16th: the rounds all four report complete; the others stay partial and are
+        // evicted once more than `max_rounds_per_comm` rounds are held: no hang, nothing
+        // unbounded, and later complete rounds are not held back.
+        let mut e = Engine::new(EngineConfig {
+            max_rounds_per_comm: 8,
+            ..slow_cfg()
+        });
+        for k in 1..=40u64 {
+            let c = 8 * k;
+            for r in 0..4u32 {
+                if r == 3 && c % 16 != 0 {
+                    continue;
+                }
+                let mut x = rec(4, c, r, 4, OpState::Completed, 100 * MS);
+                x.stride = if r == 3 { 16 } else { 8 };
+                e.ingest(&x, T0 + k * MS).unwrap();
+            }
+        }
+        let st = e.comm_state(4, T0 + S).unwrap();
+        assert_eq!(st.rounds_completed, 20, "rounds 16, 32, .., 320");
+        assert!(st.tracked_rounds <= 8, "{}", st.tracked_rounds);
+        assert!(e.stats().rounds_evicted_incomplete >= 12);
+        let hangs = [
+            AnomalyClass::H1NotEntered,
+            AnomalyClass::H2Inconsistent,
+            AnomalyClass::H3Hardware,
+        ];
+        assert!(e
+            .tick(T0 + 400 * S)
+            .iter()
+            .all(|d| !hangs.contains(&d.class())));
+        // A second completion of a round already finalized does not reopen it.
+        let late = rec(4, 320, 3, 4, OpState::Completed, 100 * MS);
+        assert!(matches!(
+            e.ingest(&late, T0 + 2 * S),
+            Err(Reject::DuplicateCompleted {
+                op_counter: 320,
+                ..
+            })
+        ));
+        assert_eq!(e.comm_state(4, T0 + 2 * S).unwrap().rounds_completed, 20);
     }
 
     #[test]

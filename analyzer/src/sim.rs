@@ -964,6 +964,8 @@ impl Sim {
             seq: g.seq[ju],
             device: -1,
             cpu_wait_ns: None,
+            gap_ns: None,
+            stride: 0,
         }
     }
 

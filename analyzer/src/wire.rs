@@ -87,6 +87,8 @@ mod tests {
             seq: 9,
             device: -1,
             cpu_wait_ns: None,
+            gap_ns: None,
+            stride: 0,
         };
         let bytes = Batch {
             records: vec![rec.clone()],

@@ -174,6 +174,8 @@ impl RecordGen {
             seq: op,
             device: -1,
             cpu_wait_ns: None,
+            gap_ns: None,
+            stride: 0,
         }
     }
 }

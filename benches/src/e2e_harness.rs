@@ -14,7 +14,12 @@ use ccl_core::device::api::{DeviceApi, Stream};
 use ccl_core::{enqueue, CollArgs, Comm, CommConfig, DataType};
 use probe::CollKind;
 
-const ONSET: u64 = 150;
+/// First operation of an injected anomaly: after the baseline. The engine's dynamic
+/// baseline is the first 100 reported rounds within `CCLD_BASELINE_S` (0.5 s here, about
+/// 330 operations of this loop); with record thinning (`CCLD_RECORD_US`, default 5 ms:
+/// every 2nd round of this loop is reported) 100 reported rounds reach operation ~170, so
+/// an onset at 150 would slow the baseline itself. 400 operations take about 0.6 s.
+const ONSET: u64 = 400;
 
 /// The shortened detection windows of the end-to-end tests (hang 1.5 s, slow window 0.5 s
 /// x 3), as environment variables for the probe and the embedded analyzer.
@@ -75,7 +80,7 @@ static RUN: Mutex<()> = Mutex::new(());
 const SLOW_SCALE: usize = 3;
 
 /// The `CCLD_INJECT` value of a case: an anomaly of `class` at rank `root` of `n`-rank
-/// communicators from operation 150 on (empty for `AnomalyClass::Unspecified`).
+/// communicators from operation [`ONSET`] on (empty for `AnomalyClass::Unspecified`).
 pub fn spec(class: AnomalyClass, root: usize, n: usize, kind: CollKind) -> String {
     let sel = format!("rank={root},nranks={n},ops={ONSET}..");
     let steps = ring_steps(n, kind);
@@ -152,8 +157,27 @@ pub fn op(c: &Arc<Comm>, kind: CollKind, send: &[f32], recv: &mut [f32], n: usiz
     enqueue(c, a).is_ok()
 }
 
+/// A barrier as the analyzer knows one: an AllReduce of less than 4 bytes (one byte
+/// here), never diagnosed. (One float, 4 bytes, would be an operation kind of its own,
+/// analysed like any other: a slowdown injected from an operation on slows it too.)
+pub fn barrier(c: &Arc<Comm>) -> bool {
+    let one = [1u8];
+    let mut out = [0u8];
+    let a = CollArgs {
+        kind: CollKind::AllReduce,
+        sendbuf: one.as_ptr() as usize,
+        recvbuf: out.as_mut_ptr() as usize,
+        count: 1,
+        dtype: DataType::Uint8 as i32,
+        op: 0,
+        root: -1,
+        stream: 0,
+    };
+    enqueue(c, a).is_ok()
+}
+
 /// Runs one case: `n` ranks as threads running collective `kind` in a loop, with an
-/// anomaly of `class` injected at rank `root` from operation 150 on (none for
+/// anomaly of `class` injected at rank `root` from operation [`ONSET`] on (none for
 /// `AnomalyClass::Unspecified`); polls the embedded analyzer for up to `wait` (returning
 /// at the first diagnosis unless `class` is `Unspecified`) and returns the diagnoses of the
 /// case's communicator. Cases are serialised (one at a time per process).
@@ -192,13 +216,8 @@ pub fn run_case(
                 let mut i = 0u64;
                 while !stop.load(Ordering::Acquire) {
                     compute_step(i, r);
-                    if i % 50 == 49 {
-                        // A barrier: AllReduce of one float (never diagnosed).
-                        let one = [1.0f32];
-                        let mut out = [0.0f32];
-                        if !op(&c, CollKind::AllReduce, &one, &mut out, n) {
-                            return;
-                        }
+                    if i % 50 == 49 && !barrier(&c) {
+                        return;
                     }
                     if !op(&c, kind, &send, &mut recv, n) {
                         return;
@@ -288,23 +307,24 @@ impl DevBufs {
     }
 }
 
-/// Issues one collective on device buffers and stream (shapes as [`op`]).
+/// Issues one collective on device buffers and stream (shapes as [`op`]); `tiny`: the
+/// [`barrier`] (one byte) instead.
 fn dev_op(c: &Arc<Comm>, kind: CollKind, b: &DevBufs, floats: usize, n: usize, tiny: bool) -> bool {
-    let (send, recv, count) = if tiny {
-        (b.one, b.out, 1)
+    let (send, recv, count, dtype) = if tiny {
+        (b.one, b.out, 1, DataType::Uint8)
     } else {
         let count = match kind {
             CollKind::AllReduce | CollKind::AllGather => floats,
             _ => floats / n,
         };
-        (b.send, b.recv, count)
+        (b.send, b.recv, count, DataType::Float32)
     };
     let a = CollArgs {
         kind: if tiny { CollKind::AllReduce } else { kind },
         sendbuf: send,
         recvbuf: recv,
         count,
-        dtype: DataType::Float32 as i32,
+        dtype: dtype as i32,
         op: 0,
         root: -1,
         stream: b.stream,

@@ -27,7 +27,7 @@ use analyzer::client::{BlockingClient, ClientConfig};
 use analyzer::server::{class_name, ServerConfig, ShardProcess};
 use analyzer::wire::{self, AnomalyClass};
 use analyzer::EngineConfig;
-use benches::e2e_harness::{full_cases, op, roots_ok, spec, WINDOW_ENV};
+use benches::e2e_harness::{barrier, full_cases, op, roots_ok, spec, WINDOW_ENV};
 use ccl_core::bootstrap::get_unique_id;
 use ccl_core::{Comm, CommConfig, UniqueId};
 use probe::CollKind;
@@ -142,12 +142,8 @@ fn proc_rank_entry() {
     while t0.elapsed() < Duration::from_secs(30) {
         let jitter = (i * 7919 + rank as u64 * 104_729) % 300;
         std::thread::sleep(Duration::from_micros(1000 + jitter));
-        if i % 50 == 49 {
-            let one = [1.0f32];
-            let mut out = [0.0f32];
-            if !op(&comm, CollKind::AllReduce, &one, &mut out, n) {
-                break;
-            }
+        if i % 50 == 49 && !barrier(&comm) {
+            break;
         }
         if !op(&comm, kind, &send, &mut recv, n) {
             break;
@@ -423,7 +419,7 @@ fn read_report(path: &Path) -> (Option<String>, Vec<Seen>) {
 }
 
 /// Runs `n` rank processes with the default (embedded) analyzer, `class` injected at rank
-/// `root` from operation 150 on (nothing for `Unspecified`), collective `kind`; returns
+/// `root` from the harness's onset on (nothing for `Unspecified`), collective `kind`; returns
 /// rank 0's hub line and the diagnoses its process surfaced within `wait` (returning at the
 /// first one unless `class` is `Unspecified`).
 fn hub_case(

@@ -156,6 +156,9 @@ pub struct Comm {
     split_seq: AtomicU64,
     /// Device backend, chosen at creation, until `attach` takes it.
     dev_pre: Mutex<Option<DevicePre>>,
+    /// This rank's registration with the diagnostic thread (probing on). Weak: the
+    /// runtime's reference is the one that keeps it registered until destroy.
+    probe_source: OnceLock<std::sync::Weak<probe::Source>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -319,6 +322,7 @@ impl Comm {
             next_reg: AtomicUsize::new(1),
             split_seq: AtomicU64::new(0),
             dev_pre: Mutex::new(dev_pre),
+            probe_source: OnceLock::new(),
         })
     }
 
@@ -400,7 +404,7 @@ impl Comm {
         }
         let n = self.nranks as u32;
         let r = self.rank as u32;
-        Ok(Some(probe::register(
+        let source = probe::register(
             probe::Identity {
                 comm_id: comm_hash,
                 rank: r,
@@ -411,7 +415,9 @@ impl Comm {
             },
             Arc::clone(&self.frame),
             Arc::clone(&self.op_log),
-        )))
+        );
+        let _ = self.probe_source.set(Arc::downgrade(&source));
+        Ok(Some(source))
     }
 
     /// [`Comm::attach`] for the device backend: probe registration as on the host backend,
@@ -1073,6 +1079,26 @@ impl Comm {
     /// Whether probe updates are on (`CCLD_DISABLE` unset or 0).
     pub fn probe_enabled(&self) -> bool {
         self.probe_on
+    }
+
+    /// Pauses (`false`) or resumes (`true`) this rank's probing at run time: the probing
+    /// frame's mode flag (CCL-D section 5.1), read once at the start of every operation.
+    /// While paused the collective path skips every probe update, exactly as with
+    /// `CCLD_DISABLE=1`, and the diagnostic thread skips the frame; the rank stays
+    /// registered. Call it on every rank of the communicator (the analyzer compares ranks
+    /// round by round). No effect on a communicator initialised with probing off. The
+    /// probe-overhead benchmark uses it to compare probes on and off on one communicator.
+    pub fn set_probing(&self, on: bool) {
+        if self.probe_on {
+            self.frame.set_mode(on);
+        }
+    }
+
+    /// Completions of this rank reported to the analyzer so far and left out by record
+    /// thinning (`probe::thin`); `None` while no diagnostic thread samples this rank.
+    pub fn probe_record_counts(&self) -> Option<(u64, u64)> {
+        let source = self.probe_source.get()?.upgrade()?;
+        Some(source.thinning_counts())
     }
 
     /// Bytes of one FIFO slot (`NCCL_BUFFSIZE / 8`, rounded down to 64).

@@ -671,9 +671,9 @@ impl Worker {
             info.bytes /= 2;
         }
         let counter = sh.op_counter.fetch_add(1, Ordering::AcqRel);
-        let block = sh
-            .probe_on
-            .then(|| sh.frame.begin_op(sh.comm_id, counter, plan.n_channels));
+        // Probing can be paused at run time (`Comm::set_probing`): decided once per operation.
+        let probing = sh.probe_on && sh.frame.is_measuring();
+        let block = probing.then(|| sh.frame.begin_op(sh.comm_id, counter, plan.n_channels));
         if let Some(b) = block {
             // What the schedule expects of each channel: the analyzer's progress fractions
             // of a hung operation (H3) use it.
@@ -682,7 +682,7 @@ impl Worker {
                 sh.frame.add_expected(b, lane.channel, send, recv);
             }
         }
-        if sh.probe_on {
+        if probing {
             sh.op_log.start(counter, &info, now_ns());
         }
         log_call(item, &info, sh.rank, sh.nranks, sh.comm_id, counter, None);
@@ -701,7 +701,7 @@ impl Worker {
             self.diverged = true;
         }
         let sh = &self.shared;
-        if sh.probe_on {
+        if probing {
             let fin = sh.op_log.finish(counter, now_ns(), r.is_ok());
             if let (Some(src), Some(fin)) = (&sh.source, fin) {
                 src.op_done(&fin);

@@ -1,7 +1,8 @@
 //! Environment-driven behaviour, in its own binary because it sets process environment
 //! variables (one test function, so nothing runs concurrently with the changes):
-//! `NCCL_MIN_NCHANNELS`/`NCCL_MAX_NCHANNELS` reach the schedule and the probe, and
-//! `CCLD_DISABLE=1` turns probe updates off without changing results.
+//! `NCCL_MIN_NCHANNELS`/`NCCL_MAX_NCHANNELS` reach the schedule and the probe,
+//! `CCLD_DISABLE=1` (and `Comm::set_probing(false)` at run time) turns probe updates off
+//! without changing results, and `CCLD_RECORD_US` thins the records of fast communicators.
 
 use std::sync::Arc;
 
@@ -77,4 +78,56 @@ fn channel_env_and_probe_disable() {
     let e = Comm::init_all(1, None).unwrap_err();
     assert!(e.to_string().contains("CCLD_DISABLE"), "{e}");
     std::env::remove_var("CCLD_DISABLE");
+
+    // 4. Probing paused at run time: the operation is not traced (frame and log as with
+    //    CCLD_DISABLE=1, nothing reported), results unchanged; resumed, tracing goes on.
+    let comms = Comm::init_all(2, None).unwrap();
+    allreduce_all(&comms, 10);
+    let counts = |cs: &[Arc<Comm>]| cs[0].probe_record_counts().unwrap();
+    assert_eq!(counts(&comms), (1, 0));
+    for c in &comms {
+        c.set_probing(false);
+    }
+    let out = allreduce_all(&comms, 1000);
+    assert!(out.iter().all(|v| v.iter().all(|x| *x == 3.0)));
+    for c in &comms {
+        assert!(!c.probe_frame().is_measuring());
+        assert_eq!(c.probe_frame().header().op_counter, 0, "op 1 not traced");
+        assert!(c.op_log().get(1).is_none());
+        c.set_probing(true);
+    }
+    assert_eq!(counts(&comms), (1, 0));
+    allreduce_all(&comms, 10);
+    assert_eq!(comms[1].probe_frame().header().op_counter, 2);
+    assert_eq!(counts(&comms), (2, 0));
+    for c in &comms {
+        c.destroy().unwrap();
+    }
+
+    // 5. CCLD_RECORD_US: thinning of fast communicators' records. With 0 every completion
+    //    is reported; with a target of 1 s (a stride of 64 or more for anything faster
+    //    than 80 operations a second), the first epoch of 32 operations and then a few. A
+    //    malformed value fails init naming the variable.
+    for (value, all) in [("0", true), ("1000000", false)] {
+        std::env::set_var("CCLD_RECORD_US", value);
+        let comms = Comm::init_all(2, None).unwrap();
+        std::env::remove_var("CCLD_RECORD_US");
+        for _ in 0..2000 {
+            allreduce_all(&comms, 1);
+        }
+        let (reported, skipped) = counts(&comms);
+        assert_eq!(reported + skipped, 2000);
+        if all {
+            assert_eq!(skipped, 0);
+        } else {
+            assert!((32..100).contains(&reported), "{reported} of 2000 reported");
+        }
+        for c in &comms {
+            c.destroy().unwrap();
+        }
+    }
+    std::env::set_var("CCLD_RECORD_US", "fast");
+    let e = Comm::init_all(1, None).unwrap_err();
+    assert!(e.to_string().contains("CCLD_RECORD_US"), "{e}");
+    std::env::remove_var("CCLD_RECORD_US");
 }

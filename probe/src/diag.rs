@@ -26,7 +26,7 @@
 //! analyzer cluster ([`crate::reporter`]) or nowhere.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
@@ -36,6 +36,7 @@ use analyzer::wire;
 use crate::frame::Frame;
 use crate::optype::{OpLog, OpSnapshot, OpState};
 use crate::sched::CpuWaitTracker;
+use crate::thin;
 
 /// Monotonic nanoseconds since the first call in this process (the clock of op-log
 /// timestamps and of the embedded analyzer).
@@ -72,6 +73,32 @@ pub struct Source {
     /// Kernel thread id of the thread that completed the latest operation on the host
     /// backend (0: none yet): whose run-queue delay is this rank's CPU wait (`sched`).
     exec_tid: AtomicI32,
+    thin: ThinState,
+    /// Target interval between reported completions (`CCLD_RECORD_US` at registration).
+    record_ns: u64,
+}
+
+/// One rank's record thinning ([`thin`]) and computation-gap bookkeeping. Written by the
+/// thread completing the rank's operations (one at a time, in counter order); counters are
+/// stored plus one so that 0 means "none".
+#[derive(Debug, Default)]
+struct ThinState {
+    /// Stride in force (0 and 1: every operation reported).
+    stride: AtomicU32,
+    /// Counter + 1 and start time of the operation that opened the current epoch.
+    epoch_counter: AtomicU64,
+    epoch_start_ns: AtomicU64,
+    /// Counter + 1 and end time of the latest completed operation.
+    last_counter: AtomicU64,
+    last_end_ns: AtomicU64,
+    /// Counter + 1 of the latest operation the diagnostic thread sent an in-flight
+    /// snapshot of: its completion is reported whatever the stride.
+    snapshotted: AtomicU64,
+    /// Completions reported / left out by thinning.
+    reported: AtomicU64,
+    skipped: AtomicU64,
+    /// Bit `c % 64` set: the completion of operation `c` (of the last 64) was reported.
+    recent: AtomicU64,
 }
 
 /// Counters of one channel at completion.
@@ -141,6 +168,16 @@ struct Done {
     /// few operations, which fast operations overwrite long before the next tick.
     snap: OpSnapshot,
     chans: DoneChans,
+    thinning: Thinning,
+}
+
+/// What a record says about thinning and the computation gap.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Thinning {
+    /// Time from the end of the rank's previous operation to the start of this one.
+    gap_ns: Option<u64>,
+    /// Stride in force ([`thin`]).
+    stride: u32,
 }
 
 struct Global {
@@ -153,6 +190,12 @@ struct Global {
     /// CPU nanoseconds used so far by the diagnostic and the reporter thread.
     cpu_ns: [AtomicU64; 2],
 }
+
+/// Operations before a suspected hang (an operation in flight for an in-flight period)
+/// whose thinned completions are reported after all: the frame still holds their counters
+/// beside the one in flight. A rank idle for that long after its last operation reports
+/// that one too.
+pub const BACKFILL_OPS: u64 = crate::FRAME_BLOCKS as u64 - 1;
 
 /// Capacity of the completion queue (operations).
 pub const DONE_QUEUE: usize = 16_384;
@@ -222,7 +265,7 @@ impl Source {
 
     /// The completion message of the operation whose final op-log entry is `snap`: that
     /// entry and the operation's counters.
-    fn done_message(&self, snap: &OpSnapshot) -> Done {
+    fn done_message(&self, snap: &OpSnapshot, thinning: Thinning) -> Done {
         let counter = snap.op_counter;
         let block = (counter % crate::FRAME_BLOCKS as u64) as usize;
         let n = self.frame.header().n_channels as usize;
@@ -231,12 +274,47 @@ impl Source {
             counter,
             snap: *snap,
             chans: DoneChans::collect(n, |c| chan_done(&self.frame, block, c)),
+            thinning,
         }
     }
 
+    /// The rank's computation gap before operation `counter` starting at `start_ns`: the
+    /// time since its previous operation (`counter - 1`) ended, if that one completed.
+    fn gap_before(&self, counter: u64, start_ns: u64) -> Option<u64> {
+        let t = &self.thin;
+        (counter > 0 && t.last_counter.load(Ordering::Relaxed) == counter)
+            .then(|| start_ns.saturating_sub(t.last_end_ns.load(Ordering::Relaxed)))
+    }
+
+    /// The stride for operation `counter` starting at `start_ns`: reconsidered at every
+    /// epoch boundary from the time the last epoch took ([`thin::next_stride`]).
+    fn stride_for(&self, counter: u64, start_ns: u64) -> u32 {
+        let t = &self.thin;
+        let mut stride = t.stride.load(Ordering::Relaxed).max(1);
+        if counter % thin::EPOCH_OPS == 0 {
+            let prev = t.epoch_counter.load(Ordering::Relaxed);
+            if counter >= thin::EPOCH_OPS && prev == counter - thin::EPOCH_OPS + 1 {
+                let took = start_ns.saturating_sub(t.epoch_start_ns.load(Ordering::Relaxed));
+                stride = thin::next_stride(stride, took, self.record_ns);
+            }
+            t.stride.store(stride, Ordering::Relaxed);
+            t.epoch_counter.store(counter + 1, Ordering::Relaxed);
+            t.epoch_start_ns.store(start_ns, Ordering::Relaxed);
+        }
+        stride
+    }
+
+    /// Completions of this rank reported so far and left out by thinning.
+    pub fn thinning_counts(&self) -> (u64, u64) {
+        (
+            self.thin.reported.load(Ordering::Relaxed),
+            self.thin.skipped.load(Ordering::Relaxed),
+        )
+    }
+
     /// Called by the executor when an operation finished, with the entry `OpLog::finish`
-    /// returned: copies its counters and queues them for the diagnostic thread without
-    /// blocking.
+    /// returned: unless thinning leaves it out ([`thin`]), copies its counters and queues
+    /// them for the diagnostic thread without blocking.
     pub fn op_done(&self, snap: &OpSnapshot) {
         // On the host backend the completing thread ran the operation (on the device
         // backend it is a CUDA callback thread, whose CPU wait says nothing).
@@ -244,16 +322,68 @@ impl Source {
             self.exec_tid
                 .store(crate::sched::current_tid(), Ordering::Relaxed);
         }
-        if global().done_tx.try_send(self.done_message(snap)).is_err() {
+        let Some(thinning) = self.thin_completion(snap) else {
+            return;
+        };
+        let msg = self.done_message(snap, thinning);
+        if global().done_tx.try_send(msg).is_err() {
             // Full queue (or no diagnostic thread): dropped, counted.
             count_drop(1);
         }
     }
+
+    /// The bookkeeping of a completion (gap, epoch, stride) and whether it is reported:
+    /// `Some` with what its record says about thinning, `None` when thinning leaves it out.
+    fn thin_completion(&self, snap: &OpSnapshot) -> Option<Thinning> {
+        let c = snap.op_counter;
+        let gap_ns = self.gap_before(c, snap.start_ns);
+        let t = &self.thin;
+        t.last_counter.store(c + 1, Ordering::Relaxed);
+        t.last_end_ns.store(snap.end_ns, Ordering::Relaxed);
+        let stride = self.stride_for(c, snap.start_ns);
+        let report =
+            snap.state != OpState::Completed || thin::selected(self.ident.comm_id, c, stride) || {
+                // Pairs with the fence in `Sampler::sample` (the op log's finish store came
+                // before this): either the diagnostic thread sees this operation finished
+                // and sends no snapshot, or this load sees its mark and the snapshot is
+                // closed by this completion. (A fence costs a few ns here; skipping it for
+                // short operations would need a clock read, as the sampler's clock and the
+                // op log's end time are read at different moments.)
+                fence(Ordering::SeqCst);
+                t.snapshotted.load(Ordering::Relaxed) == c + 1
+            };
+        // Single writer: a plain read-modify-write.
+        let bit = 1u64 << (c % 64);
+        let recent = t.recent.load(Ordering::Relaxed);
+        if !report {
+            t.recent.store(recent & !bit, Ordering::Relaxed);
+            t.skipped.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        t.recent.store(recent | bit, Ordering::Relaxed);
+        t.reported.fetch_add(1, Ordering::Relaxed);
+        Some(Thinning { gap_ns, stride })
+    }
 }
 
 /// Registers a communicator rank with the diagnostic thread (started on first use by
-/// [`start`]). Keep the `Arc`: the source is sampled while it lives.
+/// [`start`]). Keep the `Arc`: the source is sampled while it lives. Its record thinning
+/// target is `CCLD_RECORD_US` as the environment says now (validated by `crate::start`,
+/// which the runtime calls first; like NCCL's variables it is read at every init and
+/// must be the same on every rank of a communicator).
 pub fn register(ident: Identity, frame: Arc<Frame>, op_log: Arc<OpLog>) -> Arc<Source> {
+    let record =
+        DiagConfig::resolve(&process_env).map_or(DiagConfig::default().record, |c| c.record);
+    register_with_target(ident, frame, op_log, record)
+}
+
+/// [`register`] with an explicit record thinning target (zero: report every completion).
+pub fn register_with_target(
+    ident: Identity,
+    frame: Arc<Frame>,
+    op_log: Arc<OpLog>,
+    record: Duration,
+) -> Arc<Source> {
     let g = global();
     let id = g.next_id.fetch_add(1, Ordering::Relaxed);
     let s = Arc::new(Source {
@@ -262,6 +392,8 @@ pub fn register(ident: Identity, frame: Arc<Frame>, op_log: Arc<OpLog>) -> Arc<S
         frame,
         op_log,
         exec_tid: AtomicI32::new(0),
+        thin: ThinState::default(),
+        record_ns: u64::try_from(record.as_nanos()).unwrap_or(u64::MAX),
     });
     let mut v = lock(&g.sources);
     v.retain(|(_, w)| w.strong_count() > 0);
@@ -278,8 +410,13 @@ pub struct DiagConfig {
     pub inflight: Duration,
     /// Heartbeat period (`CCLD_HEARTBEAT_MS`).
     pub heartbeat: Duration,
-    /// Longest time records wait before a batch is sent.
+    /// Longest time records wait before a batch is sent; also the longest sampling period
+    /// while no operation in flight is older than `sample` (see [`next_period`]).
     pub flush: Duration,
+    /// Target interval between a rank's reported completions of one communicator
+    /// (`CCLD_RECORD_US`, read again at every registration; zero: every completion, see
+    /// [`thin`]).
+    pub record: Duration,
 }
 
 impl Default for DiagConfig {
@@ -289,6 +426,7 @@ impl Default for DiagConfig {
             inflight: Duration::from_millis(1000),
             heartbeat: Duration::from_millis(1000),
             flush: Duration::from_millis(50),
+            record: Duration::from_nanos(thin::DEFAULT_RECORD_NS),
         }
     }
 }
@@ -347,6 +485,8 @@ impl DiagConfig {
             heartbeat: env_u64(get, "CCLD_HEARTBEAT_MS", 1, 3_600_000)?
                 .map_or(d.heartbeat, Duration::from_millis),
             flush: d.flush,
+            record: env_u64(get, "CCLD_RECORD_US", 0, 60_000_000)?
+                .map_or(d.record, Duration::from_micros),
         })
     }
 }
@@ -374,6 +514,8 @@ struct Track {
     chans: Vec<ChanTicks>,
     last_snapshot_ns: u64,
     seq_done: Option<u64>,
+    /// Operations before this counter were looked at for a backfill already.
+    backfilled_to: u64,
 }
 
 /// The sampler: pure bookkeeping over frames, op logs and completions.
@@ -387,6 +529,8 @@ pub struct Sampler {
     seq: u64,
     /// Each host-backend rank's accumulated CPU wait (run-queue delay).
     cpu_wait: CpuWaitTracker,
+    /// See [`Sampler::busy`].
+    busy: bool,
 }
 
 fn hostname() -> String {
@@ -416,6 +560,7 @@ impl Sampler {
             finished_ticks: HashMap::new(),
             seq: 0,
             cpu_wait: CpuWaitTracker::default(),
+            busy: false,
         }
     }
 
@@ -427,6 +572,7 @@ impl Sampler {
         snap: &OpSnapshot,
         chans: &[ChanDone],
         ticks: Option<&[ChanTicks]>,
+        thinning: Thinning,
         now: u64,
     ) -> wire::OpRecord {
         let counter = snap.op_counter;
@@ -481,6 +627,8 @@ impl Sampler {
             seq,
             device: s.ident.device,
             cpu_wait_ns: self.cpu_wait.total(s.id),
+            gap_ns: thinning.gap_ns,
+            stride: thinning.stride,
         }
     }
 
@@ -496,10 +644,13 @@ impl Sampler {
     }
 
     /// One sampling tick over `sources` at `now` (process clock): updates the change
-    /// counts and returns in-flight snapshots that are due.
+    /// counts and returns in-flight snapshots that are due. Afterwards [`Sampler::busy`]
+    /// says whether an operation in flight had run for a sampling period or longer.
     pub fn sample(&mut self, sources: &[Arc<Source>], now: u64) -> Vec<wire::OpRecord> {
         let mut out = Vec::new();
         let inflight_ns = u64::try_from(self.cfg.inflight.as_nanos()).unwrap_or(u64::MAX);
+        let period_ns = u64::try_from(self.cfg.sample.as_nanos()).unwrap_or(u64::MAX);
+        self.busy = false;
         for s in sources {
             let h = s.frame.header();
             if !h.mode {
@@ -508,11 +659,20 @@ impl Sampler {
             let Some(snap) = s.op_log.get(h.op_counter) else {
                 continue;
             };
+            if snap.state == OpState::InFlight && now.saturating_sub(snap.start_ns) >= period_ns {
+                self.busy = true;
+            }
             let tr = self.tracks.entry(s.id).or_default();
             if tr.counter != Some(h.op_counter) {
                 if let Some(old) = tr.counter.take() {
-                    self.finished_ticks
-                        .insert((s.id, old), std::mem::take(&mut tr.chans));
+                    // Kept for the completion message, if thinning lets one come.
+                    let stride = s.thin.stride.load(Ordering::Relaxed);
+                    if thin::selected(s.ident.comm_id, old, stride)
+                        || s.thin.snapshotted.load(Ordering::Relaxed) == old + 1
+                    {
+                        self.finished_ticks
+                            .insert((s.id, old), std::mem::take(&mut tr.chans));
+                    }
                 }
                 tr.counter = Some(h.op_counter);
                 tr.chans = vec![ChanTicks::default(); h.n_channels as usize];
@@ -533,10 +693,43 @@ impl Sampler {
                 && now.saturating_sub(snap.start_ns) >= inflight_ns
                 && now.saturating_sub(tr.last_snapshot_ns) >= inflight_ns
             {
-                tr.last_snapshot_ns = now;
-                let ticks = tr.chans.clone();
-                let seq = self.next_seq();
-                out.push(self.record(seq, s, &snap, &live, Some(&ticks), now));
+                // Mark first, then look again (pairs with the fence in `Source::op_done`):
+                // an operation that finished meanwhile gets no snapshot, one still running
+                // is sure to report its completion.
+                s.thin
+                    .snapshotted
+                    .store(h.op_counter + 1, Ordering::Relaxed);
+                fence(Ordering::SeqCst);
+                let running = s
+                    .op_log
+                    .get(h.op_counter)
+                    .is_some_and(|x| x.state == OpState::InFlight);
+                if running {
+                    tr.last_snapshot_ns = now;
+                    let ticks = tr.chans.clone();
+                    // A suspected hang: the thinned completions before it.
+                    let from = std::mem::replace(&mut tr.backfilled_to, h.op_counter);
+                    let from = from.max(h.op_counter.saturating_sub(BACKFILL_OPS));
+                    self.backfill(s, from, h.op_counter, now, &mut out);
+                    let seq = self.next_seq();
+                    let thinning = Thinning {
+                        gap_ns: s.gap_before(h.op_counter, snap.start_ns),
+                        stride: s.thin.stride.load(Ordering::Relaxed).max(1),
+                    };
+                    out.push(self.record(seq, s, &snap, &live, Some(&ticks), thinning, now));
+                }
+            } else if snap.state != OpState::InFlight
+                && now.saturating_sub(snap.end_ns) >= inflight_ns
+                && tr.backfilled_to <= h.op_counter
+            {
+                // Idle for an in-flight period after its last operation: a rank that does
+                // not enter the next one (H1) or whose peers hang in it (an inconsistent
+                // call that completed here, H2) is the analyzer's next question; the
+                // thinned completions up to that last operation go out.
+                let end = h.op_counter + 1;
+                let from = std::mem::replace(&mut tr.backfilled_to, end);
+                let from = from.max(end.saturating_sub(BACKFILL_OPS + 1));
+                self.backfill(s, from, end, now, &mut out);
             }
         }
         // Keep the finished-ticks map small (completions normally arrive within a tick).
@@ -546,6 +739,55 @@ impl Sampler {
         out
     }
 
+    /// Reports the completions of operations `from..to` of `s` that thinning left out, from
+    /// the op log and the frame (both keep the last [`crate::FRAME_BLOCKS`] operations; an
+    /// operation whose frame block was reused meanwhile is skipped). Called when operation
+    /// `to` gets its first in-flight snapshot, or when the rank has been idle for an
+    /// in-flight period after operation `to - 1`: the analyzer of a hang needs every rank's
+    /// last rounds before it (an inconsistent call, H2, often completes on the rank that
+    /// made it, which then waits in the next call or before it).
+    fn backfill(
+        &mut self,
+        s: &Source,
+        from: u64,
+        to: u64,
+        now: u64,
+        out: &mut Vec<wire::OpRecord>,
+    ) {
+        let recent = s.thin.recent.load(Ordering::Relaxed);
+        for k in from..to {
+            if recent & (1u64 << (k % 64)) != 0 {
+                continue;
+            }
+            let Some(snap) = s.op_log.get(k).filter(|x| x.state != OpState::InFlight) else {
+                continue;
+            };
+            let gap_ns = k
+                .checked_sub(1)
+                .and_then(|p| s.op_log.get(p))
+                .filter(|p| p.state != OpState::InFlight)
+                .map(|p| snap.start_ns.saturating_sub(p.end_ns));
+            let thinning = Thinning {
+                gap_ns,
+                stride: s.thin.stride.load(Ordering::Relaxed).max(1),
+            };
+            let block = (k % crate::FRAME_BLOCKS as u64) as usize;
+            if u64::from(s.frame.trace(block).op_counter) != k & 0xffff_ffff {
+                continue; // the frame block was reused meanwhile
+            }
+            let n = (snap.info.n_channels as usize).min(s.frame.channel_capacity());
+            let chans: Vec<ChanDone> = (0..n).map(|c| chan_done(&s.frame, block, c)).collect();
+            let seq = self.next_seq();
+            out.push(self.record(seq, s, &snap, &chans, None, thinning, now));
+        }
+    }
+
+    /// Whether the last [`Sampler::sample`] saw an operation in flight for a sampling
+    /// period or longer: one whose SendRate/RecvRate the ticks are measuring.
+    pub fn busy(&self) -> bool {
+        self.busy
+    }
+
     fn complete(&mut self, s: &Source, d: &Done, now: u64) -> wire::OpRecord {
         let seq = self.next_seq();
         let chans = d.chans.as_slice();
@@ -553,11 +795,11 @@ impl Sampler {
             Some(tr) if tr.counter == Some(d.counter) => {
                 tr.seq_done = Some(d.counter);
                 let tr = &self.tracks[&s.id];
-                self.record(seq, s, &d.snap, chans, Some(&tr.chans), now)
+                self.record(seq, s, &d.snap, chans, Some(&tr.chans), d.thinning, now)
             }
             _ => {
                 let ticks = self.finished_ticks.remove(&(s.id, d.counter));
-                self.record(seq, s, &d.snap, chans, ticks.as_deref(), now)
+                self.record(seq, s, &d.snap, chans, ticks.as_deref(), d.thinning, now)
             }
         }
     }
@@ -622,7 +864,7 @@ pub fn start_with(
             std::thread::Builder::new()
                 .name("ccld-report".into())
                 .spawn(move || loop {
-                    match brx.recv_timeout(Duration::from_millis(20)) {
+                    match brx.recv_timeout(REPORTER_IDLE) {
                         Ok(b) => sink.deliver(b),
                         Err(mpsc::RecvTimeoutError::Timeout) => {}
                         Err(mpsc::RecvTimeoutError::Disconnected) => return,
@@ -638,6 +880,41 @@ pub fn start_with(
             Ok(())
         })
         .clone()
+}
+
+/// How long the reporter thread waits for a batch before it calls [`Sink::idle`] (the
+/// embedded analyzer ticks every 100 ms from there).
+pub const REPORTER_IDLE: Duration = Duration::from_millis(50);
+
+/// Quiet sampling ticks (no operation in flight for a period or longer) after which the
+/// sampling period doubles.
+pub const QUIET_TICKS: u32 = 4;
+
+/// The next sampling period and quiet-tick count after a tick (pure).
+///
+/// The tick only learns something while an operation runs longer than one period: it
+/// counts the periods in which the counters moved (SendRate/RecvRate). Operations shorter
+/// than a period show one change however often they are sampled, and completions carry
+/// their own counts and times. So while the last [`QUIET_TICKS`] ticks saw no operation in
+/// flight for `base` or longer, the period doubles, up to `max`; the first tick that sees
+/// one returns to `base`. A long operation that starts while the period is long loses at
+/// most one long period of tick counting.
+pub fn next_period(
+    cur: Duration,
+    quiet: u32,
+    busy: bool,
+    base: Duration,
+    max: Duration,
+) -> (Duration, u32) {
+    let max = max.max(base);
+    if busy {
+        return (base, 0);
+    }
+    if quiet + 1 >= QUIET_TICKS {
+        ((cur * 2).clamp(base, max), 0)
+    } else {
+        (cur.clamp(base, max), quiet + 1)
+    }
 }
 
 /// Records per batch at most: a batch's record array (about 200 bytes a record) stays
@@ -676,6 +953,7 @@ fn diag_loop(cfg: DiagConfig, rx: Receiver<Done>, btx: SyncSender<wire::Batch>) 
     let mut last_hb: Option<Instant> = None;
     let mut last_sched = Instant::now();
     let mut ticks = 0u64;
+    let (mut period, mut quiet) = (cfg.sample, 0u32);
     loop {
         let sources = live_sources();
         let now = now_ns();
@@ -692,6 +970,7 @@ fn diag_loop(cfg: DiagConfig, rx: Receiver<Done>, btx: SyncSender<wire::Batch>) 
             }
         }
         batch.records.extend(sampler.sample(&sources, now));
+        (period, quiet) = next_period(period, quiet, sampler.busy(), cfg.sample, cfg.flush);
         if last_hb.is_none_or(|t| t.elapsed() >= cfg.heartbeat) && !sources.is_empty() {
             batch.heartbeats.push(sampler.heartbeat(&sources, now));
             last_hb = Some(Instant::now());
@@ -712,7 +991,7 @@ fn diag_loop(cfg: DiagConfig, rx: Receiver<Done>, btx: SyncSender<wire::Batch>) 
         if ticks % 16 == 0 {
             global().cpu_ns[0].store(thread_cpu_ns(), Ordering::Relaxed);
         }
-        std::thread::sleep(cfg.sample);
+        std::thread::sleep(period);
     }
 }
 
@@ -772,6 +1051,7 @@ mod tests {
             counter: 5,
             snap: fin,
             chans: DoneChans::Heap(Sampler::live_chans(&s, 5)),
+            thinning: Thinning::default(),
         };
         let r = sm.complete(&s, &d, 0);
         assert_eq!(r.trace.unwrap().op_counter, 5);
@@ -809,6 +1089,7 @@ mod tests {
                 counter: c,
                 snap: fin,
                 chans: DoneChans::Heap(Sampler::live_chans(&s, c)),
+                thinning: Thinning::default(),
             }
         };
         // Before any reading the metric is unknown.
@@ -886,7 +1167,7 @@ mod tests {
                 s.frame.add_send(b, 0, k + 1);
                 s.frame.add_recv(b, 1, 2 * k + 1);
                 let fin = s.op_log.finish(k, 1_000 * k + 10 * (k + 1), true).unwrap();
-                s.done_message(&fin)
+                s.done_message(&fin, Thinning::default())
             })
             .collect();
         for (k, d) in (0..n_ops).zip(&msgs) {
@@ -920,6 +1201,203 @@ mod tests {
                 "10 s of spinning did not advance the thread clock by 5 ms"
             );
         }
+    }
+
+    /// Runs operation `c` on `s` from `start` to `end` (ns) and returns what thinning
+    /// decides for its completion.
+    fn finish_op(s: &Source, c: u64, start: u64, end: u64) -> Option<Thinning> {
+        let b = s.frame.begin_op(0xabc, c, 2);
+        s.frame.add_send(b, 0, 1);
+        s.op_log.start(c, &info(), start);
+        let fin = s.op_log.finish(c, end, true).unwrap();
+        s.thin_completion(&fin)
+    }
+
+    #[test]
+    fn fast_ranks_report_the_same_thinned_rounds_with_their_gaps() {
+        // Two ranks of one communicator run 2000 operations of 50 us, one every 60 us,
+        // rank 1 entering 7 us later than rank 0 (default target: one report per 5 ms, so
+        // 83 operations per report: stride 64).
+        let (a, b) = (src(0), src(1));
+        let mut reported = [Vec::new(), Vec::new()];
+        let mut strides = [Vec::new(), Vec::new()];
+        for c in 0..2000u64 {
+            for (k, s) in [&a, &b].into_iter().enumerate() {
+                let start = 1_000_000 + c * 60_000 + 7_000 * k as u64;
+                if let Some(t) = finish_op(s, c, start, start + 50_000) {
+                    reported[k].push(c);
+                    strides[k].push(t.stride);
+                    if c > 0 {
+                        assert_eq!(t.gap_ns, Some(10_000), "op {c}: 60 - 50 us");
+                    } else {
+                        assert_eq!(t.gap_ns, None, "nothing before the first operation");
+                    }
+                }
+            }
+        }
+        assert_eq!(
+            reported[0], reported[1],
+            "both ranks report the same rounds"
+        );
+        // The first epoch is complete (the baseline), then about one round in 32.
+        assert!(reported[0].starts_with(&(0..thin::EPOCH_OPS).collect::<Vec<_>>()));
+        let later = reported[0].iter().filter(|&&c| c >= 64).count();
+        assert!((10..80).contains(&later), "{later} of 1936 reported");
+        assert_eq!(*strides[0].last().unwrap(), 64);
+        for &c in reported[0].iter().filter(|&&c| c >= 64) {
+            assert!(thin::selected(0xabc, c, 64), "round {c} not in the sample");
+        }
+        let (rep, skip) = a.thinning_counts();
+        assert_eq!(rep + skip, 2000);
+        assert_eq!(rep as usize, reported[0].len());
+        // Target zero (CCLD_RECORD_US=0): every completion.
+        let all = register_with_target(
+            a.identity().clone(),
+            Arc::new(Frame::new(2)),
+            Arc::new(OpLog::new()),
+            Duration::ZERO,
+        );
+        for c in 0..2000u64 {
+            let t = finish_op(&all, c, c * 60_000, c * 60_000 + 50_000).unwrap();
+            assert_eq!(t.stride, 1);
+        }
+    }
+
+    #[test]
+    fn slow_operations_and_snapshotted_ones_are_always_reported() {
+        let s = src(2);
+        // 32 fast operations raise the stride ...
+        for c in 0..=32u64 {
+            finish_op(&s, c, c * 10_000, c * 10_000 + 5_000);
+        }
+        let stride = s.thin.stride.load(Ordering::Relaxed);
+        assert!(stride >= 64, "{stride}");
+        // ... rounds outside the sample are left out (at least 8 in a row here) ...
+        let c = (41..)
+            .find(|&c| (c - 8..=c).all(|k| !thin::selected(0xabc, k, stride)))
+            .unwrap();
+        let mut skipped = Vec::new();
+        for k in 33..c {
+            if finish_op(&s, k, k * 10_000, k * 10_000 + 5_000).is_none() {
+                skipped.push(k);
+            }
+        }
+        assert!(
+            skipped.ends_with(&(c - 8..c).collect::<Vec<_>>()),
+            "{c} {stride} {skipped:?}"
+        );
+        // ... unless it got an in-flight snapshot: then its completion closes it.
+        let cfg = DiagConfig {
+            inflight: Duration::from_millis(10),
+            ..DiagConfig::default()
+        };
+        let mut sm = Sampler::new(cfg);
+        let start = c * 10_000;
+        s.frame.begin_op(0xabc, c, 2);
+        s.op_log.start(c, &info(), start);
+        let snaps = sm.sample(std::slice::from_ref(&s), start + 20_000_000);
+        assert!(sm.busy(), "an operation in flight for 20 ms");
+        // The suspected hang brings the completions of the 7 operations before it that
+        // thinning left out (the analyzer compares the ranks' last rounds), with their
+        // counts and gaps, then the snapshot.
+        assert_eq!(snaps.len(), 8);
+        for (r, k) in snaps.iter().zip(c - 7..c) {
+            assert_eq!(r.trace.unwrap().op_counter, k);
+            assert_eq!(r.state, wire::OpState::Completed as i32);
+            assert_eq!((r.start_ns, r.duration_ns), (k * 10_000, 5_000));
+            // (The op log no longer holds the end of the operation before the first.)
+            let gap = (k > c - 7).then_some(5_000);
+            assert_eq!(r.gap_ns, gap);
+            assert_eq!(r.channels[0].send_count, 1);
+        }
+        let snap = &snaps[7];
+        assert_eq!(snap.state, wire::OpState::InFlight as i32);
+        assert_eq!(snap.stride, stride);
+        // Later snapshots of the same operation bring nothing again.
+        let again = sm.sample(std::slice::from_ref(&s), start + 40_000_000);
+        assert_eq!(again.len(), 1);
+        let fin = s.op_log.finish(c, start + 2_000_000_000, true).unwrap();
+        assert!(s.thin_completion(&fin).is_some(), "snapshotted round {c}");
+        // The next unselected round without a snapshot is left out; a failed one is not.
+        let d = (c + 1..)
+            .find(|&k| !thin::selected(0xabc, k, stride) && k % thin::EPOCH_OPS != 0)
+            .unwrap();
+        for k in c + 1..d {
+            finish_op(
+                &s,
+                k,
+                start + 2_001_000_000 + k,
+                start + 2_001_000_000 + k + 1,
+            );
+        }
+        let t0 = start + 2_010_000_000;
+        s.frame.begin_op(0xabc, d, 2);
+        s.op_log.start(d, &info(), t0);
+        let fin = s.op_log.finish(d, t0 + 1_000, true).unwrap();
+        assert!(s.thin_completion(&fin).is_none(), "round {d} left out");
+        s.frame.begin_op(0xabc, d + 1, 2);
+        s.op_log.start(d + 1, &info(), t0 + 2_000);
+        let fin = s.op_log.finish(d + 1, t0 + 3_000, false).unwrap();
+        let failed = s.thin_completion(&fin);
+        assert_eq!(
+            failed.map(|t| t.gap_ns),
+            Some(Some(1_000)),
+            "failed: reported"
+        );
+    }
+
+    #[test]
+    fn a_rank_idle_after_thinned_operations_reports_its_last_ones() {
+        // Fast operations (stride well above 1), then the rank stops issuing (it does not
+        // enter the next operation, or waits before it): after an in-flight period, the
+        // thinned completions among its last 8 operations go out, once.
+        let s = src(1);
+        let mut left_out = Vec::new();
+        for c in 0..200u64 {
+            if finish_op(&s, c, c * 10_000, c * 10_000 + 5_000).is_none() {
+                left_out.push(c);
+            }
+        }
+        let last_end = 199 * 10_000 + 5_000;
+        let cfg = DiagConfig {
+            inflight: Duration::from_millis(10),
+            ..DiagConfig::default()
+        };
+        let mut sm = Sampler::new(cfg);
+        let one = std::slice::from_ref(&s);
+        assert!(
+            sm.sample(one, last_end + 5_000_000).is_empty(),
+            "idle 5 ms: not yet"
+        );
+        let got: Vec<u64> = sm
+            .sample(one, last_end + 10_000_000)
+            .iter()
+            .map(|r| r.trace.unwrap().op_counter)
+            .collect();
+        let want: Vec<u64> = left_out.into_iter().filter(|&c| c >= 192).collect();
+        assert!(!want.is_empty());
+        assert_eq!(got, want);
+        assert!(!sm.busy());
+        assert!(sm.sample(one, last_end + 30_000_000).is_empty(), "once");
+    }
+
+    #[test]
+    fn sampling_period_backs_off_while_nothing_runs_long() {
+        let (base, max) = (Duration::from_millis(1), Duration::from_millis(50));
+        let (mut p, mut q) = (base, 0);
+        let mut seen = Vec::new();
+        for _ in 0..40 {
+            (p, q) = next_period(p, q, false, base, max);
+            seen.push(p.as_millis());
+        }
+        // Doubles every QUIET_TICKS ticks: 1 (x3), 2 (x4), 4, ... up to 50.
+        assert_eq!(&seen[..8], &[1, 1, 1, 2, 2, 2, 2, 4]);
+        assert_eq!(*seen.last().unwrap(), 50);
+        // One busy tick: straight back to the base period.
+        assert_eq!(next_period(p, q, true, base, max), (base, 0));
+        // A base period above the cap is kept.
+        let long = Duration::from_millis(200);
+        assert_eq!(next_period(long, 3, false, long, max).0, long);
     }
 
     #[test]

@@ -329,6 +329,8 @@ mod tests {
             seq: op * 4 + u64::from(rank),
             device: -1,
             cpu_wait_ns: None,
+            gap_ns: None,
+            stride: 0,
         }
     }
 

@@ -342,11 +342,15 @@ impl Frame {
         self.block_word(block) + 2 + 2 * channel
     }
 
-    /// Turns measurement on or off (the header's mode flag).
+    /// Turns measurement on or off (the header's mode flag). Safe to call while another
+    /// thread starts operations: both update their half of the word atomically.
     pub fn set_mode(&self, on: bool) {
         let w = &self.words[W_MODE_KINDEX];
-        let old = w.load(Ordering::Relaxed);
-        w.store((old & !0xffff_ffff) | u64::from(on), Ordering::Release);
+        if on {
+            w.fetch_or(1, Ordering::AcqRel);
+        } else {
+            w.fetch_and(!0xffff_ffff, Ordering::AcqRel);
+        }
     }
 
     /// Whether measurement is on.
@@ -375,8 +379,10 @@ impl Frame {
         self.words[base + 1].store(op_counter & 0xffff_ffff, Ordering::Relaxed);
         let n_ch = n_channels.min(self.n_channels) as u64;
         self.words[W_NCHANNELS].store(n_ch, Ordering::Relaxed);
-        let mode = self.words[W_MODE_KINDEX].load(Ordering::Relaxed) & 0xffff_ffff;
-        self.words[W_MODE_KINDEX].store(mode | ((block as u64) << 32), Ordering::Release);
+        // The kernel index half only: the mode half may be switched concurrently.
+        let _ = self.words[W_MODE_KINDEX].fetch_update(Ordering::Release, Ordering::Relaxed, |w| {
+            Some((w & 0xffff_ffff) | ((block as u64) << 32))
+        });
         self.words[W_OP_COUNTER].store(op_counter, Ordering::Release);
         block
     }

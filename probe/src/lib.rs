@@ -15,6 +15,7 @@ pub mod hub;
 pub mod optype;
 pub mod reporter;
 pub mod sched;
+pub mod thin;
 pub mod wire;
 
 pub use diag::{now_ns, register, Identity, Source};

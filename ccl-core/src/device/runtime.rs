@@ -1454,7 +1454,9 @@ impl DeviceComm {
         }
         let counter = self.op_counter.fetch_add(1, Ordering::AcqRel);
         let block = (counter % probe::FRAME_BLOCKS as u64) as usize;
-        if self.probe_on {
+        // Probing can be paused at run time (`Comm::set_probing`): decided once per operation.
+        let probing = self.probe_on && self.frame.is_measuring();
+        if probing {
             p.frame = self.frame_dev as *mut u64;
             p.frame_capacity = self.frame.channel_capacity() as u32;
             p.frame_block = block as u32;
@@ -1500,7 +1502,7 @@ impl DeviceComm {
             let op_log = Arc::clone(&self.op_log);
             let abort = Arc::clone(&self.abort);
             let (probe_on, comm_id, n_ch, rank) =
-                (self.probe_on, self.comm_id, plan.n_channels, self.rank);
+                (probing, self.comm_id, plan.n_channels, self.rank);
             move || {
                 if fault.not_enter {
                     tracing::warn!(target: "nccl::COLL", rank = rank,
@@ -1533,7 +1535,7 @@ impl DeviceComm {
             let spare = Arc::clone(&self.spare);
             let frees = std::mem::take(frees);
             let abort = Arc::clone(&self.abort);
-            let probe_on = self.probe_on;
+            let probe_on = probing;
             // No CUDA call in here (CUDA forbids them in host functions): only host state.
             move || {
                 if probe_on {
