@@ -192,6 +192,34 @@ pub fn run_case(
     kind: CollKind,
     wait: Duration,
 ) -> Vec<wire::Diagnosis> {
+    run_threads(class, n, root, kind, wait, true).0
+}
+
+/// [`run_case`] without the computation step and with 1 KiB buffers: the ranks issue
+/// their collectives back to back (tens of microseconds each), so record thinning runs at a
+/// large stride. Returns the
+/// diagnoses and rank 0's reported / thinned completion counts.
+///
+/// # Panics
+/// As [`run_case`].
+pub fn run_fast_case(
+    class: AnomalyClass,
+    n: usize,
+    root: usize,
+    kind: CollKind,
+    wait: Duration,
+) -> (Vec<wire::Diagnosis>, (u64, u64)) {
+    run_threads(class, n, root, kind, wait, false)
+}
+
+fn run_threads(
+    class: AnomalyClass,
+    n: usize,
+    root: usize,
+    kind: CollKind,
+    wait: Duration,
+    compute: bool,
+) -> (Vec<wire::Diagnosis>, (u64, u64)) {
     setup();
     let _g = RUN.lock().unwrap_or_else(|p| p.into_inner());
     let s = spec(class, root, n, kind);
@@ -209,13 +237,16 @@ pub fn run_case(
             let c = Arc::clone(c);
             let stop = Arc::clone(&stop);
             std::thread::spawn(move || {
-                let floats = 16 << 10; // 64 KiB per rank buffer
+                // 64 KiB per rank buffer; 1 KiB in the fast loop.
+                let floats = if compute { 16 << 10 } else { 256 };
                 let send = vec![1.0f32; floats];
                 let mut recv =
                     vec![0.0f32; floats * if kind == CollKind::AllGather { n } else { 1 }];
                 let mut i = 0u64;
                 while !stop.load(Ordering::Acquire) {
-                    compute_step(i, r);
+                    if compute {
+                        compute_step(i, r);
+                    }
                     if i % 50 == 49 && !barrier(&c) {
                         return;
                     }
@@ -229,6 +260,7 @@ pub fn run_case(
         .collect();
     let emb = probe::embedded::embedded().expect("embedded analyzer started at init");
     let found = await_diagnoses(&emb, id, class, wait);
+    let records = comms[0].probe_record_counts().unwrap_or_default();
     stop.store(true, Ordering::Release);
     for c in &comms {
         let _ = c.abort();
@@ -236,7 +268,7 @@ pub fn run_case(
     for h in hs {
         let _ = h.join();
     }
-    found
+    (found, records)
 }
 
 /// One rank of a device case: its stream and device buffers (allocated once; freeing

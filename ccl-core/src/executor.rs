@@ -493,9 +493,10 @@ enum Wait {
 
 /// Wait-time accounting of one operation (frame extension slots). A wait episode runs from
 /// the first snooze after progress to the next progress; it is timed from its SECOND snooze
-/// on (two clock reads per episode, none for the one-spin waits of a streaming ring: what
-/// the diagnosis needs are the long waits behind a slow peer) and charged, when progress
-/// resumes, to the channels of the lanes blocked at the last snooze, by wait reason.
+/// on (none for the one-spin waits of a streaming ring: what the diagnosis needs are the
+/// long waits behind a slow peer) and charged, when progress resumes, to the channels of
+/// the lanes blocked at the last snooze, by wait reason. One clock read per episode: its
+/// start is the time the executor read for its peer check just before the snooze.
 #[derive(Default)]
 struct WaitEpisode {
     snoozes: u32,
@@ -504,11 +505,11 @@ struct WaitEpisode {
 }
 
 impl WaitEpisode {
-    /// Called before each snooze with the lanes' (channel, wait reason).
-    fn snoozing(&mut self, lanes: impl Iterator<Item = (usize, Wait)>) {
+    /// Called before each snooze at `now` with the lanes' (channel, wait reason).
+    fn snoozing(&mut self, now: Instant, lanes: impl Iterator<Item = (usize, Wait)>) {
         self.snoozes += 1;
         if self.snoozes == 2 {
-            self.since = Some(Instant::now());
+            self.since = Some(now);
         }
         if self.snoozes >= 2 {
             self.blocked.clear();
@@ -682,8 +683,10 @@ impl Worker {
                 sh.frame.add_expected(b, lane.channel, send, recv);
             }
         }
+        // One clock read for the op log's start time and the peer-check timer.
+        let t_start = Instant::now();
         if probing {
-            sh.op_log.start(counter, &info, now_ns());
+            sh.op_log.start(counter, &info, probe::diag::ns_at(t_start));
         }
         log_call(item, &info, sh.rank, sh.nranks, sh.comm_id, counter, None);
         let peers: Vec<usize> = plan
@@ -695,7 +698,7 @@ impl Worker {
         let r = self
             .t
             .ensure_p2p(&self.boot, &peers, &self.shared.abort)
-            .and_then(|()| self.run_plan(&plan, &bufs, reducer.as_ref(), block, &fault));
+            .and_then(|()| self.run_plan(&plan, &bufs, reducer.as_ref(), block, &fault, t_start));
         drop(staged);
         if fault.halve {
             self.diverged = true;
@@ -734,6 +737,7 @@ impl Worker {
         red: Option<&Reducer>,
         block: Option<usize>,
         fault: &crate::inject::OpFault,
+        t_start: Instant,
     ) -> Result<()> {
         let frame = Arc::clone(&self.shared.frame);
         let ctx = OpCtx {
@@ -772,7 +776,7 @@ impl Worker {
         let mut backoff = Backoff::new();
         let mut episode = WaitEpisode::default();
         let check_every = self.shared.tuning.peer_check;
-        let mut next_check = Instant::now() + check_every;
+        let mut next_check = t_start + check_every;
         while !lanes.is_empty() {
             let seen = self.t.bell.value();
             let mut progressed = false;
@@ -816,7 +820,7 @@ impl Worker {
                 next_check = now + check_every;
             }
             if block.is_some() {
-                episode.snoozing(lanes.iter().map(|lr| (lr.lane.channel, lr.wait)));
+                episode.snoozing(now, lanes.iter().map(|lr| (lr.lane.channel, lr.wait)));
             }
             backoff.snooze(&self.t.bell, seen);
         }

@@ -24,7 +24,8 @@
 //! - `c_path` (the probe's work on the collective path of every operation) and `c_rec`
 //!   (what one reported record costs the ranks, through the probe threads competing for
 //!   their cores) are measured first, per rank count, where operations are mostly
-//!   per-operation work: on - off at 8 B is c_path + rec/op x c_rec; at 32 KiB a second
+//!   per-operation work, as medians of paired per-round differences over three times the
+//!   rounds: on - off at 8 B is c_path + rec/op x c_rec; at 32 KiB a second
 //!   communicator, `every` (`CCLD_RECORD_US=0`: every completion reported), runs against
 //!   `on`, and every - on = (1 - rec/op) x c_rec. (32 KiB, not 8 B: there the probe threads
 //!   keep up with a record per operation instead of dropping them, which would hide their
@@ -169,16 +170,23 @@ fn main() {
             256 << 20,
         ];
         // The cost model (see the module docs).
+        // Three times the rounds: these differences are small next to an operation.
         let (c8, q8) = {
             let iters = calibrate(&on, 2, block_ms);
-            let m = measure(&[(&on, true), (&on, false)], 2, iters, rounds, &on);
-            (m.median(0) - m.median(1), m.rec_per_op)
+            let m = measure(&[(&on, true), (&on, false)], 2, iters, 3 * rounds, &on);
+            (m.paired_difference(0, 1), m.rec_per_op)
         };
         let (d32, q32, dropped) = {
             let count = (32 << 10) / 4;
             let iters = calibrate(&on, count, block_ms);
-            let m = measure(&[(&every, true), (&on, true)], count, iters, rounds, &on);
-            (m.median(0) - m.median(1), m.rec_per_op, m.dropped)
+            let m = measure(
+                &[(&every, true), (&on, true)],
+                count,
+                iters,
+                3 * rounds,
+                &on,
+            );
+            (m.paired_difference(0, 1), m.rec_per_op, m.dropped)
         };
         let c_rec = (d32 / (1.0 - q32).max(1e-9)).max(0.0);
         let c_path = (c8 - q8 * c_rec).max(0.0);
@@ -257,9 +265,15 @@ struct Measured {
 }
 
 impl Measured {
-    /// Median time per operation of state `i`.
-    fn median(&self, i: usize) -> f64 {
-        median(&mut self.times[i].clone())
+    /// Median over the rounds of (time of state `a` - time of state `b`), per operation:
+    /// each round's two blocks ran back to back, so slow drifts of the machine cancel.
+    fn paired_difference(&self, a: usize, b: usize) -> f64 {
+        let mut d: Vec<f64> = self.times[a]
+            .iter()
+            .zip(&self.times[b])
+            .map(|(x, y)| x - y)
+            .collect();
+        median(&mut d)
     }
 }
 
