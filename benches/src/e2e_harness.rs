@@ -197,8 +197,7 @@ pub fn run_case(
 
 /// [`run_case`] without the computation step and with 1 KiB buffers: the ranks issue
 /// their collectives back to back (tens of microseconds each), so record thinning runs at a
-/// large stride. Returns the
-/// diagnoses and rank 0's reported / thinned completion counts.
+/// large stride. Returns the diagnoses and rank 0's reported / thinned completion counts.
 ///
 /// # Panics
 /// As [`run_case`].
