@@ -16,6 +16,20 @@ use probe::CollKind;
 fn check(class: AnomalyClass, n: usize, root: usize, kind: CollKind) -> Result<(), String> {
     let t = Instant::now();
     let ds = run_case(class, n, root, kind, Duration::from_secs(20));
+    verdict(class, n, root, kind, &ds, t, "")
+}
+
+/// Whether the first of `ds` names `class` and `root` (the strict rules of `roots_ok`); the
+/// line it prints (and returns as the error) says what came, after `t`, plus `extra`.
+fn verdict(
+    class: AnomalyClass,
+    n: usize,
+    root: usize,
+    kind: CollKind,
+    ds: &[analyzer::wire::Diagnosis],
+    t: Instant,
+    extra: &str,
+) -> Result<(), String> {
     let d = ds
         .first()
         .ok_or_else(|| format!("{class:?} n={n} root={root} {kind:?}: no diagnosis"))?;
@@ -23,7 +37,7 @@ fn check(class: AnomalyClass, n: usize, root: usize, kind: CollKind) -> Result<(
     let ok_class = d.class() == class;
     let ok_root = roots_ok(class, root, &roots);
     let line = format!(
-        "{class:?} n={n} root={root} {kind:?}: got {:?} roots {roots:?} in {:.1} s: {}",
+        "{class:?} n={n} root={root} {kind:?}: got {:?} roots {roots:?} in {:.1} s{extra}: {}",
         d.class(),
         t.elapsed().as_secs_f64(),
         probe::describe(d)
@@ -143,27 +157,11 @@ fn hangs_of_a_fast_thinned_communicator_are_named() {
         let (ds, (reported, skipped)) =
             run_fast_case(class, 4, root, kind, Duration::from_secs(20));
         let share = reported as f64 / (reported + skipped).max(1) as f64;
-        let line = match ds.first() {
-            None => format!("{class:?} root={root} {kind:?}: no diagnosis"),
-            Some(d) => {
-                let roots: Vec<u32> = d.roots.iter().map(|r| r.rank).collect();
-                let ok = d.class() == class && roots_ok(class, root, &roots);
-                let line = format!(
-                    "{class:?} root={root} {kind:?}: got {:?} roots {roots:?} in {:.1} s, {reported} of {} completions reported: {}",
-                    d.class(),
-                    t.elapsed().as_secs_f64(),
-                    reported + skipped,
-                    probe::describe(d)
-                );
-                eprintln!("{line}");
-                if ok {
-                    String::new()
-                } else {
-                    line
-                }
-            }
-        };
-        if !line.is_empty() {
+        let extra = format!(
+            ", {reported} of {} completions reported",
+            reported + skipped
+        );
+        if let Err(line) = verdict(class, 4, root, kind, &ds, t, &extra) {
             errs.push(line);
         }
         // Thinning was at work: the operations ran at thousands a second (the first 32

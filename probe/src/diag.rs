@@ -677,7 +677,11 @@ impl Sampler {
 
     fn live_chans(s: &Source, counter: u64) -> Vec<ChanDone> {
         let block = (counter % crate::FRAME_BLOCKS as u64) as usize;
-        let n = s.frame.header().n_channels as usize;
+        Self::block_chans(s, block, s.frame.header().n_channels as usize)
+    }
+
+    /// The first `n` channels' counters in `block` of `s`'s frame.
+    fn block_chans(s: &Source, block: usize, n: usize) -> Vec<ChanDone> {
         (0..n).map(|c| chan_done(&s.frame, block, c)).collect()
     }
 
@@ -815,7 +819,7 @@ impl Sampler {
                 continue; // the frame block was reused meanwhile
             }
             let n = (snap.info.n_channels as usize).min(s.frame.channel_capacity());
-            let chans: Vec<ChanDone> = (0..n).map(|c| chan_done(&s.frame, block, c)).collect();
+            let chans = Self::block_chans(s, block, n);
             let seq = self.next_seq();
             out.push(self.record(seq, s, &snap, &chans, None, thinning, now));
         }

@@ -1501,8 +1501,7 @@ impl DeviceComm {
             let frame = Arc::clone(&self.frame);
             let op_log = Arc::clone(&self.op_log);
             let abort = Arc::clone(&self.abort);
-            let (probe_on, comm_id, n_ch, rank) =
-                (probing, self.comm_id, plan.n_channels, self.rank);
+            let (comm_id, n_ch, rank) = (self.comm_id, plan.n_channels, self.rank);
             move || {
                 if fault.not_enter {
                     tracing::warn!(target: "nccl::COLL", rank = rank,
@@ -1514,7 +1513,7 @@ impl DeviceComm {
                 if let Some(d) = fault.delay {
                     std::thread::sleep(d);
                 }
-                if probe_on {
+                if probing {
                     let b = frame.begin_op(comm_id, counter, n_ch);
                     for (ch, s, r) in expected {
                         frame.add_expected(b, ch, s, r);
@@ -1535,10 +1534,9 @@ impl DeviceComm {
             let spare = Arc::clone(&self.spare);
             let frees = std::mem::take(frees);
             let abort = Arc::clone(&self.abort);
-            let probe_on = probing;
             // No CUDA call in here (CUDA forbids them in host functions): only host state.
             move || {
-                if probe_on {
+                if probing {
                     let ok = !abort.load(Ordering::Acquire);
                     let fin = op_log.finish(counter, executor::now_ns(), ok);
                     if let (Some(s), Some(fin)) = (&source, fin) {
