@@ -1766,6 +1766,8 @@ fn root_cause(
         silent,
         link_peer: None,
         channel: None,
+        exited: false,
+        observed_by: Vec::new(),
     }
 }
 
@@ -2495,6 +2497,11 @@ mod tests {
             cpu_wait_ns: None,
             gap_ns: None,
             stride: 0,
+            failure: 0,
+            peer_lost: None,
+            mismatch: None,
+            seq_space: 0,
+            p2p: Vec::new(),
         }
     }
 
@@ -2638,6 +2645,7 @@ mod tests {
                     rank: 0,
                     nranks: 4,
                     last_op_counter: Some(500),
+                    last_p2p_counter: None,
                 }],
                 records_dropped: 0,
                 time_ns: 0,
@@ -2702,6 +2710,7 @@ mod tests {
                             rank: s,
                             nranks: n,
                             last_op_counter: Some(7),
+                            last_p2p_counter: None,
                         }],
                         records_dropped: 0,
                         time_ns: 0,
@@ -3340,6 +3349,7 @@ mod tests {
                             rank: rng.below(8) as u32,
                             nranks: 1 + rng.below(6) as u32,
                             last_op_counter: (rng.below(2) == 0).then(|| rng.below(50)),
+                            last_p2p_counter: None,
                         }],
                         records_dropped: 0,
                         time_ns: 0,
@@ -3476,18 +3486,21 @@ mod tests {
                     rank: 2,
                     nranks: 4,
                     last_op_counter: Some(9),
+                    last_p2p_counter: None,
                 },
                 wire::RankMembership {
                     comm_id: 1,
                     rank: 5,
                     nranks: 4,
                     last_op_counter: None,
+                    last_p2p_counter: None,
                 },
                 wire::RankMembership {
                     comm_id: 2,
                     rank: 0,
                     nranks: 0,
                     last_op_counter: None,
+                    last_p2p_counter: None,
                 },
             ],
             records_dropped: 0,

@@ -966,6 +966,11 @@ impl Sim {
             cpu_wait_ns: None,
             gap_ns: None,
             stride: 0,
+            failure: 0,
+            peer_lost: None,
+            mismatch: None,
+            seq_space: 0,
+            p2p: Vec::new(),
         }
     }
 
@@ -1005,6 +1010,7 @@ impl Sim {
                             rank: j,
                             nranks: cfg.nranks,
                             last_op_counter: g.newest[j as usize],
+                            last_p2p_counter: None,
                         }],
                         records_dropped: 0,
                         time_ns: g.clock_off[j as usize] + at,

@@ -89,6 +89,11 @@ mod tests {
             cpu_wait_ns: None,
             gap_ns: None,
             stride: 0,
+            failure: 0,
+            peer_lost: None,
+            mismatch: None,
+            seq_space: 0,
+            p2p: Vec::new(),
         };
         let bytes = Batch {
             records: vec![rec.clone()],

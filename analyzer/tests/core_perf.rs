@@ -49,6 +49,11 @@ fn rec(comm: u64, c: u64, rank: u32, n: u32, state: OpState, dur: u64) -> OpReco
         cpu_wait_ns: None,
         gap_ns: None,
         stride: 0,
+        failure: 0,
+        peer_lost: None,
+        mismatch: None,
+        seq_space: 0,
+        p2p: Vec::new(),
     }
 }
 

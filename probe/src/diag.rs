@@ -667,6 +667,11 @@ impl Sampler {
             cpu_wait_ns: self.cpu_wait.total(s.id),
             gap_ns: thinning.gap_ns,
             stride: thinning.stride,
+            failure: 0,
+            peer_lost: None,
+            mismatch: None,
+            seq_space: 0,
+            p2p: Vec::new(),
         }
     }
 
@@ -878,6 +883,7 @@ impl Sampler {
                         rank: s.ident.rank,
                         nranks: s.ident.nranks,
                         last_op_counter: s.op_log.get(h.op_counter).map(|_| h.op_counter),
+                        last_p2p_counter: None,
                     }
                 })
                 .collect(),

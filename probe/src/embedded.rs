@@ -331,6 +331,11 @@ mod tests {
             cpu_wait_ns: None,
             gap_ns: None,
             stride: 0,
+            failure: 0,
+            peer_lost: None,
+            mismatch: None,
+            seq_space: 0,
+            p2p: Vec::new(),
         }
     }
 

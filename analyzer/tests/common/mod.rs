@@ -74,6 +74,11 @@ pub fn rec(comm: u64, op: u64, rank: u32, nranks: u32, dur_ns: u64) -> OpRecord 
         cpu_wait_ns: None,
         gap_ns: None,
         stride: 0,
+        failure: 0,
+        peer_lost: None,
+        mismatch: None,
+        seq_space: 0,
+        p2p: Vec::new(),
     }
 }
 
