@@ -458,8 +458,9 @@ impl Comm {
 
     /// A communicator spanning several processes agrees on the job's embedded analyzer hub
     /// (`probe::hub`): one allgather of what each rank wants and knows, and when nobody
-    /// knows a hub yet, a second one in which the elected rank (the lowest that wants a
-    /// hub, normally 0) announces the hub it started. Both rounds are bounded by the
+    /// knows a hub yet, a second one in which the elected ranks (the lowest that wants a
+    /// hub, normally 0, and the lowest wanting one in another process, the standby)
+    /// announce the hubs they started. Both rounds are bounded by the
     /// bootstrap timeout and abort-aware; only a bootstrap failure (or a malformed
     /// `CCLD_*` variable) fails init, a hub that cannot start leaves the processes on their
     /// local engines. A communicator whose ranks all live in this process does nothing.
@@ -488,15 +489,19 @@ impl Comm {
                 })
             })
             .collect();
-        match hub::plan(&all) {
+        let procs: Vec<(u64, u32)> = (0..self.nranks)
+            .map(|r| (boot.peer_host_hash(r), boot.peer_pid(r)))
+            .collect();
+        match hub::plan(&all, &procs) {
             Plan::Nothing => {}
-            Plan::Adopt(addr) => {
+            Plan::Adopt(hubs) => {
                 if wanted {
-                    hub::adopt(addr);
+                    hub::adopt(hubs);
                 }
             }
-            Plan::Elect { starter } => {
-                let announce = if starter == self.rank {
+            Plan::Elect { starter, standby } => {
+                // The primary's starter and the standby's each start a hub and announce it.
+                let announce = if starter == self.rank || standby == Some(self.rank) {
                     let ip = boot.listen_addr().ip();
                     let ip = if ip.is_unspecified() {
                         boot.peer_addr(self.rank).map_or(ip, |a| a.ip())
@@ -507,7 +512,7 @@ impl Comm {
                         Ok(a) => a.to_string().into_bytes(),
                         Err(e) => {
                             tracing::warn!(target: "nccl::INIT", rank = self.rank,
-                                "CCL-D: {e}; every process of this communicator analyses locally only");
+                                "CCL-D: {e}; the job's other hub (if any) analyses, else every process locally");
                             Vec::new()
                         }
                     }
@@ -515,14 +520,18 @@ impl Comm {
                     Vec::new()
                 };
                 let got = boot.allgather(&announce)?;
-                match got.get(starter).and_then(|b| hub::announced(b)) {
-                    Some(addr) if wanted => {
-                        hub::adopt(addr);
+                let from_standby = standby.and_then(|s| got.get(s)).map(Vec::as_slice);
+                match got
+                    .get(starter)
+                    .and_then(|b| hub::announced(b, from_standby))
+                {
+                    Some(hubs) if wanted => {
+                        hub::adopt(hubs);
                     }
                     Some(_) => {}
                     None => {
                         tracing::debug!(target: "nccl::INIT", rank = self.rank,
-                            "CCL-D: rank {starter} announced no analyzer hub; local analysis only");
+                            "CCL-D: no analyzer hub started; local analysis only");
                     }
                 }
             }

@@ -20,7 +20,6 @@
 //! Diagnoses are logged as warnings (target `nccl::COLL`) and kept for [`Embedded::diagnoses`].
 
 use std::collections::{HashMap, HashSet};
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -29,7 +28,11 @@ use analyzer::wire;
 use analyzer::{Engine, EngineConfig};
 
 use crate::diag::{env_f64, env_u64, now_ns, EnvGet, Sink};
-use crate::reporter::{RemoteSink, SpoolSettings};
+use crate::hub::{Gate, Hubs};
+use crate::hublink::HubLinks;
+use crate::report::Reporter;
+use crate::reporter::SpoolSettings;
+use crate::standby::Outbox;
 
 /// Engine settings from the environment (strict).
 ///
@@ -183,16 +186,18 @@ fn drop_count(m: &Mutex<u64>, n: usize) {
 enum Route {
     /// The local engine (no hub known).
     Local,
-    /// The job's hub.
-    Hub(Box<RemoteSink>),
-    /// A hub is known but no client could be built for it: local engine (said once).
+    /// The job's hubs (primary and standby).
+    Hub(HubLinks),
+    /// Hubs are known but no client could be built for them: local engine (said once).
     HubUnusable,
 }
 
-/// Where the sink learns the hub's address and (in the hub's process) its diagnoses feed.
+/// Where the sink learns the job's hubs and (in a hub's process) its diagnoses feed and
+/// whether it reports.
 pub(crate) struct HubSource {
-    pub(crate) known: Box<dyn Fn() -> Option<SocketAddr> + Send>,
+    pub(crate) known: Box<dyn Fn() -> Option<Hubs> + Send>,
     pub(crate) take_feed: Box<dyn Fn() -> Option<DiagnosisFeed> + Send>,
+    pub(crate) gate: Box<dyn Fn() -> Gate + Send>,
 }
 
 impl HubSource {
@@ -201,12 +206,18 @@ impl HubSource {
         HubSource {
             known: Box::new(crate::hub::known),
             take_feed: Box::new(crate::hub::take_feed),
+            gate: Box::new(crate::hub::gate),
         }
     }
 }
 
+/// Incidents held by a standby hub before it takes over (the oldest go first).
+const HELD_INCIDENTS: usize = 1024;
+
 /// The sink of `CCLD_ANALYZER=embedded`: feeds the local engine (ticking it every 100 ms)
-/// until this process learns the job's hub, then forwards every batch to the hub.
+/// until this process learns the job's hubs, then forwards every batch to them. The
+/// process hosting the active analyzer (the local engine, or the job's active hub) prints
+/// each new incident through its [`Reporter`] (`CCLD_REPORT`).
 pub(crate) struct EmbeddedSink {
     e: Arc<Embedded>,
     last_tick: Instant,
@@ -214,14 +225,21 @@ pub(crate) struct EmbeddedSink {
     route: Route,
     hub: HubSource,
     feed: Option<DiagnosisFeed>,
+    report: Reporter,
+    outbox: Outbox<wire::Incident>,
 }
 
 impl EmbeddedSink {
-    pub(crate) fn new(e: Arc<Embedded>, spool: SpoolSettings) -> EmbeddedSink {
-        Self::with_hub(e, spool, HubSource::process())
+    pub(crate) fn new(e: Arc<Embedded>, spool: SpoolSettings, report: Reporter) -> EmbeddedSink {
+        Self::with_hub(e, spool, HubSource::process(), report)
     }
 
-    pub(crate) fn with_hub(e: Arc<Embedded>, spool: SpoolSettings, hub: HubSource) -> EmbeddedSink {
+    pub(crate) fn with_hub(
+        e: Arc<Embedded>,
+        spool: SpoolSettings,
+        hub: HubSource,
+        report: Reporter,
+    ) -> EmbeddedSink {
         EmbeddedSink {
             e,
             last_tick: Instant::now(),
@@ -229,29 +247,51 @@ impl EmbeddedSink {
             route: Route::Local,
             hub,
             feed: None,
+            report,
+            outbox: Outbox::new(HELD_INCIDENTS),
         }
     }
 
-    /// Switches to the hub once one is known.
+    /// Switches to the hubs once they are known.
     fn follow_hub(&mut self) {
         if !matches!(self.route, Route::Local) {
             return;
         }
-        let Some(addr) = (self.hub.known)() else {
+        let Some(hubs) = (self.hub.known)() else {
             return;
         };
-        let sink = self
-            .spool
-            .open()
-            .and_then(|spool| RemoteSink::new(vec![addr.to_string()], spool));
-        self.route = match sink {
-            Ok(s) => Route::Hub(Box::new(s)),
+        self.route = match HubLinks::start(hubs, &self.spool) {
+            Ok(l) => {
+                self.report.set_query(hubs.query_list());
+                Route::Hub(l)
+            }
             Err(e) => {
                 tracing::warn!(target: "nccl::COLL",
-                    "CCL-D: cannot report to the analyzer hub {addr} ({e}); analysing locally");
+                    "CCL-D: cannot report to the analyzer hub {} ({e}); analysing locally",
+                    hubs.primary);
                 Route::HubUnusable
             }
         };
+    }
+
+    /// Surfaces the diagnoses of this process's hub and reports the incidents its gate
+    /// lets through.
+    fn drain_hub(&mut self) {
+        if self.feed.is_none() {
+            self.feed = (self.hub.take_feed)();
+        }
+        let Some(f) = &mut self.feed else {
+            return;
+        };
+        let mut new = Vec::new();
+        while let Some(d) = f.try_next() {
+            new.push(crate::report::incident_of(&d));
+            self.e.surface(d);
+        }
+        let gate = (self.hub.gate)();
+        for inc in self.outbox.pass(gate, new, |i| i.detected_at_ns) {
+            self.report.report(&inc);
+        }
     }
 }
 
@@ -259,7 +299,7 @@ impl Sink for EmbeddedSink {
     fn deliver(&mut self, batch: wire::Batch) {
         self.follow_hub();
         match &mut self.route {
-            Route::Hub(s) => s.deliver(batch),
+            Route::Hub(l) => l.send(batch),
             Route::Local | Route::HubUnusable => self.e.ingest(&batch, now_ns()),
         }
     }
@@ -267,21 +307,13 @@ impl Sink for EmbeddedSink {
     fn idle(&mut self) {
         self.follow_hub();
         match &mut self.route {
-            Route::Hub(s) => {
-                s.idle();
-                if self.feed.is_none() {
-                    self.feed = (self.hub.take_feed)();
-                }
-                if let Some(f) = &mut self.feed {
-                    while let Some(d) = f.try_next() {
-                        self.e.surface(d);
-                    }
-                }
-            }
+            Route::Hub(_) => self.drain_hub(),
             Route::Local | Route::HubUnusable => {
                 if self.last_tick.elapsed() >= Duration::from_millis(100) {
                     self.last_tick = Instant::now();
-                    self.e.tick(now_ns());
+                    for d in self.e.tick(now_ns()) {
+                        self.report.report(&crate::report::incident_of(&d));
+                    }
                 }
             }
         }
@@ -361,14 +393,17 @@ mod tests {
         )
         .unwrap();
         let addr = shard.addr;
-        let known = Arc::new(Mutex::new(None::<SocketAddr>));
+        let known = Arc::new(Mutex::new(None::<Hubs>));
         let feed = Arc::new(Mutex::new(Some(shard.subscribe())));
         let (k, f) = (Arc::clone(&known), Arc::clone(&feed));
         let hub = HubSource {
             known: Box::new(move || *lock(&k)),
             take_feed: Box::new(move || lock(&f).take()),
+            gate: Box::new(|| Gate::Primary),
         };
-        let mut sink = EmbeddedSink::with_hub(Arc::clone(&e), spool.clone(), hub);
+        let out = crate::report::tests_support::Buf::default();
+        let rep = Reporter::to_writer(Box::new(out.clone()), false);
+        let mut sink = EmbeddedSink::with_hub(Arc::clone(&e), spool.clone(), hub, rep);
         // No hub yet: the local engine is fed.
         let mut b = wire::Batch::default();
         b.records.push(rec(0, 0, false));
@@ -377,7 +412,10 @@ mod tests {
             e.comm_state(0x4242).is_some(),
             "local engine fed before a hub is known"
         );
-        *lock(&known) = Some(addr);
+        *lock(&known) = Some(Hubs {
+            primary: addr,
+            standby: None,
+        });
         // Every rank completes ops 0..5; ranks 0..2 hang in op 5, rank 3 never enters it.
         let mut b = wire::Batch::default();
         for op in 0..5 {
@@ -417,6 +455,20 @@ mod tests {
         );
         assert_eq!(e.suppressed(), 0);
         assert!(lock(&feed).is_none(), "the sink took the hub's feed");
+        // The hub's process (primary) printed the incident once, with where to query.
+        for _ in 0..5 {
+            sink.idle();
+        }
+        let text = out.text();
+        assert_eq!(text.lines().count(), 1, "{text}");
+        assert!(
+            text.contains("H1") && text.contains("rank 3 (pid 103"),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("ccld anomalies --server {addr}")),
+            "{text}"
+        );
         shard.kill();
         let _ = std::fs::remove_dir_all(&spool.dir);
     }

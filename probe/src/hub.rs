@@ -2,34 +2,46 @@
 //!
 //! A communicator whose ranks live in several processes (one process per GPU/rank, the
 //! usual `torchrun` job) cannot be diagnosed by any single process's local engine. When
-//! such a communicator finishes bootstrap, its ranks agree on ONE analyzer for the job:
+//! such a communicator finishes bootstrap, its ranks agree on the analyzer of the job:
 //!
 //! 1. Every rank contributes [`Contribution`] (does it want a hub at all: probing on and
-//!    `CCLD_ANALYZER=embedded`; and the hub address its process already knows, if any)
-//!    through a bootstrap allgather.
-//! 2. [`plan`] (pure) decides: if some rank knows a hub, everybody adopts the lowest such
-//!    rank's address ([`Plan::Adopt`]); otherwise the lowest rank that wants a hub
-//!    (normally rank 0) starts one ([`Plan::Elect`]) and announces its `ip:port` in a second
-//!    allgather; nobody wanting a hub means nothing to do ([`Plan::Nothing`]).
-//! 3. The starter runs an analyzer shard ([`analyzer::server`], in-memory store, one worker
+//!    `CCLD_ANALYZER=embedded`; and the hubs its process already knows, if any) through a
+//!    bootstrap allgather.
+//! 2. [`plan`] (pure) decides: if some rank knows the job's hubs, everybody adopts the
+//!    lowest such rank's ([`Plan::Adopt`]); otherwise the lowest rank that wants a hub
+//!    (normally rank 0) starts the *primary* hub and the lowest wanting rank of ANOTHER
+//!    process starts the *standby* ([`Plan::Elect`]); both announce their `ip:port` in a
+//!    second allgather; nobody wanting a hub means nothing to do ([`Plan::Nothing`]).
+//! 3. A starter runs an analyzer shard ([`analyzer::server`], in-memory store, one worker
 //!    thread) bound to its bootstrap listen IP, port 0 ([`start`]).
 //!
-//! A process keeps the first hub it learns ([`adopt`]): sub-communicators of the world
-//! communicator reuse it. Once a hub is known, the process's embedded sink forwards every
-//! batch to it through [`crate::reporter::RemoteSink`] (spool and reconnect included); the
-//! hub's own process forwards to itself over loopback, so there is one code path. The hub
-//! process surfaces the hub's diagnoses like local ones (see [`crate::embedded`]).
+//! A process keeps the first hubs it learns ([`adopt`]): sub-communicators of the world
+//! communicator reuse them. Once they are known, the process's embedded sink forwards every
+//! batch to both hubs (see [`crate::hublink`]); the hubs' own processes forward to
+//! themselves over loopback, so there is one code path. Both engines see the same records
+//! and reach the same diagnoses; only the *active* hub reports them ([`crate::report`]):
+//! the primary, until the standby sees it stop answering (SIGKILL, SIGSTOP, crash) and
+//! takes over ([`crate::standby`] has the rules). The death of the primary's process is
+//! then itself diagnosed by the standby from the survivors' records.
 //!
-//! Limits: the hub lives and dies with its process: SIGKILL or SIGSTOP of that process
-//! (rank 0's, normally) loses the analyzer, the others spool their batches (bounded by
-//! `CCLD_SPOOL_MAX_MB`) and nothing is diagnosed; use `ccld serve` for that. A hub that
-//! cannot be started (bind failure) leaves every process on its local engine.
+//! Limits: a job of one process wanting a hub has no standby; if both hub processes fail,
+//! the others spool their batches (bounded by `CCLD_SPOOL_MAX_MB`) and nothing is
+//! diagnosed. A primary that resumes after the standby took over reports again (both
+//! report). A hub that cannot be started (bind failure) leaves the job on the other hub, or
+//! on the local engines when neither starts.
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
+use analyzer::client::{BlockingClient, ClientConfig};
 use analyzer::server::{DiagnosisFeed, ServerConfig, ShardProcess};
+use analyzer::wire;
 use analyzer::EngineConfig;
+
+pub use crate::standby::Gate;
+pub use crate::standby::Hubs;
+use crate::standby::{self, Decision, Watch};
 
 /// What one rank brings to the agreement.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,20 +49,20 @@ pub enum Contribution {
     /// This rank's process does not use an embedded analyzer (probing off, or
     /// `CCLD_ANALYZER` names shards or `off`).
     NotWanted,
-    /// It does; with the hub address its process already knows, if any.
-    Wanted(Option<SocketAddr>),
+    /// It does; with the hubs its process already knows, if any.
+    Wanted(Option<Hubs>),
 }
 
 impl Contribution {
-    /// Wire form: `[0]` not wanted, `[1]` wanted without a known hub, `[1] ip:port` wanted
-    /// with one.
+    /// Wire form: `[0]` not wanted, `[1]` wanted without known hubs, `[1] primary[,standby]`
+    /// wanted with them.
     pub fn encode(&self) -> Vec<u8> {
         match self {
             Contribution::NotWanted => vec![0],
             Contribution::Wanted(None) => vec![1],
-            Contribution::Wanted(Some(a)) => {
+            Contribution::Wanted(Some(h)) => {
                 let mut v = vec![1];
-                v.extend_from_slice(a.to_string().as_bytes());
+                v.extend_from_slice(h.encode().as_bytes());
                 v
             }
         }
@@ -61,7 +73,11 @@ impl Contribution {
         match b.split_first() {
             Some((0, [])) => Ok(Contribution::NotWanted),
             Some((1, [])) => Ok(Contribution::Wanted(None)),
-            Some((1, rest)) => parse_addr(rest).map(|a| Contribution::Wanted(Some(a))),
+            Some((1, rest)) => {
+                let s = std::str::from_utf8(rest)
+                    .map_err(|_| "hub address is not UTF-8".to_string())?;
+                Hubs::decode(s).map(|h| Contribution::Wanted(Some(h)))
+            }
             Some((0, _)) => Err("hub contribution 'not wanted' carries extra bytes".into()),
             Some((t, _)) => Err(format!("unknown hub contribution tag {t}")),
             None => Err("empty hub contribution".into()),
@@ -77,50 +93,78 @@ pub fn parse_addr(b: &[u8]) -> Result<SocketAddr, String> {
 }
 
 /// The outcome of the agreement, identical on every rank (it depends on the allgathered
-/// contributions only).
+/// contributions and the ranks' process identities only).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Plan {
     /// No rank wants a hub: no second round.
     Nothing,
-    /// Use this hub (the lowest rank's known address).
-    Adopt(SocketAddr),
-    /// Rank `starter` starts a hub and announces it in a second allgather.
+    /// Use these hubs (the lowest knowing rank's).
+    Adopt(Hubs),
+    /// Rank `starter` starts the primary hub, rank `standby` (another process) the standby;
+    /// both announce theirs in a second allgather.
     Elect {
         /// The lowest rank that wants a hub.
         starter: usize,
+        /// The lowest rank that wants one in another process than `starter`'s.
+        standby: Option<usize>,
     },
 }
 
-/// Decides from every rank's contribution (index = rank). Pure.
-pub fn plan(all: &[Contribution]) -> Plan {
+/// Decides from every rank's contribution and process identity `(host hash, pid)` (index =
+/// rank). Pure.
+pub fn plan(all: &[Contribution], procs: &[(u64, u32)]) -> Plan {
     let known = all.iter().find_map(|c| match c {
-        Contribution::Wanted(Some(a)) => Some(*a),
+        Contribution::Wanted(Some(h)) => Some(*h),
         _ => None,
     });
-    if let Some(a) = known {
-        return Plan::Adopt(a);
+    if let Some(h) = known {
+        return Plan::Adopt(h);
     }
     match all.iter().position(|c| *c == Contribution::Wanted(None)) {
-        Some(starter) => Plan::Elect { starter },
+        Some(starter) => {
+            let wants: Vec<bool> = all.iter().map(|c| *c != Contribution::NotWanted).collect();
+            Plan::Elect {
+                starter,
+                standby: standby::standby_rank(&wants, procs, starter),
+            }
+        }
         None => Plan::Nothing,
     }
 }
 
-/// Reads the starter's announcement of the second round: `Some(addr)`, or `None` when it
-/// announced nothing (its hub could not start) or something unreadable.
-pub fn announced(from_starter: &[u8]) -> Option<SocketAddr> {
-    if from_starter.is_empty() {
-        return None;
+/// Reads the second round: the starter's and the standby's announcements (an empty or
+/// unreadable one means that hub did not start). A standby alone becomes the primary.
+pub fn announced(from_starter: &[u8], from_standby: Option<&[u8]>) -> Option<Hubs> {
+    let read = |b: &[u8]| (!b.is_empty()).then(|| parse_addr(b).ok()).flatten();
+    let p = read(from_starter);
+    let s = from_standby.and_then(read).filter(|s| Some(*s) != p);
+    match (p, s) {
+        (Some(primary), standby) => Some(Hubs { primary, standby }),
+        (None, Some(primary)) => Some(Hubs {
+            primary,
+            standby: None,
+        }),
+        (None, None) => None,
     }
-    parse_addr(from_starter).ok()
+}
+
+/// Which of the job's hubs runs in this process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// The primary: reports from the start.
+    Primary,
+    /// The standby: reports once it took over.
+    Standby,
 }
 
 struct Local {
     shard: ShardProcess,
     feed: Option<DiagnosisFeed>,
+    role: Option<Role>,
+    watch: Option<Arc<Mutex<Watch>>>,
 }
 
-static HUB: OnceLock<SocketAddr> = OnceLock::new();
+static HUB: OnceLock<Hubs> = OnceLock::new();
 static LOCAL: Mutex<Option<Local>> = Mutex::new(None);
 
 fn lock_local() -> std::sync::MutexGuard<'static, Option<Local>> {
@@ -128,27 +172,126 @@ fn lock_local() -> std::sync::MutexGuard<'static, Option<Local>> {
     LOCAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The hub this process reports to, once it learnt one.
-pub fn known() -> Option<SocketAddr> {
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The hubs this process reports to, once it learnt them.
+pub fn known() -> Option<Hubs> {
     HUB.get().copied()
 }
 
-/// Learns `addr` as this process's hub unless it already knows one (the first one wins);
-/// returns the hub in effect. Logs the job's analyzer address once.
-pub fn adopt(addr: SocketAddr) -> SocketAddr {
+/// Learns `hubs` as this process's unless it already knows some (the first ones win);
+/// returns the hubs in effect. When this process runs one of them it takes its role (the
+/// standby starts watching the primary). Logs the job's analyzer addresses once.
+pub fn adopt(hubs: Hubs) -> Hubs {
     let mut first = false;
     let cur = *HUB.get_or_init(|| {
         first = true;
-        addr
+        hubs
     });
     if first {
         tracing::info!(target: "nccl::INIT",
-            "CCL-D analyzer for this job at {cur} (query: ccld anomalies --server {cur})");
-    } else if cur != addr {
+            "CCL-D analyzer for this job at {} (query: ccld anomalies --server {})",
+            cur.primary, cur.query_list());
+        take_role(cur);
+    } else if cur != hubs {
         tracing::debug!(target: "nccl::INIT",
-            "CCL-D: keeping analyzer hub {cur}, communicator agreed on {addr}");
+            "CCL-D: keeping analyzer hubs {}, communicator agreed on {}",
+            cur.query_list(), hubs.query_list());
     }
     cur
+}
+
+fn take_role(hubs: Hubs) {
+    let mut g = lock_local();
+    let Some(l) = g.as_mut() else {
+        return;
+    };
+    if l.role.is_some() {
+        return;
+    }
+    if l.shard.addr == hubs.primary {
+        l.role = Some(Role::Primary);
+    } else if Some(l.shard.addr) == hubs.standby {
+        l.role = Some(Role::Standby);
+        let w = Arc::new(Mutex::new(Watch::new(
+            analyzer::server::now_ns(),
+            standby::TAKEOVER_AFTER,
+        )));
+        l.watch = Some(Arc::clone(&w));
+        let primary = hubs.primary;
+        let spawned = std::thread::Builder::new()
+            .name("ccld-standby".into())
+            .spawn(move || watch_primary(primary, w));
+        if let Err(e) = spawned {
+            tracing::warn!(target: "nccl::INIT",
+                "CCL-D: cannot start the standby's watch of the hub {primary}: {e}");
+        }
+    }
+}
+
+/// One probe of a hub: does it answer a local `ListComms` within [`standby::PROBE_TIMEOUT`]?
+pub fn probe_hub(c: &mut BlockingClient) -> bool {
+    c.list_comms(wire::ListCommsRequest {
+        local_only: true,
+        limit: 1,
+    })
+    .is_ok()
+}
+
+/// A client for probing `addr` (short deadlines, no back-off worth the name).
+pub fn prober(addr: SocketAddr) -> Result<BlockingClient, String> {
+    let mut cfg = ClientConfig::new([addr.to_string()]);
+    cfg.connect_timeout = standby::PROBE_TIMEOUT;
+    cfg.rpc_timeout = standby::PROBE_TIMEOUT;
+    cfg.backoff_initial = Duration::from_millis(1);
+    cfg.backoff_max = Duration::from_millis(1);
+    BlockingClient::new(cfg).map_err(|e| e.to_string())
+}
+
+/// The standby's watch loop: probes `primary` every [`standby::PROBE_EVERY`] and feeds
+/// `w` until it takes over.
+pub fn watch_primary(primary: SocketAddr, w: Arc<Mutex<Watch>>) {
+    let mut c = match prober(primary) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(target: "nccl::INIT",
+                "CCL-D: the standby cannot watch the hub {primary}: {e}");
+            return;
+        }
+    };
+    loop {
+        let t = std::time::Instant::now();
+        let ok = probe_hub(&mut c);
+        let d = lock(&w).observe(ok, analyzer::server::now_ns());
+        match d {
+            Decision::Wait => {}
+            Decision::TakeOver | Decision::Active => {
+                tracing::warn!(target: "nccl::COLL",
+                    "CCL-D: the analyzer hub {primary} stopped answering; the standby in this process (pid {}) reports from now on",
+                    std::process::id());
+                return;
+            }
+        }
+        std::thread::sleep(standby::PROBE_EVERY.saturating_sub(t.elapsed()));
+    }
+}
+
+/// Whether this process's hub reports now.
+pub fn gate() -> Gate {
+    let g = lock_local();
+    match g.as_ref().map(|l| (l.role, l.watch.as_ref())) {
+        Some((Some(Role::Primary), _)) => Gate::Primary,
+        Some((Some(Role::Standby), Some(w))) => {
+            let w = lock(w);
+            Gate::Standby {
+                active: w.active(),
+                last_ok_ns: w.last_ok_ns(),
+            }
+        }
+        _ => Gate::NoHub,
+    }
 }
 
 /// Whether this process would use a hub: probing on (`CCLD_DISABLE`) and
@@ -182,7 +325,12 @@ pub(crate) fn start_with(ip: IpAddr, engine: EngineConfig) -> Result<SocketAddr,
         .map_err(|e| format!("starting the CCL-D analyzer hub on {ip}: {e}"))?;
     let addr = shard.addr;
     let feed = Some(shard.subscribe());
-    *g = Some(Local { shard, feed });
+    *g = Some(Local {
+        shard,
+        feed,
+        role: None,
+        watch: None,
+    });
     Ok(addr)
 }
 
@@ -191,7 +339,7 @@ pub(crate) fn take_feed() -> Option<DiagnosisFeed> {
     lock_local().as_mut().and_then(|l| l.feed.take())
 }
 
-/// True when this process runs the hub.
+/// True when this process runs a hub (primary or standby).
 pub fn runs_here() -> bool {
     lock_local().is_some()
 }
@@ -204,40 +352,62 @@ mod tests {
         s.parse().unwrap()
     }
 
+    fn one(p: &str) -> Hubs {
+        Hubs {
+            primary: a(p),
+            standby: None,
+        }
+    }
+
+    /// Every rank in a process of its own.
+    fn own(n: usize) -> Vec<(u64, u32)> {
+        (0..n).map(|r| (7, 100 + r as u32)).collect()
+    }
+
     use Contribution::{NotWanted as N, Wanted as W};
 
     #[test]
-    fn nobody_knows_a_hub_the_lowest_wanting_rank_starts_one() {
-        assert_eq!(
-            plan(&[W(None), W(None), W(None)]),
-            Plan::Elect { starter: 0 }
-        );
-        assert_eq!(plan(&[N, W(None), W(None)]), Plan::Elect { starter: 1 });
-        assert_eq!(plan(&[N, N, W(None)]), Plan::Elect { starter: 2 });
-        assert_eq!(plan(&[W(None)]), Plan::Elect { starter: 0 });
+    fn nobody_knows_a_hub_the_lowest_wanting_rank_starts_one_the_next_process_a_standby() {
+        let e = |starter, standby| Plan::Elect { starter, standby };
+        assert_eq!(plan(&[W(None), W(None), W(None)], &own(3)), e(0, Some(1)));
+        assert_eq!(plan(&[N, W(None), W(None)], &own(3)), e(1, Some(2)));
+        assert_eq!(plan(&[N, N, W(None)], &own(3)), e(2, None));
+        assert_eq!(plan(&[W(None)], &own(1)), e(0, None));
+        // Ranks 0 and 1 are threads of one process: the standby goes to rank 2's.
+        let procs = [(7, 1), (7, 1), (7, 2)];
+        assert_eq!(plan(&[W(None), W(None), W(None)], &procs), e(0, Some(2)));
+        assert_eq!(plan(&[W(None), W(None), N], &procs), e(0, None));
     }
 
     #[test]
-    fn a_known_hub_wins_the_lowest_knowing_rank_first() {
-        let h1 = a("10.0.0.1:5000");
-        let h2 = a("10.0.0.2:6000");
-        assert_eq!(plan(&[W(None), W(Some(h1)), W(None)]), Plan::Adopt(h1));
-        assert_eq!(plan(&[W(None), W(Some(h2)), W(Some(h1))]), Plan::Adopt(h2));
-        assert_eq!(plan(&[W(Some(h1)), W(Some(h2))]), Plan::Adopt(h1));
-        assert_eq!(plan(&[N, N, W(Some(h2))]), Plan::Adopt(h2));
+    fn known_hubs_win_the_lowest_knowing_rank_first() {
+        let h1 = Hubs {
+            primary: a("10.0.0.1:5000"),
+            standby: Some(a("10.0.0.3:5001")),
+        };
+        let h2 = one("10.0.0.2:6000");
+        let p = own(3);
+        assert_eq!(plan(&[W(None), W(Some(h1)), W(None)], &p), Plan::Adopt(h1));
+        assert_eq!(
+            plan(&[W(None), W(Some(h2)), W(Some(h1))], &p),
+            Plan::Adopt(h2)
+        );
+        assert_eq!(plan(&[W(Some(h1)), W(Some(h2))], &p), Plan::Adopt(h1));
+        assert_eq!(plan(&[N, N, W(Some(h2))], &p), Plan::Adopt(h2));
     }
 
     #[test]
     fn nobody_wants_a_hub() {
-        assert_eq!(plan(&[N, N, N]), Plan::Nothing);
-        assert_eq!(plan(&[]), Plan::Nothing);
+        assert_eq!(plan(&[N, N, N], &own(3)), Plan::Nothing);
+        assert_eq!(plan(&[], &[]), Plan::Nothing);
     }
 
     #[test]
     fn every_rank_decides_alike() {
         // The plan depends only on the allgathered list, never on who computes it: check
-        // all 3^3 combinations of three ranks against an independent statement of the rule.
-        let h = [a("127.0.0.1:1"), a("127.0.0.1:2"), a("127.0.0.1:3")];
+        // all 3^3 combinations of three ranks (one process each) against an independent
+        // statement of the rule.
+        let h = [one("127.0.0.1:1"), one("127.0.0.1:2"), one("127.0.0.1:3")];
         for code in 0..27 {
             let all: Vec<Contribution> = (0..3)
                 .map(|r| match (code / 3usize.pow(r as u32)) % 3 {
@@ -247,13 +417,16 @@ mod tests {
                 })
                 .collect();
             let first_known = (0..3).find(|&r| all[r] == W(Some(h[r])));
-            let first_wanting = (0..3).find(|&r| all[r] != N);
-            let want = match (first_known, first_wanting) {
+            let wanting: Vec<usize> = (0..3).filter(|&r| all[r] != N).collect();
+            let want = match (first_known, wanting.first()) {
                 (Some(r), _) => Plan::Adopt(h[r]),
-                (None, Some(r)) => Plan::Elect { starter: r },
+                (None, Some(&r)) => Plan::Elect {
+                    starter: r,
+                    standby: wanting.get(1).copied(),
+                },
                 (None, None) => Plan::Nothing,
             };
-            assert_eq!(plan(&all), want, "{all:?}");
+            assert_eq!(plan(&all, &own(3)), want, "{all:?}");
         }
     }
 
@@ -262,8 +435,12 @@ mod tests {
         for c in [
             N,
             W(None),
-            W(Some(a("192.168.1.7:40000"))),
-            W(Some(a("[::1]:9"))),
+            W(Some(one("192.168.1.7:40000"))),
+            W(Some(one("[::1]:9"))),
+            W(Some(Hubs {
+                primary: a("192.168.1.7:40000"),
+                standby: Some(a("192.168.1.8:40001")),
+            })),
         ] {
             assert_eq!(Contribution::decode(&c.encode()), Ok(c));
         }
@@ -283,6 +460,7 @@ mod tests {
         assert!(e.contains("analyzer hub on 192.0.2.1"), "{e}");
         assert!(!runs_here());
         assert!(take_feed().is_none());
+        assert_eq!(gate(), Gate::NoHub);
         // Once one runs, starting again returns the same hub.
         let ok = start_with("127.0.0.1".parse().unwrap(), EngineConfig::default()).unwrap();
         assert!(runs_here());
@@ -290,22 +468,75 @@ mod tests {
         assert_eq!(ok, again);
         assert!(take_feed().is_some());
         assert!(take_feed().is_none(), "the feed is handed out once");
+        // No role before the job's hubs are adopted.
+        assert_eq!(gate(), Gate::NoHub);
     }
 
     #[test]
-    fn the_first_hub_learnt_is_kept() {
-        // (Another test of this process may have adopted one before: whichever came first
+    fn the_first_hubs_learnt_are_kept() {
+        // (Another test of this process may have adopted some before: whichever came first
         // stays.)
-        let first = adopt(a("127.0.0.1:4000"));
+        let first = adopt(one("127.0.0.1:4000"));
         assert_eq!(known(), Some(first));
-        assert_eq!(adopt(a("127.0.0.1:5000")), first);
+        assert_eq!(adopt(one("127.0.0.1:5000")), first);
         assert_eq!(known(), Some(first));
     }
 
     #[test]
     fn announcements() {
-        assert_eq!(announced(b""), None);
-        assert_eq!(announced(b"127.0.0.1:77"), Some(a("127.0.0.1:77")));
-        assert_eq!(announced(b"nonsense"), None);
+        let (p, s) = (a("127.0.0.1:77"), a("127.0.0.1:78"));
+        assert_eq!(announced(b"", None), None);
+        assert_eq!(announced(b"", Some(b"")), None);
+        assert_eq!(announced(b"127.0.0.1:77", None), Some(one("127.0.0.1:77")));
+        assert_eq!(
+            announced(b"127.0.0.1:77", Some(b"127.0.0.1:78")),
+            Some(Hubs {
+                primary: p,
+                standby: Some(s)
+            })
+        );
+        // A primary that did not start: the standby is the job's only hub.
+        assert_eq!(
+            announced(b"", Some(b"127.0.0.1:78")),
+            Some(one("127.0.0.1:78"))
+        );
+        assert_eq!(
+            announced(b"127.0.0.1:77", Some(b"junk")),
+            Some(one("127.0.0.1:77"))
+        );
+        assert_eq!(announced(b"nonsense", None), None);
+    }
+
+    /// The standby's watch over a real hub: it waits while the hub answers and takes over
+    /// within [`standby::TAKEOVER_AFTER`] + one probe once the hub is killed.
+    #[test]
+    fn the_standby_takes_over_when_the_primary_is_killed() {
+        let shard = ShardProcess::spawn(
+            ServerConfig::single(EngineConfig::default()),
+            a("127.0.0.1:0"),
+            None,
+            1,
+        )
+        .unwrap();
+        let mut c = prober(shard.addr).unwrap();
+        assert!(probe_hub(&mut c), "a live hub answers");
+        let w = Arc::new(Mutex::new(Watch::new(
+            analyzer::server::now_ns(),
+            standby::TAKEOVER_AFTER,
+        )));
+        let (addr, w2) = (shard.addr, Arc::clone(&w));
+        let t = std::thread::spawn(move || watch_primary(addr, w2));
+        std::thread::sleep(Duration::from_millis(1500));
+        assert!(!lock(&w).active(), "no take-over while the primary answers");
+        let killed = std::time::Instant::now();
+        shard.kill();
+        t.join().unwrap();
+        let took = killed.elapsed();
+        assert!(lock(&w).active());
+        assert!(
+            took >= standby::TAKEOVER_AFTER && took < Duration::from_secs(3),
+            "took over after {took:?}"
+        );
+        assert!(!probe_hub(&mut c), "a killed hub does not answer");
     }
 }

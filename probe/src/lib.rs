@@ -12,9 +12,12 @@ pub mod diag;
 pub mod embedded;
 pub mod frame;
 pub mod hub;
+mod hublink;
 pub mod optype;
+pub mod report;
 pub mod reporter;
 pub mod sched;
+pub mod standby;
 pub mod thin;
 pub mod wire;
 
@@ -91,13 +94,16 @@ pub fn start() -> Result<bool, String> {
         AnalyzerTarget::Embedded => {
             let ecfg = embedded::engine_config(get)?;
             let spool = reporter::SpoolSettings::from_env(get)?;
+            let rep = report::from_env(get)?;
             diag::start_with(cfg, move || {
                 let e = embedded::Embedded::install(ecfg);
-                Ok(Box::new(embedded::EmbeddedSink::new(e, spool)) as Box<dyn diag::Sink>)
+                Ok(Box::new(embedded::EmbeddedSink::new(e, spool, rep)) as Box<dyn diag::Sink>)
             })?;
             Ok(true)
         }
         AnalyzerTarget::Remote(shards) => {
+            // Checked for typos; the analyzer shards report, not this process.
+            report::parse_report(get("CCLD_REPORT").as_deref())?;
             let spool = reporter::spool_from_env(get)?;
             diag::start_with(cfg, move || {
                 Ok(Box::new(reporter::RemoteSink::new(shards, spool)?) as Box<dyn diag::Sink>)
