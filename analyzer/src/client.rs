@@ -25,8 +25,9 @@ use crate::server::lazy_channel;
 use crate::shard::{ShardError, ShardMap};
 use crate::wire::analyzer_client::AnalyzerClient;
 use crate::wire::{
-    AnomalyList, Batch, CommList, CommState, Diagnosis, GetCommRequest, Heartbeat,
-    ListAnomaliesRequest, ListCommsRequest, OpRecord, RankMembership, WatchRequest,
+    AnomalyList, Batch, CommList, CommState, Diagnosis, GetCommRequest, Heartbeat, IncidentList,
+    ListAnomaliesRequest, ListCommsRequest, ListIncidentsRequest, OpRecord, RankMembership,
+    WatchRequest,
 };
 
 /// Records per gRPC message when streaming a large batch.
@@ -427,6 +428,18 @@ impl Client {
         .await
     }
 
+    /// Cluster-wide incident list, newest first.
+    pub async fn list_incidents(
+        &mut self,
+        req: ListIncidentsRequest,
+    ) -> Result<IncidentList, ClientError> {
+        self.any(|mut c| {
+            let r = req;
+            async move { c.list_incidents(r).await.map(tonic::Response::into_inner) }
+        })
+        .await
+    }
+
     /// Cluster-wide communicator list.
     pub async fn list_comms(&mut self, req: ListCommsRequest) -> Result<CommList, ClientError> {
         self.any(|mut c| async move { c.list_comms(req).await.map(tonic::Response::into_inner) })
@@ -537,6 +550,14 @@ impl BlockingClient {
         req: ListAnomaliesRequest,
     ) -> Result<AnomalyList, ClientError> {
         self.rt.block_on(self.inner.list_anomalies(req))
+    }
+
+    /// See [`Client::list_incidents`].
+    pub fn list_incidents(
+        &mut self,
+        req: ListIncidentsRequest,
+    ) -> Result<IncidentList, ClientError> {
+        self.rt.block_on(self.inner.list_incidents(req))
     }
 
     /// See [`Client::list_comms`].

@@ -869,6 +869,7 @@ pub struct Engine {
     stats: EngineStats,
     comms: HashMap<u64, Comm>,
     pending: Vec<wire::Diagnosis>,
+    incidents: crate::incident::Incidents,
     window_log: Vec<WindowEval>,
     /// Clock (nanoseconds) measuring the location step's CPU cost where no clock is passed
     /// in: windows closed by a record in `ingest`, and `tick`.
@@ -948,6 +949,7 @@ impl Engine {
             stats: EngineStats::default(),
             comms: HashMap::new(),
             pending: Vec::new(),
+            incidents: crate::incident::Incidents::default(),
             window_log: Vec::new(),
             cost_clock: None,
         }
@@ -1536,7 +1538,15 @@ impl Engine {
         }
         let mut out = std::mem::take(&mut self.pending);
         out.sort_by_key(|d| d.comm_id);
+        self.incidents.add(&out);
         out
+    }
+
+    /// Incidents made since the last call (each returned once): the first cause of the
+    /// anomalies diagnosed by [`Engine::tick`], correlated across communicators
+    /// ([`crate::incident`]). Call after `tick`.
+    pub fn take_incidents(&mut self) -> Vec<wire::Incident> {
+        self.incidents.take()
     }
 
     fn check_hang(&mut self, comm_id: u64, now_ns: u64) -> Option<wire::Diagnosis> {

@@ -13,7 +13,9 @@
 pub mod calibrate;
 pub mod detect;
 pub mod engine;
+pub mod incident;
 pub mod locate;
+pub mod report;
 pub mod sim;
 pub mod wire;
 

@@ -18,7 +18,7 @@
 //! * **Bad input**: messages over `max_message_bytes` are refused by the codec; the engine
 //!   rejects inconsistent records; nothing here panics on input.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -41,13 +41,16 @@ use crate::wire::analyzer_client::AnalyzerClient;
 use crate::wire::analyzer_server::{Analyzer, AnalyzerServer};
 use crate::wire::{
     AnomalyClass, AnomalyList, Batch, CommList, CommState, CommSummary, Diagnosis, GetCommRequest,
-    IngestReply, ListAnomaliesRequest, ListCommsRequest, WatchRequest,
+    Incident, IncidentList, IngestReply, ListAnomaliesRequest, ListCommsRequest,
+    ListIncidentsRequest, WatchRequest,
 };
 
 /// Default limit of `ListAnomalies` when the request says 0.
 pub const DEFAULT_LIST_LIMIT: usize = 1000;
 /// Default largest accepted gRPC message (a batch), bytes.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 << 20;
+/// Incidents a shard keeps in memory for `ListIncidents`.
+pub const MAX_KEPT_INCIDENTS: usize = 1024;
 /// Reasons returned in an `IngestReply` at most.
 pub const MAX_REPLY_REASONS: usize = 16;
 
@@ -230,6 +233,9 @@ struct Shared {
     next_seq: AtomicU64,
     metrics: Arc<Metrics>,
     tx: broadcast::Sender<Diagnosis>,
+    itx: broadcast::Sender<Incident>,
+    /// The newest incidents (bounded), newest last.
+    incidents: Mutex<VecDeque<Incident>>,
     peers: Vec<Peer>,
     peer_timeout: Duration,
     auth: AuthInterceptor,
@@ -354,12 +360,13 @@ impl Shared {
     fn tick(&self) -> Vec<Diagnosis> {
         let now = self.now();
         let t0 = Instant::now();
-        let (mut diags, ncomms, mem) = {
+        let (mut diags, incidents, ncomms, mem) = {
             let mut eng = self.engine();
             let mono = Instant::now();
             let mut clock = || u64::try_from(mono.elapsed().as_nanos()).unwrap_or(u64::MAX);
             let d = eng.tick_with_clock(now, &mut clock);
-            (d, eng.comm_ids().len(), eng.memory_bytes())
+            let inc = eng.take_incidents();
+            (d, inc, eng.comm_ids().len(), eng.memory_bytes())
         };
         let cost = t0.elapsed();
         let m = &self.metrics;
@@ -367,6 +374,7 @@ impl Shared {
         m.comms_tracked.store(ncomms as u64, Ordering::Relaxed);
         m.engine_memory_bytes.store(mem as u64, Ordering::Relaxed);
         if diags.is_empty() {
+            self.publish_incidents(incidents, &diags);
             return diags;
         }
         let mut rows = Vec::with_capacity(diags.len());
@@ -404,7 +412,48 @@ impl Shared {
             // No subscriber is fine.
             let _ = self.tx.send(d.clone());
         }
+        self.publish_incidents(incidents, &diags);
         diags
+    }
+
+    /// Gives the engine's new incidents the service's diagnosis ids, keeps them for
+    /// queries and publishes them to the incident feeds.
+    fn publish_incidents(&self, incidents: Vec<Incident>, diags: &[Diagnosis]) {
+        if incidents.is_empty() {
+            return;
+        }
+        let mut kept = self
+            .incidents
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for mut inc in incidents {
+            crate::incident::adopt_ids(&mut inc, diags);
+            tracing::warn!(target: "ccld::incident", comm_id = inc.comm_id, "{}", inc.summary);
+            // No subscriber is fine.
+            let _ = self.itx.send(inc.clone());
+            kept.push_back(inc);
+            while kept.len() > MAX_KEPT_INCIDENTS {
+                kept.pop_front();
+            }
+        }
+    }
+
+    /// The incidents kept by this shard, newest first, at most `limit`.
+    fn local_incidents(&self, comm_id: Option<u64>, since_ns: u64, limit: usize) -> Vec<Incident> {
+        let kept = self
+            .incidents
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        kept.iter()
+            .rev()
+            .filter(|i| {
+                i.detected_at_ns >= since_ns
+                    && comm_id
+                        .is_none_or(|c| i.comm_id == c || i.evidence.iter().any(|d| d.comm_id == c))
+            })
+            .take(limit)
+            .cloned()
+            .collect()
     }
 
     fn local_anomalies(&self, q: &Query) -> Result<Vec<Diagnosis>, Status> {
@@ -594,6 +643,49 @@ impl Analyzer for Service {
         unreachable.dedup();
         Ok(Response::new(AnomalyList {
             diagnoses: all,
+            unreachable_shards: unreachable,
+        }))
+    }
+
+    async fn list_incidents(
+        &self,
+        request: Request<ListIncidentsRequest>,
+    ) -> Result<Response<IncidentList>, Status> {
+        self.sh.auth.check(&request)?;
+        let req = request.into_inner();
+        let limit = if req.limit == 0 {
+            DEFAULT_LIST_LIMIT
+        } else {
+            req.limit as usize
+        };
+        let mut all = self.sh.local_incidents(req.comm_id, req.since_ns, limit);
+        let mut unreachable = Vec::new();
+        if !req.local_only {
+            let mut sub = req;
+            sub.local_only = true;
+            let (lists, down) = fan_out(&self.sh, "ListIncidents", |mut c| {
+                let r = sub;
+                async move { c.list_incidents(r).await.map(Response::into_inner) }
+            })
+            .await;
+            for l in lists {
+                all.extend(l.incidents);
+                unreachable.extend(l.unreachable_shards);
+            }
+            unreachable.extend(down);
+        }
+        let mut seen = HashSet::new();
+        all.retain(|d| seen.insert(d.id.clone()));
+        all.sort_by(|a, b| {
+            b.detected_at_ns
+                .cmp(&a.detected_at_ns)
+                .then_with(|| a.id.cmp(&b.id))
+        });
+        all.truncate(limit);
+        unreachable.sort();
+        unreachable.dedup();
+        Ok(Response::new(IncidentList {
+            incidents: all,
             unreachable_shards: unreachable,
         }))
     }
@@ -825,6 +917,37 @@ pub struct ServerHandle {
     shutdown: Option<oneshot::Sender<()>>,
     join: tokio::task::JoinHandle<Result<(), ServeError>>,
     diagnoses: broadcast::Sender<Diagnosis>,
+    incidents: broadcast::Sender<Incident>,
+}
+
+/// The incidents a shard makes from the moment of subscription on (each once), read
+/// without an RPC: what a process hosting a shard prints for the user (`CCLD_REPORT`).
+#[derive(Debug)]
+pub struct IncidentFeed {
+    rx: broadcast::Receiver<Incident>,
+    lagged: u64,
+}
+
+impl IncidentFeed {
+    /// The next incident if one is waiting (never blocks). Incidents the feed could not
+    /// keep (more than 1024 unread) are skipped and counted in [`Self::lagged`]; `None`
+    /// also once the shard has stopped.
+    pub fn try_next(&mut self) -> Option<Incident> {
+        loop {
+            match self.rx.try_recv() {
+                Ok(d) => return Some(d),
+                Err(broadcast::error::TryRecvError::Lagged(n)) => self.lagged += n,
+                Err(
+                    broadcast::error::TryRecvError::Empty | broadcast::error::TryRecvError::Closed,
+                ) => return None,
+            }
+        }
+    }
+
+    /// Incidents skipped because the reader fell behind.
+    pub fn lagged(&self) -> u64 {
+        self.lagged
+    }
 }
 
 /// The diagnoses a shard makes from the moment of subscription on (the shard's `Watch`
@@ -863,6 +986,14 @@ impl ServerHandle {
     pub fn subscribe(&self) -> DiagnosisFeed {
         DiagnosisFeed {
             rx: self.diagnoses.subscribe(),
+            lagged: 0,
+        }
+    }
+
+    /// A feed of the incidents this shard makes from now on.
+    pub fn subscribe_incidents(&self) -> IncidentFeed {
+        IncidentFeed {
+            rx: self.incidents.subscribe(),
             lagged: 0,
         }
     }
@@ -952,6 +1083,8 @@ pub async fn start(
     }
     let (tx, _) = broadcast::channel(1024);
     let diagnoses = tx.clone();
+    let (itx, _) = broadcast::channel(1024);
+    let incidents = itx.clone();
     let sh = Arc::new(Shared {
         shard_id: cfg.shard_id,
         shard_name: shard_name.clone(),
@@ -966,6 +1099,8 @@ pub async fn start(
         next_seq: AtomicU64::new(next_seq),
         metrics: metrics.clone(),
         tx,
+        itx,
+        incidents: Mutex::new(VecDeque::new()),
         peers,
         peer_timeout: cfg.peer.timeout,
         auth: AuthInterceptor::new(cfg.token.as_deref(), metrics.clone()),
@@ -1064,6 +1199,7 @@ pub async fn start(
         shutdown: Some(stop_tx),
         join,
         diagnoses,
+        incidents,
     })
 }
 
@@ -1081,6 +1217,7 @@ pub struct ShardProcess {
     rt: Option<tokio::runtime::Runtime>,
     handle: Option<ServerHandle>,
     diagnoses: broadcast::Sender<Diagnosis>,
+    incidents: broadcast::Sender<Incident>,
 }
 
 impl ShardProcess {
@@ -1103,6 +1240,7 @@ impl ShardProcess {
             metrics_addr: h.metrics_addr,
             metrics: h.metrics.clone(),
             diagnoses: h.diagnoses.clone(),
+            incidents: h.incidents.clone(),
             rt: Some(rt),
             handle: Some(h),
         })
@@ -1112,6 +1250,14 @@ impl ShardProcess {
     pub fn subscribe(&self) -> DiagnosisFeed {
         DiagnosisFeed {
             rx: self.diagnoses.subscribe(),
+            lagged: 0,
+        }
+    }
+
+    /// A feed of the incidents this shard makes from now on.
+    pub fn subscribe_incidents(&self) -> IncidentFeed {
+        IncidentFeed {
+            rx: self.incidents.subscribe(),
             lagged: 0,
         }
     }
