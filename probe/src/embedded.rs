@@ -23,7 +23,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use analyzer::server::DiagnosisFeed;
+use analyzer::server::{DiagnosisFeed, IncidentFeed};
 use analyzer::wire;
 use analyzer::{Engine, EngineConfig};
 
@@ -171,6 +171,23 @@ impl Embedded {
 }
 
 impl Embedded {
+    /// The incidents of the local engine new since the last call, of communicators whose
+    /// ranks all report to this process (the others are counted in [`Self::suppressed`]
+    /// through their diagnoses).
+    pub fn take_incidents(&self) -> Vec<wire::Incident> {
+        let new = lock(&self.engine).take_incidents();
+        if new.is_empty() {
+            return new;
+        }
+        let seen = lock(&self.ranks_seen);
+        new.into_iter()
+            .filter(|i| {
+                seen.get(&i.comm_id)
+                    .is_some_and(|(n, set)| set.len() as u32 == *n)
+            })
+            .collect()
+    }
+
     /// Logs and keeps a diagnosis made by the job's hub running in this process.
     pub(crate) fn surface(&self, d: wire::Diagnosis) {
         tracing::warn!(target: "nccl::COLL", "CCL-D diagnosis: {}", crate::describe(&d));
@@ -197,6 +214,7 @@ enum Route {
 pub(crate) struct HubSource {
     pub(crate) known: Box<dyn Fn() -> Option<Hubs> + Send>,
     pub(crate) take_feed: Box<dyn Fn() -> Option<DiagnosisFeed> + Send>,
+    pub(crate) take_incidents: Box<dyn Fn() -> Option<IncidentFeed> + Send>,
     pub(crate) gate: Box<dyn Fn() -> Gate + Send>,
 }
 
@@ -206,6 +224,7 @@ impl HubSource {
         HubSource {
             known: Box::new(crate::hub::known),
             take_feed: Box::new(crate::hub::take_feed),
+            take_incidents: Box::new(crate::hub::take_incident_feed),
             gate: Box::new(crate::hub::gate),
         }
     }
@@ -225,6 +244,7 @@ pub(crate) struct EmbeddedSink {
     route: Route,
     hub: HubSource,
     feed: Option<DiagnosisFeed>,
+    incidents: Option<IncidentFeed>,
     report: Reporter,
     outbox: Outbox<wire::Incident>,
 }
@@ -247,6 +267,7 @@ impl EmbeddedSink {
             route: Route::Local,
             hub,
             feed: None,
+            incidents: None,
             report,
             outbox: Outbox::new(HELD_INCIDENTS),
         }
@@ -280,13 +301,20 @@ impl EmbeddedSink {
         if self.feed.is_none() {
             self.feed = (self.hub.take_feed)();
         }
-        let Some(f) = &mut self.feed else {
+        if self.incidents.is_none() {
+            self.incidents = (self.hub.take_incidents)();
+        }
+        if let Some(f) = &mut self.feed {
+            while let Some(d) = f.try_next() {
+                self.e.surface(d);
+            }
+        }
+        let Some(f) = &mut self.incidents else {
             return;
         };
         let mut new = Vec::new();
-        while let Some(d) = f.try_next() {
-            new.push(crate::report::incident_of(&d));
-            self.e.surface(d);
+        while let Some(i) = f.try_next() {
+            new.push(i);
         }
         let gate = (self.hub.gate)();
         for inc in self.outbox.pass(gate, new, |i| i.detected_at_ns) {
@@ -311,8 +339,9 @@ impl Sink for EmbeddedSink {
             Route::Local | Route::HubUnusable => {
                 if self.last_tick.elapsed() >= Duration::from_millis(100) {
                     self.last_tick = Instant::now();
-                    for d in self.e.tick(now_ns()) {
-                        self.report.report(&crate::report::incident_of(&d));
+                    self.e.tick(now_ns());
+                    for inc in self.e.take_incidents() {
+                        self.report.report(&inc);
                     }
                 }
             }
@@ -395,10 +424,12 @@ mod tests {
         let addr = shard.addr;
         let known = Arc::new(Mutex::new(None::<Hubs>));
         let feed = Arc::new(Mutex::new(Some(shard.subscribe())));
-        let (k, f) = (Arc::clone(&known), Arc::clone(&feed));
+        let incs = Arc::new(Mutex::new(Some(shard.subscribe_incidents())));
+        let (k, f, i) = (Arc::clone(&known), Arc::clone(&feed), Arc::clone(&incs));
         let hub = HubSource {
             known: Box::new(move || *lock(&k)),
             take_feed: Box::new(move || lock(&f).take()),
+            take_incidents: Box::new(move || lock(&i).take()),
             gate: Box::new(|| Gate::Primary),
         };
         let out = crate::report::tests_support::Buf::default();
@@ -471,6 +502,54 @@ mod tests {
         );
         shard.kill();
         let _ = std::fs::remove_dir_all(&spool.dir);
+    }
+
+    /// Ranks as threads: the local engine's incident is printed once by this process.
+    #[test]
+    fn the_local_engine_reports_each_incident_once() {
+        let e = Arc::new(Embedded::new(EngineConfig {
+            hang_threshold: Duration::from_millis(300),
+            ..EngineConfig::default()
+        }));
+        let spool = SpoolSettings {
+            dir: std::env::temp_dir().join(format!("ccld-local-test-{}", std::process::id())),
+            max_bytes: 1 << 20,
+        };
+        let hub = HubSource {
+            known: Box::new(|| None),
+            take_feed: Box::new(|| None),
+            take_incidents: Box::new(|| None),
+            gate: Box::new(|| Gate::NoHub),
+        };
+        let out = crate::report::tests_support::Buf::default();
+        let rep = Reporter::to_writer(Box::new(out.clone()), false);
+        let mut sink = EmbeddedSink::with_hub(Arc::clone(&e), spool, hub, rep);
+        let mut b = wire::Batch::default();
+        for op in 0..5 {
+            for r in 0..4 {
+                b.records.push(rec(op, r, false));
+            }
+        }
+        for r in [0, 1, 3] {
+            b.records.push(rec(5, r, true));
+        }
+        sink.deliver(b);
+        let t0 = Instant::now();
+        while e.diagnoses().is_empty() && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(50));
+            sink.idle();
+        }
+        for _ in 0..6 {
+            std::thread::sleep(Duration::from_millis(50));
+            sink.idle();
+        }
+        let text = out.text();
+        assert_eq!(text.lines().count(), 1, "{text}");
+        assert!(
+            text.contains("H1") && text.contains("rank 2 (pid 102"),
+            "{text}"
+        );
+        assert!(!text.contains("--server"), "no analyzer to query: {text}");
     }
 
     #[test]

@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use analyzer::client::{BlockingClient, ClientConfig};
-use analyzer::server::{DiagnosisFeed, ServerConfig, ShardProcess};
+use analyzer::server::{DiagnosisFeed, IncidentFeed, ServerConfig, ShardProcess};
 use analyzer::wire;
 use analyzer::EngineConfig;
 
@@ -160,6 +160,7 @@ pub enum Role {
 struct Local {
     shard: ShardProcess,
     feed: Option<DiagnosisFeed>,
+    incidents: Option<IncidentFeed>,
     role: Option<Role>,
     watch: Option<Arc<Mutex<Watch>>>,
 }
@@ -325,9 +326,11 @@ pub(crate) fn start_with(ip: IpAddr, engine: EngineConfig) -> Result<SocketAddr,
         .map_err(|e| format!("starting the CCL-D analyzer hub on {ip}: {e}"))?;
     let addr = shard.addr;
     let feed = Some(shard.subscribe());
+    let incidents = Some(shard.subscribe_incidents());
     *g = Some(Local {
         shard,
         feed,
+        incidents,
         role: None,
         watch: None,
     });
@@ -337,6 +340,12 @@ pub(crate) fn start_with(ip: IpAddr, engine: EngineConfig) -> Result<SocketAddr,
 /// The diagnoses feed of the hub running in this process (taken once, by the embedded sink).
 pub(crate) fn take_feed() -> Option<DiagnosisFeed> {
     lock_local().as_mut().and_then(|l| l.feed.take())
+}
+
+/// The incidents feed of the hub running in this process (taken once, by the embedded
+/// sink).
+pub(crate) fn take_incident_feed() -> Option<IncidentFeed> {
+    lock_local().as_mut().and_then(|l| l.incidents.take())
 }
 
 /// True when this process runs a hub (primary or standby).
@@ -468,6 +477,11 @@ mod tests {
         assert_eq!(ok, again);
         assert!(take_feed().is_some());
         assert!(take_feed().is_none(), "the feed is handed out once");
+        assert!(take_incident_feed().is_some());
+        assert!(
+            take_incident_feed().is_none(),
+            "the feed is handed out once"
+        );
         // No role before the job's hubs are adopted.
         assert_eq!(gate(), Gate::NoHub);
     }

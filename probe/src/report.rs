@@ -43,83 +43,20 @@ pub fn parse_report(v: Option<&str>) -> Result<ReportTarget, String> {
     }
 }
 
-/// The plain line of one incident.
-///
-/// Temporary adapter until `analyzer::report::incident_line` exists: the incident's summary
-/// when set, else its class, root(s) and operation in words.
-pub fn incident_line(inc: &wire::Incident) -> String {
-    let class = analyzer::server::class_name(inc.class);
-    let op = inc.trace.as_ref().map_or(0, |t| t.op_counter);
-    let what = if inc.summary.is_empty() {
-        let roots: Vec<String> = inc
-            .roots
-            .iter()
-            .map(|r| {
-                format!(
-                    "rank {} (pid {}, host {}) {}",
-                    r.rank, r.pid, r.host, r.reason
-                )
-            })
-            .collect();
-        format!(
-            "{} in {} #{op}",
-            roots.join("; "),
-            wire::coll_name(inc.collective)
-        )
-    } else {
-        inc.summary.clone()
+pub use analyzer::report::{incident_json, incident_line};
+
+/// The plain line of `inc` pointing `ccld anomalies` at the job's analyzer (`servers`, the
+/// `--server` list) when known.
+pub fn line_with_query(inc: &wire::Incident, servers: Option<&str>) -> String {
+    let line = incident_line(inc);
+    let Some(q) = servers else {
+        return line;
     };
-    format!(
-        "CCL-D incident {class} on comm {:#018x}: {what}",
-        inc.comm_id
-    )
-}
-
-/// The JSON line of one incident (docs: the incident JSON contract).
-///
-/// Temporary adapter until `analyzer::report::incident_json` exists.
-pub fn incident_json(inc: &wire::Incident) -> String {
-    let roots: Vec<serde_json::Value> = inc
-        .roots
-        .iter()
-        .map(|r| {
-            serde_json::json!({
-                "rank": r.rank, "pid": r.pid, "host": r.host,
-                "reason": r.reason, "exited": r.exited,
-            })
-        })
-        .collect();
-    serde_json::json!({
-        "id": inc.id,
-        "class": analyzer::server::class_name(inc.class),
-        "exited": inc.roots.iter().any(|r| r.exited),
-        "comm_id": format!("{:#018x}", inc.comm_id),
-        "collective": wire::coll_name(inc.collective),
-        "op": inc.trace.as_ref().map_or(0, |t| t.op_counter),
-        "roots": roots,
-        "chain": inc.chain,
-        "summary": inc.summary,
-        "detected_at_ns": inc.detected_at_ns,
-        "onset_ns": inc.onset_ns,
-    })
-    .to_string()
-}
-
-/// One diagnosis as an incident of its own (temporary adapter while the engine's incident
-/// API is not there: no cross-communicator correlation).
-pub fn incident_of(d: &wire::Diagnosis) -> wire::Incident {
-    wire::Incident {
-        id: d.id.clone(),
-        class: d.class,
-        roots: d.roots.clone(),
-        comm_id: d.comm_id,
-        trace: d.trace,
-        collective: d.collective,
-        chain: Vec::new(),
-        evidence: vec![d.clone()],
-        detected_at_ns: d.detected_at_ns,
-        onset_ns: d.onset_ns,
-        summary: crate::describe(d),
+    const BARE: &str = "`ccld anomalies`";
+    if line.contains(BARE) {
+        line.replacen(BARE, &format!("`ccld anomalies --server {q}`"), 1)
+    } else {
+        format!("{line} (query more: ccld anomalies --server {q})")
     }
 }
 
@@ -172,13 +109,7 @@ impl Reporter {
         let mut line = if *json {
             incident_json(inc)
         } else {
-            let mut l = incident_line(inc);
-            if let Some(q) = &self.query {
-                if !l.contains("ccld anomalies") {
-                    l.push_str(&format!(" (query more: ccld anomalies --server {q})"));
-                }
-            }
-            l
+            line_with_query(inc, self.query.as_deref())
         };
         line.push('\n');
         let r = w.write_all(line.as_bytes()).and_then(|_| w.flush());
@@ -300,12 +231,14 @@ mod tests {
         assert!(lines[0].contains("rank 2 (pid 4711"), "{}", lines[0]);
         assert!(lines[0].contains("AllReduce #77"), "{}", lines[0]);
         assert!(
-            lines[0]
-                .ends_with("(query more: ccld anomalies --server 127.0.0.1:5000,127.0.0.1:6000)"),
+            lines[0].contains("ccld anomalies --server 127.0.0.1:5000,127.0.0.1:6000"),
             "{}",
             lines[0]
         );
         assert!(lines[1].contains("rank 3") && lines[1].contains("process exited"));
+        // Without a known analyzer the line is the analyzer's own.
+        let i = inc("x", 1, false);
+        assert_eq!(line_with_query(&i, None), incident_line(&i));
     }
 
     #[test]
