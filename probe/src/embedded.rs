@@ -319,6 +319,7 @@ impl EmbeddedSink {
         let gate = (self.hub.gate)();
         for inc in self.outbox.pass(gate, new, |i| i.detected_at_ns) {
             self.report.report(&inc);
+            crate::linger::note_reported();
         }
     }
 }
@@ -327,7 +328,10 @@ impl Sink for EmbeddedSink {
     fn deliver(&mut self, batch: wire::Batch) {
         self.follow_hub();
         match &mut self.route {
-            Route::Hub(l) => l.send(batch),
+            Route::Hub(l) => {
+                crate::linger::note_batch(&batch);
+                l.send(batch);
+            }
             Route::Local | Route::HubUnusable => self.e.ingest(&batch, now_ns()),
         }
     }

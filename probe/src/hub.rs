@@ -325,6 +325,7 @@ pub(crate) fn start_with(ip: IpAddr, engine: EngineConfig) -> Result<SocketAddr,
     let shard = ShardProcess::spawn(cfg, SocketAddr::new(ip, 0), None, 1)
         .map_err(|e| format!("starting the CCL-D analyzer hub on {ip}: {e}"))?;
     let addr = shard.addr;
+    crate::linger::register_at_exit();
     let feed = Some(shard.subscribe());
     let incidents = Some(shard.subscribe_incidents());
     *g = Some(Local {

@@ -13,6 +13,7 @@ pub mod embedded;
 pub mod frame;
 pub mod hub;
 mod hublink;
+pub mod linger;
 pub mod optype;
 pub mod report;
 pub mod reporter;

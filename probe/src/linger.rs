@@ -1,0 +1,140 @@
+//! A hub's process lingers at exit (bounded) to report the failure it has just witnessed.
+//!
+//! When a peer's process dies, the survivors' calls fail (`ncclRemoteError`) and a real job
+//! then exits, the hub's processes included: without a pause, the incident (the dead rank,
+//! "process exited") would die with them. So a process that runs one of the job's hubs
+//! and has seen a failed operation among the batches it forwarded, with no incident
+//! reported since, waits at exit (an `atexit` handler) until its hub reports one, at most
+//! [`AT_EXIT`]. Clean exits, and processes without a hub, do not wait.
+//!
+//! Limits: `_exit`, SIGKILL or a signal's default action (SIGTERM from a launcher) skip
+//! `atexit` handlers.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use analyzer::wire;
+
+/// Longest wait at exit.
+pub const AT_EXIT: Duration = Duration::from_millis(3000);
+/// Once an incident is reported, how long to leave for the ones made with it.
+const SETTLE: Duration = Duration::from_millis(200);
+
+/// Reports made by this process's [`crate::report::Reporter`] as the active hub.
+static REPORTED: AtomicU64 = AtomicU64::new(0);
+/// [`REPORTED`] when the first unreported failure was seen, plus one (0: none pending).
+static FAILED_AT_REPORT: AtomicU64 = AtomicU64::new(0);
+static REGISTERED: AtomicBool = AtomicBool::new(false);
+
+/// True when a batch carries a failed operation.
+pub fn has_failure(b: &wire::Batch) -> bool {
+    b.records
+        .iter()
+        .any(|r| r.state == wire::OpState::Failed as i32 || r.failure != 0)
+}
+
+/// Notes a batch forwarded by this process (failed operations arm the wait).
+pub(crate) fn note_batch(b: &wire::Batch) {
+    if has_failure(b) {
+        let now = REPORTED.load(Ordering::Relaxed);
+        let _ = FAILED_AT_REPORT.compare_exchange(0, now + 1, Ordering::Relaxed, Ordering::Relaxed);
+    }
+}
+
+/// Notes an incident reported by this process.
+pub(crate) fn note_reported() {
+    REPORTED.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Whether to wait (pure): this process runs a hub, a failure was seen (`failed_at`:
+/// reports at that moment plus one, 0 = none) and nothing was reported since.
+pub fn must_wait(runs_hub: bool, failed_at: u64, reported: u64) -> bool {
+    runs_hub && failed_at != 0 && reported < failed_at
+}
+
+/// Waits, at most `max`, while [`must_wait`] holds for this process; returns whether an
+/// incident was reported meanwhile.
+pub fn linger(max: Duration) -> bool {
+    let runs = crate::hub::runs_here();
+    let t0 = Instant::now();
+    let mut waited = false;
+    while must_wait(
+        runs,
+        FAILED_AT_REPORT.load(Ordering::Relaxed),
+        REPORTED.load(Ordering::Relaxed),
+    ) {
+        if t0.elapsed() >= max {
+            return false;
+        }
+        waited = true;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if waited {
+        std::thread::sleep(SETTLE);
+    }
+    waited
+}
+
+extern "C" fn at_exit() {
+    // Never unwind into libc's exit.
+    let _ = std::panic::catch_unwind(|| linger(AT_EXIT));
+}
+
+/// Registers the exit handler once (called when this process starts a hub).
+pub(crate) fn register_at_exit() {
+    if REGISTERED.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    // SAFETY: `at_exit` is a plain `extern "C" fn()` with no arguments that never unwinds
+    // (catch_unwind); atexit only stores the pointer, which stays valid for the life of
+    // the process (the function is part of this library's code).
+    let rc = unsafe { libc::atexit(at_exit) };
+    if rc != 0 {
+        tracing::debug!(target: "nccl::INIT", "CCL-D: atexit registration failed ({rc})");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_hub_that_saw_an_unreported_failure_waits() {
+        assert!(!must_wait(false, 1, 0), "no hub here");
+        assert!(!must_wait(true, 0, 5), "no failure seen");
+        // Failure seen when 2 incidents had been reported: wait until a third.
+        assert!(must_wait(true, 3, 2));
+        assert!(!must_wait(true, 3, 3));
+    }
+
+    #[test]
+    fn failed_operations_arm_the_wait() {
+        let mut b = wire::Batch::default();
+        b.records.push(wire::OpRecord {
+            state: wire::OpState::Completed as i32,
+            ..Default::default()
+        });
+        assert!(!has_failure(&b));
+        b.records.push(wire::OpRecord {
+            state: wire::OpState::Failed as i32,
+            ..Default::default()
+        });
+        assert!(has_failure(&b));
+        let peer_lost = wire::Batch {
+            records: vec![wire::OpRecord {
+                state: wire::OpState::InFlight as i32,
+                failure: wire::FailureCause::PeerLost as i32,
+                ..Default::default()
+            }],
+            heartbeats: vec![],
+        };
+        assert!(has_failure(&peer_lost));
+        // The process-wide counters: armed by a failure, disarmed by a report; without a
+        // hub in this process nothing waits.
+        note_batch(&peer_lost);
+        let armed = FAILED_AT_REPORT.load(Ordering::Relaxed);
+        assert!(armed >= 1);
+        note_reported();
+        assert!(!must_wait(true, armed, REPORTED.load(Ordering::Relaxed)));
+    }
+}
