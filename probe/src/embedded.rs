@@ -7,15 +7,19 @@
 //!   only when every rank of it reports to this process; diagnoses of communicators with
 //!   ranks elsewhere are suppressed (they would name the unseen ranks).
 //! - **Ranks as processes** (one process per GPU/rank, e.g. `torchrun`): when a communicator
-//!   spanning several processes finishes bootstrap, its ranks agree on one analyzer for the
-//!   job, the *hub*, which runs inside the process of the communicator's rank 0 (see
-//!   [`crate::hub`]). From then on every process of the job, the hub's own included
-//!   (over loopback), forwards all its batches to the hub like `CCLD_ANALYZER=host:port`
-//!   would (spool and reconnect included); the local engine is no longer fed. The hub
-//!   process logs the hub's diagnoses and keeps them for [`Embedded::diagnoses`]; the other
-//!   processes' [`Embedded::diagnoses`] stay empty (query the hub with
-//!   `ccld anomalies --server ip:port`, logged at init). SIGKILL/SIGSTOP of the hub's
-//!   process loses the analyzer: point `CCLD_ANALYZER` at `ccld serve` for that.
+//!   spanning several processes finishes bootstrap, its ranks agree on the job's analyzer
+//!   *hubs*: a primary inside the process of the communicator's rank 0 and a standby in
+//!   another rank's process (see [`crate::hub`], [`crate::standby`]). From then on every
+//!   process of the job, the hubs' own included (over loopback), forwards all its batches
+//!   to both hubs like `CCLD_ANALYZER=host:port` would (spool and reconnect included, one
+//!   thread per hub: `probe::hublink`); the local engine is no longer fed. A hub's process
+//!   logs its hub's diagnoses and keeps them for [`Embedded::diagnoses`]; the other
+//!   processes' [`Embedded::diagnoses`] stay empty (query the hubs with
+//!   `ccld anomalies --server primary,standby`, logged at init).
+//!
+//! The process hosting the active analyzer (the local engine; the primary hub, or the
+//! standby once it took over) prints each new incident once ([`crate::report`],
+//! `CCLD_REPORT`).
 //!
 //! Diagnoses are logged as warnings (target `nccl::COLL`) and kept for [`Embedded::diagnoses`].
 

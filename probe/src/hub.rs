@@ -17,7 +17,7 @@
 //!
 //! A process keeps the first hubs it learns ([`adopt`]): sub-communicators of the world
 //! communicator reuse them. Once they are known, the process's embedded sink forwards every
-//! batch to both hubs (see [`crate::hublink`]); the hubs' own processes forward to
+//! batch to both hubs (see `probe::hublink`); the hubs' own processes forward to
 //! themselves over loopback, so there is one code path. Both engines see the same records
 //! and reach the same diagnoses; only the *active* hub reports them ([`crate::report`]):
 //! the primary, until the standby sees it stop answering (SIGKILL, SIGSTOP, crash) and
