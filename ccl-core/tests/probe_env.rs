@@ -78,6 +78,11 @@ fn channel_env_and_probe_disable() {
     let e = Comm::init_all(1, None).unwrap_err();
     assert!(e.to_string().contains("CCLD_DISABLE"), "{e}");
     std::env::remove_var("CCLD_DISABLE");
+    // CCLD_REPORT: stderr, off or FILE.jsonl; a typo fails init naming it.
+    std::env::set_var("CCLD_REPORT", "stdout");
+    let e = Comm::init_all(1, None).unwrap_err();
+    assert!(e.to_string().contains("CCLD_REPORT"), "{e}");
+    std::env::remove_var("CCLD_REPORT");
 
     // 4. Probing paused at run time: the operation is not traced (frame and log as with
     //    CCLD_DISABLE=1, nothing reported), results unchanged; resumed, tracing goes on.
