@@ -358,10 +358,12 @@ impl Sink for EmbeddedSink {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn rec(op: u64, rank: u32, inflight: bool) -> wire::OpRecord {
+    /// Rank `rank`'s record of op `op` in comm 0x4242 of 4 ranks (in flight for 2 s, or
+    /// completed).
+    pub(crate) fn rec(op: u64, rank: u32, inflight: bool) -> wire::OpRecord {
         wire::OpRecord {
             trace: Some(wire::TraceId {
                 comm_id: 0x4242,

@@ -137,4 +137,96 @@ mod tests {
         note_reported();
         assert!(!must_wait(true, armed, REPORTED.load(Ordering::Relaxed)));
     }
+
+    /// A child process: runs the job's (only) hub, forwards a hang of rank 3 in comm 0x4242
+    /// (and, with `CCLD_LINGER_TEST=failed`, a failed operation), then exits at once.
+    #[test]
+    #[ignore = "child process of the exit tests below"]
+    fn linger_child() {
+        use crate::embedded::{Embedded, EmbeddedSink};
+        use crate::report::{ReportTarget, Reporter};
+        use crate::reporter::SpoolSettings;
+        use std::sync::Arc;
+        let Ok(mode) = std::env::var("CCLD_LINGER_TEST") else {
+            return;
+        };
+        let engine = analyzer::EngineConfig {
+            hang_threshold: Duration::from_millis(300),
+            ..analyzer::EngineConfig::default()
+        };
+        let addr = crate::hub::start_with("127.0.0.1".parse().unwrap(), engine.clone()).unwrap();
+        crate::hub::adopt(crate::hub::Hubs {
+            primary: addr,
+            standby: None,
+        });
+        register_at_exit();
+        let e = Arc::new(Embedded::new(engine));
+        let spool = SpoolSettings {
+            dir: std::env::temp_dir().join(format!("ccld-linger-{}", std::process::id())),
+            max_bytes: 1 << 20,
+        };
+        let rep = Reporter::open(&ReportTarget::Stderr).unwrap();
+        let mut sink = EmbeddedSink::new(e, spool, rep);
+        let mut b = wire::Batch::default();
+        for op in 0..5 {
+            for r in 0..4 {
+                b.records.push(crate::embedded::tests::rec(op, r, false));
+            }
+        }
+        for r in 0..3 {
+            let mut x = crate::embedded::tests::rec(5, r, true);
+            if mode == "failed" && r == 0 {
+                x.failure = wire::FailureCause::PeerLost as i32;
+            }
+            b.records.push(x);
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use crate::diag::Sink;
+            sink.deliver(b);
+            let _ = tx.send(());
+            loop {
+                sink.idle();
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        rx.recv().unwrap();
+        std::process::exit(0);
+    }
+
+    fn run_child(mode: &str) -> (String, Duration) {
+        let t0 = Instant::now();
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "linger::tests::linger_child",
+                "--ignored",
+                "--nocapture",
+            ])
+            .env("CCLD_LINGER_TEST", mode)
+            .env_remove("CCLD_REPORT")
+            .output()
+            .unwrap();
+        let took = t0.elapsed();
+        assert!(out.status.success(), "{out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("ccl-d: ")).collect();
+        (lines.join("\n"), took)
+    }
+
+    /// The hub's process exits right after forwarding a failed operation: it waits until
+    /// its hub has reported the incident (rank 3 never entered), then exits; without a
+    /// failed operation it exits at once and prints nothing.
+    #[test]
+    fn a_hubs_process_reports_a_witnessed_failure_before_it_exits() {
+        let (lines, took) = run_child("failed");
+        assert_eq!(lines.lines().count(), 1, "{lines}");
+        assert!(
+            lines.contains("H1") && lines.contains("root rank 3"),
+            "{lines}"
+        );
+        assert!(took < AT_EXIT + Duration::from_secs(2), "{took:?}");
+        let (lines, _) = run_child("clean");
+        assert!(lines.is_empty(), "a clean exit does not wait: {lines}");
+    }
 }
