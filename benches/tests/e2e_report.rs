@@ -203,6 +203,12 @@ fn the_standby_reports_when_the_hubs_process_is_stopped() {
     eprintln!("SIGSTOP rank 0 (primary hub): first line after {took:?}: {lines:?}");
     assert!(took.is_some(), "no incident printed: {lines:#?}");
     assert_one_line(&lines, 1, 0);
+    // Resumed, the primary does not report again what the standby reported.
+    job.signal(0, "-CONT");
+    std::thread::sleep(SETTLE);
+    let lines = job.all_lines();
+    eprintln!("after SIGCONT of rank 0: {lines:?}");
+    assert_one_line(&lines, 1, 0);
 }
 
 #[test]
