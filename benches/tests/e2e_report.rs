@@ -5,8 +5,9 @@
 //! Each rank process's stderr goes to a file of its own; the test reads them:
 //! - a stopped rank: exactly one incident line, printed by the primary hub's process
 //!   (rank 0's), none by the others;
-//! - the primary hub's process (rank 0's) stopped or killed: the standby (rank 1's process)
-//!   takes over and prints exactly one line naming rank 0;
+//! - the primary hub's process (rank 0's) stopped (4 and 8 ranks) or killed: the standby
+//!   (rank 1's process) takes over and prints exactly one line naming rank 0; resumed, the
+//!   primary prints nothing;
 //! - `CCLD_REPORT=off`: nothing; `CCLD_REPORT=FILE.jsonl`: one valid JSON line, nothing on
 //!   stderr;
 //! - (ignored until the runtime sends peer-lost records) the hub's process killed with the
@@ -305,5 +306,17 @@ fn the_death_of_the_hubs_process_is_reported_before_the_survivors_exit() {
         exited < Duration::from_secs(10),
         "survivors exit: {exited:?}"
     );
+    assert_one_line(&lines, 1, 0);
+}
+
+#[test]
+fn the_standby_reports_when_the_hubs_process_is_stopped_at_8_ranks() {
+    let job = start_job("stop0x8", 8, &[]);
+    std::thread::sleep(WARM);
+    job.signal(0, "-STOP");
+    let took = job.wait_lines(Duration::from_secs(15), SETTLE);
+    let lines = job.all_lines();
+    eprintln!("SIGSTOP rank 0 of 8 (primary hub): first line after {took:?}: {lines:?}");
+    assert!(took.is_some(), "no incident printed: {lines:#?}");
     assert_one_line(&lines, 1, 0);
 }
