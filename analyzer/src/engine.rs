@@ -870,6 +870,7 @@ pub struct Engine {
     comms: HashMap<u64, Comm>,
     pending: Vec<wire::Diagnosis>,
     incidents: crate::incident::Incidents,
+    failures: crate::failure::Failures,
     window_log: Vec<WindowEval>,
     /// Clock (nanoseconds) measuring the location step's CPU cost where no clock is passed
     /// in: windows closed by a record in `ingest`, and `tick`.
@@ -950,6 +951,7 @@ impl Engine {
             comms: HashMap::new(),
             pending: Vec::new(),
             incidents: crate::incident::Incidents::default(),
+            failures: crate::failure::Failures::default(),
             window_log: Vec::new(),
             cost_clock: None,
         }
@@ -972,7 +974,12 @@ impl Engine {
     pub fn ingest(&mut self, rec: &wire::OpRecord, now_ns: u64) -> Result<(), Reject> {
         let r = self.ingest_inner(rec, now_ns);
         match r {
-            Ok(()) => self.stats.records += 1,
+            Ok(()) => {
+                self.stats.records += 1;
+                if rec.state == wire::OpState::Failed as i32 && rec.failure != 0 {
+                    self.failures.observe(rec, now_ns);
+                }
+            }
             Err(_) => self.stats.rejected += 1,
         }
         r
@@ -1512,13 +1519,34 @@ impl Engine {
         let mut ids: Vec<u64> = self.comms.keys().copied().collect();
         ids.sort_unstable();
         let idle = dur_ns(self.cfg.comm_idle_evict);
+        // Failed operations are direct evidence: diagnosed without the hang threshold.
+        let comms = &self.comms;
+        let failed = self.failures.due(now_ns, &|c, r| {
+            let i = comms.get(&c)?.ranks.get(r as usize)?;
+            i.reported.then(|| (i.pid, i.host.clone()))
+        });
+        for mut d in failed {
+            if let Some(comm) = self.comms.get_mut(&d.comm_id) {
+                comm.anomaly_ids.push(d.id.clone());
+                if comm.anomaly_ids.len() > 64 {
+                    comm.anomaly_ids.remove(0);
+                }
+            }
+            d.detected_at_ns = now_ns;
+            self.pending.push(d);
+            self.stats.diagnoses += 1;
+        }
         for id in ids {
             match clock.as_mut() {
                 Some(f) => self.roll_windows(id, now_ns, Some(&mut **f)),
                 None => self.roll_windows(id, now_ns, None),
             }
             let start = clock.as_mut().map(|f| f());
-            if let Some(mut d) = self.check_hang(id, now_ns) {
+            let hang = self.check_hang(id, now_ns);
+            // A failure episode of this communicator already names (or is about to name)
+            // the cause: its hang is the same incident.
+            let hang = hang.filter(|_| !self.failures.holds_back(id, now_ns));
+            if let Some(mut d) = hang {
                 if let (Some(s), Some(f)) = (start, clock.as_mut()) {
                     if let Some(ev) = d.evidence.as_mut() {
                         ev.location_cost_ns = f().saturating_sub(s);
