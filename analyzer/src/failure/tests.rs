@@ -123,9 +123,19 @@ fn peer_lost_from_some_survivors_is_h1_process_exited_within_grace() {
         assert!(r.exited);
         assert_eq!(r.observed_by, survivors);
         assert_eq!(d.trace.unwrap().op_counter, 3);
-        let inc = e.take_incidents();
+        let mut inc = e.take_incidents();
+        while inc.is_empty() && now < first + 2 * S {
+            now += 100 * MS;
+            assert!(e.tick(now).is_empty());
+            inc = e.take_incidents();
+        }
+        assert!(
+            now - first <= 2 * S,
+            "incident within 2 s of the first record"
+        );
         assert_eq!(inc.len(), 1);
         assert_eq!(inc[0].roots[0].rank, dead);
+        assert!(inc[0].roots[0].exited);
         // Heartbeats of the dead rank stopped: no later hang / silent diagnosis repeats it.
         for k in 1..30 {
             let hb = Heartbeat {
