@@ -178,6 +178,8 @@ struct Done {
     snap: OpSnapshot,
     chans: DoneChans,
     thinning: Thinning,
+    /// Why the operation failed (failed operations only; boxed: the common case is `None`).
+    failure: Option<Box<crate::failure::Failure>>,
 }
 
 /// What a record says about thinning and the computation gap.
@@ -284,6 +286,7 @@ impl Source {
             snap: *snap,
             chans: DoneChans::collect(n, |c| chan_done(&self.frame, block, c)),
             thinning,
+            failure: None,
         }
     }
 
@@ -337,6 +340,25 @@ impl Source {
         let msg = self.done_message(snap, thinning);
         if global().done_tx.try_send(msg).is_err() {
             // Full queue (or no diagnostic thread): dropped, counted.
+            count_drop(1);
+        }
+    }
+
+    /// [`Source::op_done`] for an operation that failed (`snap.state` is `Failed`), with
+    /// why it failed: the record carries `failure`, `peer_lost` and `mismatch`. Failed
+    /// operations are always reported (never thinned out).
+    pub fn op_failed(&self, snap: &OpSnapshot, failure: crate::failure::Failure) {
+        if self.ident.device < 0 {
+            self.exec_tid
+                .store(crate::sched::current_tid(), Ordering::Relaxed);
+        }
+        let thinning = self.thin_completion(snap).unwrap_or(Thinning {
+            gap_ns: None,
+            stride: 1,
+        });
+        let mut msg = self.done_message(snap, thinning);
+        msg.failure = Some(Box::new(failure));
+        if global().done_tx.try_send(msg).is_err() {
             count_drop(1);
         }
     }
@@ -843,6 +865,14 @@ impl Sampler {
     }
 
     fn complete(&mut self, s: &Source, d: &Done, now: u64) -> wire::OpRecord {
+        let mut rec = self.complete_plain(s, d, now);
+        if let Some(f) = &d.failure {
+            crate::failure::fill(&mut rec, f);
+        }
+        rec
+    }
+
+    fn complete_plain(&mut self, s: &Source, d: &Done, now: u64) -> wire::OpRecord {
         let seq = self.next_seq();
         let chans = d.chans.as_slice();
         match self.tracks.get_mut(&s.id) {
@@ -1113,6 +1143,7 @@ mod tests {
             snap: fin,
             chans: DoneChans::Heap(Sampler::live_chans(&s, 5)),
             thinning: Thinning::default(),
+            failure: None,
         };
         let r = sm.complete(&s, &d, 0);
         assert_eq!(r.trace.unwrap().op_counter, 5);
@@ -1151,6 +1182,7 @@ mod tests {
                 snap: fin,
                 chans: DoneChans::Heap(Sampler::live_chans(&s, c)),
                 thinning: Thinning::default(),
+                failure: None,
             }
         };
         // Before any reading the metric is unknown.
