@@ -27,6 +27,24 @@ use crate::transport::shm::{FifoLayout, SharedWord};
 /// Marks a descriptor word 1 as present (a slot committed without a descriptor reads 0).
 const MAGIC: u64 = 0xCD;
 
+/// The check is always on; only the cost benchmark turns it off ([`bench_only_set_check`]).
+static CHECK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Turns the descriptor check off or back on for the whole process. Only for the
+/// `desc-check-cost` benchmark, which measures the check's cost side by side: not an
+/// environment variable or configuration, nothing a user can set. Every rank of a
+/// communicator must see the same state (the benchmark toggles it only while all ranks
+/// wait at a barrier).
+#[doc(hidden)]
+pub fn bench_only_set_check(on: bool) {
+    CHECK.store(on, Ordering::Relaxed);
+}
+
+/// Whether operations starting now check descriptors.
+pub(crate) fn check_on() -> bool {
+    CHECK.load(Ordering::Relaxed)
+}
+
 /// Byte offset of the poison word in each rank's doorbell segment (after the doorbell).
 pub(crate) const POISON_OFFSET: usize = 8;
 

@@ -554,6 +554,8 @@ struct OpCtx<'a> {
     frame: &'a Frame,
     /// Descriptor words by buffer index ([`crate::desc::descriptors`]).
     descs: &'a [[u64; crate::transport::shm::FifoLayout::DESC_WORDS]],
+    /// Whether descriptors are sent and checked (always, except in the cost benchmark).
+    check: bool,
 }
 
 /// How long an injected not-entered rank sleeps between abort checks.
@@ -725,6 +727,13 @@ impl Worker {
             self.diverged = true;
         }
         let sh = &self.shared;
+        if let (Err(e), Some(f)) = (&r, &self.failure) {
+            if f.cause == probe::FailureCause::PeerLost {
+                tracing::warn!(target: "nccl::NET", rank = sh.rank,
+                    "comm {:#018x} rank {}: peer lost during {}: {e}", sh.comm_id, sh.rank,
+                    item.label());
+            }
+        }
         if probing {
             let fin = sh.op_log.finish(counter, now_ns(), r.is_ok());
             if let (Some(src), Some(fin)) = (&sh.source, fin) {
@@ -779,6 +788,7 @@ impl Worker {
             block,
             frame: &frame,
             descs,
+            check: crate::desc::check_on(),
         };
         self.check_poison()?;
         for l in &plan.local {
@@ -876,11 +886,26 @@ impl Worker {
         })
     }
 
-    fn check_peers(&self) -> Result<()> {
+    /// Fails with `Remote` (cause PEER_LOST, with the peer's rank, pid and host for the
+    /// probe) when a peer's process exited.
+    fn check_peers(&mut self) -> Result<()> {
         let me = std::process::id();
         for (r, &pid) in self.t.pids.iter().enumerate() {
             if pid != me && !peer_alive(pid) {
-                return Err(CclError::Remote(format!("rank {r} (pid {pid}) exited")));
+                let host = self.boot.peer_host(r).to_string();
+                self.failure = Some(probe::Failure {
+                    cause: probe::FailureCause::PeerLost,
+                    peer_lost: Some(probe::PeerLost {
+                        rank: u32::try_from(r).unwrap_or(u32::MAX),
+                        pid,
+                        host: host.clone(),
+                        detail: "process exited".into(),
+                    }),
+                    mismatch: None,
+                });
+                return Err(CclError::Remote(format!(
+                    "rank {r} (pid {pid}, host {host}) exited"
+                )));
             }
         }
         Ok(())
@@ -975,7 +1000,7 @@ impl Worker {
                     None => slot.copy_from_slice(s),
                 }
             }
-            tx.commit_with_desc(nb, desc_of(ctx, step.src_buf)?);
+            commit(tx, ctx, nb, step.src_buf)?;
             ring_bell(&t.peer_bells, lane.send_to);
             if let (Some(b), true) = (ctx.block, nb > 0) {
                 ctx.frame.add_send(b, ch, 1);
@@ -984,19 +1009,26 @@ impl Worker {
         }
         let (rxs, txs) = (&mut links.rx, &mut links.tx);
         let rx = rxs.get_mut(ch).ok_or_else(missing)?;
-        let Some((inb, got)) = rx.try_peek_with_desc()? else {
+        let peeked = if ctx.check {
+            rx.try_peek_with_desc()?
+        } else {
+            rx.try_peek_checked()?.map(|s| (s, [0; 3]))
+        };
+        let Some((inb, got)) = peeked else {
             return Ok(Wait::Upstream);
         };
-        let want = desc_of(ctx, step.dst_buf)?;
-        if got != want {
-            let m = crate::desc::Mismatch {
-                peer: lane.recv_from.unwrap_or(usize::MAX),
-                channel: ch,
-                local: crate::desc::OpDesc::decode(want)
-                    .ok_or_else(|| CclError::Internal("bad local descriptor".into()))?,
-                remote: crate::desc::OpDesc::decode(got),
-            };
-            return Err(self.inconsistent(&m));
+        if ctx.check {
+            let want = desc_of(ctx, step.dst_buf)?;
+            if got != want {
+                let m = crate::desc::Mismatch {
+                    peer: lane.recv_from.unwrap_or(usize::MAX),
+                    channel: ch,
+                    local: crate::desc::OpDesc::decode(want)
+                        .ok_or_else(|| CclError::Internal("bad local descriptor".into()))?,
+                    remote: crate::desc::OpDesc::decode(got),
+                };
+                return Err(self.inconsistent(&m));
+            }
         }
         if inb.len() != nb {
             return Err(CclError::Remote(format!(
@@ -1079,7 +1111,7 @@ impl Worker {
         }
         if sends {
             let tx = txs.get_mut(ch).ok_or_else(missing)?;
-            tx.commit_with_desc(nb, desc_of(ctx, step.src_buf)?);
+            commit(tx, ctx, nb, step.src_buf)?;
             ring_bell(&t.peer_bells, lane.send_to);
             if let Some(b) = ctx.block {
                 ctx.frame.add_send(b, ch, 1);
@@ -1104,6 +1136,21 @@ fn peer_alive(pid: u32) -> bool {
         ),
         Err(_) => true,
     }
+}
+
+/// Publishes a reserved slot of `nb` bytes with the descriptor of buffer `buf`.
+fn commit(
+    tx: &mut crate::transport::shm::FifoSender,
+    ctx: &OpCtx<'_>,
+    nb: usize,
+    buf: usize,
+) -> Result<()> {
+    if ctx.check {
+        tx.commit_with_desc(nb, desc_of(ctx, buf)?);
+    } else {
+        tx.commit(nb);
+    }
+    Ok(())
 }
 
 /// The descriptor words of buffer `buf` of the operation.
