@@ -129,6 +129,9 @@ pub(crate) struct Runtime {
     dev: Option<Arc<DeviceComm>>,
 }
 
+/// Longest wait for the probe's records at `ncclCommAbort` / `ncclCommDestroy`.
+const TEARDOWN_FLUSH: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// A communicator (one rank of it). Shared through `Arc`; `ccl-ffi` hands out the raw
 /// `Arc` pointer as `ncclComm_t`.
 #[derive(Debug)]
@@ -828,6 +831,8 @@ impl Comm {
         self.join_init_thread();
         self.stop_worker();
         self.set_life(Life::Destroyed);
+        // The probe's last records of this communicator reach the analyzer (bounded).
+        probe::diag::flush(TEARDOWN_FLUSH);
         tracing::info!(target: "nccl::INIT", rank = self.rank,
             "comm {:#018x} rank {} nRanks {} - Destroy COMPLETE", self.comm_id(), self.rank, self.nranks);
         Ok(())
@@ -849,6 +854,7 @@ impl Comm {
         self.join_init_thread();
         self.stop_worker();
         self.set_life(Life::Aborted);
+        probe::diag::flush(TEARDOWN_FLUSH);
         tracing::info!(target: "nccl::INIT", rank = self.rank,
             "comm {:#018x} rank {} - Abort COMPLETE", self.comm_id(), self.rank);
         Ok(())

@@ -558,6 +558,9 @@ struct OpCtx<'a> {
     check: bool,
 }
 
+/// Longest wait for the probe to deliver the record of a failed operation.
+const FAILURE_FLUSH: Duration = Duration::from_millis(500);
+
 /// How long an injected not-entered rank sleeps between abort checks.
 const NOT_ENTERED_POLL: Duration = Duration::from_millis(10);
 
@@ -745,6 +748,8 @@ impl Worker {
                             .take()
                             .unwrap_or_else(|| crate::desc::classify(e));
                         src.op_failed(&fin, f);
+                        // The process may end right after this error: deliver the record.
+                        probe::diag::flush(FAILURE_FLUSH);
                     }
                 }
             }
