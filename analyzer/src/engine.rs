@@ -870,6 +870,7 @@ pub struct Engine {
     comms: HashMap<u64, Comm>,
     pending: Vec<wire::Diagnosis>,
     incidents: crate::incident::Incidents,
+    failures: crate::failure::Failures,
     window_log: Vec<WindowEval>,
     /// Clock (nanoseconds) measuring the location step's CPU cost where no clock is passed
     /// in: windows closed by a record in `ingest`, and `tick`.
@@ -950,6 +951,7 @@ impl Engine {
             comms: HashMap::new(),
             pending: Vec::new(),
             incidents: crate::incident::Incidents::default(),
+            failures: crate::failure::Failures::default(),
             window_log: Vec::new(),
             cost_clock: None,
         }
@@ -972,7 +974,12 @@ impl Engine {
     pub fn ingest(&mut self, rec: &wire::OpRecord, now_ns: u64) -> Result<(), Reject> {
         let r = self.ingest_inner(rec, now_ns);
         match r {
-            Ok(()) => self.stats.records += 1,
+            Ok(()) => {
+                self.stats.records += 1;
+                if rec.state == wire::OpState::Failed as i32 && rec.failure != 0 {
+                    self.failures.observe(rec, now_ns);
+                }
+            }
             Err(_) => self.stats.rejected += 1,
         }
         r
@@ -1512,13 +1519,34 @@ impl Engine {
         let mut ids: Vec<u64> = self.comms.keys().copied().collect();
         ids.sort_unstable();
         let idle = dur_ns(self.cfg.comm_idle_evict);
+        // Failed operations are direct evidence: diagnosed without the hang threshold.
+        let comms = &self.comms;
+        let failed = self.failures.due(now_ns, &|c, r| {
+            let i = comms.get(&c)?.ranks.get(r as usize)?;
+            i.reported.then(|| (i.pid, i.host.clone()))
+        });
+        for mut d in failed {
+            if let Some(comm) = self.comms.get_mut(&d.comm_id) {
+                comm.anomaly_ids.push(d.id.clone());
+                if comm.anomaly_ids.len() > 64 {
+                    comm.anomaly_ids.remove(0);
+                }
+            }
+            d.detected_at_ns = now_ns;
+            self.pending.push(d);
+            self.stats.diagnoses += 1;
+        }
         for id in ids {
             match clock.as_mut() {
                 Some(f) => self.roll_windows(id, now_ns, Some(&mut **f)),
                 None => self.roll_windows(id, now_ns, None),
             }
             let start = clock.as_mut().map(|f| f());
-            if let Some(mut d) = self.check_hang(id, now_ns) {
+            let hang = self.check_hang(id, now_ns);
+            // A failure episode of this communicator already names (or is about to name)
+            // the cause: its hang is the same incident.
+            let hang = hang.filter(|_| !self.failures.holds_back(id, now_ns));
+            if let Some(mut d) = hang {
                 if let (Some(s), Some(f)) = (start, clock.as_mut()) {
                     if let Some(ev) = d.evidence.as_mut() {
                         ev.location_cost_ns = f().saturating_sub(s);
@@ -1538,8 +1566,38 @@ impl Engine {
         }
         let mut out = std::mem::take(&mut self.pending);
         out.sort_by_key(|d| d.comm_id);
-        self.incidents.add(&out);
+        if !out.is_empty() {
+            let view = self.proc_view();
+            self.incidents.add(&out, &view, self.cfg.detect_window);
+        }
+        self.incidents.flush(now_ns);
         out
+    }
+
+    /// Every process's memberships and, per communicator, whether it is in flight in an
+    /// operation that some ranks have not entered (for [`crate::incident`]).
+    fn proc_view(&self) -> crate::incident::ProcView {
+        let mut v = crate::incident::ProcView::default();
+        for comm in self.comms.values() {
+            for (r, info) in comm.ranks.iter().enumerate() {
+                if !info.reported || (info.pid == 0 && info.host.is_empty()) {
+                    continue;
+                }
+                let p = (info.host.clone(), info.pid);
+                v.ranks.insert((comm.id, r as u32), p.clone());
+                let waiting = match (info.last_state, info.last_start_op) {
+                    (ST_INFLIGHT, Some(c)) => waiting_for(comm, r, c),
+                    _ => None,
+                };
+                v.procs.entry(p).or_default().push(crate::incident::Member {
+                    comm_id: comm.id,
+                    rank: r as u32,
+                    nranks: comm.nranks,
+                    waiting,
+                });
+            }
+        }
+        v
     }
 
     /// Incidents made since the last call (each returned once): the first cause of the
@@ -1705,6 +1763,42 @@ fn state_wire(s: u8) -> wire::OpState {
 // ---------------------------------------------------------------------------------------
 // Diagnosis assembly
 // ---------------------------------------------------------------------------------------
+
+/// Rank `r` of `comm` is in flight in round `c`: (c, collective, ranks that have not
+/// entered it; for a point-to-point round only its peer), `None` when all entered.
+fn waiting_for(comm: &Comm, r: usize, c: u64) -> Option<(u64, i32, Vec<u32>)> {
+    let round = comm
+        .rounds
+        .iter()
+        .find(|x| x.op_counter == c && !x.finalized);
+    let (coll, missing): (i32, Vec<u32>) = match round {
+        Some(rd) if !rd.entries.is_empty() => {
+            let ty = rd
+                .entries
+                .get(r)
+                .and_then(|e| rd.types.get(e.type_idx as usize));
+            let coll = ty.map_or(0, |t| t.coll);
+            let missing = match ty.filter(|t| t.p2p()) {
+                Some(t) => usize::try_from(t.peer)
+                    .ok()
+                    .filter(|&p| rd.entries.get(p).is_some_and(|e| e.state == ST_NONE))
+                    .map(|p| vec![p as u32])
+                    .unwrap_or_default(),
+                None => (0..comm.nranks)
+                    .filter(|&j| rd.entries[j as usize].state == ST_NONE)
+                    .collect(),
+            };
+            (coll, missing)
+        }
+        _ => (
+            0,
+            (0..comm.nranks)
+                .filter(|&j| comm.ranks[j as usize].newest_op.is_none_or(|n| n < c))
+                .collect(),
+        ),
+    };
+    (!missing.is_empty()).then_some((c, coll, missing))
+}
 
 fn who(comm: &Comm, rank: u32) -> String {
     match comm.ranks.get(rank as usize) {

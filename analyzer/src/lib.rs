@@ -13,6 +13,7 @@
 pub mod calibrate;
 pub mod detect;
 pub mod engine;
+pub mod failure;
 pub mod incident;
 pub mod locate;
 pub mod report;

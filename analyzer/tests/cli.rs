@@ -175,7 +175,20 @@ fn simulate_then_query_as_table_and_json() {
     assert_eq!(v["rejected"], 0);
     let comm = v["injected"]["comm_id"].as_u64().unwrap();
 
+    // Incidents as JSON lines.
     let (code, out, err) = run(&["anomalies", "--server", &srv.addr, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let incs: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(incs.len(), 1, "{out}");
+    assert_eq!(incs[0]["class"], "H1");
+    assert_eq!(incs[0]["comm_id"], format!("{comm:#018x}"));
+    assert_eq!(incs[0]["roots"][0]["rank"], 3);
+    assert_eq!(incs[0]["exited"], false);
+
+    let (code, out, err) = run(&["anomalies", "--server", &srv.addr, "--json", "--diagnoses"]);
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let list = v["anomalies"].as_array().unwrap();
@@ -186,7 +199,12 @@ fn simulate_then_query_as_table_and_json() {
 
     let (code, out, _) = run(&["anomalies", "--server", &srv.addr]);
     assert_eq!(code, 0);
-    let mut lines = out.lines();
+    // Incidents first, the per-communicator evidence beneath.
+    let inc_at = out.find("Incidents").unwrap();
+    let ev_at = out.find("Per-communicator evidence").unwrap();
+    assert!(inc_at < ev_at, "{out}");
+    assert!(out[inc_at..ev_at].contains("root rank 3"), "{out}");
+    let mut lines = out.lines().skip_while(|l| !l.starts_with("ID"));
     let header = lines.next().unwrap();
     assert!(header.starts_with("ID") && header.contains("CLASS") && header.contains("ROOT RANKS"));
     let row = lines.next().unwrap();
@@ -220,7 +238,7 @@ fn simulate_then_query_as_table_and_json() {
     // Restarted on the same data directory, the shard still answers for its history.
     drop(srv);
     let srv = serve(&["--clock", "driven", "--data-dir", data.to_str().unwrap()]);
-    let (code, out, _) = run(&["anomalies", "--server", &srv.addr, "--json"]);
+    let (code, out, _) = run(&["anomalies", "--server", &srv.addr, "--json", "--diagnoses"]);
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["anomalies"].as_array().unwrap().len(), 1, "{out}");

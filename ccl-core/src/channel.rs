@@ -21,10 +21,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::bootstrap::Bootstrap;
+use crate::desc::POISON_OFFSET;
 use crate::error::{CclError, Result};
 use crate::transport::shm::{
-    align_up, segment_name_for_pid, Doorbell, FifoLayout, FifoReceiver, FifoSender, ShmRegion,
-    CACHE_LINE,
+    align_up, segment_name_for_pid, Doorbell, FifoLayout, FifoReceiver, FifoSender, SharedWord,
+    ShmRegion, CACHE_LINE,
 };
 
 /// Prefix of every segment name of this library (`/dev/shm/ccld-<comm hash>-...`).
@@ -61,6 +62,11 @@ pub(crate) struct Transport {
     bell_region: Arc<ShmRegion>,
     /// Peers' doorbells by rank (`None` for this rank).
     pub peer_bells: Vec<Option<Doorbell>>,
+    /// This rank's poison word (next to its doorbell): non-zero once a peer detected an
+    /// inconsistent call and failed ([`crate::desc::poison_value`]).
+    pub poison: SharedWord,
+    /// Peers' poison words by rank (`None` for this rank).
+    pub peer_poison: Vec<Option<SharedWord>>,
     /// Ring links (empty with one rank).
     pub ring: PeerLinks,
     /// Lazily created p2p links by peer.
@@ -149,6 +155,7 @@ impl Transport {
             CACHE_LINE,
         )?);
         let bell = Doorbell::new(Arc::clone(&my_bell_region), 0)?;
+        let poison = SharedWord::new(Arc::clone(&my_bell_region), POISON_OFFSET)?;
         let ring_in = if n > 1 {
             Some(Arc::new(ShmRegion::create(
                 &name(boot, KIND_RING, prev, me, me),
@@ -163,12 +170,15 @@ impl Transport {
         }
         boot.barrier()?;
         let mut peer_bells = Vec::with_capacity(n);
+        let mut peer_poison = Vec::with_capacity(n);
         for p in 0..n {
             if p == me {
                 peer_bells.push(None);
+                peer_poison.push(None);
                 continue;
             }
             let region = Arc::new(ShmRegion::open(&name(boot, KIND_BELL, p, p, p))?);
+            peer_poison.push(Some(SharedWord::new(Arc::clone(&region), POISON_OFFSET)?));
             peer_bells.push(Some(Doorbell::new(region, 0)?));
         }
         if n > 1 {
@@ -191,6 +201,8 @@ impl Transport {
             bell,
             bell_region: my_bell_region,
             peer_bells,
+            poison,
+            peer_poison,
             ring,
             p2p: HashMap::new(),
             pids: (0..n).map(|r| boot.peer_pid(r)).collect(),

@@ -122,10 +122,15 @@ pub(crate) struct Runtime {
     pub comm_hash: u64,
     /// A handle on this rank's doorbell, to wake the worker (abort); host backend only.
     bell: Option<Doorbell>,
+    /// This rank's poison word (a peer detected an inconsistent call); host backend only.
+    poison: Option<crate::transport::shm::SharedWord>,
     worker: Mutex<Option<WorkerHandle>>,
     /// Device backend state (`None` on the host backend).
     dev: Option<Arc<DeviceComm>>,
 }
+
+/// Longest wait for the probe's records at `ncclCommAbort` / `ncclCommDestroy`.
+const TEARDOWN_FLUSH: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// A communicator (one rank of it). Shared through `Arc`; `ccl-ffi` hands out the raw
 /// `Arc` pointer as `ncclComm_t`.
@@ -354,6 +359,10 @@ impl Comm {
             self.tuning.layout(),
         )?;
         let bell = Doorbell::new(Arc::clone(transport.bell_region()), 0)?;
+        let poison = crate::transport::shm::SharedWord::new(
+            Arc::clone(transport.bell_region()),
+            crate::desc::POISON_OFFSET,
+        )?;
         let comm_hash = boot.comm_hash();
         let source = self.register_probe(&boot, comm_hash, -1)?;
         let shared = Shared {
@@ -374,6 +383,7 @@ impl Comm {
             boot,
             comm_hash,
             bell: Some(bell),
+            poison: Some(poison),
             worker: Mutex::new(Some(worker)),
             dev: None,
         };
@@ -442,6 +452,7 @@ impl Comm {
             boot,
             comm_hash,
             bell: None,
+            poison: None,
             worker: Mutex::new(None),
             dev: Some(Arc::new(dev)),
         };
@@ -829,6 +840,8 @@ impl Comm {
         self.join_init_thread();
         self.stop_worker();
         self.set_life(Life::Destroyed);
+        // The probe's last records of this communicator reach the analyzer (bounded).
+        probe::diag::flush(TEARDOWN_FLUSH);
         tracing::info!(target: "nccl::INIT", rank = self.rank,
             "comm {:#018x} rank {} nRanks {} - Destroy COMPLETE", self.comm_id(), self.rank, self.nranks);
         Ok(())
@@ -850,6 +863,7 @@ impl Comm {
         self.join_init_thread();
         self.stop_worker();
         self.set_life(Life::Aborted);
+        probe::diag::flush(TEARDOWN_FLUSH);
         tracing::info!(target: "nccl::INIT", rank = self.rank,
             "comm {:#018x} rank {} - Abort COMPLETE", self.comm_id(), self.rank);
         Ok(())
@@ -859,6 +873,17 @@ impl Comm {
     /// that broke the communicator.
     pub fn async_error(&self) -> Result<()> {
         if let Some(e) = lock(&self.broken).clone() {
+            return Err(e);
+        }
+        // A peer that detected an inconsistent call poisoned this rank: the communicator is
+        // unusable even if this rank's own operations completed.
+        if let Some(e) = self
+            .rt
+            .get()
+            .and_then(|rt| rt.poison.as_ref())
+            .and_then(|w| crate::desc::poison_error(w, self.rank))
+        {
+            self.mark_broken(&e);
             return Err(e);
         }
         match &*lock(&self.life) {

@@ -196,6 +196,8 @@ impl WorkerHandle {
             broken: None,
             scratch: Vec::new(),
             diverged: false,
+            seqs: crate::desc::SeqState::default(),
+            failure: None,
         }));
         let st = Arc::clone(&state);
         let join = std::thread::Builder::new()
@@ -466,6 +468,10 @@ pub(crate) struct Worker {
     scratch: Vec<u8>,
     /// An injected h2 fault made this rank issue a different operation: it issues no more.
     diverged: bool,
+    /// Collective and per-pair p2p sequence numbers (the descriptors' `seq`).
+    seqs: crate::desc::SeqState,
+    /// Why the current operation failed, for the probe (set where the error arises).
+    failure: Option<probe::Failure>,
 }
 
 /// The state of one lane being run.
@@ -546,7 +552,14 @@ struct OpCtx<'a> {
     red: Option<&'a Reducer>,
     block: Option<usize>,
     frame: &'a Frame,
+    /// Descriptor words by buffer index ([`crate::desc::descriptors`]).
+    descs: &'a [[u64; crate::transport::shm::FifoLayout::DESC_WORDS]],
+    /// Whether descriptors are sent and checked (always, except in the cost benchmark).
+    check: bool,
 }
+
+/// Longest wait for the probe to deliver the record of a failed operation.
+const FAILURE_FLUSH: Duration = Duration::from_millis(500);
 
 /// How long an injected not-entered rank sleeps between abort checks.
 const NOT_ENTERED_POLL: Duration = Duration::from_millis(10);
@@ -610,7 +623,7 @@ impl Worker {
             }
             if let Err(e) = self.run_item(item) {
                 let e = with_context(e, &item.label());
-                if is_fatal(&e) {
+                if is_fatal(&e) || crate::desc::breaks_comm(&e) {
                     self.broken = Some(e.clone());
                 }
                 return Err(e);
@@ -621,7 +634,10 @@ impl Worker {
 
     fn run_item(&mut self, item: &WorkItem) -> Result<()> {
         let sh = &self.shared;
-        let plan = plan_for(item, sh.rank, sh.nranks, &sh.tuning)?;
+        let mut plan = plan_for(item, sh.rank, sh.nranks, &sh.tuning)?;
+        crate::desc::add_descriptor_only_steps(&mut plan, item, sh.rank, sh.nranks);
+        let descs = self.seqs.descriptors(item);
+        self.failure = None;
         // Buffers by index, staging AlltoAll input that overlaps its output.
         let mut staged: Option<Vec<u8>> = None;
         let bufs: Vec<usize> = match item {
@@ -698,16 +714,44 @@ impl Worker {
         let r = self
             .t
             .ensure_p2p(&self.boot, &peers, &self.shared.abort)
-            .and_then(|()| self.run_plan(&plan, &bufs, reducer.as_ref(), block, &fault, t_start));
+            .and_then(|()| {
+                self.run_plan(
+                    &plan,
+                    &bufs,
+                    &descs,
+                    reducer.as_ref(),
+                    block,
+                    &fault,
+                    t_start,
+                )
+            });
         drop(staged);
         if fault.halve {
             self.diverged = true;
         }
         let sh = &self.shared;
+        if let (Err(e), Some(f)) = (&r, &self.failure) {
+            if f.cause == probe::FailureCause::PeerLost {
+                tracing::warn!(target: "nccl::NET", rank = sh.rank,
+                    "comm {:#018x} rank {}: peer lost during {}: {e}", sh.comm_id, sh.rank,
+                    item.label());
+            }
+        }
         if probing {
             let fin = sh.op_log.finish(counter, now_ns(), r.is_ok());
             if let (Some(src), Some(fin)) = (&sh.source, fin) {
-                src.op_done(&fin);
+                match &r {
+                    Ok(()) => src.op_done(&fin),
+                    Err(e) => {
+                        let f = self
+                            .failure
+                            .take()
+                            .unwrap_or_else(|| crate::desc::classify(e));
+                        src.op_failed(&fin, f);
+                        // The process may end right after this error: deliver the record.
+                        probe::diag::flush(FAILURE_FLUSH);
+                    }
+                }
             }
         }
         r
@@ -730,10 +774,12 @@ impl Worker {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn run_plan(
         &mut self,
         plan: &Plan,
         bufs: &[usize],
+        descs: &[[u64; crate::transport::shm::FifoLayout::DESC_WORDS]],
         red: Option<&Reducer>,
         block: Option<usize>,
         fault: &crate::inject::OpFault,
@@ -746,7 +792,10 @@ impl Worker {
             red,
             block,
             frame: &frame,
+            descs,
+            check: crate::desc::check_on(),
         };
+        self.check_poison()?;
         for l in &plan.local {
             self.run_local(&ctx, l)?;
         }
@@ -814,6 +863,7 @@ impl Worker {
                 backoff.reset();
                 continue;
             }
+            self.check_poison()?;
             let now = Instant::now();
             if now >= next_check {
                 self.check_peers()?;
@@ -827,11 +877,40 @@ impl Worker {
         Ok(())
     }
 
-    fn check_peers(&self) -> Result<()> {
+    /// See [`crate::desc::on_mismatch`]; records the probe's failure.
+    fn inconsistent(&mut self, m: &crate::desc::Mismatch) -> CclError {
+        let (e, f) = crate::desc::on_mismatch(&self.t, self.shared.rank, self.shared.comm_id, m);
+        self.failure = Some(f);
+        e
+    }
+
+    /// See [`crate::desc::check_poison`]; records the probe's failure.
+    fn check_poison(&mut self) -> Result<()> {
+        crate::desc::check_poison(&self.t, self.shared.rank).inspect_err(|_| {
+            self.failure = Some(probe::Failure::cause(probe::FailureCause::PeerFailed));
+        })
+    }
+
+    /// Fails with `Remote` (cause PEER_LOST, with the peer's rank, pid and host for the
+    /// probe) when a peer's process exited.
+    fn check_peers(&mut self) -> Result<()> {
         let me = std::process::id();
         for (r, &pid) in self.t.pids.iter().enumerate() {
             if pid != me && !peer_alive(pid) {
-                return Err(CclError::Remote(format!("rank {r} (pid {pid}) exited")));
+                let host = self.boot.peer_host(r).to_string();
+                self.failure = Some(probe::Failure {
+                    cause: probe::FailureCause::PeerLost,
+                    peer_lost: Some(probe::PeerLost {
+                        rank: u32::try_from(r).unwrap_or(u32::MAX),
+                        pid,
+                        host: host.clone(),
+                        detail: "process exited".into(),
+                    }),
+                    mismatch: None,
+                });
+                return Err(CclError::Remote(format!(
+                    "rank {r} (pid {pid}, host {host}) exited"
+                )));
             }
         }
         Ok(())
@@ -917,25 +996,45 @@ impl Worker {
                 return Ok(Wait::Downstream);
             };
             let slot = slot.get_mut(..nb).ok_or_else(missing)?;
-            // SAFETY: src range inside the send buffer (schedule bounds, enqueue contract);
-            // the slot is FIFO memory, disjoint from user buffers.
-            let s = unsafe { mem::src(src_addr, 0, nb) };
-            match ctx.red {
-                Some(r) => r.load(slot, s),
-                None => slot.copy_from_slice(s),
+            if nb > 0 {
+                // SAFETY: src range inside the send buffer (schedule bounds, enqueue
+                // contract); the slot is FIFO memory, disjoint from user buffers.
+                let s = unsafe { mem::src(src_addr, 0, nb) };
+                match ctx.red {
+                    Some(r) => r.load(slot, s),
+                    None => slot.copy_from_slice(s),
+                }
             }
-            tx.commit(nb);
+            commit(tx, ctx, nb, step.src_buf)?;
             ring_bell(&t.peer_bells, lane.send_to);
-            if let Some(b) = ctx.block {
+            if let (Some(b), true) = (ctx.block, nb > 0) {
                 ctx.frame.add_send(b, ch, 1);
             }
             return Ok(Wait::None);
         }
         let (rxs, txs) = (&mut links.rx, &mut links.tx);
         let rx = rxs.get_mut(ch).ok_or_else(missing)?;
-        let Some(inb) = rx.try_peek_checked()? else {
+        let peeked = if ctx.check {
+            rx.try_peek_with_desc()?
+        } else {
+            rx.try_peek_checked()?.map(|s| (s, [0; 3]))
+        };
+        let Some((inb, got)) = peeked else {
             return Ok(Wait::Upstream);
         };
+        if ctx.check {
+            let want = desc_of(ctx, step.dst_buf)?;
+            if got != want {
+                let m = crate::desc::Mismatch {
+                    peer: lane.recv_from.unwrap_or(usize::MAX),
+                    channel: ch,
+                    local: crate::desc::OpDesc::decode(want)
+                        .ok_or_else(|| CclError::Internal("bad local descriptor".into()))?,
+                    remote: crate::desc::OpDesc::decode(got),
+                };
+                return Err(self.inconsistent(&m));
+            }
+        }
         if inb.len() != nb {
             return Err(CclError::Remote(format!(
                 "channel {ch}: message of {} bytes from rank {}, expected {nb} (mismatched operations?)",
@@ -959,6 +1058,7 @@ impl Worker {
                 .ok_or_else(|| CclError::Internal("reduction step without a reducer".into()))
         };
         match (step.kind, out) {
+            (StepKind::Recv, _) if nb == 0 => {}
             (StepKind::Recv, _) => {
                 // SAFETY: dst range inside the receive buffer; FIFO memory is disjoint.
                 unsafe { mem::dst(dst_addr, 0, nb) }.copy_from_slice(inb);
@@ -1011,12 +1111,12 @@ impl Worker {
         }
         rx.release();
         ring_bell(&t.peer_bells, lane.recv_from);
-        if let Some(b) = ctx.block {
+        if let (Some(b), true) = (ctx.block, nb > 0) {
             ctx.frame.add_recv(b, ch, 1);
         }
         if sends {
             let tx = txs.get_mut(ch).ok_or_else(missing)?;
-            tx.commit(nb);
+            commit(tx, ctx, nb, step.src_buf)?;
             ring_bell(&t.peer_bells, lane.send_to);
             if let Some(b) = ctx.block {
                 ctx.frame.add_send(b, ch, 1);
@@ -1041,6 +1141,32 @@ fn peer_alive(pid: u32) -> bool {
         ),
         Err(_) => true,
     }
+}
+
+/// Publishes a reserved slot of `nb` bytes with the descriptor of buffer `buf`.
+fn commit(
+    tx: &mut crate::transport::shm::FifoSender,
+    ctx: &OpCtx<'_>,
+    nb: usize,
+    buf: usize,
+) -> Result<()> {
+    if ctx.check {
+        tx.commit_with_desc(nb, desc_of(ctx, buf)?);
+    } else {
+        tx.commit(nb);
+    }
+    Ok(())
+}
+
+/// The descriptor words of buffer `buf` of the operation.
+fn desc_of(
+    ctx: &OpCtx<'_>,
+    buf: usize,
+) -> Result<[u64; crate::transport::shm::FifoLayout::DESC_WORDS]> {
+    ctx.descs
+        .get(buf)
+        .copied()
+        .ok_or_else(|| CclError::Internal(format!("no descriptor for buffer {buf}")))
 }
 
 fn ring_bell(bells: &[Option<crate::transport::shm::Doorbell>], peer: Option<usize>) {

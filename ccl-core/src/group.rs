@@ -471,7 +471,9 @@ fn run_host_batch(ops: Vec<(Arc<Comm>, Valid)>) -> Result<()> {
 fn after_failure(comm: &Comm, e: &CclError) {
     tracing::warn!(target: "nccl::COLL", rank = comm.rank(), "{e}");
     comm.record_error(e);
-    if !matches!(e, CclError::InvalidArgument(_) | CclError::InvalidUsage(_)) {
+    if !matches!(e, CclError::InvalidArgument(_) | CclError::InvalidUsage(_))
+        || crate::desc::breaks_comm(e)
+    {
         comm.mark_broken(e);
     }
 }

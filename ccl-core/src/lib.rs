@@ -5,6 +5,7 @@ pub mod bootstrap;
 pub mod channel;
 pub mod comm;
 pub mod debug;
+pub mod desc;
 pub mod device;
 pub mod env;
 pub mod error;

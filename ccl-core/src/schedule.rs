@@ -141,13 +141,17 @@ pub struct Lane {
 
 impl Lane {
     /// (sending steps, receiving steps) of this lane: what the probe's counters reach.
+    /// Descriptor-only messages (`count == 0`, see `crate::desc`) are not counted.
     pub fn step_counts(&self) -> (u64, u64) {
-        self.steps.iter().fold((0, 0), |(s, r), st| {
-            (
-                s + u64::from(st.kind.sends()),
-                r + u64::from(st.kind.recvs()),
-            )
-        })
+        self.steps
+            .iter()
+            .filter(|st| st.count > 0)
+            .fold((0, 0), |(s, r), st| {
+                (
+                    s + u64::from(st.kind.sends()),
+                    r + u64::from(st.kind.recvs()),
+                )
+            })
     }
 }
 

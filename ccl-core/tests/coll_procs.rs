@@ -249,6 +249,44 @@ fn kill_rank() {
     }
 }
 
+/// Rank 1 calls AllGather(256) where its peers call AllReduce(1024), after one consistent
+/// AllReduce: every rank's call must fail (exit 0 after printing `@@ERR`), none succeed.
+fn mismatch_rank() {
+    let comm = child_comm();
+    let r = comm.rank();
+    let send = vec![1f32; 1024];
+    let mut recv = vec![0f32; 1024];
+    let rp = recv.as_mut_ptr() as usize;
+    let call = |kind, count| CollArgs {
+        kind,
+        sendbuf: send.as_ptr() as usize,
+        recvbuf: rp,
+        count,
+        dtype: DataType::Float32 as i32,
+        op: 0,
+        root: -1,
+        stream: 0,
+    };
+    enqueue(&comm, call(CollKind::AllReduce, 1024)).expect("consistent call");
+    let second = if r == 1 {
+        call(CollKind::AllGather, 1024 / comm.nranks() as usize)
+    } else {
+        call(CollKind::AllReduce, 1024)
+    };
+    match enqueue(&comm, second) {
+        Ok(()) => {
+            println!("@@PASSED");
+            std::process::exit(5);
+        }
+        Err(e) => {
+            println!("@@ERR {:?} {e}", e.code());
+            let broken = comm.async_error().is_err();
+            let _ = comm.abort();
+            std::process::exit(if broken { 0 } else { 4 });
+        }
+    }
+}
+
 /// Entry point of a rank process (does nothing when run without the environment).
 #[test]
 #[ignore = "entry point of the rank processes spawned by the other tests"]
@@ -257,6 +295,7 @@ fn proc_rank_entry() {
         Ok("matrix") => matrix_rank(),
         Ok("kill") => kill_rank(),
         Ok("smoke") => smoke_rank(),
+        Ok("mismatch") => mismatch_rank(),
         _ => {}
     }
 }
@@ -399,4 +438,40 @@ fn sigkill_of_a_rank_fails_the_survivors_within_the_bound_and_leaves_no_shm() {
         mine.is_empty(),
         "segments of the job's processes left: {mine:?}"
     );
+}
+
+#[test]
+fn an_inconsistent_call_fails_every_process_rank() {
+    let n = 4;
+    let mut job = spawn_job(n, "mismatch", &[]);
+    let codes = wait_all(&mut job.children, Duration::from_secs(60));
+    let lines: Vec<(usize, String)> = job.lines.try_iter().collect();
+    assert!(
+        codes.iter().all(|c| *c == Some(0)),
+        "exit codes {codes:?} (5: a mismatched call returned success), output {lines:?}"
+    );
+    let errs: Vec<&(usize, String)> = lines
+        .iter()
+        .filter(|(_, l)| l.starts_with("ERR "))
+        .collect();
+    assert_eq!(errs.len(), n, "{lines:?}");
+    let detectors: Vec<&&(usize, String)> = errs
+        .iter()
+        .filter(|(_, l)| l.starts_with("ERR InvalidUsage"))
+        .collect();
+    assert!(!detectors.is_empty(), "{errs:?}");
+    for (r, l) in &detectors {
+        assert!(
+            l.contains("inconsistent call on comm")
+                && l.contains("AllGather seq 1 count 256")
+                && l.contains("AllReduce seq 1 count 1024"),
+            "rank {r}: {l}"
+        );
+    }
+    for (r, l) in &errs {
+        assert!(
+            l.starts_with("ERR InvalidUsage") || l.starts_with("ERR RemoteError"),
+            "rank {r}: {l}"
+        );
+    }
 }

@@ -187,7 +187,8 @@ fn bounds_alignment_and_overlap_are_checked() {
         nslots: 8,
         slot_bytes: 512,
     };
-    assert_eq!(layout.bytes(), 128 + 64 + 8 * 512);
+    // head, tail, 8 slot headers of 32 bytes (length + descriptor), 8 slots.
+    assert_eq!(layout.bytes(), 128 + 256 + 8 * 512);
     // Out of bounds, misaligned, bad layout.
     for (off, l) in [
         (8192, layout),

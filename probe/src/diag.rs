@@ -178,6 +178,8 @@ struct Done {
     snap: OpSnapshot,
     chans: DoneChans,
     thinning: Thinning,
+    /// Why the operation failed (failed operations only; boxed: the common case is `None`).
+    failure: Option<Box<crate::failure::Failure>>,
 }
 
 /// What a record says about thinning and the computation gap.
@@ -284,6 +286,7 @@ impl Source {
             snap: *snap,
             chans: DoneChans::collect(n, |c| chan_done(&self.frame, block, c)),
             thinning,
+            failure: None,
         }
     }
 
@@ -337,6 +340,25 @@ impl Source {
         let msg = self.done_message(snap, thinning);
         if global().done_tx.try_send(msg).is_err() {
             // Full queue (or no diagnostic thread): dropped, counted.
+            count_drop(1);
+        }
+    }
+
+    /// [`Source::op_done`] for an operation that failed (`snap.state` is `Failed`), with
+    /// why it failed: the record carries `failure`, `peer_lost` and `mismatch`. Failed
+    /// operations are always reported (never thinned out).
+    pub fn op_failed(&self, snap: &OpSnapshot, failure: crate::failure::Failure) {
+        if self.ident.device < 0 {
+            self.exec_tid
+                .store(crate::sched::current_tid(), Ordering::Relaxed);
+        }
+        let thinning = self.thin_completion(snap).unwrap_or(Thinning {
+            gap_ns: None,
+            stride: 1,
+        });
+        let mut msg = self.done_message(snap, thinning);
+        msg.failure = Some(Box::new(failure));
+        if global().done_tx.try_send(msg).is_err() {
             count_drop(1);
         }
     }
@@ -843,6 +865,14 @@ impl Sampler {
     }
 
     fn complete(&mut self, s: &Source, d: &Done, now: u64) -> wire::OpRecord {
+        let mut rec = self.complete_plain(s, d, now);
+        if let Some(f) = &d.failure {
+            crate::failure::fill(&mut rec, f);
+        }
+        rec
+    }
+
+    fn complete_plain(&mut self, s: &Source, d: &Done, now: u64) -> wire::OpRecord {
         let seq = self.next_seq();
         let chans = d.chans.as_slice();
         match self.tracks.get_mut(&s.id) {
@@ -915,12 +945,19 @@ pub fn start_with(
                 .take()
                 .ok_or_else(|| "diagnostic thread already started".to_string())?;
             let mut sink = make_sink()?;
-            let (btx, brx) = mpsc::sync_channel::<wire::Batch>(BATCH_QUEUE);
+            let (btx, brx) = mpsc::sync_channel::<(wire::Batch, u64)>(BATCH_QUEUE);
             std::thread::Builder::new()
                 .name("ccld-report".into())
                 .spawn(move || loop {
                     match brx.recv_timeout(REPORTER_IDLE) {
-                        Ok(b) => sink.deliver(b),
+                        Ok((b, flush)) => {
+                            if !b.records.is_empty() || !b.heartbeats.is_empty() {
+                                sink.deliver(b);
+                            }
+                            if flush > 0 {
+                                FLUSH_DONE.fetch_max(flush, Ordering::AcqRel);
+                            }
+                        }
                         Err(mpsc::RecvTimeoutError::Timeout) => {}
                         Err(mpsc::RecvTimeoutError::Disconnected) => return,
                     }
@@ -928,10 +965,17 @@ pub fn start_with(
                     global().cpu_ns[1].store(thread_cpu_ns(), Ordering::Relaxed);
                 })
                 .map_err(|e| format!("spawning the CCL-D reporter thread: {e}"))?;
-            std::thread::Builder::new()
+            let diag = std::thread::Builder::new()
                 .name("ccld-diag".into())
                 .spawn(move || diag_loop(cfg, rx, btx))
                 .map_err(|e| format!("spawning the CCL-D diagnostic thread: {e}"))?;
+            let _ = DIAG_THREAD.set(diag.thread().clone());
+            extern "C" fn flush_at_exit() {
+                flush(EXIT_FLUSH);
+            }
+            // SAFETY: registers a plain `extern "C" fn()` without captured state; it only
+            // touches process-global atomics and sleeps, which is valid during exit.
+            unsafe { libc::atexit(flush_at_exit) };
             Ok(())
         })
         .clone()
@@ -979,7 +1023,47 @@ pub const BATCH_RECORDS: usize = 512;
 
 /// Hands `batch` to the reporter (a full queue drops it, counted) and starts a new one.
 /// Returns false when the reporter is gone.
-fn send_batch(btx: &SyncSender<wire::Batch>, batch: &mut wire::Batch) -> bool {
+/// Flush requests made so far ([`flush`]) and the latest one whose records were delivered.
+static FLUSH_REQ: AtomicU64 = AtomicU64::new(0);
+static FLUSH_DONE: AtomicU64 = AtomicU64::new(0);
+/// The diagnostic thread (woken by [`flush`]).
+static DIAG_THREAD: OnceLock<std::thread::Thread> = OnceLock::new();
+/// Bound of the flush at process exit.
+const EXIT_FLUSH: Duration = Duration::from_millis(500);
+
+/// Delivers every record of operations completed (or failed) before the call to the sink,
+/// waiting at most `timeout`; true when delivered (or when no diagnostic thread runs).
+/// Called by the runtime on the error path of a failed operation, at `ncclCommAbort` /
+/// `ncclCommDestroy`, and (500 ms) at process exit, so that the analyzer hears of a failure
+/// even when the process ends right after it.
+pub fn flush(timeout: Duration) -> bool {
+    let Some(t) = DIAG_THREAD.get() else {
+        return true;
+    };
+    let want = FLUSH_REQ.fetch_add(1, Ordering::AcqRel) + 1;
+    t.unpark();
+    let deadline = Instant::now() + timeout;
+    loop {
+        if FLUSH_DONE.load(Ordering::Acquire) >= want {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn send_batch(btx: &SyncSender<(wire::Batch, u64)>, batch: &mut wire::Batch) -> bool {
+    send_batch_marked(btx, batch, 0)
+}
+
+/// Sends `batch` (possibly empty) with the flush request it serves (0: none).
+fn send_batch_marked(
+    btx: &SyncSender<(wire::Batch, u64)>,
+    batch: &mut wire::Batch,
+    flush: u64,
+) -> bool {
     let full = std::mem::replace(
         batch,
         wire::Batch {
@@ -988,7 +1072,7 @@ fn send_batch(btx: &SyncSender<wire::Batch>, batch: &mut wire::Batch) -> bool {
         },
     );
     let n = full.records.len() as u64;
-    match btx.try_send(full) {
+    match btx.try_send((full, flush)) {
         Ok(()) => true,
         Err(TrySendError::Full(_)) => {
             count_drop(n);
@@ -998,7 +1082,7 @@ fn send_batch(btx: &SyncSender<wire::Batch>, batch: &mut wire::Batch) -> bool {
     }
 }
 
-fn diag_loop(cfg: DiagConfig, rx: Receiver<Done>, btx: SyncSender<wire::Batch>) {
+fn diag_loop(cfg: DiagConfig, rx: Receiver<Done>, btx: SyncSender<(wire::Batch, u64)>) {
     let mut sampler = Sampler::new(cfg.clone());
     let mut batch = wire::Batch {
         records: Vec::with_capacity(BATCH_RECORDS),
@@ -1010,6 +1094,8 @@ fn diag_loop(cfg: DiagConfig, rx: Receiver<Done>, btx: SyncSender<wire::Batch>) 
     let mut ticks = 0u64;
     let (mut period, mut quiet) = (DEVICE_SAMPLE, 0u32);
     loop {
+        // Read before draining: every completion queued before the request is sent with it.
+        let flush_req = FLUSH_REQ.load(Ordering::Acquire);
         let sources = live_sources();
         let now = now_ns();
         // Completions first (their tick counts are still tracked), then the new tick.
@@ -1036,6 +1122,12 @@ fn diag_loop(cfg: DiagConfig, rx: Receiver<Done>, btx: SyncSender<wire::Batch>) 
             batch.heartbeats.push(sampler.heartbeat(&sources, now));
             last_hb = Some(Instant::now());
         }
+        if flush_req > FLUSH_DONE.load(Ordering::Acquire) {
+            if !send_batch_marked(&btx, &mut batch, flush_req) {
+                return;
+            }
+            last_flush = Instant::now();
+        }
         let due = last_flush.elapsed() >= cfg.flush || batch.records.len() >= BATCH_RECORDS;
         if due && (!batch.records.is_empty() || !batch.heartbeats.is_empty()) {
             if !send_batch(&btx, &mut batch) {
@@ -1052,7 +1144,8 @@ fn diag_loop(cfg: DiagConfig, rx: Receiver<Done>, btx: SyncSender<wire::Batch>) 
         if ticks % 16 == 0 {
             global().cpu_ns[0].store(thread_cpu_ns(), Ordering::Relaxed);
         }
-        std::thread::sleep(period);
+        // Parked rather than slept: `flush` wakes the thread early.
+        std::thread::park_timeout(period);
     }
 }
 
@@ -1113,6 +1206,7 @@ mod tests {
             snap: fin,
             chans: DoneChans::Heap(Sampler::live_chans(&s, 5)),
             thinning: Thinning::default(),
+            failure: None,
         };
         let r = sm.complete(&s, &d, 0);
         assert_eq!(r.trace.unwrap().op_counter, 5);
@@ -1151,6 +1245,7 @@ mod tests {
                 snap: fin,
                 chans: DoneChans::Heap(Sampler::live_chans(&s, c)),
                 thinning: Thinning::default(),
+                failure: None,
             }
         };
         // Before any reading the metric is unknown.

@@ -10,6 +10,7 @@
 
 pub mod diag;
 pub mod embedded;
+pub mod failure;
 pub mod frame;
 pub mod hub;
 mod hublink;
@@ -23,6 +24,7 @@ pub mod thin;
 pub mod wire;
 
 pub use diag::{now_ns, register, Identity, Source};
+pub use failure::{DescriptorMismatch, Failure, FailureCause, OpDescriptor, PeerLost};
 pub use frame::{
     ext_bytes, ChannelCounts, ChannelWaits, Frame, FrameBlock, FrameHeader, FrameHeaderSnapshot,
     ProbingFrame, TraceId, EXT_WORDS_PER_CHANNEL, FRAME_BLOCKS, FRAME_HEADER_BYTES, PAPER_CHANNELS,

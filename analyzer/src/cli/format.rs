@@ -123,6 +123,27 @@ pub fn anomalies_table(l: &AnomalyList) -> String {
     s
 }
 
+/// The incidents, newest first: each its summary line and chain (for `ccld anomalies`).
+pub fn incidents_text(l: &crate::wire::IncidentList) -> String {
+    let mut s = String::from("Incidents (first causes across communicators):\n");
+    if l.incidents.is_empty() {
+        s.push_str("(no incidents)\n");
+    }
+    for i in &l.incidents {
+        s.push_str(&format!("{} {}\n", fmt_time(i.detected_at_ns), i.summary));
+        for c in &i.chain {
+            s.push_str(&format!("    {c}\n"));
+        }
+    }
+    if !l.unreachable_shards.is_empty() {
+        s.push_str(&format!(
+            "warning: unreachable shards (their incidents are missing): {}\n",
+            l.unreachable_shards.join(", ")
+        ));
+    }
+    s
+}
+
 /// One diagnosis as a multi-line human block (for `watch`).
 pub fn diagnosis_block(d: &Diagnosis) -> String {
     let mut s = format!(

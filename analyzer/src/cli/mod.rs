@@ -14,7 +14,9 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::auth::{self, AuthError};
 use crate::client::{Client, ClientConfig, ClientError};
-use crate::wire::{GetCommRequest, ListAnomaliesRequest, ListCommsRequest, WatchRequest};
+use crate::wire::{
+    GetCommRequest, ListAnomaliesRequest, ListCommsRequest, ListIncidentsRequest, WatchRequest,
+};
 
 /// Default gRPC address of a shard.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:7070";
@@ -114,9 +116,14 @@ pub struct AnomaliesArgs {
     /// Connection.
     #[command(flatten)]
     pub conn: ConnArgs,
-    /// Print JSON instead of a table.
+    /// Print the incidents as JSON lines (one object per line, see docs/diagnosis.md)
+    /// instead of a table; with `--diagnoses`, the per-communicator diagnoses as one
+    /// JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Only the per-communicator diagnoses (the evidence), not the incidents.
+    #[arg(long)]
+    pub diagnoses: bool,
     /// Only this communicator (decimal or 0x hex).
     #[arg(long, value_name = "ID", value_parser = parse_u64)]
     pub comm: Option<u64>,
@@ -276,10 +283,33 @@ async fn anomalies(a: AnomaliesArgs) -> Result<(), CliError> {
             comm_id: a.comm,
         })
         .await?;
+    if a.diagnoses {
+        return if a.json {
+            print(&json_line(&format::anomalies_json(&l), true))
+        } else {
+            print(&format::anomalies_table(&l))
+        };
+    }
+    let inc = c
+        .list_incidents(ListIncidentsRequest {
+            local_only: a.local_only,
+            since_ns: 0,
+            limit: a.limit,
+            comm_id: a.comm,
+        })
+        .await?;
     if a.json {
-        print(&json_line(&format::anomalies_json(&l), true))
+        let mut out = String::new();
+        for i in &inc.incidents {
+            out.push_str(&crate::report::incident_json(i));
+            out.push('\n');
+        }
+        print(&out)
     } else {
-        print(&format::anomalies_table(&l))
+        let mut out = format::incidents_text(&inc);
+        out.push_str("\nPer-communicator evidence:\n");
+        out.push_str(&format::anomalies_table(&l));
+        print(&out)
     }
 }
 

@@ -57,7 +57,7 @@ impl FifoRef {
     }
 
     fn word(&self, off: usize) -> &AtomicU64 {
-        // SAFETY: callers pass HEAD_OFFSET, TAIL_OFFSET or a length-word offset (< header),
+        // SAFETY: callers pass HEAD_OFFSET, TAIL_OFFSET or a slot-header word offset (< header),
         // all 8-aligned and inside the FIFO's claimed range, which lies inside the mapping
         // (checked by claim_ptr); base is 64-aligned. These words are only ever accessed
         // atomically; the mapping outlives `self`.
@@ -74,7 +74,12 @@ impl FifoRef {
 
     fn len_word(&self, slot: usize) -> &AtomicU64 {
         debug_assert!(slot < self.layout.nslots);
-        self.word(FifoLayout::LENS_OFFSET + 8 * slot)
+        self.word(self.layout.len_word_offset(slot))
+    }
+
+    fn desc_word(&self, slot: usize, w: usize) -> &AtomicU64 {
+        debug_assert!(slot < self.layout.nslots && w < FifoLayout::DESC_WORDS);
+        self.word(self.layout.desc_word_offset(slot, w))
     }
 
     fn slot_index(&self, count: u64) -> usize {
@@ -214,6 +219,20 @@ impl FifoSender {
         }
     }
 
+    /// Publishes the reserved slot holding `len` bytes together with an operation
+    /// descriptor (`desc`, opaque to the FIFO), which the consumer reads with
+    /// [`FifoReceiver::peeked_desc`]. Misuse is handled as in [`FifoSender::commit`].
+    pub fn commit_with_desc(&mut self, len: usize, desc: [u64; FifoLayout::DESC_WORDS]) {
+        if self.reserved {
+            let slot = self.f.slot_index(self.head);
+            for (w, v) in desc.iter().enumerate() {
+                // Relaxed: published by the Release store of head in `publish`.
+                self.f.desc_word(slot, w).store(*v, Ordering::Relaxed);
+            }
+        }
+        self.commit(len);
+    }
+
     /// [`FifoSender::commit`] returning `InvalidUsage` when no slot is reserved or `len`
     /// exceeds `slot_bytes` (nothing is published then).
     pub fn try_commit(&mut self, len: usize) -> Result<()> {
@@ -295,6 +314,35 @@ impl FifoReceiver {
     /// The next committed slot's bytes, `Err(Remote)` if the producer's counters or length
     /// word are corrupt, `Ok(None)` while empty.
     pub fn try_peek_checked(&mut self) -> Result<Option<&[u8]>> {
+        Ok(self
+            .peek_slot()?
+            .map(|(slot, len)| self.slot_slice(slot, len)))
+    }
+
+    /// [`FifoReceiver::try_peek_checked`] with the descriptor words committed with the slot
+    /// (all zero when the producer used plain `commit` on a fresh FIFO).
+    #[allow(clippy::type_complexity)]
+    pub fn try_peek_with_desc(&mut self) -> Result<Option<(&[u8], [u64; FifoLayout::DESC_WORDS])>> {
+        let Some((slot, len)) = self.peek_slot()? else {
+            return Ok(None);
+        };
+        let d = self.peeked_desc();
+        Ok(Some((self.slot_slice(slot, len), d)))
+    }
+
+    /// The committed slot's `len` bytes (after a successful `peek_slot`).
+    fn slot_slice(&self, slot: usize, len: usize) -> &[u8] {
+        let p = self.f.slot_ptr(slot);
+        // SAFETY: `peek_slot` found tail < head (head loaded Acquire), so the producer has
+        // published this slot and will not write it again until we store tail+1 in
+        // `release`, which needs `&mut self` and so ends this borrow first; len <= slot_bytes
+        // (checked by `peek_slot`) keeps the slice inside the slot; this process holds the
+        // only consumer claim on the FIFO.
+        unsafe { std::slice::from_raw_parts(p, len) }
+    }
+
+    /// `(slot, len)` of the next committed slot, `Ok(None)` while empty.
+    fn peek_slot(&mut self) -> Result<Option<(usize, usize)>> {
         if self.tail == self.head_cache {
             // Acquire: the slot data and length the producer wrote before this head are
             // visible.
@@ -327,12 +375,7 @@ impl FifoReceiver {
             }
         };
         self.peeked = true;
-        let p = self.f.slot_ptr(slot);
-        // SAFETY: tail < head (head loaded Acquire), so the producer has published this slot
-        // and will not write it again until we store tail+1 in `release`, which needs
-        // `&mut self` and so ends this borrow first; len <= slot_bytes keeps the slice inside
-        // the slot; this process holds the only consumer claim on the FIFO.
-        Ok(Some(unsafe { std::slice::from_raw_parts(p, len) }))
+        Ok(Some((slot, len)))
     }
 
     /// The next committed slot's `len` bytes (Acquire), `None` if empty. A corrupt FIFO
@@ -346,6 +389,21 @@ impl FifoReceiver {
                 None
             }
         }
+    }
+
+    /// The descriptor words committed with the slot last returned by a peek (all zero when
+    /// the producer used plain `commit` on a fresh FIFO). Call between a successful peek and
+    /// `release`; without a peeked slot it returns zeros.
+    pub fn peeked_desc(&self) -> [u64; FifoLayout::DESC_WORDS] {
+        let mut d = [0u64; FifoLayout::DESC_WORDS];
+        if self.peeked {
+            let slot = self.f.slot_index(self.tail);
+            for (w, v) in d.iter_mut().enumerate() {
+                // Relaxed: ordered by the Acquire load of head that made the slot visible.
+                *v = self.f.desc_word(slot, w).load(Ordering::Relaxed);
+            }
+        }
+        d
     }
 
     /// Frees the peeked slot for the producer (Release). Without a successful peek since the

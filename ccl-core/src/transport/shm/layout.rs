@@ -92,8 +92,9 @@ pub fn segment_name_for_pid(prefix: &str, comm_hash: u64, parts: &[u64], pid: u3
 /// Bytes at the FIFO's offset (all relative to it):
 /// - `0`: `head`, a `u64` count of slots committed by the producer (its own cache line),
 /// - `64`: `tail`, a `u64` count of slots released by the consumer (its own cache line),
-/// - `128`: `nslots` length words (`u64`, the byte count committed into each slot), padded
-///   to a cache line,
+/// - `128`: `nslots` slot headers of [`FifoLayout::META_BYTES`] each (the `u64` byte count
+///   committed into the slot, then [`FifoLayout::DESC_WORDS`] `u64` words of the operation
+///   descriptor that travels with the slot's data), padded to a cache line,
 /// - then the slots, each starting on a cache line, `slot_stride()` bytes apart.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FifoLayout {
@@ -108,8 +109,12 @@ impl FifoLayout {
     pub const HEAD_OFFSET: usize = 0;
     /// Offset of the `tail` counter.
     pub const TAIL_OFFSET: usize = CACHE_LINE;
-    /// Offset of the first length word.
+    /// Offset of the first slot header (its length word).
     pub const LENS_OFFSET: usize = 2 * CACHE_LINE;
+    /// Descriptor words after each slot's length word.
+    pub const DESC_WORDS: usize = 3;
+    /// Bytes of one slot header (length word + descriptor words).
+    pub const META_BYTES: usize = 8 * (1 + Self::DESC_WORDS);
 
     /// Splits a buffer of `buff_bytes` (e.g. `NCCL_BUFFSIZE`) into `nslots` slots, each
     /// rounded down to a multiple of 64 bytes.
@@ -147,18 +152,23 @@ impl FifoLayout {
         align_up(self.slot_bytes, CACHE_LINE).unwrap_or(usize::MAX)
     }
 
-    /// Bytes of the header (head, tail, length words), a multiple of 64.
+    /// Bytes of the header (head, tail, slot headers), a multiple of 64.
     pub fn header_bytes(&self) -> usize {
         self.nslots
-            .checked_mul(8)
+            .checked_mul(Self::META_BYTES)
             .and_then(|l| align_up(l, CACHE_LINE))
             .and_then(|l| l.checked_add(Self::LENS_OFFSET))
             .unwrap_or(usize::MAX)
     }
 
-    /// Offset of length word `i`.
+    /// Offset of length word `i` (the start of slot `i`'s header).
     pub fn len_word_offset(&self, i: usize) -> usize {
-        Self::LENS_OFFSET + 8 * i
+        Self::LENS_OFFSET + Self::META_BYTES * i
+    }
+
+    /// Offset of descriptor word `w` (< [`FifoLayout::DESC_WORDS`]) of slot `i`.
+    pub fn desc_word_offset(&self, i: usize, w: usize) -> usize {
+        self.len_word_offset(i) + 8 * (1 + w)
     }
 
     /// Offset of slot `i`.
@@ -170,7 +180,7 @@ impl FifoLayout {
     pub fn checked_bytes(&self) -> Option<usize> {
         let hdr = self
             .nslots
-            .checked_mul(8)
+            .checked_mul(Self::META_BYTES)
             .and_then(|l| align_up(l, CACHE_LINE))?
             .checked_add(Self::LENS_OFFSET)?;
         let stride = align_up(self.slot_bytes, CACHE_LINE)?;
@@ -235,7 +245,7 @@ mod tests {
                 let l = FifoLayout { nslots, slot_bytes };
                 l.validate().unwrap();
                 // Independent reference: each piece rounded by division instead of masks.
-                let lens = nslots * 8;
+                let lens = nslots * 32;
                 let lens_padded = lens.div_ceil(64) * 64;
                 let stride = slot_bytes.div_ceil(64) * 64;
                 let header = 64 + 64 + lens_padded;
@@ -247,7 +257,11 @@ mod tests {
                 assert_eq!(FifoLayout::HEAD_OFFSET / 64, 0);
                 assert_eq!(FifoLayout::TAIL_OFFSET / 64, 1);
                 assert!(l.len_word_offset(0) >= 128);
-                assert!(l.len_word_offset(nslots - 1) + 8 <= l.header_bytes());
+                assert!(l.desc_word_offset(nslots - 1, 2) + 8 <= l.header_bytes());
+                for i in 0..nslots {
+                    assert_eq!(l.len_word_offset(i), 128 + 32 * i);
+                    assert_eq!(l.desc_word_offset(i, 0), 128 + 32 * i + 8);
+                }
                 for i in 0..nslots {
                     let s = l.slot_offset(i);
                     assert_eq!(s % 64, 0, "slot {i} aligned");

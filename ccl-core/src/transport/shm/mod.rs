@@ -52,6 +52,7 @@ mod doorbell;
 mod fifo;
 mod layout;
 mod region;
+mod word;
 
 pub use doorbell::{Backoff, Doorbell};
 pub use fifo::{FifoReceiver, FifoSender};
@@ -63,6 +64,7 @@ pub use region::{
     is_not_found, pid_alive, remove_stale_segments, stale_candidate_pid, ShmRegion,
     NOT_FOUND_PREFIX, SHM_DIR,
 };
+pub use word::SharedWord;
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,436 @@
+//! Failed operations as direct evidence (`OpRecord.failure`, issue 17 point 1).
+//!
+//! A failed record says why the operation failed; the analyzer does not wait for the hang
+//! threshold. Per communicator, failure records open an *episode*; [`FAILURE_GRACE`] after
+//! the episode's first record (so that the other survivors' reports join it) it is
+//! diagnosed once, by cause, in this order:
+//!
+//! * `PEER_LOST` -> **H1**, root = the lost rank(s), reason `"process exited"`,
+//!   `exited = true`, `observed_by` = the ranks that reported it. A rank that itself
+//!   reported a failure in the episode was alive when the fault happened and is not a root
+//!   (survivors that exit after the error are reported lost in turn), unless nothing else
+//!   remains.
+//! * `INCONSISTENT` -> **H2**, by a vote over the descriptors seen: each rank's own call
+//!   (its `mismatch.local`, else its failed record's operation), and for ranks that sent
+//!   nothing, what their peers received from them (`mismatch.remote`). The descriptor most
+//!   ranks share is the majority; the roots are the ranks whose descriptor differs. With
+//!   no unique majority (a 2-rank communicator), every disagreeing rank is named.
+//!   `PEER_FAILED` ranks are victims: they only vote.
+//! * `INVALID_USAGE` -> **H1**, root = the rank whose call failed, reason
+//!   `"call failed: invalid usage"`.
+//! * `INTERNAL` -> **H3**, root = the rank whose call failed, reason
+//!   `"call failed: internal or system error"`.
+//! * `ABORTED` (and an episode of `PEER_FAILED` alone) raises nothing: an abort is the
+//!   application's decision, and a victim does not say who failed.
+//!
+//! After an episode is diagnosed, further failure records of the same communicator are
+//! absorbed for [`FAILURE_QUIET`] (the survivors' later calls fail too), and the
+//! communicator's hang detection is held back as long (the dead rank is already named).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
+
+use crate::wire::{self, AnomalyClass, Diagnosis, FailureCause, OpDescriptor, OpRecord};
+
+/// Time from an episode's first failure record to its diagnosis (collects the other
+/// survivors' reports; well inside the 2 s budget of issue 17).
+pub const FAILURE_GRACE: Duration = Duration::from_millis(300);
+/// Time after a diagnosed episode during which its communicator's failures are absorbed.
+pub const FAILURE_QUIET: Duration = Duration::from_secs(30);
+
+/// Episodes kept at most (communicators); the oldest diagnosed ones go first.
+const MAX_EPISODES: usize = 4096;
+
+/// Comparable part of a descriptor.
+type Desc = (u64, i32, u32, i32, u64, i32);
+
+fn desc_key(d: &OpDescriptor) -> Desc {
+    (d.seq, d.collective, d.dtype, d.redop, d.count, d.root)
+}
+
+fn desc_text(d: Desc) -> String {
+    format!(
+        "{} #{} count {} dtype {} redop {} root {}",
+        wire::coll_name(d.1),
+        d.0,
+        d.4,
+        d.2,
+        d.3,
+        d.5
+    )
+}
+
+#[derive(Debug, Default)]
+struct Lost {
+    pid: u32,
+    host: String,
+    detail: String,
+    observers: BTreeSet<u32>,
+    first_ns: u64,
+}
+
+#[derive(Debug, Default)]
+struct Episode {
+    nranks: u32,
+    first_ns: u64,
+    op_counter: u64,
+    collective: i32,
+    /// Ranks that reported any failure, with their pid / host and cause.
+    reporters: BTreeMap<u32, (u32, String, i32)>,
+    lost: BTreeMap<u32, Lost>,
+    /// rank -> (descriptor, from the rank itself).
+    descs: BTreeMap<u32, (Desc, bool)>,
+    /// Ranks whose descriptor check failed (witnesses of an inconsistency).
+    witnesses: BTreeSet<u32>,
+    /// Diagnosed at this time (absorbing until + FAILURE_QUIET).
+    fired_ns: Option<u64>,
+}
+
+/// Failure episodes of every communicator.
+#[derive(Debug, Default)]
+pub struct Failures {
+    eps: HashMap<u64, Episode>,
+}
+
+impl Failures {
+    /// Takes one accepted record with `state = FAILED` and a cause, received at `now_ns`.
+    pub fn observe(&mut self, rec: &OpRecord, now_ns: u64) {
+        let Some(trace) = rec.trace.as_ref() else {
+            return;
+        };
+        let cause = FailureCause::try_from(rec.failure).unwrap_or(FailureCause::Unspecified);
+        if cause == FailureCause::Unspecified || rec.state != wire::OpState::Failed as i32 {
+            return;
+        }
+        let quiet = u64::try_from(FAILURE_QUIET.as_nanos()).unwrap_or(u64::MAX);
+        if !self.eps.contains_key(&trace.comm_id) && self.eps.len() >= MAX_EPISODES {
+            let oldest = self
+                .eps
+                .iter()
+                .min_by_key(|(_, e)| (e.fired_ns.is_none(), e.first_ns))
+                .map(|(k, _)| *k);
+            if let Some(k) = oldest {
+                self.eps.remove(&k);
+            }
+        }
+        let ep = self.eps.entry(trace.comm_id).or_default();
+        if ep
+            .fired_ns
+            .is_some_and(|f| now_ns >= f.saturating_add(quiet))
+        {
+            *ep = Episode::default();
+        }
+        if ep.fired_ns.is_none() && ep.reporters.is_empty() {
+            ep.first_ns = now_ns;
+            ep.op_counter = trace.op_counter;
+            ep.collective = rec.op.as_ref().map_or(0, |o| o.collective);
+        }
+        ep.nranks = rec.nranks;
+        let collective_space = rec.seq_space == wire::SeqSpace::Collective as i32;
+        if collective_space && trace.op_counter < ep.op_counter && ep.fired_ns.is_none() {
+            ep.op_counter = trace.op_counter;
+            ep.collective = rec.op.as_ref().map_or(ep.collective, |o| o.collective);
+        }
+        ep.reporters
+            .entry(rec.rank)
+            .or_insert_with(|| (rec.pid, rec.host.clone(), rec.failure));
+        match cause {
+            FailureCause::PeerLost => {
+                if let Some(pl) = rec.peer_lost.as_ref().filter(|p| p.rank < rec.nranks) {
+                    let l = ep.lost.entry(pl.rank).or_insert_with(|| Lost {
+                        first_ns: now_ns,
+                        ..Lost::default()
+                    });
+                    if l.pid == 0 {
+                        l.pid = pl.pid;
+                    }
+                    if l.host.is_empty() {
+                        l.host.clone_from(&pl.host);
+                    }
+                    if l.detail.is_empty() {
+                        l.detail.clone_from(&pl.detail);
+                    }
+                    l.observers.insert(rec.rank);
+                }
+            }
+            FailureCause::Inconsistent => {
+                ep.witnesses.insert(rec.rank);
+                if let Some(m) = rec.mismatch.as_ref() {
+                    if let Some(l) = &m.local {
+                        ep.descs.insert(rec.rank, (desc_key(l), true));
+                    }
+                    if let Some(r) = m.remote.as_ref().filter(|_| m.peer_rank < rec.nranks) {
+                        ep.descs.entry(m.peer_rank).or_insert((desc_key(r), false));
+                    }
+                }
+                own_desc(ep, rec, collective_space);
+            }
+            FailureCause::PeerFailed => own_desc(ep, rec, collective_space),
+            _ => {}
+        }
+    }
+
+    /// True while `comm_id` has a diagnosed failure episode within its quiet period: its
+    /// hang diagnoses would only repeat what the failure said.
+    pub fn holds_back(&self, comm_id: u64, now_ns: u64) -> bool {
+        let quiet = u64::try_from(FAILURE_QUIET.as_nanos()).unwrap_or(u64::MAX);
+        self.eps.get(&comm_id).is_some_and(|e| match e.fired_ns {
+            Some(f) => now_ns < f.saturating_add(quiet),
+            None => !e.reporters.is_empty(),
+        })
+    }
+
+    /// Diagnoses every episode whose grace ended by `now_ns` (once each). `rank_info`
+    /// gives the pid and host the analyzer knows of a rank of a communicator.
+    pub fn due(
+        &mut self,
+        now_ns: u64,
+        rank_info: &dyn Fn(u64, u32) -> Option<(u32, String)>,
+    ) -> Vec<Diagnosis> {
+        let grace = u64::try_from(FAILURE_GRACE.as_nanos()).unwrap_or(u64::MAX);
+        let mut out = Vec::new();
+        let mut ids: Vec<u64> = self.eps.keys().copied().collect();
+        ids.sort_unstable();
+        for id in ids {
+            let Some(ep) = self.eps.get_mut(&id) else {
+                continue;
+            };
+            if ep.fired_ns.is_some()
+                || ep.reporters.is_empty()
+                || now_ns < ep.first_ns.saturating_add(grace)
+            {
+                continue;
+            }
+            ep.fired_ns = Some(now_ns);
+            if let Some(d) = diagnose(id, ep, now_ns, rank_info) {
+                out.push(d);
+            }
+        }
+        out
+    }
+}
+
+fn own_desc(ep: &mut Episode, rec: &OpRecord, collective_space: bool) {
+    if ep.descs.get(&rec.rank).is_some_and(|(_, own)| *own) {
+        return;
+    }
+    let (Some(op), Some(t)) = (rec.op.as_ref(), rec.trace.as_ref()) else {
+        return;
+    };
+    let p2p = op.collective == wire::CollKind::Send as i32
+        || op.collective == wire::CollKind::Recv as i32;
+    if !collective_space || p2p {
+        return;
+    }
+    let d = (
+        t.op_counter,
+        op.collective,
+        op.dtype,
+        op.redop,
+        op.count,
+        op.root,
+    );
+    ep.descs.insert(rec.rank, (d, true));
+}
+
+fn ranks_text(v: &[u32]) -> String {
+    let s: Vec<String> = v.iter().take(8).map(u32::to_string).collect();
+    let more = v.len().saturating_sub(8);
+    if more > 0 {
+        format!("{} (+{more} more)", s.join(", "))
+    } else {
+        s.join(", ")
+    }
+}
+
+fn root(rank: u32, pid: u32, host: String, reason: String, class: AnomalyClass) -> wire::RootCause {
+    wire::RootCause {
+        rank,
+        host,
+        pid,
+        reason,
+        class: class as i32,
+        ..Default::default()
+    }
+}
+
+fn diagnose(
+    comm_id: u64,
+    ep: &Episode,
+    now_ns: u64,
+    rank_info: &dyn Fn(u64, u32) -> Option<(u32, String)>,
+) -> Option<Diagnosis> {
+    let info = |r: u32, pid: u32, host: &str| -> (u32, String) {
+        if pid != 0 || !host.is_empty() {
+            return (pid, host.to_string());
+        }
+        ep.reporters
+            .get(&r)
+            .map(|(p, h, _)| (*p, h.clone()))
+            .or_else(|| rank_info(comm_id, r))
+            .unwrap_or_default()
+    };
+    let coll = wire::coll_name(ep.collective);
+    let (class, roots, what) = if !ep.lost.is_empty() {
+        // Lost ranks that were themselves alive reporters are survivors lost later.
+        let mut lost: Vec<(&u32, &Lost)> = ep
+            .lost
+            .iter()
+            .filter(|(r, _)| !ep.reporters.contains_key(r))
+            .collect();
+        if lost.is_empty() {
+            lost = ep
+                .lost
+                .iter()
+                .min_by_key(|(_, l)| l.first_ns)
+                .into_iter()
+                .collect();
+        }
+        let roots: Vec<wire::RootCause> = lost
+            .iter()
+            .map(|(r, l)| {
+                let (pid, host) = info(**r, l.pid, &l.host);
+                let mut rc = root(
+                    **r,
+                    pid,
+                    host,
+                    "process exited".into(),
+                    AnomalyClass::H1NotEntered,
+                );
+                rc.exited = true;
+                rc.silent = true;
+                rc.observed_by = l.observers.iter().copied().collect();
+                rc
+            })
+            .collect();
+        let detail: Vec<&str> = lost
+            .iter()
+            .map(|(_, l)| l.detail.as_str())
+            .filter(|d| !d.is_empty() && *d != "process exited")
+            .collect();
+        let what = if detail.is_empty() {
+            "process exited".to_string()
+        } else {
+            format!("process exited ({})", detail.join("; "))
+        };
+        (AnomalyClass::H1NotEntered, roots, what)
+    } else if !ep.witnesses.is_empty() {
+        let (roots, what) = vote(ep, &info);
+        if roots.is_empty() {
+            return None;
+        }
+        (AnomalyClass::H2Inconsistent, roots, what)
+    } else {
+        let mut roots = Vec::new();
+        let mut class = AnomalyClass::Unspecified;
+        for (r, (pid, host, cause)) in &ep.reporters {
+            let (c, reason) = match FailureCause::try_from(*cause) {
+                Ok(FailureCause::InvalidUsage) => {
+                    (AnomalyClass::H1NotEntered, "call failed: invalid usage")
+                }
+                Ok(FailureCause::Internal) => (
+                    AnomalyClass::H3Hardware,
+                    "call failed: internal or system error",
+                ),
+                _ => continue,
+            };
+            // Invalid usage outranks an internal error when both are present.
+            if class != AnomalyClass::H1NotEntered {
+                class = c;
+            }
+            roots.push(root(*r, *pid, host.clone(), reason.into(), c));
+        }
+        if roots.is_empty() {
+            return None;
+        }
+        roots.retain(|r| r.class == class as i32);
+        let what = roots.first().map(|r| r.reason.clone()).unwrap_or_default();
+        (class, roots, what)
+    };
+    let root_ranks: Vec<u32> = roots.iter().map(|r| r.rank).collect();
+    let observers: BTreeSet<u32> = roots.iter().flat_map(|r| r.observed_by.clone()).collect();
+    let observers: Vec<u32> = if observers.is_empty() {
+        ep.reporters.keys().copied().collect()
+    } else {
+        observers.into_iter().collect()
+    };
+    let summary = format!(
+        "{coll} #{} of comm {comm_id:#018x}: rank{} {} {what}; reported by rank{} {}",
+        ep.op_counter,
+        if root_ranks.len() == 1 { "" } else { "s" },
+        ranks_text(&root_ranks),
+        if observers.len() == 1 { "" } else { "s" },
+        ranks_text(&observers),
+    );
+    Some(Diagnosis {
+        id: format!(
+            "{comm_id:016x}-{}-{}",
+            ep.op_counter,
+            wire::class_code(class)
+        ),
+        class: class as i32,
+        roots,
+        comm_id,
+        trace: Some(wire::TraceId {
+            comm_id,
+            op_counter: ep.op_counter,
+            extension: 0,
+        }),
+        collective: ep.collective,
+        evidence: Some(wire::Evidence {
+            nranks: ep.nranks,
+            hung_ranks: u32::try_from(ep.reporters.len()).unwrap_or(u32::MAX),
+            ..Default::default()
+        }),
+        detected_at_ns: now_ns,
+        location_latency_ns: 0,
+        summary,
+        onset_ns: ep.first_ns,
+        nranks: ep.nranks,
+        shard: String::new(),
+    })
+}
+
+/// H2 vote: the ranks whose descriptor differs from the majority's.
+fn vote(
+    ep: &Episode,
+    info: &dyn Fn(u32, u32, &str) -> (u32, String),
+) -> (Vec<wire::RootCause>, String) {
+    let mut count: BTreeMap<Desc, u32> = BTreeMap::new();
+    for (d, _) in ep.descs.values() {
+        *count.entry(*d).or_insert(0) += 1;
+    }
+    let best = count.values().copied().max().unwrap_or(0);
+    let tops: Vec<Desc> = count
+        .iter()
+        .filter(|(_, c)| **c == best)
+        .map(|(d, _)| *d)
+        .collect();
+    let majority = (tops.len() == 1).then(|| tops[0]);
+    let mut roots = Vec::new();
+    for (r, (d, _)) in &ep.descs {
+        if majority.is_some_and(|m| m == *d) {
+            continue;
+        }
+        let (pid, host) = info(*r, 0, "");
+        let reason = match majority {
+            Some(m) => format!(
+                "inconsistent call: {} where the others called {}",
+                desc_text(*d),
+                desc_text(m)
+            ),
+            None => format!("inconsistent call: {} (no majority)", desc_text(*d)),
+        };
+        let mut rc = root(*r, pid, host, reason, AnomalyClass::H2Inconsistent);
+        rc.observed_by = ep.witnesses.iter().copied().filter(|w| w != r).collect();
+        roots.push(rc);
+    }
+    let what = match majority {
+        Some(m) => format!("called differently from the majority ({})", desc_text(m)),
+        None => "called differently (no majority)".to_string(),
+    };
+    (roots, what)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,319 @@
+//! Failure records through the whole engine: exact class, root and observers.
+
+use std::time::Duration;
+
+use crate::engine::{Engine, EngineConfig};
+use crate::wire::{
+    AnomalyClass, ChannelStat, CollKind, DescriptorMismatch, FailureCause, Heartbeat, OpDescriptor,
+    OpRecord, OpState, OpTypeSet, PeerLost, RankMembership, TraceId,
+};
+
+const MS: u64 = 1_000_000;
+const S: u64 = 1_000 * MS;
+const T0: u64 = 1_000 * S;
+
+fn cfg() -> EngineConfig {
+    EngineConfig {
+        hang_threshold: Duration::from_secs(5),
+        silent_after: Duration::from_secs(2),
+        ..EngineConfig::default()
+    }
+}
+
+fn rec(comm: u64, c: u64, rank: u32, n: u32, state: OpState, coll: CollKind) -> OpRecord {
+    OpRecord {
+        trace: Some(TraceId {
+            comm_id: comm,
+            op_counter: c,
+            extension: 0,
+        }),
+        rank,
+        nranks: n,
+        host: format!("h{rank}"),
+        pid: 100 + rank,
+        op: Some(OpTypeSet {
+            collective: coll as i32,
+            bytes: 4096,
+            count: 1024,
+            dtype: 7,
+            redop: 0,
+            root: -1,
+            peer: -1,
+            n_channels: 1,
+            ..Default::default()
+        }),
+        start_ns: c * S,
+        duration_ns: MS,
+        channels: vec![ChannelStat::default()],
+        state: state as i32,
+        seq: c,
+        device: -1,
+        ..Default::default()
+    }
+}
+
+fn lost(comm: u64, c: u64, rank: u32, n: u32, dead: u32) -> OpRecord {
+    let mut r = rec(comm, c, rank, n, OpState::Failed, CollKind::AllReduce);
+    r.failure = FailureCause::PeerLost as i32;
+    r.peer_lost = Some(PeerLost {
+        rank: dead,
+        pid: 100 + dead,
+        host: format!("h{dead}"),
+        detail: "process exited".into(),
+    });
+    r
+}
+
+fn desc(seq: u64, coll: CollKind, count: u64) -> OpDescriptor {
+    OpDescriptor {
+        seq,
+        collective: coll as i32,
+        dtype: 7,
+        redop: 0,
+        count,
+        root: -1,
+    }
+}
+
+/// Healthy rounds 0..k on every rank, then everyone heartbeats.
+fn warm(e: &mut Engine, comm: u64, n: u32, k: u64, t: &mut u64) {
+    for c in 0..k {
+        for r in 0..n {
+            e.ingest(
+                &rec(comm, c, r, n, OpState::Completed, CollKind::AllReduce),
+                *t,
+            )
+            .unwrap();
+        }
+        *t += 10 * MS;
+    }
+    assert!(e.tick(*t).is_empty());
+}
+
+#[test]
+fn peer_lost_from_some_survivors_is_h1_process_exited_within_grace() {
+    for dead in [0u32, 2, 3] {
+        let mut e = Engine::new(cfg());
+        let mut t = T0;
+        warm(&mut e, 9, 4, 3, &mut t);
+        // Only two of the three survivors report; the dead rank sends nothing more.
+        let survivors: Vec<u32> = (0..4).filter(|r| *r != dead).take(2).collect();
+        let first = t;
+        for &s in &survivors {
+            e.ingest(&lost(9, 3, s, 4, dead), t).unwrap();
+            t += 20 * MS;
+        }
+        assert!(e.tick(t).is_empty(), "fires only after the grace");
+        let mut got = Vec::new();
+        let mut now = t;
+        while got.is_empty() && now < first + 2 * S {
+            now += 100 * MS;
+            got = e.tick(now);
+        }
+        assert_eq!(got.len(), 1, "dead {dead}: {got:?}");
+        let d = &got[0];
+        assert!(now - first <= 2 * S);
+        assert_eq!(d.class, AnomalyClass::H1NotEntered as i32);
+        assert_eq!(d.roots.len(), 1);
+        let r = &d.roots[0];
+        assert_eq!(r.rank, dead);
+        assert_eq!(r.pid, 100 + dead);
+        assert_eq!(r.host, format!("h{dead}"));
+        assert_eq!(r.reason, "process exited");
+        assert!(r.exited);
+        assert_eq!(r.observed_by, survivors);
+        assert_eq!(d.trace.unwrap().op_counter, 3);
+        let mut inc = e.take_incidents();
+        while inc.is_empty() && now < first + 2 * S {
+            now += 100 * MS;
+            assert!(e.tick(now).is_empty());
+            inc = e.take_incidents();
+        }
+        assert!(
+            now - first <= 2 * S,
+            "incident within 2 s of the first record"
+        );
+        assert_eq!(inc.len(), 1);
+        assert_eq!(inc[0].roots[0].rank, dead);
+        assert!(inc[0].roots[0].exited);
+        // Heartbeats of the dead rank stopped: no later hang / silent diagnosis repeats it.
+        for k in 1..30 {
+            let hb = Heartbeat {
+                host: "h".into(),
+                pid: 100 + survivors[0],
+                ranks: vec![RankMembership {
+                    comm_id: 9,
+                    rank: survivors[0],
+                    nranks: 4,
+                    last_op_counter: Some(3),
+                    last_p2p_counter: None,
+                }],
+                records_dropped: 0,
+                time_ns: 0,
+            };
+            e.heartbeat(&hb, now + k * S);
+            assert!(e.tick(now + k * S).is_empty());
+        }
+    }
+}
+
+#[test]
+fn survivors_that_exit_later_are_not_roots() {
+    let mut e = Engine::new(cfg());
+    let mut t = T0;
+    warm(&mut e, 1, 4, 2, &mut t);
+    e.ingest(&lost(1, 2, 0, 4, 2), t).unwrap();
+    // Rank 1 saw rank 2 die, then rank 0 exited too and rank 3 saw that.
+    e.ingest(&lost(1, 2, 1, 4, 2), t + MS).unwrap();
+    e.ingest(&lost(1, 2, 3, 4, 0), t + 2 * MS).unwrap();
+    let d = e.tick(t + S);
+    assert_eq!(d.len(), 1);
+    let roots: Vec<u32> = d[0].roots.iter().map(|r| r.rank).collect();
+    assert_eq!(roots, vec![2]);
+    assert_eq!(d[0].roots[0].observed_by, vec![0, 1]);
+}
+
+fn inconsistent(
+    comm: u64,
+    c: u64,
+    rank: u32,
+    n: u32,
+    local: OpDescriptor,
+    peer: u32,
+    remote: OpDescriptor,
+) -> OpRecord {
+    let mut r = rec(
+        comm,
+        c,
+        rank,
+        n,
+        OpState::Failed,
+        CollKind::try_from(local.collective).unwrap(),
+    );
+    r.failure = FailureCause::Inconsistent as i32;
+    r.mismatch = Some(DescriptorMismatch {
+        peer_rank: peer,
+        local: Some(local),
+        remote: Some(remote),
+        channel: 0,
+    });
+    r
+}
+
+#[test]
+fn inconsistent_call_names_the_minority_rank_and_victims_only_vote() {
+    for bad in [0u32, 1, 3] {
+        let n = 4;
+        let mut e = Engine::new(cfg());
+        let mut t = T0;
+        warm(&mut e, 5, n, 5, &mut t);
+        let good = desc(5, CollKind::AllReduce, 1024);
+        let wrong = desc(5, CollKind::AllGather, 256);
+        // Ring: bad's successor detects it; bad's own view comes from its predecessor.
+        let next = (bad + 1) % n;
+        let prev = (bad + n - 1) % n;
+        e.ingest(&inconsistent(5, 5, next, n, good, bad, wrong), t)
+            .unwrap();
+        e.ingest(&inconsistent(5, 5, bad, n, wrong, prev, good), t + MS)
+            .unwrap();
+        // The others are told by a peer: victims.
+        for r in (0..n).filter(|r| *r != next && *r != bad) {
+            let mut v = rec(5, 5, r, n, OpState::Failed, CollKind::AllReduce);
+            v.failure = FailureCause::PeerFailed as i32;
+            e.ingest(&v, t + 2 * MS).unwrap();
+        }
+        let d = e.tick(t + S);
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert_eq!(d[0].class, AnomalyClass::H2Inconsistent as i32);
+        let roots: Vec<u32> = d[0].roots.iter().map(|r| r.rank).collect();
+        assert_eq!(roots, vec![bad]);
+        assert!(d[0].roots[0].reason.contains("AllGather"));
+        assert!(d[0].roots[0].observed_by.contains(&next));
+    }
+}
+
+#[test]
+fn skipped_call_is_the_rank_whose_sequence_is_off() {
+    let n = 4;
+    let mut e = Engine::new(cfg());
+    let mut t = T0;
+    warm(&mut e, 6, n, 4, &mut t);
+    // Rank 2 skipped #4: its call is #5 while the others are in #4.
+    e.ingest(
+        &inconsistent(
+            6,
+            4,
+            3,
+            n,
+            desc(4, CollKind::AllReduce, 1024),
+            2,
+            desc(5, CollKind::AllReduce, 1024),
+        ),
+        t,
+    )
+    .unwrap();
+    for r in [0, 1] {
+        let mut v = rec(6, 4, r, n, OpState::Failed, CollKind::AllReduce);
+        v.failure = FailureCause::PeerFailed as i32;
+        e.ingest(&v, t).unwrap();
+    }
+    let d = e.tick(t + S);
+    assert_eq!(d.len(), 1);
+    assert_eq!(d[0].class, AnomalyClass::H2Inconsistent as i32);
+    assert_eq!(
+        d[0].roots.iter().map(|r| r.rank).collect::<Vec<_>>(),
+        vec![2]
+    );
+    assert_eq!(
+        d[0].roots[0].pid, 102,
+        "pid known from the rank's earlier records"
+    );
+}
+
+#[test]
+fn other_causes_are_classified_by_cause_and_abort_raises_nothing() {
+    let n = 2;
+    for (cause, class) in [
+        (FailureCause::InvalidUsage, Some(AnomalyClass::H1NotEntered)),
+        (FailureCause::Internal, Some(AnomalyClass::H3Hardware)),
+        (FailureCause::Aborted, None),
+    ] {
+        let mut e = Engine::new(cfg());
+        let mut t = T0;
+        warm(&mut e, 8, n, 2, &mut t);
+        let mut r = rec(8, 2, 1, n, OpState::Failed, CollKind::AllReduce);
+        r.failure = cause as i32;
+        e.ingest(&r, t).unwrap();
+        let mut a = rec(8, 2, 0, n, OpState::InFlight, CollKind::AllReduce);
+        a.duration_ns = 0;
+        e.ingest(&a, t).unwrap();
+        let d = e.tick(t + S);
+        match class {
+            Some(c) => {
+                assert_eq!(d.len(), 1);
+                assert_eq!(d[0].class, c as i32);
+                assert_ne!(d[0].class, AnomalyClass::H2Inconsistent as i32);
+                assert_eq!(d[0].roots[0].rank, 1);
+            }
+            None => assert!(d.is_empty(), "{d:?}"),
+        }
+    }
+}
+
+#[test]
+fn the_hang_of_the_failed_round_is_not_a_second_incident() {
+    let mut e = Engine::new(cfg());
+    let mut t = T0;
+    warm(&mut e, 3, 4, 2, &mut t);
+    // Ranks 0, 1 in flight in #2; rank 3 dead; rank 1 fails.
+    for r in [0, 1, 2] {
+        let mut x = rec(3, 2, r, 4, OpState::InFlight, CollKind::AllReduce);
+        x.duration_ns = 0;
+        e.ingest(&x, t).unwrap();
+    }
+    e.ingest(&lost(3, 2, 1, 4, 3), t + 100 * MS).unwrap();
+    let d = e.tick(t + S);
+    assert_eq!(d.len(), 1);
+    assert_eq!(d[0].roots[0].rank, 3);
+    assert!(e.tick(t + 10 * S).is_empty(), "hang of #2 absorbed");
+}

@@ -1,0 +1,357 @@
+//! Cross-communicator correlation: DP over 4 processes, TP pairs {0,1} and {2,3}.
+
+use std::time::Duration;
+
+use super::*;
+use crate::engine::{Engine, EngineConfig};
+use crate::wire::{
+    ChannelStat, CollKind, Heartbeat, OpRecord, OpState, OpTypeSet, RankMembership, RootCause,
+    TraceId,
+};
+
+const MS: u64 = 1_000_000;
+const S: u64 = 1_000 * MS;
+const T0: u64 = 1_000 * S;
+const DP: u64 = 0xd0;
+const TP: [u64; 2] = [0x70, 0x71];
+
+fn rec(comm: u64, c: u64, rank: u32, n: u32, pid: u32, state: OpState) -> OpRecord {
+    OpRecord {
+        trace: Some(TraceId {
+            comm_id: comm,
+            op_counter: c,
+            extension: 0,
+        }),
+        rank,
+        nranks: n,
+        host: "h".into(),
+        pid,
+        op: Some(OpTypeSet {
+            collective: CollKind::AllReduce as i32,
+            bytes: 1 << 20,
+            count: 1 << 18,
+            redop: 0,
+            root: -1,
+            peer: -1,
+            n_channels: 1,
+            ..Default::default()
+        }),
+        start_ns: c * S,
+        duration_ns: if state == OpState::InFlight { 0 } else { MS },
+        channels: vec![ChannelStat::default()],
+        state: state as i32,
+        seq: c,
+        device: -1,
+        ..Default::default()
+    }
+}
+
+fn pid(p: u32) -> u32 {
+    100 + p
+}
+
+/// Process p's records of one training step k: TP AllReduce #k, then DP AllReduce #k.
+fn step(e: &mut Engine, k: u64, t: u64, procs: &[u32]) {
+    for &p in procs {
+        e.ingest(
+            &rec(
+                TP[(p / 2) as usize],
+                k,
+                p % 2,
+                2,
+                pid(p),
+                OpState::Completed,
+            ),
+            t,
+        )
+        .unwrap();
+    }
+    for &p in procs {
+        e.ingest(&rec(DP, k, p, 4, pid(p), OpState::Completed), t)
+            .unwrap();
+    }
+}
+
+fn hb(e: &mut Engine, p: u32, dp_op: u64, tp_op: u64, t: u64) {
+    e.heartbeat(
+        &Heartbeat {
+            host: "h".into(),
+            pid: pid(p),
+            ranks: vec![
+                RankMembership {
+                    comm_id: DP,
+                    rank: p,
+                    nranks: 4,
+                    last_op_counter: Some(dp_op),
+                    last_p2p_counter: None,
+                },
+                RankMembership {
+                    comm_id: TP[(p / 2) as usize],
+                    rank: p % 2,
+                    nranks: 2,
+                    last_op_counter: Some(tp_op),
+                    last_p2p_counter: None,
+                },
+            ],
+            records_dropped: 0,
+            time_ns: 0,
+        },
+        t,
+    );
+}
+
+#[test]
+fn stopped_rank_is_the_one_root_and_its_tp_partner_is_a_victim() {
+    for stopped in [2u32, 0, 3] {
+        let partner = stopped ^ 1;
+        let cfg = EngineConfig {
+            hang_threshold: Duration::from_secs(2),
+            silent_after: Duration::from_secs(1),
+            ..EngineConfig::default()
+        };
+        let mut e = Engine::new(cfg);
+        let mut t = T0;
+        for k in 0..5 {
+            step(&mut e, k, t, &[0, 1, 2, 3]);
+            t += 50 * MS;
+        }
+        assert!(e.tick(t).is_empty());
+        // Step 5: `stopped` never starts. Its partner waits in TP #5; the other pair passed
+        // TP #5 and waits in DP #5.
+        let others: Vec<u32> = (0..4).filter(|p| p / 2 != stopped / 2).collect();
+        for &p in &others {
+            e.ingest(
+                &rec(
+                    TP[(p / 2) as usize],
+                    5,
+                    p % 2,
+                    2,
+                    pid(p),
+                    OpState::Completed,
+                ),
+                t,
+            )
+            .unwrap();
+            e.ingest(&rec(DP, 5, p, 4, pid(p), OpState::InFlight), t)
+                .unwrap();
+        }
+        e.ingest(
+            &rec(
+                TP[(partner / 2) as usize],
+                5,
+                partner % 2,
+                2,
+                pid(partner),
+                OpState::InFlight,
+            ),
+            t,
+        )
+        .unwrap();
+        let mut all = Vec::new();
+        let mut incidents = Vec::new();
+        for i in 1..60 {
+            let now = t + i * 100 * MS;
+            for p in (0..4).filter(|&p| p != stopped) {
+                let dp = if p == partner { 4 } else { 5 };
+                hb(&mut e, p, dp, 5, now);
+            }
+            all.extend(e.tick(now));
+            incidents.extend(e.take_incidents());
+        }
+        assert!(all.len() >= 2, "both communicators diagnose: {all:?}");
+        assert_eq!(incidents.len(), 1, "stopped {stopped}: {incidents:#?}");
+        let inc = &incidents[0];
+        assert_eq!(inc.roots.len(), 1, "{inc:#?}");
+        assert_eq!(inc.roots[0].pid, pid(stopped));
+        assert_eq!(
+            inc.roots[0].rank, stopped,
+            "rank of the DP (largest) communicator"
+        );
+        assert_eq!(inc.comm_id, DP);
+        assert!(inc.chain.len() >= 2, "{:?}", inc.chain);
+        assert!(inc
+            .chain
+            .last()
+            .unwrap()
+            .starts_with(&format!("root: rank {stopped} (pid {}", pid(stopped))));
+        assert!(inc.evidence.len() >= 2);
+    }
+}
+
+fn view() -> ProcView {
+    let mut v = ProcView::default();
+    for p in 0..4u32 {
+        let pr: Proc = ("h".into(), pid(p));
+        v.ranks.insert((DP, p), pr.clone());
+        v.ranks.insert((TP[(p / 2) as usize], p % 2), pr.clone());
+        v.procs.insert(
+            pr,
+            vec![
+                Member {
+                    comm_id: DP,
+                    rank: p,
+                    nranks: 4,
+                    waiting: None,
+                },
+                Member {
+                    comm_id: TP[(p / 2) as usize],
+                    rank: p % 2,
+                    nranks: 2,
+                    waiting: None,
+                },
+            ],
+        );
+    }
+    v
+}
+
+fn slow(comm: u64, rank: u32, p: u32, at: u64) -> Diagnosis {
+    slow_with(comm, rank, p, at, &[])
+}
+
+fn slow_with(comm: u64, rank: u32, p: u32, at: u64, durs: &[(u32, u64)]) -> Diagnosis {
+    Diagnosis {
+        evidence: Some(wire::Evidence {
+            ranks: durs
+                .iter()
+                .map(|&(rank, duration_ns)| wire::RankEvidence {
+                    rank,
+                    duration_ns,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }),
+        id: format!("{comm:x}-9-S1"),
+        class: AnomalyClass::S1ComputationSlow as i32,
+        roots: vec![RootCause {
+            rank,
+            pid: pid(p),
+            host: "h".into(),
+            reason: "computation late".into(),
+            class: AnomalyClass::S1ComputationSlow as i32,
+            ..Default::default()
+        }],
+        comm_id: comm,
+        trace: Some(TraceId {
+            comm_id: comm,
+            op_counter: 9,
+            extension: 0,
+        }),
+        detected_at_ns: at,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn slow_tp_partner_named_in_dp_is_followed_to_the_slow_rank() {
+    // DP names process 2 (it waited in TP for 3); TP {2,3} names process 3. Either order,
+    // within the hold: one incident, root process 3.
+    for tp_first in [false, true] {
+        let w = Duration::from_secs(2);
+        let mut inc = Incidents::default();
+        let v = view();
+        // DP: 2 and 3 both arrive late (3 a little earlier), 0 and 1 wait ~20 ms.
+        let dp = slow_with(
+            DP,
+            2,
+            2,
+            T0,
+            &[(0, 20 * MS), (1, 20 * MS), (2, MS), (3, MS + MS / 10)],
+        );
+        // TP {2,3}: 2 waited for the slow 3.
+        let tp = slow_with(TP[1], 1, 3, T0 + S, &[(0, 19 * MS), (1, MS / 2)]);
+        if tp_first {
+            inc.add(std::slice::from_ref(&tp), &v, w);
+            inc.add(std::slice::from_ref(&dp), &v, w);
+        } else {
+            inc.add(std::slice::from_ref(&dp), &v, w);
+            inc.flush(T0 + S / 2);
+            assert!(inc.take().is_empty(), "held");
+            inc.add(std::slice::from_ref(&tp), &v, w);
+        }
+        inc.flush(T0 + 10 * S);
+        let got = inc.take();
+        assert_eq!(got.len(), 1, "{got:#?}");
+        assert_eq!(got[0].roots.len(), 1);
+        assert_eq!(got[0].roots[0].pid, pid(3));
+        assert_eq!(got[0].roots[0].rank, 3);
+        assert_eq!(got[0].comm_id, DP);
+        assert_eq!(got[0].class, AnomalyClass::S1ComputationSlow as i32);
+    }
+}
+
+#[test]
+fn unrelated_anomalies_stay_separate_incidents() {
+    let mut inc = Incidents::default();
+    let v = view();
+    // Process 0 slow in TP0, process 3 slow in TP1: different roots, two incidents.
+    inc.add(
+        &[slow(TP[0], 0, 0, T0), slow(TP[1], 1, 3, T0)],
+        &v,
+        Duration::from_secs(1),
+    );
+    inc.flush(T0 + 5 * S);
+    let got = inc.take();
+    let mut pids: Vec<u32> = got.iter().map(|i| i.roots[0].pid).collect();
+    pids.sort_unstable();
+    assert_eq!(pids, vec![pid(0), pid(3)]);
+}
+
+#[test]
+fn adopt_ids_copies_service_ids() {
+    let d = slow(DP, 2, 2, T0);
+    let mut i = from_diagnosis(&d);
+    let mut served = d.clone();
+    served.id = "s0-1".into();
+    served.shard = "a:1".into();
+    adopt_ids(&mut i, &[served]);
+    assert_eq!(i.evidence[0].id, "s0-1");
+    assert_eq!(i.evidence[0].shard, "a:1");
+}
+
+#[test]
+fn a_rank_waiting_in_another_communicator_is_followed_there() {
+    // DP #7 waits for 2 and 3; 3 is in flight in TP1 #4 waiting for TP rank 0 (process 2),
+    // which is in flight nowhere: root 2 only, even with no TP diagnosis.
+    let mut v = view();
+    let p3: Proc = ("h".into(), pid(3));
+    v.procs.get_mut(&p3).unwrap()[1].waiting = Some((4, CollKind::AllReduce as i32, vec![0]));
+    let d = Diagnosis {
+        id: "d0-7-H1".into(),
+        class: AnomalyClass::H1NotEntered as i32,
+        roots: [2u32, 3]
+            .iter()
+            .map(|&r| RootCause {
+                rank: r,
+                pid: pid(r),
+                host: "h".into(),
+                reason: "not entered".into(),
+                class: AnomalyClass::H1NotEntered as i32,
+                ..Default::default()
+            })
+            .collect(),
+        comm_id: DP,
+        trace: Some(TraceId {
+            comm_id: DP,
+            op_counter: 7,
+            extension: 0,
+        }),
+        detected_at_ns: T0,
+        ..Default::default()
+    };
+    let mut inc = Incidents::default();
+    inc.add(&[d], &v, Duration::from_secs(1));
+    inc.flush(T0);
+    let got = inc.take();
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        got[0].roots.iter().map(|r| r.pid).collect::<Vec<_>>(),
+        vec![pid(2)]
+    );
+    assert_eq!(got[0].roots[0].rank, 2);
+    assert_eq!(got[0].chain.len(), 3, "{:?}", got[0].chain);
+    assert!(got[0].chain[0].contains("AllReduce #7 waits for ranks 2, 3"));
+    assert!(got[0].chain[1].contains("rank 3 is in comm 0x0000000000000071 (2 ranks) AllReduce #4 (as rank 1) waiting for rank 0"));
+    assert!(got[0].chain[2].starts_with("root: rank 2 (pid 102, host h)"));
+}
