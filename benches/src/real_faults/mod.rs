@@ -156,6 +156,23 @@ pub enum Expect {
 }
 
 impl Expect {
+    /// Whether `i` is a right diagnosis on its own: an accepted class, exactly the roots
+    /// (and the `exited` flag when required). Never true for [`Expect::Nothing`].
+    pub fn matches(&self, i: &Incident) -> bool {
+        match self {
+            Expect::Nothing => false,
+            Expect::Incident {
+                classes,
+                roots,
+                exited,
+            } => {
+                classes.contains(&i.class.as_str())
+                    && &i.roots == roots
+                    && exited.is_none_or(|e| e == i.exited)
+            }
+        }
+    }
+
     /// `H1 [2] exited` / `nothing`.
     pub fn describe(&self) -> String {
         match self {
@@ -324,14 +341,8 @@ pub fn verdict(want: &Expect, seen: &[Incident]) -> Verdict {
     };
     let pass = match want {
         Expect::Nothing => seen.is_empty(),
-        Expect::Incident {
-            classes,
-            roots,
-            exited,
-        } => seen.first().is_some_and(|first| {
-            classes.contains(&first.class.as_str())
-                && &first.roots == roots
-                && exited.is_none_or(|e| e == first.exited)
+        Expect::Incident { roots, .. } => seen.first().is_some_and(|first| {
+            want.matches(first)
                 && seen
                     .iter()
                     .all(|i| i.roots.iter().all(|r| roots.contains(r)))

@@ -413,23 +413,30 @@ fn observe(
         at
     };
     let fault_instant = Instant::now();
-    let mut first_seen: Option<(Instant, u64)> = None;
+    let want = case.expected();
+    // When the harness first saw any incident, and the right one (with its time stamp).
+    let mut first_seen: Option<Instant> = None;
+    let mut right_seen: Option<(Instant, u64)> = None;
     let mut exited_at: Option<Instant> = None;
     let last = loop {
         std::thread::sleep(Duration::from_millis(250));
         let last = source.read(env);
         let now = Instant::now();
         if let Ok(seen) = &last {
-            if first_seen.is_none() {
-                if let Some(i) = seen.first() {
-                    first_seen = Some((now, i.detected_at_ns));
-                }
+            if first_seen.is_none() && !seen.is_empty() {
+                first_seen = Some(now);
+            }
+            if right_seen.is_none() {
+                right_seen = seen
+                    .iter()
+                    .find(|i| want.matches(i))
+                    .map(|i| (now, i.detected_at_ns));
             }
         }
         if exited_at.is_none() && job.exited().is_some() {
             exited_at = Some(now);
         }
-        let settled = first_seen.is_some_and(|(t, _)| now - t >= SETTLE);
+        let settled = first_seen.is_some_and(|t| now - t >= SETTLE);
         // Under the embedded analyzer nothing can come once every process is gone.
         let gone =
             case.analyzer == Analyzer::Embedded && exited_at.is_some_and(|t| now - t >= SETTLE);
@@ -442,10 +449,10 @@ fn observe(
         let _ = d.join();
     }
     let seen = last?;
-    let delay = first_seen.map(|(seen_at, detected_ns)| {
-        // The analyzer's own time stamp when it is plausible (same host clock), else when
-        // the harness saw the incident.
-        if detected_ns > fault_at && detected_ns - fault_at < 600_000_000_000 {
+    // Fault to the right diagnosis: the analyzer's own time stamp when it is plausible
+    // (same host clock), else when the harness saw it.
+    let delay = right_seen.map(|(seen_at, detected_ns)| {
+        if detected_ns >= fault_at && detected_ns - fault_at < 600_000_000_000 {
             Duration::from_nanos(detected_ns - fault_at)
         } else {
             seen_at - fault_instant
