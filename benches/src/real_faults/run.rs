@@ -160,6 +160,23 @@ impl Job {
         self.child.try_wait().ok().flatten()
     }
 
+    /// Every rank process has ended (rank 0's is the client itself; the others may outlive
+    /// it). A zombie counts as ended.
+    fn all_gone(&mut self) -> bool {
+        if self.exited().is_none() {
+            return false;
+        }
+        self.seen(|s| s.pids.values().copied().collect::<Vec<_>>())
+            .into_iter()
+            .all(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |st| {
+                    // "pid (comm) S ...": the state follows the last ')'.
+                    st.rsplit_once(')')
+                        .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X']))
+                })
+            })
+    }
+
     fn stderr_tail(&self) -> String {
         let s = std::fs::read_to_string(&self.stderr).unwrap_or_default();
         let lines: Vec<&str> = s.lines().collect();
@@ -433,7 +450,7 @@ fn observe(
                     .map(|i| (now, i.detected_at_ns));
             }
         }
-        if exited_at.is_none() && job.exited().is_some() {
+        if exited_at.is_none() && job.all_gone() {
             exited_at = Some(now);
         }
         let settled = first_seen.is_some_and(|t| now - t >= SETTLE);
