@@ -8,7 +8,9 @@
 //!
 //! The full matrix ({embedded, serve} x {4, 8} ranks x 6 faults x roots {0, n/2, n-1} and
 //! the clean runs) runs with `CCLD_REAL_FAULTS_FULL=1` in `full_matrix`, printing the
-//! accuracy table; `cargo run --release -p benches --bin real-faults` does the same.
+//! accuracy table (`CCLD_REAL_FAULTS_FULL=1 cargo test --release -p benches --test
+//! real_faults full_matrix -- --nocapture`: longer than nextest's per-test limit);
+//! `cargo run --release -p benches --bin real-faults` does the same.
 //!
 //! Without gcc, pip or network for NVIDIA's header the cases fail when `CI=true` and skip
 //! loudly otherwise.
