@@ -8,3 +8,6 @@
 pub mod analyzer_util;
 /// End-to-end harness (ranks as threads, `CCLD_INJECT`, embedded analyzer) shared by e2e tests.
 pub mod e2e_harness;
+/// Real faults (issue 17): the independent C client, OS-level faults, incidents as a user
+/// reads them, verdicts and the accuracy table.
+pub mod real_faults;
