@@ -325,7 +325,15 @@ pub fn device_api(hint: Option<i32>) -> Result<std::result::Result<ApiOnDevice, 
     let emulation = crate::env::bool_or(ENV_EMULATION, false)?;
     Ok(match decide(backend, emulation, hint, &cuda_probe)? {
         Decision::Host(why) => Err(why),
-        Decision::Emulated(d) => Ok((super::emu::global(), d)),
+        Decision::Emulated(d) => {
+            let emu = super::emu::global();
+            // Without a hint, the calling thread's current (emulated) device, as on CUDA.
+            let d = match hint {
+                Some(_) => d,
+                None => emu.current_device()?,
+            };
+            Ok((emu, d))
+        }
         Decision::Cuda(d) => Ok((Arc::new(CudaApi), d)),
     })
 }
