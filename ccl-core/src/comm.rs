@@ -342,6 +342,7 @@ impl Comm {
         }
         note_algo_proto_env()?;
         self.check_same_tuning(&boot)?;
+        self.check_same_backend(&boot)?;
         let pre = lock(&self.dev_pre).take();
         if let Some(pre) = pre {
             return self.attach_device(boot, pre);
@@ -551,6 +552,17 @@ impl Comm {
             }
         }
         Ok(())
+    }
+
+    /// Every rank must have chosen the same backend (issue 15, blocker 2): one allgather.
+    fn check_same_backend(&self, boot: &Bootstrap) -> Result<()> {
+        use crate::device::agree::{check_agreement, BackendCode};
+        let code = match &*lock(&self.dev_pre) {
+            None => BackendCode::Host,
+            Some(p) if p.api.is_emulated() => BackendCode::Emulated,
+            Some(_) => BackendCode::Cuda,
+        };
+        check_agreement(&boot.allgather(&[code as u8])?, self.rank)
     }
 
     fn set_life(&self, l: Life) {
