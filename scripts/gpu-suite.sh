@@ -21,7 +21,16 @@
 # Part (e) needs python3 with torch built for CUDA (pip install torch); without it that part
 # is recorded as not run.
 #
+# NVIDIA's nccl-tests (part n): scripts/gpu/build-nccl-tests.sh --lib target/release/libnccl.so.2
+#       -> target/nccl-tests/bin/*_perf (built with the pinned nvcc, cudart static; copy
+#          that directory along, or point --nccl-tests at it)
+#
 # Parts (each PASS / FAIL / not run in the results file; exit status 1 if any FAILed):
+#   (n) part one: NVIDIA's nccl-tests 2.19.6, each of the 11 binaries on our libnccl.so.2
+#       (ldd recorded), -g 1 and -g <all GPUs> when there are >= 2 (one thread creating
+#       every rank in one group: the deferred grouped init), data checked (-c 1); then
+#       all_reduce_perf -G 1 (CUDA graph capture), which must be refused cleanly
+#       (ncclInvalidUsage, no hang, no crash) until graph capture is supported;
 #   (a) device_selftest: kernel-level, every collective on 1/2/4/8 ranks sharing the GPU,
 #       results + probe counters, AllReduce busbw vs the device copy bandwidth;
 #   (b) device_matrix: the device RUNTIME's correctness matrix (ranks as threads, 1/2/4/8,
@@ -40,16 +49,16 @@
 #       each with a device communicator, the embedded analyzer, one CCLD_INJECT anomaly per
 #       class S1/S2/S3/H1/H2/H3 at a non-zero root (faults in the kernel / runtime, wait
 #       times from the kernel's global timer); class and rank RIGHT / WRONG per case.
-# --kernels-only runs (a) only. --only a,b,... runs the named parts (to split a run over
+# --kernels-only runs (a) only. --only n,a,b,... runs the named parts (to split a run over
 # several commands: give each its own --out). --quick: smaller matrices and sizes.
 #
 # Usage: scripts/gpu-suite.sh [--kernels-only] [--only PARTS] [--quick] [--out FILE]
-#                             [--bin-dir DIR]
+#                             [--bin-dir DIR] [--nccl-tests DIR]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-parts="a,b,c,d,e,f"; quick=(); out=""; bin=target/release
+parts="n,a,b,c,d,e,f"; quick=(); out=""; bin=target/release; nt=target/nccl-tests/bin
 usage() {
-  echo "usage: $0 [--kernels-only] [--only a,b,c,d,e,f] [--quick] [--out FILE] [--bin-dir DIR]" >&2
+  echo "usage: $0 [--kernels-only] [--only n,a,b,c,d,e,f] [--quick] [--out FILE] [--bin-dir DIR] [--nccl-tests DIR]" >&2
   exit 2
 }
 while [ $# -gt 0 ]; do
@@ -59,11 +68,12 @@ while [ $# -gt 0 ]; do
     --quick) quick=(--quick) ;;
     --out) [ $# -ge 2 ] || usage; out="$2"; shift ;;
     --bin-dir) [ $# -ge 2 ] || usage; bin="$2"; shift ;;
+    --nccl-tests) [ $# -ge 2 ] || usage; nt="$2"; shift ;;
     *) usage ;;
   esac
   shift
 done
-case ",$parts," in *[!abcdef,]*) usage ;; esac
+case ",$parts," in *[!abcdefn,]*) usage ;; esac
 want() { case ",$parts," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 
 day=$(date -u +%Y-%m-%d)
@@ -75,6 +85,7 @@ export CCLD_BOOTSTRAP_IP=${CCLD_BOOTSTRAP_IP:-127.0.0.1}
 unset CCLD_DEVICE_EMULATION
 
 [ -d "$bin" ] && bin=$(cd "$bin" && pwd)
+[ -d "$nt" ] && nt=$(cd "$nt" && pwd)
 selftest=$bin/examples/device_selftest
 matrix=$bin/examples/device_matrix
 diagnosis=$bin/examples/device_diagnosis
@@ -115,6 +126,39 @@ summary_block() {
   { echo; echo '```'; grep -v '^PASS' "$1" | head -200; echo '```'; } >> "$out"
   echo "$(grep -c '^PASS' "$1") cases passed." >> "$out"
 }
+
+# (n) NVIDIA's nccl-tests on our library.
+if want n; then
+  section "(n) NVIDIA nccl-tests 2.19.6 on our libnccl.so.2"
+  if need "$lib" "$nt/all_reduce_perf"; then
+    maxb=64M; [ ${#quick[@]} -gt 0 ] && maxb=1M
+    echo "\`ldd all_reduce_perf\`: $(LD_LIBRARY_PATH="$bin" ldd "$nt/all_reduce_perf" | grep -m1 libnccl | tr -s ' \t' ' ')" >> "$out"
+    echo >> "$out"
+    echo "| binary | -g | result | library | avg busbw (GB/s) | out of bounds |" >> "$out"
+    echo "|---|---:|---|---|---:|---|" >> "$out"
+    gs=(1); [ "${ngpu:-0}" -ge 2 ] && gs+=("$ngpu")
+    for t in "$nt"/*_perf; do
+      name=$(basename "$t")
+      for g in "${gs[@]}"; do
+        f="$log/nt_${name}_g$g.txt"
+        LD_LIBRARY_PATH="$bin" timeout 300 "$t" -b 8 -e "$maxb" -f 4 -g "$g" -c 1 -w 2 -n 5 > "$f" 2>&1; rc=$?
+        [ $rc = 0 ] || fail=1
+        echo "| $name | $g | $(pass_fail $rc) | $(grep -m1 -o 'nccl-library=[0-9]*' "$f" || echo '?') | $(grep -m1 'Avg bus bandwidth' "$f" | awk '{print $NF}') | $(grep -m1 'Out of bounds' "$f" | sed 's/.*: *//') |" >> "$out"
+        cat "$f" >> "$log/nccl-tests.txt"
+      done
+    done
+    # CUDA graph capture: refused with ncclInvalidUsage until supported (no hang, no crash).
+    f="$log/nt_graph.txt"
+    LD_LIBRARY_PATH="$bin" timeout 120 "$nt/all_reduce_perf" -b 1M -e 1M -g 1 -G 1 > "$f" 2>&1; rc=$?
+    cat "$f" >> "$log/nccl-tests.txt"
+    if [ $rc != 0 ] && [ $rc -lt 124 ] && grep -qi 'invalid usage' "$f"; then
+      { echo; echo "all_reduce_perf -G 1 (graph capture): **PASS** (refused with invalid usage, exit $rc)"; } >> "$out"
+    else
+      { echo; echo "all_reduce_perf -G 1 (graph capture): **FAIL** (exit $rc; expected a clean ncclInvalidUsage refusal)"; } >> "$out"
+      fail=1
+    fi
+  fi
+fi
 
 # (a) Kernel-level self-test.
 if want a; then
@@ -271,7 +315,7 @@ if want f; then
   fi
 fi
 
-for f in selftest matrix procs procs-staged diagnosis; do
+for f in nccl-tests selftest matrix procs procs-staged diagnosis; do
   [ -s "$log/$f.txt" ] || continue
   section "Full log: $f"
   { echo '<details><summary>'"$f"'.txt</summary>'; echo; echo '```'; cat "$log/$f.txt"; echo '```'; echo '</details>'; } >> "$out"

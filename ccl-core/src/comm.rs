@@ -347,6 +347,7 @@ impl Comm {
         }
         note_algo_proto_env()?;
         self.check_same_tuning(&boot)?;
+        self.check_same_backend(&boot)?;
         let pre = lock(&self.dev_pre).take();
         if let Some(pre) = pre {
             return self.attach_device(boot, pre);
@@ -573,6 +574,17 @@ impl Comm {
         Ok(())
     }
 
+    /// Every rank must have chosen the same backend (issue 15, blocker 2): one allgather.
+    fn check_same_backend(&self, boot: &Bootstrap) -> Result<()> {
+        use crate::device::agree::{check_agreement, BackendCode};
+        let code = match &*lock(&self.dev_pre) {
+            None => BackendCode::Host,
+            Some(p) if p.api.is_emulated() => BackendCode::Emulated,
+            Some(_) => BackendCode::Cuda,
+        };
+        check_agreement(&boot.allgather(&[code as u8])?, self.rank)
+    }
+
     fn set_life(&self, l: Life) {
         *lock(&self.life) = l;
         self.life_cv.notify_all();
@@ -632,6 +644,32 @@ impl Comm {
         Self::init_rank_dev(nranks, id, rank, cfg, 0, None)
     }
 
+    /// `ncclCommInitRank(Config)` called inside a group (see [`crate::group::init_rank`]):
+    /// the backend and device are chosen now, on the calling thread (NCCL programs call
+    /// `cudaSetDevice` before each grouped init), and the rest of init (bootstrap, FIFOs)
+    /// runs on an init thread, so one thread can create several ranks of one communicator.
+    /// Returns the communicator and whether the caller asked for a blocking one (the
+    /// outermost `ncclGroupEnd` then waits for it with [`Comm::wait_init_result`]).
+    pub(crate) fn init_rank_in_group(
+        nranks: i32,
+        id: UniqueId,
+        rank: i32,
+        cfg: CommConfig,
+    ) -> Result<(Arc<Comm>, bool)> {
+        let blocking = blocking(&cfg)?;
+        let comm = Self::init_rank_inner(nranks, id, rank, cfg, 0, None, false)?;
+        Ok((comm, blocking))
+    }
+
+    /// Waits until init finished (successfully or not) and returns its outcome.
+    pub(crate) fn wait_init_result(&self) -> Result<()> {
+        self.wait_init();
+        match &*lock(&self.life) {
+            Life::Failed(e) => Err(e.clone()),
+            _ => Ok(()),
+        }
+    }
+
     fn init_rank_dev(
         nranks: i32,
         id: UniqueId,
@@ -639,6 +677,19 @@ impl Comm {
         cfg: CommConfig,
         device: i32,
         device_hint: Option<i32>,
+    ) -> Result<Arc<Comm>> {
+        let blocking = blocking(&cfg)?;
+        Self::init_rank_inner(nranks, id, rank, cfg, device, device_hint, blocking)
+    }
+
+    fn init_rank_inner(
+        nranks: i32,
+        id: UniqueId,
+        rank: i32,
+        cfg: CommConfig,
+        device: i32,
+        device_hint: Option<i32>,
+        blocking: bool,
     ) -> Result<Arc<Comm>> {
         if nranks < 1 {
             return Err(CclError::arg(format!("nranks {nranks} must be at least 1")));
@@ -648,7 +699,6 @@ impl Comm {
                 "rank {rank} is out of range for nranks {nranks}"
             )));
         }
-        let blocking = blocking(&cfg)?;
         let comm = Arc::new(Comm::new_unready(
             nranks as usize,
             rank as usize,

@@ -55,6 +55,8 @@ struct GroupState {
     depth: usize,
     /// (communicator, operation, stream).
     queued: Vec<(Arc<Comm>, Valid, usize)>,
+    /// Communicators whose init was called in this group: (communicator, blocking).
+    inits: Vec<(Arc<Comm>, bool)>,
 }
 
 thread_local! {
@@ -257,7 +259,31 @@ pub fn group_start() -> Result<()> {
     Ok(())
 }
 
-/// `ncclGroupEnd`: launches and completes everything queued since the outermost start.
+/// `ncclCommInitRank(Config)`: outside a group, creates the communicator at once (see
+/// [`Comm::init_rank`]); inside a group, as NCCL does, the init completes at the outermost
+/// `ncclGroupEnd`, so that one thread can create several ranks of one communicator (NCCL's
+/// tests with `-g 2`, or several ranks on one device). The backend and device are taken
+/// from the calling thread at the call; bootstrap and connection run on an init thread per
+/// rank, and `ncclGroupEnd` waits for the blocking ones and returns the first init error.
+/// A non-blocking communicator (`config.blocking = 0`) is not waited for: its
+/// `ncclCommGetAsyncError` says `ncclInProgress` until it is ready, and `ncclGroupEnd`
+/// returns `ncclInProgress` while any is still initialising.
+pub fn init_rank(
+    nranks: i32,
+    id: crate::bootstrap::UniqueId,
+    rank: i32,
+    cfg: crate::comm::CommConfig,
+) -> Result<Arc<Comm>> {
+    if group_depth() == 0 {
+        return Comm::init_rank(nranks, id, rank, cfg);
+    }
+    let (comm, blocking) = Comm::init_rank_in_group(nranks, id, rank, cfg)?;
+    GROUP.with(|g| g.borrow_mut().inits.push((Arc::clone(&comm), blocking)));
+    Ok(comm)
+}
+
+/// `ncclGroupEnd`: completes the communicator inits of the group, then launches and
+/// completes everything queued since the outermost start.
 pub fn group_end() -> Result<()> {
     let batch = GROUP.with(|g| {
         let mut g = g.borrow_mut();
@@ -267,7 +293,10 @@ pub fn group_end() -> Result<()> {
             )),
             1 => {
                 g.depth = 0;
-                Ok(Some(std::mem::take(&mut g.queued)))
+                Ok(Some((
+                    std::mem::take(&mut g.inits),
+                    std::mem::take(&mut g.queued),
+                )))
             }
             _ => {
                 g.depth -= 1;
@@ -275,9 +304,37 @@ pub fn group_end() -> Result<()> {
             }
         }
     })?;
-    match batch {
-        Some(ops) if !ops.is_empty() => run_batch(ops),
-        _ => Ok(()),
+    let Some((inits, ops)) = batch else {
+        return Ok(());
+    };
+    let init_result = finish_inits(&inits);
+    let run_result = if ops.is_empty() {
+        Ok(())
+    } else {
+        run_batch(ops)
+    };
+    init_result.and(run_result)
+}
+
+/// Waits for the blocking inits of a group (all of them, even after a failure, so that no
+/// init thread is left behind unobserved); the first error wins. `InProgress` when a
+/// non-blocking one is still initialising.
+fn finish_inits(inits: &[(Arc<Comm>, bool)]) -> Result<()> {
+    let mut first_err: Option<CclError> = None;
+    let mut pending = false;
+    for (comm, blocking) in inits {
+        if *blocking {
+            if let Err(e) = comm.wait_init_result() {
+                first_err.get_or_insert(e);
+            }
+        } else if matches!(comm.async_error(), Err(CclError::InProgress)) {
+            pending = true;
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None if pending => Err(CclError::InProgress),
+        None => Ok(()),
     }
 }
 

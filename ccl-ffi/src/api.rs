@@ -190,7 +190,8 @@ unsafe fn init_rank(
         cfg.comm_name.as_deref().unwrap_or("")
     );
     let nonblocking = cfg.blocking == Some(false);
-    let comm = Comm::init_rank(nranks, id, rank, cfg)?;
+    // Inside ncclGroupStart/End the init completes at the outermost ncclGroupEnd.
+    let comm = ccl_core::group::init_rank(nranks, id, rank, cfg)?;
     let h = handles::register(comm.clone());
     // SAFETY: forwarded caller contract (checked non-null above).
     unsafe { put(out, h, "comm")? };
@@ -262,13 +263,14 @@ fn collective(
 // Library
 
 export! {
-    /// Allocates host memory usable as NCCL buffers (page-aligned, zeroed).
+    /// Allocates memory usable as NCCL buffers: device memory of the current device when
+    /// the device backend is in use, page-aligned zeroed host memory otherwise.
     fn ncclMemAlloc / pncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> NcclResult {
         call("ncclMemAlloc", || {
             if ptr.is_null() {
                 return Err(CclError::arg("ptr is NULL"));
             }
-            let p = mem::alloc(size)?;
+            let p = mem::alloc(size)?.ptr;
             // SAFETY: `ptr` is non-null and writable (caller's contract).
             unsafe { put(ptr, p as *mut c_void, "ptr") }
         })

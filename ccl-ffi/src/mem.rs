@@ -1,20 +1,88 @@
-//! `ncclMemAlloc` / `ncclMemFree` on the host backend: zeroed, page-aligned host memory,
-//! tracked so that freeing an unknown pointer is an error instead of a crash.
+//! `ncclMemAlloc` / `ncclMemFree`. Where a communicator created now on the calling thread
+//! would use the device backend (CUDA, or the CPU emulator with `CCLD_DEVICE_EMULATION=1`),
+//! the memory is device memory of the calling thread's current device, as NCCL returns
+//! (NVIDIA's nccl-tests allocate every buffer this way and hand it to kernels). Otherwise it
+//! is zeroed, page-aligned host memory for the host backend. Every allocation is tracked,
+//! so that freeing an unknown pointer is an error instead of a crash, and each is freed by
+//! the API that made it.
 
 use std::alloc::Layout;
 use std::collections::HashMap;
-use std::sync::{LazyLock, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 
+use ccl_core::device::api::DeviceApi;
+use ccl_core::device::runtime::device_api;
 use ccl_core::{CclError, Result};
 
 /// Alignment and size granularity (`NCCL_WIN_REQUIRED_ALIGNMENT`, the x86-64 page size).
 pub const GRANULARITY: usize = 4096;
 
-static ALLOCS: LazyLock<Mutex<HashMap<usize, Layout>>> =
+/// Where an allocation lives.
+#[derive(Debug)]
+enum Alloc {
+    /// Host memory of [`alloc_host`].
+    Host(Layout),
+    /// Device memory of `api` (freed by it, whatever the current device is then).
+    Device(Arc<dyn DeviceApi>),
+}
+
+static ALLOCS: LazyLock<Mutex<HashMap<usize, Alloc>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
 
-/// Allocates at least `size` bytes (rounded up to [`GRANULARITY`]), zeroed.
-pub fn alloc(size: usize) -> Result<usize> {
+/// What [`alloc`] returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Allocation {
+    /// The address (device address for device memory).
+    pub ptr: usize,
+    /// The device of device memory; `None` for host memory.
+    pub device: Option<i32>,
+}
+
+/// `ncclMemAlloc`: device memory on the calling thread's current device when the device
+/// backend is in use (see the module doc), host memory otherwise; at least `size` bytes
+/// (rounded up to [`GRANULARITY`]).
+pub fn alloc(size: usize) -> Result<Allocation> {
+    let rounded = round(size)?;
+    match device_api(None)? {
+        Ok((api, _)) => {
+            // The calling thread's current device (NCCL programs cudaSetDevice first).
+            let device = api.current_device()?;
+            let p = api.malloc(rounded).map_err(|e| {
+                CclError::System(format!(
+                    "ncclMemAlloc: cannot allocate {rounded} bytes on {} device {device}: {e}",
+                    api.name()
+                ))
+            })?;
+            tracing::debug!(target: "nccl::ALLOC",
+                "ncclMemAlloc {rounded} bytes of {} device {device} memory at {p:#x}", api.name());
+            lock().insert(p, Alloc::Device(api));
+            Ok(Allocation {
+                ptr: p,
+                device: Some(device),
+            })
+        }
+        Err(_host) => Ok(Allocation {
+            ptr: alloc_host(size)?,
+            device: None,
+        }),
+    }
+}
+
+fn lock() -> std::sync::MutexGuard<'static, HashMap<usize, Alloc>> {
+    ALLOCS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn round(size: usize) -> Result<usize> {
+    if size == 0 {
+        return Err(CclError::arg("size is 0"));
+    }
+    size.checked_next_multiple_of(GRANULARITY)
+        .filter(|r| *r <= isize::MAX as usize)
+        .ok_or_else(|| CclError::arg(format!("size {size} is too large")))
+}
+
+/// Allocates at least `size` bytes of host memory (rounded up to [`GRANULARITY`]), zeroed.
+pub fn alloc_host(size: usize) -> Result<usize> {
     if size == 0 {
         return Err(CclError::arg("size is 0"));
     }
@@ -30,31 +98,30 @@ pub fn alloc(size: usize) -> Result<usize> {
             "cannot allocate {rounded} bytes of host memory"
         )));
     }
-    ALLOCS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(p as usize, layout);
+    lock().insert(p as usize, Alloc::Host(layout));
     Ok(p as usize)
 }
 
-/// Frees memory from [`alloc`]. Null is a no-op; any other unknown pointer is an error.
+/// Frees memory from [`alloc`] / [`alloc_host`]. Null is a no-op; any other unknown
+/// pointer is an error.
 pub fn free(ptr: usize) -> Result<()> {
     if ptr == 0 {
         return Ok(());
     }
-    let layout = ALLOCS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .remove(&ptr)
-        .ok_or_else(|| {
-            CclError::arg(format!(
-                "pointer {ptr:#x} was not returned by ncclMemAlloc (or was already freed)"
-            ))
-        })?;
-    // SAFETY: `ptr` was returned by `alloc_zeroed` with exactly `layout` and has just been
-    // removed from the table, so it is freed once.
-    unsafe { std::alloc::dealloc(ptr as *mut u8, layout) };
-    Ok(())
+    let a = lock().remove(&ptr).ok_or_else(|| {
+        CclError::arg(format!(
+            "pointer {ptr:#x} was not returned by ncclMemAlloc (or was already freed)"
+        ))
+    })?;
+    match a {
+        Alloc::Host(layout) => {
+            // SAFETY: `ptr` was returned by `alloc_zeroed` with exactly `layout` and has
+            // just been removed from the table, so it is freed once.
+            unsafe { std::alloc::dealloc(ptr as *mut u8, layout) };
+            Ok(())
+        }
+        Alloc::Device(api) => api.free(ptr),
+    }
 }
 
 #[cfg(test)]
@@ -63,7 +130,7 @@ mod tests {
 
     #[test]
     fn alloc_free_cycle() {
-        let p = alloc(10).unwrap();
+        let p = alloc_host(10).unwrap();
         assert_eq!(p % GRANULARITY, 0);
         // SAFETY: p points to at least GRANULARITY zeroed bytes owned by this test.
         let s = unsafe { std::slice::from_raw_parts_mut(p as *mut u8, GRANULARITY) };
@@ -74,6 +141,8 @@ mod tests {
         assert_eq!(e.code() as i32, 4);
         assert!(free(0x1234).is_err());
         free(0).unwrap();
+        assert!(alloc_host(0).is_err());
+        assert!(alloc_host(usize::MAX).is_err());
         assert!(alloc(0).is_err());
         assert!(alloc(usize::MAX).is_err());
     }

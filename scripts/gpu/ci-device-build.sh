@@ -15,7 +15,13 @@
 #      --procs 2 (two processes, each with its own emulated device, FIFOs in host-staged
 #      shared memory) must pass and leave nothing in /dev/shm;
 #   5. the host-only variant of the kernels crate (CCLD_NO_NVCC=1) builds;
-#   6. with CCLD_BUILD_SELFTEST=1, the GPU suite's programs in release
+#   6. NVIDIA's nccl-tests 2.19.6, all 11 binaries, built with the pinned nvcc against
+#      NVIDIA's nccl.h 2.30.7 and linked against our debug libnccl.so.2; every binary must
+#      resolve libnccl.so.2 to ours with no undefined symbol, and one run without a GPU
+#      must load our library and stop at CUDA (scripts/gpu/build-nccl-tests.sh; measured
+#      2026-11-26 on the 2-core dev machine, shared: ~2.6 CPU-minutes from scratch, a
+#      no-op make plus the checks in ~1 s when the objects in target/nccl-tests are kept);
+#   7. with CCLD_BUILD_SELFTEST=1, the GPU suite's programs in release
 #      (target/release/examples/device_selftest, device_matrix; not needed by CI).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -37,6 +43,9 @@ CCLD_DEVICE_EMULATION=1 timeout 120 cargo run -q -p ccl-core --example device_ma
 # Host-only variant: the kernels crate must build without nvcc (its tests would pull the
 # whole probe/analyzer tree into a second target dir for nothing new).
 CCLD_NO_NVCC=1 CARGO_TARGET_DIR=target/host-only cargo build -p kernels
+# NVIDIA's nccl-tests as a client of our library (no GPU needed to build and link).
+cargo build -p ccl-ffi
+scripts/gpu/build-nccl-tests.sh --lib target/debug/libnccl.so.2
 if [ "${CCLD_BUILD_SELFTEST:-0}" = 1 ]; then
   cargo build --release -p ccl-core --example device_selftest --example device_matrix
 fi

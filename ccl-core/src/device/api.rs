@@ -127,6 +127,11 @@ pub trait DeviceApi: Send + Sync + std::fmt::Debug {
     fn stream_synchronize(&self, s: Stream) -> Result<()>;
     /// Runs `f` on a runtime thread after prior work on `s` (and before later work).
     fn launch_host_fn(&self, s: Stream, f: HostFn) -> Result<()>;
+    /// Whether `s` is being captured into a CUDA graph (see [`super::capture`]). Default:
+    /// never (the emulator has no graphs).
+    fn stream_capturing(&self, _s: Stream) -> Result<bool> {
+        Ok(false)
+    }
     /// Launches one rank's plan kernel on `s`.
     ///
     /// # Safety
@@ -172,6 +177,10 @@ impl DeviceApi for CudaApi {
 
     fn is_emulated(&self) -> bool {
         false
+    }
+
+    fn stream_capturing(&self, s: Stream) -> Result<bool> {
+        Ok(super::capture::query(s)? == super::capture::CaptureState::Capturing)
     }
 
     fn device_count(&self) -> Result<usize> {

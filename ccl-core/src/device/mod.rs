@@ -7,7 +7,9 @@
 //! the CPU emulation of the device ([`emu`], `CCLD_DEVICE_EMULATION=1`). The CUDA side
 //! ([`api::CudaApi`]) has never run on a GPU (see docs/device-backend.md).
 
+pub mod agree;
 pub mod api;
+pub mod capture;
 pub mod emu;
 pub mod lower;
 pub mod proto;

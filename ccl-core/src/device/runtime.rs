@@ -260,13 +260,21 @@ pub enum Decision {
     Cuda(i32),
 }
 
+/// What the system shows of a GPU whatever CUDA says (see [`super::agree::gpu_evidence`]),
+/// and whether `CUDA_VISIBLE_DEVICES` is set.
+pub type GpuSeen = (Option<String>, bool);
+
 /// Decides the backend from the variables and what the device probe found (`probe` is
-/// only called when needed). `hint`: the device `ncclCommInitAll` assigned, if any.
+/// only called when needed). `hint`: the device `ncclCommInitAll` assigned, if any. `gpu`
+/// (called only when the probe found no usable device): when a GPU is present but CUDA
+/// failed, init fails instead of falling back to the host backend
+/// ([`super::agree::fallback`]).
 pub fn decide(
     backend: BackendEnv,
     emulation: bool,
     hint: Option<i32>,
     probe: &dyn Fn() -> DeviceProbe,
+    gpu: &dyn Fn() -> GpuSeen,
 ) -> Result<Decision> {
     if backend == BackendEnv::Host {
         return Ok(Decision::Host(format!("host backend ({ENV_BACKEND}=host)")));
@@ -275,6 +283,7 @@ pub fn decide(
         return Ok(Decision::Emulated(hint.unwrap_or(0)));
     }
     let p = probe();
+    let cuda_failed = matches!(p, DeviceProbe::NoDevice(_));
     let p = match (p, hint) {
         (DeviceProbe::Present { count, .. }, Some(h)) => DeviceProbe::Present { count, current: h },
         (p, _) => p,
@@ -285,8 +294,35 @@ pub fn decide(
             "{ENV_BACKEND}=device but no usable device: {why} (set {ENV_EMULATION}=1 to test \
              with the CPU emulation)"
         ))),
+        (Backend::Host, why) if cuda_failed => {
+            let (evidence, visible_set) = gpu();
+            match super::agree::fallback(&why, evidence.as_deref(), visible_set) {
+                super::agree::Fallback::Quiet => Ok(Decision::Host(why)),
+                super::agree::Fallback::Loud(m) => {
+                    warn_once(&m);
+                    Ok(Decision::Host(m))
+                }
+                super::agree::Fallback::Refuse(m) => {
+                    warn_once(&m);
+                    Err(CclError::System(m))
+                }
+            }
+        }
         (Backend::Host, why) => Ok(Decision::Host(why)),
     }
+}
+
+/// A WARN line once per process (the decision runs at every init and `ncclMemAlloc`).
+fn warn_once(m: &str) {
+    static DONE: std::sync::Once = std::sync::Once::new();
+    DONE.call_once(|| tracing::warn!(target: "nccl::INIT", "{m}"));
+}
+
+fn gpu_seen() -> GpuSeen {
+    (
+        super::agree::gpu_evidence(),
+        std::env::var_os("CUDA_VISIBLE_DEVICES").is_some(),
+    )
 }
 
 fn cuda_probe() -> DeviceProbe {
@@ -323,11 +359,21 @@ pub type ApiOnDevice = (Arc<dyn DeviceApi>, i32);
 pub fn device_api(hint: Option<i32>) -> Result<std::result::Result<ApiOnDevice, String>> {
     let backend = parse_backend(crate::env::var(ENV_BACKEND)?.as_deref())?;
     let emulation = crate::env::bool_or(ENV_EMULATION, false)?;
-    Ok(match decide(backend, emulation, hint, &cuda_probe)? {
-        Decision::Host(why) => Err(why),
-        Decision::Emulated(d) => Ok((super::emu::global(), d)),
-        Decision::Cuda(d) => Ok((Arc::new(CudaApi), d)),
-    })
+    Ok(
+        match decide(backend, emulation, hint, &cuda_probe, &gpu_seen)? {
+            Decision::Host(why) => Err(why),
+            Decision::Emulated(d) => {
+                let emu = super::emu::global();
+                // Without a hint, the calling thread's current (emulated) device, as on CUDA.
+                let d = match hint {
+                    Some(_) => d,
+                    None => emu.current_device()?,
+                };
+                Ok((emu, d))
+            }
+            Decision::Cuda(d) => Ok((Arc::new(CudaApi), d)),
+        },
+    )
 }
 
 /// Reads `CCLD_BACKEND` / `CCLD_DEVICE_EMULATION` and, for a device communicator, makes its
@@ -336,7 +382,7 @@ pub(crate) fn select(hint: Option<i32>, channels: usize, rank: usize) -> Result<
     let (api, device) = match device_api(hint)? {
         Ok(v) => v,
         Err(why) => {
-            tracing::debug!(target: "nccl::INIT", rank = rank, "{why}");
+            tracing::info!(target: "nccl::INIT", rank = rank, "{why}");
             return Ok(None);
         }
     };
@@ -1315,6 +1361,11 @@ impl DeviceComm {
             stream
         };
         let label = item.label();
+        // Graph capture would replay one-shot host callbacks: refused before anything is
+        // enqueued (issue 15 blocker 3).
+        if self.api.stream_capturing(stream)? {
+            return Err(super::capture::refusal(&label, stream));
+        }
         let proto = self.protocol_of(item);
         let plan = executor::plan_for(item, self.rank, self.nranks, &self.plan_tuning(proto))?;
         // CCLD_INJECT: the faults of the operation this call becomes (its counter is taken
@@ -1622,41 +1673,68 @@ mod tests {
             current: 1,
         };
         let never = || -> DeviceProbe { panic!("probe must not run") };
+        let no_gpu = || -> GpuSeen { (None, false) };
         assert!(matches!(
-            decide(BackendEnv::Host, true, None, &never).unwrap(),
+            decide(BackendEnv::Host, true, None, &never, &no_gpu).unwrap(),
             Decision::Host(_)
         ));
         assert_eq!(
-            decide(BackendEnv::Auto, true, Some(3), &never).unwrap(),
+            decide(BackendEnv::Auto, true, Some(3), &never, &no_gpu).unwrap(),
             Decision::Emulated(3)
         );
         assert_eq!(
-            decide(BackendEnv::Device, true, None, &never).unwrap(),
+            decide(BackendEnv::Device, true, None, &never, &no_gpu).unwrap(),
             Decision::Emulated(0)
         );
         assert!(matches!(
-            decide(BackendEnv::Auto, false, None, &none).unwrap(),
+            decide(BackendEnv::Auto, false, None, &none, &no_gpu).unwrap(),
             Decision::Host(_)
         ));
-        let e = decide(BackendEnv::Device, false, None, &none).unwrap_err();
+        let e = decide(BackendEnv::Device, false, None, &none, &no_gpu).unwrap_err();
         assert!(
             e.to_string().contains(ENV_BACKEND) && e.to_string().contains("driver missing"),
             "{e}"
         );
         assert_eq!(
-            decide(BackendEnv::Auto, false, None, &two).unwrap(),
+            decide(BackendEnv::Auto, false, None, &two, &no_gpu).unwrap(),
             Decision::Cuda(1)
         );
         assert_eq!(
-            decide(BackendEnv::Device, false, Some(0), &two).unwrap(),
+            decide(BackendEnv::Device, false, Some(0), &two, &no_gpu).unwrap(),
             Decision::Cuda(0)
         );
         assert!(matches!(
-            decide(BackendEnv::Auto, false, Some(5), &two).unwrap(),
+            decide(BackendEnv::Auto, false, Some(5), &two, &no_gpu).unwrap(),
             Decision::Host(_)
         ));
         let nb = || DeviceProbe::NotBuilt;
-        assert!(decide(BackendEnv::Device, false, None, &nb).is_err());
+        assert!(decide(BackendEnv::Device, false, None, &nb, &no_gpu).is_err());
+        // Blocker 2: a GPU present but CUDA failing is an init error in auto mode, not a
+        // silent host fallback; hidden on purpose (CUDA_VISIBLE_DEVICES) it falls back.
+        let gpu = || -> GpuSeen { (Some("/dev/nvidia0".into()), false) };
+        let e = decide(BackendEnv::Auto, false, None, &none, &gpu).unwrap_err();
+        assert_eq!(e.code() as i32, 2, "ncclSystemError");
+        assert!(e.to_string().contains("driver missing"), "{e}");
+        let hidden = || -> GpuSeen { (Some("/dev/nvidia0".into()), true) };
+        assert!(matches!(
+            decide(BackendEnv::Auto, false, None, &none, &hidden).unwrap(),
+            Decision::Host(m) if m.contains("CUDA_VISIBLE_DEVICES")
+        ));
+        // The explicit host backend and a host-only build never look at the GPU.
+        let never_gpu = || -> GpuSeen { panic!("must not be asked") };
+        assert!(matches!(
+            decide(BackendEnv::Host, false, None, &none, &never_gpu).unwrap(),
+            Decision::Host(_)
+        ));
+        assert!(matches!(
+            decide(BackendEnv::Auto, false, None, &nb, &never_gpu).unwrap(),
+            Decision::Host(_)
+        ));
+        // A GPU present and found: the device backend.
+        assert_eq!(
+            decide(BackendEnv::Auto, false, None, &two, &never_gpu).unwrap(),
+            Decision::Cuda(1)
+        );
     }
 
     #[test]
