@@ -9,7 +9,10 @@
 //! - A stream is a worker thread executing its queued commands in order; query and
 //!   synchronize are real. Stream 0 stands for a per-device default stream
 //!   ([`DeviceApi::default_stream`]).
-//! - `launch_plan` executes a `ccl_dev_plan_t` with the kernel's rules: the plan is
+//! - `launch_plan` validates the plan and runs, on the stream, the kernel source itself
+//!   compiled for the CPU ([`super::emu_kernel`], `kernels::sim`: one OS thread per CUDA
+//!   thread). With `CCLD_EMU_KERNEL=rust` it runs instead the Rust re-implementation
+//!   below, an independent second implementation of the same rules: the plan is
 //!   validated and its arrays copied at launch; on the stream, local steps first, then one
 //!   thread per channel running that channel's lanes round-robin (never blocking on one
 //!   lane while another can progress); the FIFO protocol on the connections' `tail` /
@@ -50,6 +53,7 @@ use kernels::ffi::{
 };
 
 use super::api::{DeviceApi, HostFn, IpcHandle, Mapped, PtrInfo, PtrKind, Stream};
+use super::emu_kernel::{emu_kernel, EmuKernel, SourceKernel};
 use crate::error::{CclError, Result};
 use crate::reduce::Reducer;
 use crate::types::{DataType, RedOpKind};
@@ -497,10 +501,22 @@ impl DeviceApi for EmuDevice {
     }
 
     unsafe fn launch_plan(&self, plan: &ccl_dev_plan_t, s: Stream) -> Result<()> {
-        // SAFETY: forwarded to the caller's contract (arrays readable at launch).
+        let which = emu_kernel()?;
+        // SAFETY: forwarded to the caller's contract (arrays readable at launch). The Rust
+        // capture validates the plan for both implementations (its checks are stricter
+        // than the kernel's host-side ones: a malformed plan is an error, never a crash).
         let k = unsafe { Kernel::capture(plan) }?;
         let ll = k.ll;
-        self.stream(s)?.push(Box::new(move || k.run()))?;
+        let cmd: HostFn = match which {
+            EmuKernel::Rust => Box::new(move || k.run()),
+            EmuKernel::Source => {
+                drop(k);
+                // SAFETY: as above.
+                let sk = unsafe { SourceKernel::capture(plan) }?;
+                Box::new(move || sk.run())
+            }
+        };
+        self.stream(s)?.push(cmd)?;
         LAUNCHES.with(|c| {
             let (s, l) = c.get();
             c.set(if ll { (s, l + 1) } else { (s + 1, l) });

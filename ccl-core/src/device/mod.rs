@@ -9,6 +9,7 @@
 
 pub mod api;
 pub mod emu;
+pub mod emu_kernel;
 pub mod lower;
 pub mod proto;
 pub mod runtime;
