@@ -21,6 +21,11 @@ ccl_dev_result_t ccl_sim_launch_plan(const ccl_dev_plan_t *plan);
 uint32_t ccl_sim_threads(void);
 /* 1 when this build is instrumented with ThreadSanitizer. */
 int32_t ccl_sim_tsan(void);
+/* ThreadSanitizer annotations for synchronisation it cannot see (Rust's futex-based
+ * locks): release on addr before the synchronising store, acquire on addr after the
+ * synchronising load. No-ops unless ccl_sim_tsan(). */
+void ccl_sim_hb_release(const void *addr);
+void ccl_sim_hb_acquire(const void *addr);
 /* Message of the last failing ccl_sim_* call on this thread ("" if none); never NULL. */
 const char *ccl_sim_last_error(void);
 /* ccl_dev_host_elem of this build (the CUDA path of the element code, with the software

@@ -26,6 +26,17 @@
 #define CCL_HOST_SIM 0
 #endif
 
+// The abort flag is polled every CCL_ABORT_POLL_MASK + 1 idle passes (or LL spins). A
+// GPU pass takes ~100 ns; a pass of the host build wakes the block's threads through a
+// barrier (microseconds, more on a loaded machine), so it polls more often.
+#ifndef CCL_ABORT_POLL_MASK
+#if CCL_HOST_SIM
+#define CCL_ABORT_POLL_MASK 15u
+#else
+#define CCL_ABORT_POLL_MASK 1023u
+#endif
+#endif
+
 #if CCL_HOST_SIM
 // Block-shared state: one object per block, allocated by the host launcher.
 #define CCL_BLOCK_SHARED(T, name) T &name = *static_cast<T *>(ccl_sim::block_shared())
@@ -501,7 +512,7 @@ __device__ bool ll_recv_block(const ccl_dev_plan_t &p, const uint64_t *lines, ui
       lo = ccl_ld64(&lines[2 * i]);
       hi = ccl_ld64(&lines[2 * i + 1]);
       if (ll_line_has(lo, hi, f)) break;
-      if ((++spins & 1023u) == 0 && abort_requested(p)) return false;
+      if ((++spins & CCL_ABORT_POLL_MASK) == 0 && abort_requested(p)) return false;
       CCL_SPIN_PAUSE();
     }
     in[i] = (lo & 0xFFFFFFFFull) | (hi << 32);
@@ -733,7 +744,7 @@ __global__ void __launch_bounds__(CCL_THREADS) ccl_plan_kernel(ccl_dev_plan_t p)
           ep_up = up;
           ep_down = down;
         }
-        if ((idle & 1023u) == 0 && abort_requested(p)) d.stop = 1;
+        if ((idle & CCL_ABORT_POLL_MASK) == 0 && abort_requested(p)) d.stop = 1;
 #if !CCL_PLATFORM_HIP && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 700)
         __nanosleep(100);
 #endif

@@ -388,6 +388,10 @@ extern "C" {
     pub fn ccl_sim_threads() -> u32;
     /// 1 when the host build is instrumented with ThreadSanitizer.
     pub fn ccl_sim_tsan() -> i32;
+    /// ThreadSanitizer release annotation on `addr` (no-op without TSan).
+    pub fn ccl_sim_hb_release(addr: *const c_void);
+    /// ThreadSanitizer acquire annotation on `addr` (no-op without TSan).
+    pub fn ccl_sim_hb_acquire(addr: *const c_void);
     /// Message of the last failing `ccl_sim_*` call on this thread; never NULL.
     pub fn ccl_sim_last_error() -> *const c_char;
     /// `ccl_dev_host_elem` of the host build.
@@ -414,6 +418,8 @@ pub const SIM_SIGNATURES: &[(&str, &[&str], &str)] = &[
     ),
     ("ccl_sim_threads", &[], "u32"),
     ("ccl_sim_tsan", &[], "i32"),
+    ("ccl_sim_hb_release", &["*const c_void"], "()"),
+    ("ccl_sim_hb_acquire", &["*const c_void"], "()"),
     ("ccl_sim_last_error", &[], "*const c_char"),
     (
         "ccl_sim_host_elem",

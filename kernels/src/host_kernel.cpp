@@ -31,6 +31,11 @@
 #define CCL_SIM_TSAN 0
 #endif
 
+#if CCL_SIM_TSAN
+extern "C" void __tsan_acquire(void *addr);
+extern "C" void __tsan_release(void *addr);
+#endif
+
 namespace ccl_sim {
 
 namespace {
@@ -150,6 +155,22 @@ ccl_dev_result_t ccl_sim_launch_plan(const ccl_dev_plan_t *plan) {
 }
 
 uint32_t ccl_sim_threads(void) { return CCL_THREADS; }
+
+void ccl_sim_hb_release(const void *addr) {
+#if CCL_SIM_TSAN
+  __tsan_release(const_cast<void *>(addr));
+#else
+  (void)addr;
+#endif
+}
+
+void ccl_sim_hb_acquire(const void *addr) {
+#if CCL_SIM_TSAN
+  __tsan_acquire(const_cast<void *>(addr));
+#else
+  (void)addr;
+#endif
+}
 
 int32_t ccl_sim_tsan(void) { return CCL_SIM_TSAN; }
 

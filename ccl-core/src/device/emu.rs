@@ -66,6 +66,13 @@ thread_local! {
     static BUSY_FREES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
     static ALLOCS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
     static LAUNCHES: std::cell::Cell<(usize, usize)> = const { std::cell::Cell::new((0, 0)) };
+    static IMPLS: std::cell::Cell<(usize, usize)> = const { std::cell::Cell::new((0, 0)) };
+}
+
+/// Plans this thread launched per kernel implementation: (kernel source, Rust
+/// re-implementation). Tests check which one ran.
+pub fn kernel_impls_on_this_thread() -> (usize, usize) {
+    IMPLS.with(|c| c.get())
 }
 
 /// Plans this thread launched: (Simple, LL). Tests check which protocol the runtime used.
@@ -137,6 +144,7 @@ impl EmuStream {
                 let mut g = lock(&self.q);
                 loop {
                     if let Some(c) = g.cmds.pop_front() {
+                        kernels::sim::hb_acquire(self.hb());
                         break c;
                     }
                     if g.stop {
@@ -150,6 +158,7 @@ impl EmuStream {
             }
             let mut g = lock(&self.q);
             g.pending -= 1;
+            kernels::sim::hb_release(self.hb());
             self.cv.notify_all();
         }
     }
@@ -161,12 +170,17 @@ impl EmuStream {
         }
         g.cmds.push_back(cmd);
         g.pending += 1;
+        kernels::sim::hb_release(self.hb());
         self.cv.notify_all();
         Ok(())
     }
 
     fn idle(&self) -> bool {
-        lock(&self.q).pending == 0
+        let idle = lock(&self.q).pending == 0;
+        if idle {
+            kernels::sim::hb_acquire(self.hb());
+        }
+        idle
     }
 
     fn sync(&self) {
@@ -174,6 +188,13 @@ impl EmuStream {
         while g.pending > 0 {
             g = self.cv.wait(g).unwrap_or_else(|p| p.into_inner());
         }
+        kernels::sim::hb_acquire(self.hb());
+    }
+
+    /// The stream's synchronisation address for ThreadSanitizer (the queue's mutex
+    /// orders commands and completion; TSan does not see Rust's futex-based locks).
+    fn hb(&self) -> usize {
+        &self.q as *const Mutex<StreamQ> as usize
     }
 
     fn stop(&self) {
@@ -517,6 +538,13 @@ impl DeviceApi for EmuDevice {
             }
         };
         self.stream(s)?.push(cmd)?;
+        IMPLS.with(|c| {
+            let (src, rust) = c.get();
+            c.set(match which {
+                EmuKernel::Source => (src + 1, rust),
+                EmuKernel::Rust => (src, rust + 1),
+            });
+        });
         LAUNCHES.with(|c| {
             let (s, l) = c.get();
             c.set(if ll { (s, l + 1) } else { (s + 1, l) });
