@@ -8,6 +8,18 @@
 //! (`kernels::cuda_built() == false`) and says so with a cargo warning; with the `cuda`
 //! feature a missing nvcc is an error.
 //!
+//! Rerun: cargo reruns this script when `PATH` or the variables above change, when the
+//! nvcc it used changes, and, while no nvcc is found, when the wheel's directory
+//! (`site-packages/nvidia`, or site-packages itself while that does not exist) changes, so
+//! that installing the toolchain after a first build switches to the CUDA variant. The
+//! variant built is always printed as a cargo warning.
+//!
+//! Always built, with the system C++ compiler: the device part of the kernels
+//! (`src/ccl_kernel_body.h`) for the host CPU (`src/host_kernel.cpp`, `include/ccl_sim.h`),
+//! which the emulated device runs. `CCLD_SIM_THREADS` (default 4) sets its threads per
+//! block (`CCL_THREADS`); `CCLD_KERNEL_TSAN=1` instruments it with ThreadSanitizer;
+//! `CCLD_KERNEL_COVERAGE=1` with gcov (scripts/kernel-coverage.sh).
+//!
 //! The kernels are compiled to machine code for sm_80, sm_90 and the newer targets this
 //! nvcc supports (sm_100, sm_120), no PTX, so nothing is JIT-compiled at load time; the CUDA
 //! runtime is linked statically (`cudart_static`, plus pthread, dl, rt), so libnccl.so.2
@@ -25,8 +37,21 @@ fn main() {
     println!("cargo:rerun-if-changed=include/ccl_device.h");
     println!("cargo:rerun-if-changed=include/ccl_portability.h");
     println!("cargo:rerun-if-changed=src/ccl_kernels.cu");
+    println!("cargo:rerun-if-changed=src/ccl_kernel_body.h");
+    println!("cargo:rerun-if-changed=src/ccl_host_sim.h");
+    println!("cargo:rerun-if-changed=src/host_kernel.cpp");
+    println!("cargo:rerun-if-changed=include/ccl_sim.h");
     println!("cargo:rerun-if-changed=src/layout.c");
-    for v in ["NVCC", "CUDA_HOME", "CUDA_PATH", "CCLD_NO_NVCC"] {
+    for v in [
+        "NVCC",
+        "CUDA_HOME",
+        "CUDA_PATH",
+        "CCLD_NO_NVCC",
+        "PATH",
+        "CCLD_SIM_THREADS",
+        "CCLD_KERNEL_TSAN",
+        "CCLD_KERNEL_COVERAGE",
+    ] {
         println!("cargo:rerun-if-env-changed={v}");
     }
     println!("cargo:rustc-check-cfg=cfg(ccl_cuda)");
@@ -38,12 +63,17 @@ fn main() {
         .warnings(true)
         .compile("ccl_layout");
 
+    build_host_kernel();
+
     let required = env::var_os("CARGO_FEATURE_CUDA").is_some();
     // CCLD_NO_NVCC=1: build the host-only variant even where nvcc exists (checks that
     // variant in CI; saves the nvcc time on machines that never run kernels).
     let skip = env::var("CCLD_NO_NVCC").is_ok_and(|v| v == "1");
     match if skip { None } else { find_nvcc() } {
-        Some(nvcc) => build_cuda(&nvcc),
+        Some(nvcc) => {
+            println!("cargo:rerun-if-changed={}", nvcc.display());
+            build_cuda(&nvcc);
+        }
         None if required => {
             panic!(
                 "kernels: feature `cuda` is on but no nvcc was found (tried $NVCC, PATH, \
@@ -52,10 +82,108 @@ fn main() {
             );
         }
         None => {
+            if !skip {
+                watch_wheel_dirs();
+            }
             println!(
-                "cargo:warning=kernels: nvcc not found; building the host backend only \
-                 (run scripts/install-toolchains.sh --cuda-only for the device kernels)"
+                "cargo:warning=kernels: variant HOST-ONLY ({}); the device kernels are not \
+                 in this build (run scripts/install-toolchains.sh --cuda-only; cargo rebuilds \
+                 when nvcc appears)",
+                if skip {
+                    "CCLD_NO_NVCC=1"
+                } else {
+                    "nvcc not found"
+                }
             );
+        }
+    }
+}
+
+/// Threads per block of the host build of the kernel (`CCLD_SIM_THREADS`, default 4).
+fn sim_threads() -> u32 {
+    match env::var("CCLD_SIM_THREADS") {
+        Ok(v) => match v.trim().parse::<u32>() {
+            Ok(n) if (1..=1024).contains(&n) => n,
+            _ => panic!("kernels: CCLD_SIM_THREADS={v:?} is not a thread count in 1..=1024"),
+        },
+        Err(_) => 4,
+    }
+}
+
+/// Directory holding gcc's runtime library `file` (libtsan.so, libgcov.a).
+fn gcc_lib_dir(file: &str) -> PathBuf {
+    let out = Command::new("gcc")
+        .arg(format!("-print-file-name={file}"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+    match out {
+        Some(p) if p.is_absolute() && p.is_file() => p.parent().map(Path::to_path_buf).unwrap(),
+        _ => panic!("kernels: gcc does not know {file} (needed by the instrumented host kernel)"),
+    }
+}
+
+/// The device part of the kernels for the host CPU (include/ccl_sim.h).
+fn build_host_kernel() {
+    let on = |v: &str| env::var(v).is_ok_and(|x| x == "1");
+    let (tsan, cov) = (on("CCLD_KERNEL_TSAN"), on("CCLD_KERNEL_COVERAGE"));
+    let threads = sim_threads();
+    let mut b = cc::Build::new();
+    b.cpp(true)
+        .file("src/host_kernel.cpp")
+        .include("include")
+        .define("CCL_THREADS", threads.to_string().as_str())
+        .flag("-std=c++17")
+        .warnings(true);
+    if tsan {
+        b.flag("-fsanitize=thread").opt_level(1).debug(true);
+    }
+    if cov {
+        // gcov wants no optimisation (line counts of inlined code) and absolute paths.
+        b.flag("--coverage").opt_level(0);
+    }
+    b.compile("ccl_host_kernel");
+    if tsan {
+        println!(
+            "cargo:rustc-link-search=native={}",
+            gcc_lib_dir("libtsan.so").display()
+        );
+        println!("cargo:rustc-link-lib=dylib=tsan");
+    }
+    if cov {
+        println!(
+            "cargo:rustc-link-search=native={}",
+            gcc_lib_dir("libgcov.a").display()
+        );
+        println!("cargo:rustc-link-lib=static=gcov");
+    }
+    println!(
+        "cargo:warning=kernels: host build of the kernel source: {threads} threads per block{}{}",
+        if tsan { ", ThreadSanitizer" } else { "" },
+        if cov { ", gcov" } else { "" }
+    );
+}
+
+/// While no nvcc is found: rerun when the nvidia-cuda-nvcc wheel may appear. Watches
+/// python3's `site-packages/nvidia` where it exists, else the site-packages directory
+/// (cargo scans a watched directory recursively; pip creates `nvidia/` in it).
+fn watch_wheel_dirs() {
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import site
+for p in site.getsitepackages() + [site.getusersitepackages()]: print(p)",
+        ])
+        .output();
+    let Ok(out) = out else { return };
+    for dir in String::from_utf8_lossy(&out.stdout).lines() {
+        let site = Path::new(dir.trim());
+        let nv = site.join("nvidia");
+        if nv.is_dir() {
+            println!("cargo:rerun-if-changed={}", nv.display());
+        } else if site.is_dir() {
+            println!("cargo:rerun-if-changed={}", site.display());
         }
     }
 }
@@ -197,4 +325,20 @@ fn build_cuda(nvcc: &Path) {
         println!("cargo:rustc-link-lib=dylib={l}");
     }
     println!("cargo:rustc-cfg=ccl_cuda");
+    let version = Command::new(nvcc)
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .find(|l| l.contains("release"))
+                .map(|l| l.trim().to_string())
+        })
+        .unwrap_or_else(|| "version unknown".into());
+    println!(
+        "cargo:warning=kernels: variant CUDA, built by {} ({version}) for {}",
+        nvcc.display(),
+        archs.join(",")
+    );
 }

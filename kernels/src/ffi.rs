@@ -378,3 +378,54 @@ pub fn c_layout() -> Vec<(String, u64)> {
         })
         .collect()
 }
+
+// The kernel source compiled for the host CPU (src/host_kernel.cpp, include/ccl_sim.h),
+// always built.
+extern "C" {
+    /// Runs `plan`'s kernel on the CPU until every block finished (see ccl_sim.h).
+    pub fn ccl_sim_launch_plan(plan: *const ccl_dev_plan_t) -> ccl_dev_result_t;
+    /// Threads per block of the host build (`CCL_THREADS`).
+    pub fn ccl_sim_threads() -> u32;
+    /// 1 when the host build is instrumented with ThreadSanitizer.
+    pub fn ccl_sim_tsan() -> i32;
+    /// ThreadSanitizer release annotation on `addr` (no-op without TSan).
+    pub fn ccl_sim_hb_release(addr: *const c_void);
+    /// ThreadSanitizer acquire annotation on `addr` (no-op without TSan).
+    pub fn ccl_sim_hb_acquire(addr: *const c_void);
+    /// Message of the last failing `ccl_sim_*` call on this thread; never NULL.
+    pub fn ccl_sim_last_error() -> *const c_char;
+    /// `ccl_dev_host_elem` of the host build.
+    pub fn ccl_sim_host_elem(
+        dtype: u32,
+        op: u32,
+        avg_divisor: u32,
+        scalar_bits: u64,
+        has_in: i32,
+        in_bits: u64,
+        local_bits: u64,
+        do_finish: i32,
+        out: *mut u64,
+    ) -> ccl_dev_result_t;
+}
+
+/// (name, [argument types], return type) of every `ccl_sim.h` function, for the header
+/// test.
+pub const SIM_SIGNATURES: &[(&str, &[&str], &str)] = &[
+    (
+        "ccl_sim_launch_plan",
+        &["*const ccl_dev_plan_t"],
+        "ccl_dev_result_t",
+    ),
+    ("ccl_sim_threads", &[], "u32"),
+    ("ccl_sim_tsan", &[], "i32"),
+    ("ccl_sim_hb_release", &["*const c_void"], "()"),
+    ("ccl_sim_hb_acquire", &["*const c_void"], "()"),
+    ("ccl_sim_last_error", &[], "*const c_char"),
+    (
+        "ccl_sim_host_elem",
+        &[
+            "u32", "u32", "u32", "u64", "i32", "u64", "u64", "i32", "*mut u64",
+        ],
+        "ccl_dev_result_t",
+    ),
+];

@@ -220,9 +220,13 @@ fn c_to_rust(c: &str) -> String {
     m.to_string()
 }
 
-/// Function prototypes of the header: (name, [param types], return type).
+/// Function prototypes of ccl_device.h: (name, [param types], return type).
 fn header_prototypes() -> Vec<(String, Vec<String>, String)> {
-    let h = include_str!("../include/ccl_device.h");
+    prototypes_of(include_str!("../include/ccl_device.h"))
+}
+
+/// Function prototypes of a C header's text: (name, [param types], return type).
+fn prototypes_of(h: &str) -> Vec<(String, Vec<String>, String)> {
     // Drop comments, preprocessor lines and typedefs; keep `ret name(params);` declarations.
     let mut text = String::new();
     let mut rest = h;
@@ -293,6 +297,32 @@ fn every_header_function_is_bound_with_the_same_signature() {
         header.len(),
         rust.len(),
         "kernels::ffi binds functions the header lacks"
+    );
+}
+
+#[test]
+fn every_ccl_sim_function_is_bound_with_the_same_signature() {
+    // The first prototype follows `extern "C" {` (ccl_device.h has typedefs before it).
+    let text = include_str!("../include/ccl_sim.h").replace("extern \"C\" {", ";");
+    let header = prototypes_of(&text);
+    let norm = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+    let rust: BTreeMap<&str, (Vec<String>, String)> = kernels::ffi::SIM_SIGNATURES
+        .iter()
+        .map(|(n, a, r)| (*n, (a.iter().map(|x| norm(x)).collect(), norm(r))))
+        .collect();
+    assert!(header.len() >= 7, "parsed only {} prototypes", header.len());
+    for (name, params, ret) in &header {
+        let Some((rargs, rret)) = rust.get(name.as_str()) else {
+            panic!("{name} is in ccl_sim.h but not in kernels::ffi::SIM_SIGNATURES");
+        };
+        let want: Vec<String> = params.iter().map(|p| c_to_rust(p)).collect();
+        assert_eq!(rargs, &want, "{name}: parameter types");
+        assert_eq!(rret, &c_to_rust(ret), "{name}: return type");
+    }
+    assert_eq!(
+        header.len(),
+        rust.len(),
+        "SIM_SIGNATURES lists functions ccl_sim.h lacks"
     );
 }
 

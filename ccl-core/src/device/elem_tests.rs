@@ -1,9 +1,9 @@
 //! The kernels' element arithmetic (compiled from ccl_kernels.cu for the host CPU and
 //! called through `ccl_dev_host_elem`) against ccl-core's `Reducer`, for all 12 dtypes and
 //! every reduction: exhaustive over all pairs for 1-byte types, random plus special values
-//! otherwise. Runs only when the kernels were built (CI sets CCLD_EXPECT_CUDA=1, whose
-//! test fails if they were not); the device-side instances of the same templates are
-//! compiled from the same source but not executed here.
+//! otherwise. The nvcc build's host instances run only when the kernels were built (CI
+//! sets CCLD_EXPECT_CUDA=1, whose test fails if they were not); the host build of the
+//! kernel source (`kernels::sim`, software __half / bf16 / fp8) runs everywhere.
 
 use kernels::ffi as k;
 
@@ -110,6 +110,35 @@ fn kernel_element_arithmetic_matches_the_reducer_for_every_dtype_and_op() {
         return;
     }
     compare_with_reducer(&cuda_elem);
+}
+
+#[test]
+fn host_sim_element_arithmetic_matches_the_reducer_for_every_dtype_and_op() {
+    // The kernel source compiled for the CPU (kernels::sim, always built): the CUDA path
+    // of the element code with the software __half / bf16 / fp8 types of ccl_host_sim.h.
+    let elem = |p: &super::lower::RedParams, inc: Option<u64>, local: u64, finish: bool| {
+        kernels::sim::host_elem(
+            p.dtype,
+            p.op,
+            p.avg_divisor,
+            p.scalar_bits,
+            inc,
+            local,
+            finish,
+        )
+        .expect("ccl_sim_host_elem")
+    };
+    compare_with_reducer(&elem);
+}
+
+#[test]
+fn host_sim_element_code_rejects_bad_arguments() {
+    // 12 = CCL_DT_COUNT: one past the last dtype.
+    let e = kernels::sim::host_elem(12, 0, 0, 0, None, 0, false).unwrap_err();
+    assert!(
+        matches!(e, kernels::DevError::Invalid(ref m) if m.contains("bad arguments")),
+        "{e:?}"
+    );
 }
 
 #[test]

@@ -9,7 +9,10 @@
 //! - A stream is a worker thread executing its queued commands in order; query and
 //!   synchronize are real. Stream 0 stands for a per-device default stream
 //!   ([`DeviceApi::default_stream`]).
-//! - `launch_plan` executes a `ccl_dev_plan_t` with the kernel's rules: the plan is
+//! - `launch_plan` validates the plan and runs, on the stream, the kernel source itself
+//!   compiled for the CPU ([`super::emu_kernel`], `kernels::sim`: one OS thread per CUDA
+//!   thread). With `CCLD_EMU_KERNEL=rust` it runs instead the Rust re-implementation
+//!   below, an independent second implementation of the same rules: the plan is
 //!   validated and its arrays copied at launch; on the stream, local steps first, then one
 //!   thread per channel running that channel's lanes round-robin (never blocking on one
 //!   lane while another can progress); the FIFO protocol on the connections' `tail` /
@@ -50,6 +53,7 @@ use kernels::ffi::{
 };
 
 use super::api::{DeviceApi, HostFn, IpcHandle, Mapped, PtrInfo, PtrKind, Stream};
+use super::emu_kernel::{emu_kernel, EmuKernel, SourceKernel};
 use crate::error::{CclError, Result};
 use crate::reduce::Reducer;
 use crate::types::{DataType, RedOpKind};
@@ -62,6 +66,13 @@ thread_local! {
     static BUSY_FREES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
     static ALLOCS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
     static LAUNCHES: std::cell::Cell<(usize, usize)> = const { std::cell::Cell::new((0, 0)) };
+    static IMPLS: std::cell::Cell<(usize, usize)> = const { std::cell::Cell::new((0, 0)) };
+}
+
+/// Plans this thread launched per kernel implementation: (kernel source, Rust
+/// re-implementation). Tests check which one ran.
+pub fn kernel_impls_on_this_thread() -> (usize, usize) {
+    IMPLS.with(|c| c.get())
 }
 
 /// Plans this thread launched: (Simple, LL). Tests check which protocol the runtime used.
@@ -133,6 +144,7 @@ impl EmuStream {
                 let mut g = lock(&self.q);
                 loop {
                     if let Some(c) = g.cmds.pop_front() {
+                        kernels::sim::hb_acquire(self.hb());
                         break c;
                     }
                     if g.stop {
@@ -146,6 +158,7 @@ impl EmuStream {
             }
             let mut g = lock(&self.q);
             g.pending -= 1;
+            kernels::sim::hb_release(self.hb());
             self.cv.notify_all();
         }
     }
@@ -157,12 +170,17 @@ impl EmuStream {
         }
         g.cmds.push_back(cmd);
         g.pending += 1;
+        kernels::sim::hb_release(self.hb());
         self.cv.notify_all();
         Ok(())
     }
 
     fn idle(&self) -> bool {
-        lock(&self.q).pending == 0
+        let idle = lock(&self.q).pending == 0;
+        if idle {
+            kernels::sim::hb_acquire(self.hb());
+        }
+        idle
     }
 
     fn sync(&self) {
@@ -170,6 +188,13 @@ impl EmuStream {
         while g.pending > 0 {
             g = self.cv.wait(g).unwrap_or_else(|p| p.into_inner());
         }
+        kernels::sim::hb_acquire(self.hb());
+    }
+
+    /// The stream's synchronisation address for ThreadSanitizer (the queue's mutex
+    /// orders commands and completion; TSan does not see Rust's futex-based locks).
+    fn hb(&self) -> usize {
+        &self.q as *const Mutex<StreamQ> as usize
     }
 
     fn stop(&self) {
@@ -497,10 +522,29 @@ impl DeviceApi for EmuDevice {
     }
 
     unsafe fn launch_plan(&self, plan: &ccl_dev_plan_t, s: Stream) -> Result<()> {
-        // SAFETY: forwarded to the caller's contract (arrays readable at launch).
+        let which = emu_kernel()?;
+        // SAFETY: forwarded to the caller's contract (arrays readable at launch). The Rust
+        // capture validates the plan for both implementations (its checks are stricter
+        // than the kernel's host-side ones: a malformed plan is an error, never a crash).
         let k = unsafe { Kernel::capture(plan) }?;
         let ll = k.ll;
-        self.stream(s)?.push(Box::new(move || k.run()))?;
+        let cmd: HostFn = match which {
+            EmuKernel::Rust => Box::new(move || k.run()),
+            EmuKernel::Source => {
+                drop(k);
+                // SAFETY: as above.
+                let sk = unsafe { SourceKernel::capture(plan) }?;
+                Box::new(move || sk.run())
+            }
+        };
+        self.stream(s)?.push(cmd)?;
+        IMPLS.with(|c| {
+            let (src, rust) = c.get();
+            c.set(match which {
+                EmuKernel::Source => (src + 1, rust),
+                EmuKernel::Rust => (src, rust + 1),
+            });
+        });
         LAUNCHES.with(|c| {
             let (s, l) = c.get();
             c.set(if ll { (s, l + 1) } else { (s + 1, l) });

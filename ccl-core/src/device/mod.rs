@@ -11,6 +11,7 @@ pub mod agree;
 pub mod api;
 pub mod capture;
 pub mod emu;
+pub mod emu_kernel;
 pub mod lower;
 pub mod proto;
 pub mod runtime;

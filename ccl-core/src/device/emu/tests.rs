@@ -9,8 +9,9 @@ use kernels::ffi::{ccl_dev_conn_t, CCL_MAX_BUFS};
 use probe::{CollKind, Frame};
 
 use super::*;
-use crate::device::lower::tests::{buf_lens, lowered_plan};
+use crate::device::lower::tests::{buf_lens, lowered_plan_es};
 use crate::device::lower::{lower, red_params, ConnDir, ConnKey};
+use crate::reduce::{element_to_f64, f64_to_element};
 use crate::schedule::{self, CollDesc, LinkKind, BUF_RECV, BUF_SEND};
 
 const SLOTS: u32 = 4;
@@ -76,6 +77,19 @@ fn input_i32(r: usize, i: usize) -> i32 {
     ((r * 131 + i * 7) % 97) as i32 - 40
 }
 
+/// Input element `i` of rank `r` for `dtype`: [`input_i32`] for the wide types; for the
+/// narrow ones small non-negative integers, so that sums over 4 ranks stay exact (fp8
+/// e5m2 holds the integers up to 8) and unsigned types never wrap.
+fn input_of(dtype: DataType, r: usize, i: usize) -> i32 {
+    match dtype {
+        DataType::Int32 | DataType::Int64 | DataType::Float32 | DataType::Float64 => {
+            input_i32(r, i)
+        }
+        DataType::Uint32 | DataType::Uint64 => input_i32(r, i) + 40,
+        _ => ((r * 131 + i * 7) % 3) as i32,
+    }
+}
+
 /// Runs one collective on `n` ranks through the emulator (int32 or float32 with
 /// integer-valued inputs, so that any reduction order gives the same bits) and checks
 /// results and frame counters.
@@ -106,33 +120,29 @@ fn run_proto(
         coll,
         CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter
     );
-    let scalar: Vec<u8> = match dtype {
-        DataType::Float32 => 2.0f32.to_le_bytes().to_vec(),
-        _ => 3i32.to_le_bytes().to_vec(),
+    let es = dtype.size();
+    let scalar: Vec<u8> = {
+        let mut b = vec![0u8; es];
+        f64_to_element(dtype, if dtype.is_float() { 2.0 } else { 3.0 }, &mut b);
+        b
     };
     let reducer = reducing.then(|| {
         let s = (op == RedOpKind::PreMulSum).then_some(&scalar[..]);
         Reducer::new(dtype, op, s, n).unwrap()
     });
     let (in_len, out_len) = buf_lens(coll, count, n);
-    let enc = |v: i32| -> [u8; 4] {
-        match dtype {
-            DataType::Float32 => (v as f32).to_le_bytes(),
-            _ => v.to_le_bytes(),
-        }
+    let enc = |v: i32| -> Vec<u8> {
+        let mut b = vec![0u8; es];
+        f64_to_element(dtype, f64::from(v), &mut b);
+        b
     };
-    let dec = |b: &[u8]| -> f64 {
-        let a: [u8; 4] = b.try_into().unwrap();
-        match dtype {
-            DataType::Float32 => f64::from(f32::from_le_bytes(a)),
-            _ => f64::from(i32::from_le_bytes(a)),
-        }
-    };
+    let dec = |b: &[u8]| -> f64 { element_to_f64(dtype, b) };
+    let input_i32 = |r: usize, i: usize| input_of(dtype, r, i);
     // FIFOs by (sender, receiver, link, channel).
     let mut fifos: HashMap<(usize, usize, LinkKind, usize), ccl_dev_conn_t> = HashMap::new();
     let mut ranks = Vec::new();
     for rank in 0..n {
-        let (_, lowered) = lowered_plan(coll, count, n, rank, root, nch, slot);
+        let (_, lowered) = lowered_plan_es(coll, count, n, rank, root, nch, slot, es);
         let conns: Vec<ccl_dev_conn_t> = lowered
             .conns
             .iter()
@@ -144,14 +154,14 @@ fn run_proto(
                 *fifos.entry(key).or_insert_with(|| conn_mem(&d, conn_slot))
             })
             .collect();
-        let send = d.malloc(in_len * 4).unwrap();
-        let recv = d.malloc(out_len * 4).unwrap();
+        let send = d.malloc(in_len * es).unwrap();
+        let recv = d.malloc(out_len * es).unwrap();
         let bytes: Vec<u8> = (0..in_len).flat_map(|i| enc(input_i32(rank, i))).collect();
         // SAFETY: fresh allocations of these sizes.
         unsafe {
             d.memcpy(send, bytes.as_ptr() as usize, bytes.len())
                 .unwrap();
-            d.memset(recv, 0x55, out_len * 4).unwrap();
+            d.memset(recv, 0x55, out_len * es).unwrap();
         }
         let cap = 4usize;
         let m = d.host_alloc_mapped(Frame::total_bytes(cap)).unwrap();
@@ -202,16 +212,14 @@ fn run_proto(
             RedOpKind::Prod => v.iter().product(),
             RedOpKind::Max => v.iter().cloned().fold(f64::MIN, f64::max),
             RedOpKind::Min => v.iter().cloned().fold(f64::MAX, f64::min),
-            RedOpKind::Avg if dtype == DataType::Int32 => {
-                (v.iter().sum::<f64>() / n as f64).trunc()
-            }
+            RedOpKind::Avg if !dtype.is_float() => (v.iter().sum::<f64>() / n as f64).trunc(),
             RedOpKind::Avg => v.iter().sum::<f64>() / n as f64,
             RedOpKind::PreMulSum => v.iter().map(|x| x * dec(&scalar)).sum(),
         }
     };
     for (r, (_, _, recv, frame, block, lowered, _)) in ranks.iter().enumerate() {
-        let mut got = vec![0u8; out_len * 4];
-        // SAFETY: the allocation has out_len * 4 bytes; the kernel finished.
+        let mut got = vec![0u8; out_len * es];
+        // SAFETY: the allocation has out_len * es bytes; the kernel finished.
         unsafe {
             d.memcpy(got.as_mut_ptr() as usize, *recv, got.len())
                 .unwrap()
@@ -236,7 +244,7 @@ fn run_proto(
             _ => unreachable!(),
         };
         if let Some(w) = want {
-            let g: Vec<f64> = got.chunks(4).map(dec).collect();
+            let g: Vec<f64> = got.chunks(es).map(dec).collect();
             assert_eq!(
                 g, w,
                 "{coll:?} {dtype:?} {op:?} n {n} rank {r} count {count} proto {proto}"
@@ -282,6 +290,59 @@ fn emulated_kernels_give_reference_results_and_counters() {
             run(CollKind::AllReduce, DataType::Int32, op, 41, n, 2);
             run(CollKind::ReduceScatter, DataType::Float32, op, 13, n, 1);
             run(CollKind::Reduce, DataType::Float32, op, 29, n, 2);
+        }
+    }
+}
+
+#[test]
+fn the_kernel_source_runs_by_default_and_the_rust_reimplementation_on_request() {
+    // Both implementations get the same plans and are checked against the same reference.
+    std::env::remove_var("CCLD_EMU_KERNEL");
+    let (s0, r0) = kernel_impls_on_this_thread();
+    run(
+        CollKind::AllReduce,
+        DataType::Float32,
+        RedOpKind::Sum,
+        300,
+        3,
+        2,
+    );
+    let (s1, r1) = kernel_impls_on_this_thread();
+    assert!(
+        s1 > s0 && r1 == r0,
+        "default: the kernel source ({s0}, {r0}) -> ({s1}, {r1})"
+    );
+    std::env::set_var("CCLD_EMU_KERNEL", "rust");
+    run(
+        CollKind::AllReduce,
+        DataType::Float32,
+        RedOpKind::Sum,
+        300,
+        3,
+        2,
+    );
+    let (s2, r2) = kernel_impls_on_this_thread();
+    std::env::remove_var("CCLD_EMU_KERNEL");
+    assert!(s2 == s1 && r2 > r1, "rust: ({s1}, {r1}) -> ({s2}, {r2})");
+}
+
+#[test]
+fn every_dtype_reduces_through_the_kernel_with_both_protocols() {
+    // The element loops of all 12 dtypes (ring steps and local steps), Simple and LL.
+    for dt in DataType::ALL {
+        for op in [RedOpKind::Sum, RedOpKind::Max] {
+            run_proto(CollKind::AllReduce, dt, op, 37, 3, 2, CCL_PROTO_SIMPLE);
+            run_proto(CollKind::AllReduce, dt, op, 37, 3, 2, CCL_PROTO_LL);
+            // One rank: the local reduce step only.
+            run_proto(
+                CollKind::AllReduce,
+                dt,
+                RedOpKind::Avg,
+                5,
+                1,
+                1,
+                CCL_PROTO_SIMPLE,
+            );
         }
     }
 }

@@ -184,10 +184,25 @@ pub(crate) fn lowered_plan(
     nch: usize,
     slot: usize,
 ) -> (schedule::Plan, LoweredPlan) {
+    lowered_plan_es(coll, count, n, rank, root, nch, slot, 4)
+}
+
+/// [`lowered_plan`] for elements of `elem_size` bytes.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn lowered_plan_es(
+    coll: CollKind,
+    count: usize,
+    n: usize,
+    rank: usize,
+    root: usize,
+    nch: usize,
+    slot: usize,
+    elem_size: usize,
+) -> (schedule::Plan, LoweredPlan) {
     let plan = schedule::collective(&CollDesc {
         coll,
         count,
-        elem_size: 4,
+        elem_size,
         nranks: n,
         rank,
         root,
