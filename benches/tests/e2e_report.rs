@@ -10,9 +10,8 @@
 //!   primary prints nothing;
 //! - `CCLD_REPORT=off`: nothing; `CCLD_REPORT=FILE.jsonl`: one valid JSON line, nothing on
 //!   stderr;
-//! - (ignored until the runtime sends peer-lost records) the hub's process killed with the
-//!   default peer check: the survivors fail and exit, the standby's process reports rank 0
-//!   before it exits (`probe::linger`).
+//! - the hub's process killed with the default peer check: the survivors fail and exit, the
+//!   standby's process reports rank 0, "process exited", before it exits (`probe::linger`).
 //!
 //! The test binary re-executes itself: the ignored test `report_rank_entry` is a rank.
 
@@ -288,7 +287,6 @@ fn report_to_a_jsonl_file() {
 }
 
 #[test]
-#[ignore = "needs the runtime's peer-lost records, flushed on the error path (helper rt, issue 17 point 1): run with --ignored once merged"]
 fn the_death_of_the_hubs_process_is_reported_before_the_survivors_exit() {
     // Default peer check: the survivors' calls fail (ncclRemoteError) and their loops end,
     // so every survivor exits; the standby's process (rank 1's) must report rank 0 first.
