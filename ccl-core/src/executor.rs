@@ -879,14 +879,21 @@ impl Worker {
 
     /// See [`crate::desc::on_mismatch`]; records the probe's failure.
     fn inconsistent(&mut self, m: &crate::desc::Mismatch) -> CclError {
-        let (e, f) = crate::desc::on_mismatch(&self.t, self.shared.rank, self.shared.comm_id, m);
+        let (e, f) = crate::desc::on_mismatch(
+            &self.t,
+            self.shared.rank,
+            self.shared.comm_id,
+            self.seqs.collectives(),
+            m,
+        );
         self.failure = Some(f);
         e
     }
 
     /// See [`crate::desc::check_poison`]; records the probe's failure.
     fn check_poison(&mut self) -> Result<()> {
-        crate::desc::check_poison(&self.t, self.shared.rank).inspect_err(|_| {
+        let issued = self.seqs.collectives();
+        crate::desc::check_poison(&self.t, self.shared.rank, issued).inspect_err(|_| {
             self.failure = Some(probe::Failure::cause(probe::FailureCause::PeerFailed));
         })
     }

@@ -206,6 +206,8 @@ fn smoke_rank() {
 }
 
 fn kill_rank() {
+    // NCCL_DEBUG=WARN and NCCL_DEBUG_FILE come from the test: the survivors' WARN lines.
+    ccl_core::debug::init();
     let comm = child_comm();
     println!("@@COMM {:016x}", comm.comm_id());
     let send = vec![1f32; 1 << 18];
@@ -372,7 +374,17 @@ fn shm_entries(needle: &str) -> Vec<String> {
 fn sigkill_of_a_rank_fails_the_survivors_within_the_bound_and_leaves_no_shm() {
     let n = 3;
     let victim = n - 1;
-    let mut job = spawn_job(n, "kill", &[]);
+    let log_dir = std::env::temp_dir().join(format!("ccld-kill-{}", std::process::id()));
+    std::fs::create_dir_all(&log_dir).expect("log dir");
+    let pattern = log_dir.join("warn.%p.log").to_string_lossy().into_owned();
+    let mut job = spawn_job(
+        n,
+        "kill",
+        &[
+            ("NCCL_DEBUG", "WARN"),
+            ("NCCL_DEBUG_FILE", pattern.as_str()),
+        ],
+    );
     let mut hash = None;
     let mut running = false;
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -428,6 +440,20 @@ fn sigkill_of_a_rank_fails_the_survivors_within_the_bound_and_leaves_no_shm() {
         took < Duration::from_secs(1),
         "survivors took {took:?} after the kill"
     );
+    // Each survivor logged a WARN line naming the dead peer (rank, pid, host) and the
+    // operation before its call returned.
+    for (r, pid) in pids.iter().enumerate().take(victim) {
+        let log =
+            std::fs::read_to_string(log_dir.join(format!("warn.{pid}.log"))).unwrap_or_default();
+        assert!(
+            log.lines().any(|l| l.contains("NCCL WARN")
+                && l.contains("peer lost during AllReduce")
+                && l.contains(&format!("rank {victim} (pid {}, host ", pids[victim]))
+                && l.contains("exited")),
+            "rank {r}: no WARN naming the dead peer in {log:?}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&log_dir);
     let left = shm_entries(&hash);
     assert!(left.is_empty(), "segments left in /dev/shm: {left:?}");
     let mine: Vec<String> = shm_entries(&format!("{}-", ccl_core::channel::SEGMENT_PREFIX))
