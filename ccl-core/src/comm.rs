@@ -931,7 +931,7 @@ impl Comm {
             .rt
             .get()
             .and_then(|rt| rt.poison.as_ref())
-            .and_then(|w| crate::desc::poison_error(w, self.rank))
+            .and_then(|w| crate::desc::poison_error(w, self.rank, None))
         {
             self.mark_broken(&e);
             return Err(e);

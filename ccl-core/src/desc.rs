@@ -201,15 +201,18 @@ pub(crate) fn classify(e: &CclError) -> Failure {
 /// A mismatch detected by `rank`: logs the WARN line, poisons every peer (so ranks blocked
 /// in the operation fail instead of hanging) and returns the operation's error
 /// (`ncclInvalidUsage`) with the probe's failure.
+/// `collectives` is the number of collectives this rank has issued, the failing one
+/// included ([`SeqState::collectives`]).
 pub(crate) fn on_mismatch(
     t: &Transport,
     rank: usize,
     comm_id: u64,
+    collectives: u64,
     m: &Mismatch,
 ) -> (CclError, Failure) {
     let text = m.text(rank, comm_id);
     tracing::warn!(target: "nccl::COLL", rank, "{text}");
-    let v = poison_value(rank, m.local.seq);
+    let v = poison_value(rank, collectives);
     for (p, w) in t.peer_poison.iter().enumerate() {
         if let Some(w) = w {
             // The first poison wins; Release: pairs with the Acquire in `check_poison`.
@@ -230,17 +233,31 @@ pub(crate) fn on_mismatch(
 }
 
 /// The error of a poisoned rank (`ncclRemoteError`), `None` while `word` is clear.
-pub(crate) fn poison_error(word: &SharedWord, rank: usize) -> Option<CclError> {
-    let (by, seq) = poison_decode(word.get().load(Ordering::Acquire))?;
+///
+/// `collectives`: the collectives this rank has issued (its current one included), or
+/// `None` (idle: any poison counts). A poison is ignored while this rank is in a collective
+/// the detecting rank had completed (fewer collectives issued than the detector's count):
+/// every rank's part of such an operation is consistent and was sent, so it completes;
+/// failing it would fail a consistent call.
+pub(crate) fn poison_error(
+    word: &SharedWord,
+    rank: usize,
+    collectives: Option<u64>,
+) -> Option<CclError> {
+    let (by, at) = poison_decode(word.get().load(Ordering::Acquire))?;
+    if collectives.is_some_and(|c| c < at) {
+        return None;
+    }
     Some(CclError::Remote(format!(
-        "rank {by} detected an inconsistent call (its operation seq {seq}) and failed; rank {rank} fails too: the communicator is unusable"
+        "rank {by} detected an inconsistent call (in its collective #{}) and failed; rank {rank} fails too: the communicator is unusable",
+        at.saturating_sub(1)
     )))
 }
 
 /// Fails with `ncclRemoteError` (cause PEER_FAILED, WARN line) once a peer poisoned this
 /// rank.
-pub(crate) fn check_poison(t: &Transport, rank: usize) -> Result<(), CclError> {
-    match poison_error(&t.poison, rank) {
+pub(crate) fn check_poison(t: &Transport, rank: usize, collectives: u64) -> Result<(), CclError> {
+    match poison_error(&t.poison, rank, Some(collectives)) {
         None => Ok(()),
         Some(e) => {
             tracing::warn!(target: "nccl::COLL", rank, "{e}");
@@ -259,6 +276,12 @@ pub(crate) struct SeqState {
 }
 
 impl SeqState {
+    /// Collectives issued so far (the current one included once its descriptors were
+    /// made).
+    pub(crate) fn collectives(&self) -> u64 {
+        self.coll
+    }
+
     /// The descriptors of `item` (see [`descriptors`]), advancing the sequences.
     pub(crate) fn descriptors(&mut self, item: &WorkItem) -> Vec<[u64; FifoLayout::DESC_WORDS]> {
         let seq = self.coll;
@@ -274,16 +297,20 @@ impl SeqState {
     }
 }
 
-/// The poison word value a rank that detected a mismatch in operation `counter` stores
-/// into its peers' poison words (never 0).
-pub fn poison_value(rank: usize, counter: u64) -> u64 {
-    (1 << 63) | ((counter & 0xFFFF_FFFF) << 24) | (rank as u64 & 0xFF_FFFF)
+/// Bits of the collective count in a poison word.
+const POISON_COUNT_BITS: u32 = 39;
+
+/// The poison word value a rank that detected a mismatch after issuing `collectives`
+/// collectives stores into its peers' poison words (never 0; the count saturates at 2^39-1).
+pub fn poison_value(rank: usize, collectives: u64) -> u64 {
+    let max = (1u64 << POISON_COUNT_BITS) - 1;
+    (1 << 63) | (collectives.min(max) << 24) | (rank as u64 & 0xFF_FFFF)
 }
 
-/// `(detecting rank, low 32 bits of its operation counter)` of a poison word, `None` when
-/// clear.
-pub fn poison_decode(v: u64) -> Option<(usize, u32)> {
-    (v >> 63 == 1).then_some(((v & 0xFF_FFFF) as usize, ((v >> 24) & 0xFFFF_FFFF) as u32))
+/// `(detecting rank, its collective count)` of a poison word, `None` when clear.
+pub fn poison_decode(v: u64) -> Option<(usize, u64)> {
+    let max = (1u64 << POISON_COUNT_BITS) - 1;
+    (v >> 63 == 1).then_some(((v & 0xFF_FFFF) as usize, (v >> 24) & max))
 }
 
 /// The descriptors of a work item by buffer index (what its steps' `src_buf`/`dst_buf`
@@ -467,10 +494,14 @@ mod tests {
     #[test]
     fn poison_words() {
         assert_eq!(poison_decode(0), None);
-        for (r, c) in [(0usize, 0u64), (7, 1 << 40 | 5), (0xFF_FFFF, u64::MAX)] {
+        for (r, c, want) in [
+            (0usize, 0u64, 0u64),
+            (7, 1 << 38 | 5, 1 << 38 | 5),
+            (0xFF_FFFF, u64::MAX, (1 << 39) - 1),
+        ] {
             let v = poison_value(r, c);
             assert_ne!(v, 0);
-            assert_eq!(poison_decode(v), Some((r, (c & 0xFFFF_FFFF) as u32)));
+            assert_eq!(poison_decode(v), Some((r, want)));
         }
     }
 

@@ -205,7 +205,35 @@ fn smoke_rank() {
     println!("@@OK {} cases", cases.len());
 }
 
+/// Prints each FAILED probe record of this process as `@@REC <rank> <cause> <peer rank>
+/// <peer pid> <detail>` (the test checks what a survivor's probe reports).
+struct PrintFailed;
+
+impl probe::diag::Sink for PrintFailed {
+    fn deliver(&mut self, batch: analyzer::wire::Batch) {
+        for r in batch.records {
+            if r.state == analyzer::wire::OpState::Failed as i32 {
+                let p = r.peer_lost.clone().unwrap_or_default();
+                println!(
+                    "@@REC {} {:?} {} {} {}",
+                    r.rank,
+                    r.failure(),
+                    p.rank,
+                    p.pid,
+                    p.detail
+                );
+            }
+        }
+    }
+}
+
 fn kill_rank() {
+    // NCCL_DEBUG=WARN and NCCL_DEBUG_FILE come from the test: the survivors' WARN lines.
+    ccl_core::debug::init();
+    probe::diag::start_with(probe::diag::DiagConfig::default(), || {
+        Ok(Box::new(PrintFailed) as Box<dyn probe::diag::Sink>)
+    })
+    .expect("diagnostic thread");
     let comm = child_comm();
     println!("@@COMM {:016x}", comm.comm_id());
     let send = vec![1f32; 1 << 18];
@@ -372,7 +400,17 @@ fn shm_entries(needle: &str) -> Vec<String> {
 fn sigkill_of_a_rank_fails_the_survivors_within_the_bound_and_leaves_no_shm() {
     let n = 3;
     let victim = n - 1;
-    let mut job = spawn_job(n, "kill", &[]);
+    let log_dir = std::env::temp_dir().join(format!("ccld-kill-{}", std::process::id()));
+    std::fs::create_dir_all(&log_dir).expect("log dir");
+    let pattern = log_dir.join("warn.%p.log").to_string_lossy().into_owned();
+    let mut job = spawn_job(
+        n,
+        "kill",
+        &[
+            ("NCCL_DEBUG", "WARN"),
+            ("NCCL_DEBUG_FILE", pattern.as_str()),
+        ],
+    );
     let mut hash = None;
     let mut running = false;
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -401,9 +439,16 @@ fn sigkill_of_a_rank_fails_the_survivors_within_the_bound_and_leaves_no_shm() {
     job.children[victim].kill().expect("SIGKILL");
     // Deliberately not reaped yet: a dead-but-unreaped (zombie) rank must count as dead.
     let mut errs: Vec<Option<String>> = vec![None; victim];
+    let mut recs: Vec<Option<String>> = vec![None; victim];
     while errs.iter().any(|e| e.is_none()) {
         let left = Duration::from_secs(30).saturating_sub(kill_at.elapsed());
         match job.lines.recv_timeout(left) {
+            Ok((r, l)) if r < victim && l.starts_with("REC ") => {
+                // Flushed before the failing call returned: before its ERR line.
+                if errs[r].is_none() {
+                    recs[r] = Some(l);
+                }
+            }
             Ok((r, l)) if r < victim && l.starts_with("ERR ") => errs[r] = Some(l),
             Ok(_) => {}
             Err(_) => break,
@@ -428,6 +473,27 @@ fn sigkill_of_a_rank_fails_the_survivors_within_the_bound_and_leaves_no_shm() {
         took < Duration::from_secs(1),
         "survivors took {took:?} after the kill"
     );
+    for (r, rec) in recs.iter().enumerate() {
+        assert_eq!(
+            rec.as_deref(),
+            Some(format!("REC {r} PeerLost {victim} {} process exited", pids[victim]).as_str()),
+            "rank {r}: the probe's FAILED record, delivered before the call returned"
+        );
+    }
+    // Each survivor logged a WARN line naming the dead peer (rank, pid, host) and the
+    // operation before its call returned.
+    for (r, pid) in pids.iter().enumerate().take(victim) {
+        let log =
+            std::fs::read_to_string(log_dir.join(format!("warn.{pid}.log"))).unwrap_or_default();
+        assert!(
+            log.lines().any(|l| l.contains("NCCL WARN")
+                && l.contains("peer lost during AllReduce")
+                && l.contains(&format!("rank {victim} (pid {}, host ", pids[victim]))
+                && l.contains("exited")),
+            "rank {r}: no WARN naming the dead peer in {log:?}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&log_dir);
     let left = shm_entries(&hash);
     assert!(left.is_empty(), "segments left in /dev/shm: {left:?}");
     let mine: Vec<String> = shm_entries(&format!("{}-", ccl_core::channel::SEGMENT_PREFIX))

@@ -969,7 +969,7 @@ pub fn start_with(
                 .name("ccld-diag".into())
                 .spawn(move || diag_loop(cfg, rx, btx))
                 .map_err(|e| format!("spawning the CCL-D diagnostic thread: {e}"))?;
-            let _ = DIAG_THREAD.set(diag.thread().clone());
+            let _ = DIAG_THREAD.set((diag.thread().clone(), std::process::id()));
             extern "C" fn flush_at_exit() {
                 flush(EXIT_FLUSH);
             }
@@ -1026,8 +1026,9 @@ pub const BATCH_RECORDS: usize = 512;
 /// Flush requests made so far ([`flush`]) and the latest one whose records were delivered.
 static FLUSH_REQ: AtomicU64 = AtomicU64::new(0);
 static FLUSH_DONE: AtomicU64 = AtomicU64::new(0);
-/// The diagnostic thread (woken by [`flush`]).
-static DIAG_THREAD: OnceLock<std::thread::Thread> = OnceLock::new();
+/// The diagnostic thread (woken by [`flush`]) and the pid of the process that started it
+/// (a forked child has no such thread).
+static DIAG_THREAD: OnceLock<(std::thread::Thread, u32)> = OnceLock::new();
 /// Bound of the flush at process exit.
 const EXIT_FLUSH: Duration = Duration::from_millis(500);
 
@@ -1037,9 +1038,12 @@ const EXIT_FLUSH: Duration = Duration::from_millis(500);
 /// `ncclCommDestroy`, and (500 ms) at process exit, so that the analyzer hears of a failure
 /// even when the process ends right after it.
 pub fn flush(timeout: Duration) -> bool {
-    let Some(t) = DIAG_THREAD.get() else {
+    let Some((t, pid)) = DIAG_THREAD.get() else {
         return true;
     };
+    if *pid != std::process::id() {
+        return false; // forked after the start: the threads stayed in the parent
+    }
     let want = FLUSH_REQ.fetch_add(1, Ordering::AcqRel) + 1;
     t.unpark();
     let deadline = Instant::now() + timeout;
