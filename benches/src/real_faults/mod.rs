@@ -87,6 +87,9 @@ pub struct Case {
     pub ranks: usize,
     /// Where the diagnosis is read.
     pub analyzer: Analyzer,
+    /// Only the DP communicator (the client's `--no-tp --no-pipeline`): the single
+    /// communicator of the earlier end-to-end tests.
+    pub one_comm: bool,
 }
 
 impl Case {
@@ -96,9 +99,10 @@ impl Case {
             Analyzer::Embedded => "embedded",
             Analyzer::Serve => "serve",
         };
+        let one = if self.one_comm { " one-comm" } else { "" };
         match self.fault {
-            Fault::None => format!("clean n={} {a}", self.ranks),
-            f => format!("{} n={} root={} {a}", f.name(), self.ranks, self.root),
+            Fault::None => format!("clean n={} {a}{one}", self.ranks),
+            f => format!("{} n={} root={} {a}{one}", f.name(), self.ranks, self.root),
         }
     }
 
@@ -439,9 +443,24 @@ pub fn faults() -> [Fault; 6] {
     ]
 }
 
-/// The full matrix: {embedded, serve} x {4, 8} ranks x (clean + 6 faults x 3 roots).
+/// The full matrix: {embedded, serve} x {4, 8} ranks x (clean + 6 faults x 3 roots), then
+/// the controls: the same on one communicator (`one_comm`), clean and SIGSTOP x 3 roots,
+/// the shape the earlier end-to-end tests cover.
 pub fn full_matrix() -> Vec<Case> {
     let mut v = Vec::new();
+    for analyzer in [Analyzer::Embedded, Analyzer::Serve] {
+        for ranks in [4, 8] {
+            let one = |fault, root| Case {
+                fault,
+                root,
+                ranks,
+                analyzer,
+                one_comm: true,
+            };
+            v.push(one(Fault::None, 0));
+            v.extend(root_positions(ranks).map(|r| one(Fault::Stop, r)));
+        }
+    }
     for analyzer in [Analyzer::Embedded, Analyzer::Serve] {
         for ranks in [4, 8] {
             v.push(Case {
@@ -449,6 +468,7 @@ pub fn full_matrix() -> Vec<Case> {
                 root: 0,
                 ranks,
                 analyzer,
+                one_comm: false,
             });
             for fault in faults() {
                 for root in root_positions(ranks) {
@@ -457,6 +477,7 @@ pub fn full_matrix() -> Vec<Case> {
                         root,
                         ranks,
                         analyzer,
+                        one_comm: false,
                     });
                 }
             }
@@ -533,6 +554,7 @@ mod tests {
             root: 2,
             ranks: 4,
             analyzer: Analyzer::Embedded,
+            one_comm: false,
         }
         .expected();
         assert!(verdict(&kill, &[inc("H1", &[2], true)]).pass);
@@ -557,6 +579,7 @@ mod tests {
             root: 0,
             ranks: 8,
             analyzer: Analyzer::Serve,
+            one_comm: false,
         }
         .expected();
         for c in ["S1", "S2", "S3"] {
@@ -569,6 +592,7 @@ mod tests {
             root: 0,
             ranks: 4,
             analyzer: Analyzer::Serve,
+            one_comm: false,
         }
         .expected();
         assert_eq!(
@@ -584,7 +608,8 @@ mod tests {
     #[test]
     fn matrix_covers_both_analyzers_both_sizes_three_roots() {
         let m = full_matrix();
-        assert_eq!(m.len(), 2 * 2 * (1 + 6 * 3));
+        assert_eq!(m.len(), 2 * 2 * (1 + 6 * 3) + 2 * 2 * (1 + 3));
+        assert_eq!(m.iter().filter(|c| c.one_comm).count(), 16);
         for n in [4, 8] {
             let roots: std::collections::BTreeSet<usize> = m
                 .iter()
@@ -605,6 +630,7 @@ mod tests {
             root,
             ranks: 4,
             analyzer: Analyzer::Embedded,
+            one_comm: false,
         };
         let out = vec![
             Outcome {

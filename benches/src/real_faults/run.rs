@@ -100,6 +100,9 @@ impl Job {
         cmd.args(["--ranks", &case.ranks.to_string()])
             .args(["--seconds", &seconds.to_string()])
             .args(["--fault-after", &WARM_S.to_string()]);
+        if case.one_comm {
+            cmd.args(["--no-tp", "--no-pipeline"]);
+        }
         let r = case.root.to_string();
         match case.fault {
             Fault::Slow { factor } => {
