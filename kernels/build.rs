@@ -16,7 +16,7 @@
 //!
 //! Always built, with the system C++ compiler: the device part of the kernels
 //! (`src/ccl_kernel_body.h`) for the host CPU (`src/host_kernel.cpp`, `include/ccl_sim.h`),
-//! which the emulated device runs. `CCLD_SIM_THREADS` (default 4) sets its threads per
+//! which the emulated device runs. `CCLD_SIM_THREADS` (default 2) sets its threads per
 //! block (`CCL_THREADS`); `CCLD_KERNEL_TSAN=1` instruments it with ThreadSanitizer;
 //! `CCLD_KERNEL_COVERAGE=1` with gcov (scripts/kernel-coverage.sh).
 //!
@@ -99,14 +99,14 @@ fn main() {
     }
 }
 
-/// Threads per block of the host build of the kernel (`CCLD_SIM_THREADS`, default 4).
+/// Threads per block of the host build of the kernel (`CCLD_SIM_THREADS`, default 2).
 fn sim_threads() -> u32 {
     match env::var("CCLD_SIM_THREADS") {
         Ok(v) => match v.trim().parse::<u32>() {
             Ok(n) if (1..=1024).contains(&n) => n,
             _ => panic!("kernels: CCLD_SIM_THREADS={v:?} is not a thread count in 1..=1024"),
         },
-        Err(_) => 4,
+        Err(_) => 2,
     }
 }
 

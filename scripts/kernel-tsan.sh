@@ -4,15 +4,19 @@
 # kernels/src/host_kernel.cpp with -fsanitize=thread and links libtsan). Only the C++
 # kernel is instrumented: races between its threads (one OS thread per CUDA thread, blocks
 # of all ranks of a process) are reported; Rust code is not instrumented.
-# Exits non-zero on a failing test or any ThreadSanitizer report (TSan exits 66).
+# Rust code is not instrumented and synchronises through futexes TSan cannot see, so TSan
+# also reports "races" inside Rust code through its libc interceptors (free/calloc,
+# close/recv of sockets): those are noise (exitcode=0 keeps them from failing the tests).
+# Exits non-zero on a failing test or any report whose stacks contain kernel code
+# (ccl_plan_kernel and its helpers, the simulator's barrier).
 # Usage: scripts/kernel-tsan.sh [nextest filter args...]
 # Note: switching CCLD_KERNEL_TSAN rebuilds the kernels crate and its dependents.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export CCLD_KERNEL_TSAN=1
+export CCLD_KERNEL_TSAN=1 CCLD_NO_NVCC=1  # the emulated device needs no nvcc build
 export CCLD_BOOTSTRAP_IP=${CCLD_BOOTSTRAP_IP:-127.0.0.1}
 # second_deadlock_stack: better reports; history_size: longer access histories.
-export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=0 second_deadlock_stack=1 history_size=4} suppressions=$PWD/scripts/kernel-tsan.supp"
+export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=0 second_deadlock_stack=1 history_size=4 exitcode=0} suppressions=$PWD/scripts/kernel-tsan.supp"
 log=${CCLD_TSAN_LOG:-target/kernel-tsan.log}
 mkdir -p "$(dirname "$log")"
 : >"$log"
@@ -28,5 +32,8 @@ for proto in Simple LL; do
     2>&1 | tee -a "$log" || status=$?
 done
 reports=$(grep -c "WARNING: ThreadSanitizer" "$log" || true)
-echo "kernel-tsan: $reports ThreadSanitizer report(s); log: $log"
-[ "$reports" = 0 ] && [ "$status" = 0 ]
+kernel=$(awk '/WARNING: ThreadSanitizer/ { w = 1; s = "" } w { s = s "\n" $0 }
+  /SUMMARY: ThreadSanitizer/ { if (s ~ /ccl_plan_kernel|copy_block|reduce_block|ll_recv_block|ll_send_block|ll_scrub_block|ccl_sim::/) { n++; print s > "/dev/stderr" } w = 0 }
+  END { print n + 0 }' "$log")
+echo "kernel-tsan: $reports ThreadSanitizer report(s), $kernel in kernel code; log: $log"
+[ "$kernel" = 0 ] && [ "$status" = 0 ]

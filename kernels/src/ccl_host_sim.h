@@ -47,7 +47,9 @@ inline thread_local dim3 grid_dim = {1, 1, 1};
 int barrier(int pred);
 // The calling thread's block-shared object.
 void *block_shared();
-// Lets other threads run (spin loops, __nanosleep).
+// Lets other threads run (spin loops, __nanosleep): yields for the first calls of a
+// streak of waiting, then sleeps 50 us per call (the machine may have far fewer cores
+// than simulated threads; a block's idle pass costs a barrier of all its threads).
 void spin_pause();
 // Monotonic nanoseconds (the device's global timer).
 uint64_t now_ns();

@@ -86,7 +86,23 @@ int barrier(int pred) {
 
 void *block_shared() { return &t_block->shared; }
 
-void spin_pause() { sched_yield(); }
+namespace {
+thread_local uint64_t t_last_pause = 0;
+thread_local uint32_t t_streak = 0;
+}  // namespace
+
+void spin_pause() {
+  // A call within 1 ms of the previous one continues the streak of waiting.
+  uint64_t now = now_ns();
+  t_streak = now - t_last_pause < 1000000ull ? t_streak + 1 : 0;
+  t_last_pause = now;
+  if (t_streak < 8) {
+    sched_yield();
+  } else {
+    struct timespec ts = {0, 50000};
+    nanosleep(&ts, nullptr);
+  }
+}
 
 uint64_t now_ns() {
   struct timespec ts;

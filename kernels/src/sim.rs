@@ -146,11 +146,11 @@ mod tests {
 
     #[test]
     fn the_build_reports_its_threads_per_block() {
-        // build.rs passes CCLD_SIM_THREADS (default 4) as CCL_THREADS.
+        // build.rs passes CCLD_SIM_THREADS (default 2) as CCL_THREADS.
         let want = std::env::var("CCLD_SIM_THREADS")
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(4u32);
+            .unwrap_or(2u32);
         assert_eq!(threads(), want);
         assert_eq!(
             tsan(),

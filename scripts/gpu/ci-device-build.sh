@@ -14,7 +14,8 @@
 #      a few seconds, with NCCL_PROTO unset (auto) and again with --proto LL; then
 #      --procs 2 (two processes, each with its own emulated device, FIFOs in host-staged
 #      shared memory) must pass and leave nothing in /dev/shm;
-#   5. the host-only variant of the kernels crate (CCLD_NO_NVCC=1) builds;
+#   5. the host-only variant of the kernels crate (CCLD_NO_NVCC=1) builds; then the line
+#      coverage of the kernel source by the CPU runs (scripts/kernel-coverage.sh, >= 90 %);
 #   6. NVIDIA's nccl-tests 2.19.6, all 11 binaries, built with the pinned nvcc against
 #      NVIDIA's nccl.h 2.30.7 and linked against our debug libnccl.so.2; every binary must
 #      resolve libnccl.so.2 to ours with no undefined symbol, and one run without a GPU
@@ -43,6 +44,9 @@ CCLD_DEVICE_EMULATION=1 timeout 120 cargo run -q -p ccl-core --example device_ma
 # Host-only variant: the kernels crate must build without nvcc (its tests would pull the
 # whole probe/analyzer tree into a second target dir for nothing new).
 CCLD_NO_NVCC=1 CARGO_TARGET_DIR=target/host-only cargo build -p kernels
+# Line coverage of the kernels' device part by the CPU runs (the kernel source compiled for
+# the host with gcov; fails under 90 %). Rebuilds the kernels crate in that configuration.
+scripts/kernel-coverage.sh | tail -25
 # NVIDIA's nccl-tests as a client of our library (no GPU needed to build and link).
 cargo build -p ccl-ffi
 scripts/gpu/build-nccl-tests.sh --lib target/debug/libnccl.so.2

@@ -8,11 +8,16 @@ use std::time::{Duration, Instant};
 use kernels::ffi::{ccl_dev_conn_t, CCL_MAX_BUFS};
 use probe::{CollKind, Frame};
 
+use super::reference::*;
 use super::*;
 use crate::device::lower::tests::{buf_lens, lowered_plan_es};
 use crate::device::lower::{lower, red_params, ConnDir, ConnKey};
+use crate::reduce::Reducer;
 use crate::reduce::{element_to_f64, f64_to_element};
 use crate::schedule::{self, CollDesc, LinkKind, BUF_RECV, BUF_SEND};
+use crate::types::{DataType, RedOpKind};
+use kernels::ffi::*;
+use std::sync::atomic::{AtomicU32, AtomicU64};
 
 const SLOTS: u32 = 4;
 
