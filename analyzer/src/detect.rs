@@ -140,9 +140,10 @@ pub fn classify_slow(p: f64, alpha: f64, beta: f64) -> SlowKind {
     }
 }
 
-/// True for a barrier: an AllReduce moving fewer than `barrier_max_bytes` bytes.
+/// True for a barrier: an AllReduce moving at most `barrier_max_bytes` bytes (PyTorch's
+/// barrier is a 4-byte AllReduce).
 pub fn is_barrier(collective: i32, bytes: u64, barrier_max_bytes: u64) -> bool {
-    collective == CollKind::AllReduce as i32 && bytes < barrier_max_bytes
+    collective == CollKind::AllReduce as i32 && bytes <= barrier_max_bytes
 }
 
 /// The paper's SendRate/RecvRate: 1 / (sampling ticks in which the count changed); 0 when
@@ -403,7 +404,8 @@ mod tests {
     fn barrier_is_allreduce_below_four_bytes_only() {
         assert!(is_barrier(CollKind::AllReduce as i32, 0, 4));
         assert!(is_barrier(CollKind::AllReduce as i32, 3, 4));
-        assert!(!is_barrier(CollKind::AllReduce as i32, 4, 4));
+        assert!(is_barrier(CollKind::AllReduce as i32, 4, 4));
+        assert!(!is_barrier(CollKind::AllReduce as i32, 5, 4));
         assert!(!is_barrier(CollKind::AllGather as i32, 1, 4));
     }
 

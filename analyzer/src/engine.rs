@@ -55,7 +55,9 @@ use crate::wire::{self, AnomalyClass, BaselineKind};
 pub struct EngineConfig {
     /// A rank in flight longer than this is hung (paper: 5 min).
     pub hang_threshold: Duration,
-    /// An AllReduce moving fewer bytes than this is a barrier and never diagnosed (paper: 4).
+    /// An AllReduce moving at most this many bytes is a barrier (PyTorch's is 4 bytes): no
+    /// slow detection; a hang only when some rank has not reached it after twice
+    /// `hang_threshold`.
     pub barrier_max_bytes: u64,
     /// Static baseline T_base(init), used while r <= m (slow-at-start).
     pub t_base_init: Duration,
@@ -393,6 +395,8 @@ pub struct EngineStats {
     pub diagnoses: u64,
     /// Communicators dropped for idleness.
     pub comms_evicted: u64,
+    /// Records of the p2p sequence space (liveness only, never a collective round).
+    pub p2p_space_records: u64,
 }
 
 fn dur_ns(d: Duration) -> u64 {
@@ -617,6 +621,8 @@ struct RankInfo {
     done_send: u64,
     done_recv: u64,
     records: u64,
+    /// Records the rank's process reported dropped (heartbeat, cumulative).
+    records_dropped: u64,
     win_ops: u32,
     /// Rounds of the window that this rank entered last, with a positive lateness.
     win_last_in: u32,
@@ -656,6 +662,7 @@ impl RankInfo {
             done_send: 0,
             done_recv: 0,
             records: 0,
+            records_dropped: 0,
             win_ops: 0,
             win_last_in: 0,
             win_send_rate: 0.0,
@@ -1060,6 +1067,9 @@ impl Engine {
 
     fn ingest_inner(&mut self, rec: &wire::OpRecord, now_ns: u64) -> Result<(), Reject> {
         let (comm_id, c) = self.validate(rec)?;
+        if rec.seq_space == wire::SeqSpace::P2p as i32 {
+            return self.ingest_p2p_space(rec, comm_id, now_ns);
+        }
         let Some(op) = rec.op.as_ref() else {
             return Err(Reject::MissingOpTypeSet {
                 comm_id,
@@ -1305,6 +1315,44 @@ impl Engine {
         Ok(())
     }
 
+    /// A record counted in the p2p sequence space (`SEQ_SPACE_P2P`): its counter is the
+    /// rank's own p2p group count, not a collective round, so it never enters (or shifts)
+    /// the collective rounds. It keeps the rank alive; failed ones are failure evidence.
+    fn ingest_p2p_space(
+        &mut self,
+        rec: &wire::OpRecord,
+        comm_id: u64,
+        now_ns: u64,
+    ) -> Result<(), Reject> {
+        if !self.comms.contains_key(&comm_id) && self.comms.len() >= self.cfg.max_comms {
+            return Err(Reject::TooManyComms {
+                max: self.cfg.max_comms,
+            });
+        }
+        let comm = self
+            .comms
+            .entry(comm_id)
+            .or_insert_with(|| Comm::new(comm_id, rec.nranks, now_ns));
+        if comm.nranks != rec.nranks {
+            return Err(Reject::NranksMismatch {
+                comm_id,
+                got: rec.nranks,
+                expected: comm.nranks,
+            });
+        }
+        comm.last_seen_ns = comm.last_seen_ns.max(now_ns);
+        let info = &mut comm.ranks[rec.rank as usize];
+        if info.host != rec.host {
+            info.host.clone_from(&rec.host);
+        }
+        info.pid = rec.pid;
+        info.reported = true;
+        info.last_seen_ns = info.last_seen_ns.max(now_ns);
+        info.records += 1;
+        self.stats.p2p_space_records += 1;
+        Ok(())
+    }
+
     fn touch_rank(comm: &mut Comm, rec: &wire::OpRecord, c: u64, now_ns: u64) {
         comm.last_seen_ns = comm.last_seen_ns.max(now_ns);
         let info = &mut comm.ranks[rec.rank as usize];
@@ -1485,6 +1533,7 @@ impl Engine {
             }
             info.pid = hb.pid;
             info.reported = true;
+            info.records_dropped = info.records_dropped.max(hb.records_dropped);
             info.last_seen_ns = info.last_seen_ns.max(now_ns);
             if let Some(c) = m.last_op_counter {
                 info.newest_op = Some(info.newest_op.map_or(c, |n| n.max(c)));
@@ -1631,7 +1680,12 @@ impl Engine {
             if earliest == u64::MAX || now_ns.saturating_sub(earliest) <= thr {
                 continue;
             }
-            if round.barrier(cfg.barrier_max_bytes) {
+            // A barrier waits for the slowest rank's computation by design: it hangs only
+            // when some rank has not reached it after twice the hang threshold.
+            if round.barrier(cfg.barrier_max_bytes)
+                && (round.present >= comm.nranks
+                    || now_ns.saturating_sub(earliest) <= thr.saturating_mul(2))
+            {
                 continue;
             }
             hung_idx = Some(i);
@@ -1682,8 +1736,15 @@ impl Engine {
                 silent: i.silent(now_ns, silent_after),
                 reported: i.reported,
                 records: i.records,
+                records_dropped: i.records_dropped,
             })
             .collect();
+        let mut procs = std::collections::HashMap::new();
+        for i in &comm.ranks {
+            let d = procs.entry((i.host.as_str(), i.pid)).or_insert(0u64);
+            *d = (*d).max(i.records_dropped);
+        }
+        let records_dropped = procs.values().sum();
         let (t_base_ns, baseline) = comm
             .kinds
             .first()
@@ -1704,6 +1765,7 @@ impl Engine {
             last_seen_ns: comm.last_seen_ns,
             anomaly_ids: comm.anomaly_ids.clone(),
             shard: String::new(),
+            records_dropped,
         })
     }
 
@@ -2971,12 +3033,12 @@ mod tests {
     }
 
     #[test]
-    fn barriers_never_hang_but_four_byte_allreduce_does() {
-        let mut e = Engine::new(cfg());
-        let t = feed_hang(&mut e, 4, None, (CollKind::AllReduce, 3));
-        assert!(e.tick(t).is_empty(), "AllReduce of 3 bytes is a barrier");
+    fn entered_barriers_never_hang_but_five_byte_allreduce_does() {
         let mut e = Engine::new(cfg());
         let t = feed_hang(&mut e, 4, None, (CollKind::AllReduce, 4));
+        assert!(e.tick(t).is_empty(), "AllReduce of 4 bytes is a barrier");
+        let mut e = Engine::new(cfg());
+        let t = feed_hang(&mut e, 4, None, (CollKind::AllReduce, 5));
         assert_eq!(e.tick(t).len(), 1);
     }
 

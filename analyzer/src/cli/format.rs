@@ -224,6 +224,12 @@ pub fn comm_table(c: &CommState) -> String {
     if !c.anomaly_ids.is_empty() {
         s.push_str(&format!("anomalies: {}\n", c.anomaly_ids.join(", ")));
     }
+    if c.records_dropped > 0 {
+        s.push_str(&format!(
+            "warning: the probes dropped {} records (diagnoses may miss what they held)\n",
+            c.records_dropped
+        ));
+    }
     let rows: Vec<Vec<String>> = c
         .ranks
         .iter()
@@ -248,7 +254,12 @@ pub fn comm_table(c: &CommState) -> String {
                 r.recv_count.to_string(),
                 format!("{:.3}", r.send_rate),
                 format!("{:.3}", r.recv_rate),
-                if r.silent { "SILENT" } else { "" }.to_string(),
+                match (r.silent, r.records_dropped) {
+                    (true, 0) => "SILENT".to_string(),
+                    (true, d) => format!("SILENT, {d} dropped"),
+                    (false, 0) => String::new(),
+                    (false, d) => format!("{d} dropped"),
+                },
             ]
         })
         .collect();
@@ -402,6 +413,7 @@ pub fn comm_json(c: &CommState) -> Value {
         "last_seen_ns": c.last_seen_ns,
         "anomaly_ids": c.anomaly_ids,
         "shard": c.shard,
+        "records_dropped": c.records_dropped,
         "ranks": c.ranks.iter().map(|r| json!({
             "rank": r.rank, "host": r.host, "pid": r.pid,
             "last_op_counter": r.last_op_counter, "state": op_state_name(r.state),
@@ -410,6 +422,7 @@ pub fn comm_json(c: &CommState) -> Value {
             "send_count": r.send_count, "recv_count": r.recv_count,
             "send_rate": r.send_rate, "recv_rate": r.recv_rate,
             "silent": r.silent, "reported": r.reported, "records": r.records,
+            "records_dropped": r.records_dropped,
         })).collect::<Vec<_>>(),
     })
 }

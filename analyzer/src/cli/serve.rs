@@ -46,7 +46,8 @@ pub struct DetectArgs {
     /// A rank with no record or heartbeat for this long is reported silent.
     #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
     pub silent_after_s: f64,
-    /// AllReduce calls moving fewer bytes than this are barriers and never diagnosed.
+    /// AllReduce calls moving at most this many bytes are barriers: never slow, and a hang
+    /// only when a rank has not reached one after twice the hang threshold.
     #[arg(long, value_name = "BYTES", default_value_t = 4)]
     pub barrier_max_bytes: u64,
     /// Largest accepted communicator size.
