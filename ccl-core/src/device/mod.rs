@@ -13,6 +13,7 @@ pub mod capture;
 pub mod emu;
 pub mod lower;
 pub mod proto;
+pub mod release;
 pub mod runtime;
 pub mod selftest;
 
