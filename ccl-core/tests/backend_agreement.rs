@@ -3,7 +3,10 @@
 //! `CCLD_DEVICE_EMULATION=1`) and rank 1 the host backend (`CCLD_BACKEND=host`): before
 //! the check, each would connect a different transport and wait forever (or exchange
 //! garbage); now both inits fail with `ncclInvalidUsage` and a message naming the ranks of
-//! each side. Control: the same job with both ranks on the emulator initialises.
+//! each side. Control: the same job with both ranks on the emulator initialises and
+//! destroys without any synchronisation between the two (the deferred release of blocker
+//! 7: before it, the first rank to destroy unlinked the staging segment the other was
+//! about to open, "shm segment not found").
 //! The test binary re-executes itself as the ranks (`proc_rank_entry`).
 
 mod common;
@@ -29,26 +32,12 @@ fn rank_main() {
     match Comm::init_rank(2, id, rank, CommConfig::default()) {
         Ok(c) => {
             println!("@@OK device={}", c.is_device());
-            // Both inits done before either destroys: destroy is not collective and frees
-            // the FIFOs the other rank may still be mapping (issue 15 blocker 7, open).
-            file_barrier(rank);
+            // No synchronisation before destroy: the rank that finishes init first
+            // destroys while the other may still be opening its staging segment; the
+            // deferred release (issue 15 blocker 7) keeps it until the peer is done.
             c.destroy().expect("destroy");
         }
         Err(e) => println!("@@ERR {} {e}", e.code() as i32),
-    }
-}
-
-/// Waits (up to 20 s) until both ranks created their marker file in `CCLD_AGREE_DIR`.
-fn file_barrier(rank: i32) {
-    let dir = std::path::PathBuf::from(std::env::var("CCLD_AGREE_DIR").expect("dir"));
-    std::fs::write(dir.join(format!("ready-{rank}")), b"").expect("marker");
-    let t0 = std::time::Instant::now();
-    while !(0..2).all(|r| dir.join(format!("ready-{r}")).exists()) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "peer never got ready"
-        );
-        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
@@ -63,13 +52,6 @@ fn proc_rank_entry() {
 /// Runs two rank processes, rank r with `env(r)`; returns each rank's marker line.
 fn job(env: impl Fn(usize) -> Vec<(&'static str, &'static str)>) -> Vec<String> {
     let id = get_unique_id().expect("unique id");
-    let dir = std::env::temp_dir().join(format!(
-        "ccld-agree-{}-{}",
-        std::process::id(),
-        hex(&id.0[..8])
-    ));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let dir_s = dir.to_string_lossy().into_owned();
     let mut j = spawn_ranks(
         2,
         |r| {
@@ -79,7 +61,6 @@ fn job(env: impl Fn(usize) -> Vec<(&'static str, &'static str)>) -> Vec<String> 
                 ("NCCL_BUFFSIZE".to_string(), "65536".to_string()),
                 (ENV_UID.to_string(), hex(&id.0)),
                 (ENV_RANK.to_string(), r.to_string()),
-                ("CCLD_AGREE_DIR".to_string(), dir_s.clone()),
             ];
             v.extend(
                 env(r)
@@ -91,7 +72,6 @@ fn job(env: impl Fn(usize) -> Vec<(&'static str, &'static str)>) -> Vec<String> 
         &["CCLD_BACKEND", "CCLD_DEVICE_EMULATION"],
     );
     let codes = wait_all(&mut j.children, Duration::from_secs(60));
-    let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(
         codes,
         vec![Some(0), Some(0)],

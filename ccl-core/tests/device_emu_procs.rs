@@ -104,6 +104,12 @@ fn rank_main() {
     println!("@@REG {}", emu::global().live_registrations());
     drop(dr);
     comm.destroy().expect("destroy");
+    // Registrations peers map are released once the peer destroyed too (deferred
+    // release, issue 15 blocker 7): wait for it, bounded.
+    let t0 = Instant::now();
+    while emu::global().live_registrations() > 0 && t0.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     println!("@@REGAFTER {}", emu::global().live_registrations());
     println!("@@DONE");
 }

@@ -14,6 +14,7 @@ pub mod emu;
 pub mod emu_kernel;
 pub mod lower;
 pub mod proto;
+pub mod release;
 pub mod runtime;
 pub mod selftest;
 

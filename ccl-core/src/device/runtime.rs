@@ -1633,11 +1633,16 @@ impl DeviceComm {
         for p in st.opened.drain(..) {
             errs.push(self.api.ipc_close(p));
         }
-        for p in st.owned.drain(..) {
-            errs.push(self.api.free(p));
-        }
-        // Unregister + unmap (Staged::drop); the peer's mapping keeps the pages alive.
-        st.staged.clear();
+        // What peers map (our inbound FIFOs, staging segments) is freed once they are done
+        // with it (issue 15 blocker 7, `release`); not after an abort (peers may be hung).
+        let owned: Vec<usize> = st.owned.drain(..).collect();
+        let staged: Vec<Staged> = st.staged.drain(..).collect();
+        let aborted = self.abort.load(Ordering::Acquire);
+        let peers = if aborted {
+            Vec::new()
+        } else {
+            super::release::connected_peers(st.conns.keys().map(|k| k.peer), self.rank)
+        };
         for (_, v) in st.cache.drain() {
             for (_, u) in v {
                 errs.push(self.api.host_free(u.host));
@@ -1646,9 +1651,29 @@ impl DeviceComm {
         st.conns.clear();
         errs.push(self.api.host_free(self.abort_mem.host));
         errs.push(self.api.stream_destroy(self.setup));
+        drop(st);
         for e in errs.into_iter().filter_map(|r| r.err()) {
             tracing::warn!(target: "nccl::ALLOC", rank = self.rank, "{e}");
         }
+        super::release::notify(&self.boot, &peers);
+        let (api, device, rank) = (Arc::clone(&self.api), self.device, self.rank);
+        let free = Box::new(move || {
+            let _dev = DeviceGuard::new(&*api, device).ok();
+            for p in owned {
+                if let Err(e) = api.free(p) {
+                    tracing::warn!(target: "nccl::ALLOC", rank = rank, "{e}");
+                }
+            }
+            // Unregister + unmap (Staged::drop); the peer's mapping keeps the pages alive.
+            drop(staged);
+        });
+        super::release::defer(
+            Arc::clone(&self.boot),
+            peers,
+            self.boot.timeout(),
+            format!("comm {:#018x}", self.comm_id),
+            free,
+        );
     }
 }
 
