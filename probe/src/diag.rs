@@ -36,6 +36,7 @@ use analyzer::wire;
 use crate::frame::Frame;
 use crate::optype::{OpLog, OpSnapshot, OpState};
 use crate::sched::CpuWaitTracker;
+use crate::seqspace::{OpSeq, SeqLog, SeqSpace};
 use crate::thin;
 
 fn clock_base() -> Instant {
@@ -85,6 +86,8 @@ pub struct Source {
     thin: ThinState,
     /// Target interval between reported completions (`CCLD_RECORD_US` at registration).
     record_ns: u64,
+    /// Sequence-space identity of the recent operations ([`crate::seqspace`]).
+    seqs: SeqLog,
 }
 
 /// One rank's record thinning ([`thin`]) and computation-gap bookkeeping. Written by the
@@ -316,6 +319,13 @@ impl Source {
         stride
     }
 
+    /// Called by the executor before it starts local operation `local` (the op-log
+    /// counter): the operation's collective or p2p sequence numbers, which its records and
+    /// the heartbeats carry ([`crate::seqspace`]).
+    pub fn set_seq(&self, local: u64, id: OpSeq) {
+        self.seqs.set(local, id);
+    }
+
     /// Completions of this rank reported so far and left out by thinning.
     pub fn thinning_counts(&self) -> (u64, u64) {
         (
@@ -372,8 +382,9 @@ impl Source {
         t.last_counter.store(c + 1, Ordering::Relaxed);
         t.last_end_ns.store(snap.end_ns, Ordering::Relaxed);
         let stride = self.stride_for(c, snap.start_ns);
-        let report =
-            snap.state != OpState::Completed || thin::selected(self.ident.comm_id, c, stride) || {
+        let report = snap.state != OpState::Completed
+            || thin::selected(self.ident.comm_id, self.seqs.thin_key(c), stride)
+            || {
                 // Pairs with the fence in `Sampler::sample` (the op log's finish store came
                 // before this): either the diagnostic thread sees this operation finished
                 // and sends no snapshot, or this load sees its mark and the snapshot is
@@ -426,6 +437,7 @@ pub fn register_with_target(
         exec_tid: AtomicI32::new(0),
         thin: ThinState::default(),
         record_ns: u64::try_from(record.as_nanos()).unwrap_or(u64::MAX),
+        seqs: SeqLog::new(),
     });
     let mut v = lock(&g.sources);
     v.retain(|(_, w)| w.strong_count() > 0);
@@ -669,10 +681,33 @@ impl Sampler {
                 }
             })
             .collect();
+        let id = s.seqs.get(counter);
+        let (number, space, p2p) = match id {
+            Some(id) => (
+                id.number,
+                id.space,
+                id.p2p
+                    .iter()
+                    .map(|p| wire::P2pPeerSeq {
+                        peer: p.peer,
+                        send: p.send,
+                        seq: p.seq,
+                        count: p.count,
+                        dtype: u32::from(p.dtype),
+                    })
+                    .collect(),
+            ),
+            // Not registered by the runtime (tests driving the op log directly).
+            None => (counter, SeqSpace::Collective, Vec::new()),
+        };
+        let seq_space = match space {
+            SeqSpace::Collective => wire::SeqSpace::Collective,
+            SeqSpace::P2p => wire::SeqSpace::P2p,
+        };
         wire::OpRecord {
             trace: Some(wire::TraceId {
                 comm_id: s.ident.comm_id,
-                op_counter: counter,
+                op_counter: number,
                 extension: 0,
             }),
             rank: s.ident.rank,
@@ -692,8 +727,8 @@ impl Sampler {
             failure: 0,
             peer_lost: None,
             mismatch: None,
-            seq_space: 0,
-            p2p: Vec::new(),
+            seq_space: seq_space as i32,
+            p2p,
         }
     }
 
@@ -908,12 +943,19 @@ impl Sampler {
                 .iter()
                 .map(|s| {
                     let h = s.frame.header();
+                    let runtime =
+                        s.seqs.last_collective().is_some() || s.seqs.p2p_groups().is_some();
                     wire::RankMembership {
                         comm_id: s.ident.comm_id,
                         rank: s.ident.rank,
                         nranks: s.ident.nranks,
-                        last_op_counter: s.op_log.get(h.op_counter).map(|_| h.op_counter),
-                        last_p2p_counter: None,
+                        last_op_counter: if runtime {
+                            s.seqs.last_collective()
+                        } else {
+                            // Op log driven without sequence identities (tests).
+                            s.op_log.get(h.op_counter).map(|_| h.op_counter)
+                        },
+                        last_p2p_counter: s.seqs.p2p_groups(),
                     }
                 })
                 .collect(),
