@@ -183,6 +183,9 @@ struct Done {
     thinning: Thinning,
     /// Why the operation failed (failed operations only; boxed: the common case is `None`).
     failure: Option<Box<crate::failure::Failure>>,
+    /// Its sequence-space identity, copied at completion (the ring is as short as the op
+    /// log's).
+    id: Option<OpSeq>,
 }
 
 /// What a record says about thinning and the computation gap.
@@ -290,6 +293,7 @@ impl Source {
             chans: DoneChans::collect(n, |c| chan_done(&self.frame, block, c)),
             thinning,
             failure: None,
+            id: self.seqs.get(counter),
         }
     }
 
@@ -681,33 +685,10 @@ impl Sampler {
                 }
             })
             .collect();
-        let id = s.seqs.get(counter);
-        let (number, space, p2p) = match id {
-            Some(id) => (
-                id.number,
-                id.space,
-                id.p2p
-                    .iter()
-                    .map(|p| wire::P2pPeerSeq {
-                        peer: p.peer,
-                        send: p.send,
-                        seq: p.seq,
-                        count: p.count,
-                        dtype: u32::from(p.dtype),
-                    })
-                    .collect(),
-            ),
-            // Not registered by the runtime (tests driving the op log directly).
-            None => (counter, SeqSpace::Collective, Vec::new()),
-        };
-        let seq_space = match space {
-            SeqSpace::Collective => wire::SeqSpace::Collective,
-            SeqSpace::P2p => wire::SeqSpace::P2p,
-        };
-        wire::OpRecord {
+        let mut rec = wire::OpRecord {
             trace: Some(wire::TraceId {
                 comm_id: s.ident.comm_id,
-                op_counter: number,
+                op_counter: counter,
                 extension: 0,
             }),
             rank: s.ident.rank,
@@ -727,9 +708,15 @@ impl Sampler {
             failure: 0,
             peer_lost: None,
             mismatch: None,
-            seq_space: seq_space as i32,
-            p2p,
+            seq_space: wire::SeqSpace::Collective as i32,
+            p2p: Vec::new(),
+        };
+        // Numbered in its sequence space when the runtime registered it (not when a test
+        // drives the op log directly).
+        if let Some(id) = s.seqs.get(counter) {
+            set_identity(&mut rec, &id);
         }
+        rec
     }
 
     fn next_seq(&mut self) -> u64 {
@@ -910,7 +897,7 @@ impl Sampler {
     fn complete_plain(&mut self, s: &Source, d: &Done, now: u64) -> wire::OpRecord {
         let seq = self.next_seq();
         let chans = d.chans.as_slice();
-        match self.tracks.get_mut(&s.id) {
+        let mut rec = match self.tracks.get_mut(&s.id) {
             Some(tr) if tr.counter == Some(d.counter) => {
                 tr.seq_done = Some(d.counter);
                 let tr = &self.tracks[&s.id];
@@ -920,7 +907,11 @@ impl Sampler {
                 let ticks = self.finished_ticks.remove(&(s.id, d.counter));
                 self.record(seq, s, &d.snap, chans, ticks.as_deref(), d.thinning, now)
             }
+        };
+        if let Some(id) = &d.id {
+            set_identity(&mut rec, id);
         }
+        rec
     }
 
     /// Reads the run-queue delay of the threads running the host-backend ranks' operations
@@ -963,6 +954,28 @@ impl Sampler {
             time_ns: now,
         }
     }
+}
+
+/// Numbers `rec` in the sequence space of `id` ([`crate::seqspace`]).
+fn set_identity(rec: &mut wire::OpRecord, id: &OpSeq) {
+    if let Some(t) = rec.trace.as_mut() {
+        t.op_counter = id.number;
+    }
+    rec.seq_space = match id.space {
+        SeqSpace::Collective => wire::SeqSpace::Collective,
+        SeqSpace::P2p => wire::SeqSpace::P2p,
+    } as i32;
+    rec.p2p = id
+        .p2p
+        .iter()
+        .map(|p| wire::P2pPeerSeq {
+            peer: p.peer,
+            send: p.send,
+            seq: p.seq,
+            count: p.count,
+            dtype: u32::from(p.dtype),
+        })
+        .collect();
 }
 
 fn live_sources() -> Vec<Arc<Source>> {
@@ -1253,6 +1266,7 @@ mod tests {
             chans: DoneChans::Heap(Sampler::live_chans(&s, 5)),
             thinning: Thinning::default(),
             failure: None,
+            id: None,
         };
         let r = sm.complete(&s, &d, 0);
         assert_eq!(r.trace.unwrap().op_counter, 5);
@@ -1292,6 +1306,7 @@ mod tests {
                 chans: DoneChans::Heap(Sampler::live_chans(&s, c)),
                 thinning: Thinning::default(),
                 failure: None,
+                id: None,
             }
         };
         // Before any reading the metric is unknown.
