@@ -137,10 +137,10 @@ fn latest_membership(comm_id: u64, rank: u32) -> Option<wire::RankMembership> {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .iter()
-        .flat_map(|b| b.heartbeats.iter())
+        .rev()
+        .flat_map(|b| b.heartbeats.iter().rev())
         .flat_map(|h| h.ranks.iter())
-        .filter(|m| m.comm_id == comm_id && m.rank == rank)
-        .last()
+        .find(|m| m.comm_id == comm_id && m.rank == rank)
         .cloned()
 }
 
@@ -177,7 +177,7 @@ fn pipeline_records_count_collectives_and_pairs_in_their_own_spaces() {
             .filter(|x| x.seq_space == wire::SeqSpace::P2p as i32)
             .map(|x| {
                 assert_eq!(x.p2p.len(), 1, "{x:?}");
-                (x.trace.unwrap().op_counter, x.p2p[0].clone())
+                (x.trace.unwrap().op_counter, x.p2p[0])
             })
             .collect();
         p2p.sort_by_key(|x| x.0);
