@@ -688,13 +688,13 @@ impl Worker {
             info.bytes /= 2;
         }
         let counter = sh.op_counter.fetch_add(1, Ordering::AcqRel);
-        if let Some(src) = &sh.source {
+        // Probing can be paused at run time (`Comm::set_probing`): decided once per operation.
+        let probing = sh.probe_on && sh.frame.is_measuring();
+        if let (true, Some(src)) = (probing, &sh.source) {
             // Before the operation starts: its records and the heartbeats number it in its
             // sequence space (collective / p2p), not by the local counter.
             src.set_seq(counter, seq_id);
         }
-        // Probing can be paused at run time (`Comm::set_probing`): decided once per operation.
-        let probing = sh.probe_on && sh.frame.is_measuring();
         let block = probing.then(|| sh.frame.begin_op(sh.comm_id, counter, plan.n_channels));
         if let Some(b) = block {
             // What the schedule expects of each channel: the analyzer's progress fractions
