@@ -273,6 +273,8 @@ pub(crate) fn check_poison(t: &Transport, rank: usize, collectives: u64) -> Resu
 pub(crate) struct SeqState {
     coll: u64,
     pairs: HashMap<(Dir, usize), u64>,
+    /// p2p groups issued so far (this rank's own count).
+    p2p_groups: u64,
 }
 
 impl SeqState {
@@ -282,19 +284,64 @@ impl SeqState {
         self.coll
     }
 
-    /// The descriptors of `item` (see [`descriptors`]), advancing the sequences.
-    pub(crate) fn descriptors(&mut self, item: &WorkItem) -> Vec<[u64; FifoLayout::DESC_WORDS]> {
+    /// The descriptors of `item` (see [`descriptors`]) and its sequence-space identity for
+    /// the probe (collective number, or p2p group count with each call's pair sequence),
+    /// advancing the sequences.
+    pub(crate) fn descriptors(
+        &mut self,
+        item: &WorkItem,
+    ) -> (Vec<[u64; FifoLayout::DESC_WORDS]>, probe::OpSeq) {
         let seq = self.coll;
-        if matches!(item, WorkItem::Coll(_)) {
-            self.coll += 1;
-        }
+        let id = match item {
+            WorkItem::Coll(_) => {
+                self.coll += 1;
+                probe::OpSeq {
+                    space: probe::SeqSpace::Collective,
+                    number: seq,
+                    p2p: Vec::new(),
+                }
+            }
+            WorkItem::P2p(_) => {
+                self.p2p_groups += 1;
+                probe::OpSeq {
+                    space: probe::SeqSpace::P2p,
+                    number: self.p2p_groups - 1,
+                    p2p: Vec::new(),
+                }
+            }
+        };
         let pairs = &mut self.pairs;
-        descriptors(item, seq, |dir, peer| {
+        let descs = descriptors(item, seq, |dir, peer| {
             let e = pairs.entry((dir, peer)).or_insert(0);
             *e += 1;
             *e - 1
-        })
+        });
+        let id = with_peer_seqs(item, id, &descs);
+        (descs, id)
     }
+}
+
+/// `id` with the Send/Recv calls of a p2p `item` and the pair sequence numbers of their
+/// descriptors `descs` (same order) added.
+fn with_peer_seqs(
+    item: &WorkItem,
+    mut id: probe::OpSeq,
+    descs: &[[u64; FifoLayout::DESC_WORDS]],
+) -> probe::OpSeq {
+    if let WorkItem::P2p(calls) = item {
+        id.p2p = calls
+            .iter()
+            .zip(descs)
+            .map(|(c, d)| probe::PeerSeq {
+                peer: c.peer as u32,
+                send: c.dir == Dir::Send,
+                seq: OpDesc::decode(*d).map_or(d[0], |x| x.seq),
+                count: c.count as u64,
+                dtype: c.dtype as u8,
+            })
+            .collect();
+    }
+    id
 }
 
 /// Bits of the collective count in a poison word.

@@ -636,7 +636,7 @@ impl Worker {
         let sh = &self.shared;
         let mut plan = plan_for(item, sh.rank, sh.nranks, &sh.tuning)?;
         crate::desc::add_descriptor_only_steps(&mut plan, item, sh.rank, sh.nranks);
-        let descs = self.seqs.descriptors(item);
+        let (descs, seq_id) = self.seqs.descriptors(item);
         self.failure = None;
         // Buffers by index, staging AlltoAll input that overlaps its output.
         let mut staged: Option<Vec<u8>> = None;
@@ -690,6 +690,11 @@ impl Worker {
         let counter = sh.op_counter.fetch_add(1, Ordering::AcqRel);
         // Probing can be paused at run time (`Comm::set_probing`): decided once per operation.
         let probing = sh.probe_on && sh.frame.is_measuring();
+        if let (true, Some(src)) = (probing, &sh.source) {
+            // Before the operation starts: its records and the heartbeats number it in its
+            // sequence space (collective / p2p), not by the local counter.
+            src.set_seq(counter, seq_id);
+        }
         let block = probing.then(|| sh.frame.begin_op(sh.comm_id, counter, plan.n_channels));
         if let Some(b) = block {
             // What the schedule expects of each channel: the analyzer's progress fractions

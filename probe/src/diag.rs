@@ -36,6 +36,7 @@ use analyzer::wire;
 use crate::frame::Frame;
 use crate::optype::{OpLog, OpSnapshot, OpState};
 use crate::sched::CpuWaitTracker;
+use crate::seqspace::{OpSeq, SeqLog, SeqSpace};
 use crate::thin;
 
 fn clock_base() -> Instant {
@@ -85,6 +86,8 @@ pub struct Source {
     thin: ThinState,
     /// Target interval between reported completions (`CCLD_RECORD_US` at registration).
     record_ns: u64,
+    /// Sequence-space identity of the recent operations ([`crate::seqspace`]).
+    seqs: SeqLog,
 }
 
 /// One rank's record thinning ([`thin`]) and computation-gap bookkeeping. Written by the
@@ -180,6 +183,9 @@ struct Done {
     thinning: Thinning,
     /// Why the operation failed (failed operations only; boxed: the common case is `None`).
     failure: Option<Box<crate::failure::Failure>>,
+    /// Its sequence-space identity, copied at completion (the ring is as short as the op
+    /// log's).
+    id: Option<OpSeq>,
 }
 
 /// What a record says about thinning and the computation gap.
@@ -287,6 +293,7 @@ impl Source {
             chans: DoneChans::collect(n, |c| chan_done(&self.frame, block, c)),
             thinning,
             failure: None,
+            id: self.seqs.get(counter),
         }
     }
 
@@ -314,6 +321,13 @@ impl Source {
             t.epoch_start_ns.store(start_ns, Ordering::Relaxed);
         }
         stride
+    }
+
+    /// Called by the executor before it starts local operation `local` (the op-log
+    /// counter): the operation's collective or p2p sequence numbers, which its records and
+    /// the heartbeats carry ([`crate::seqspace`]).
+    pub fn set_seq(&self, local: u64, id: OpSeq) {
+        self.seqs.set(local, id);
     }
 
     /// Completions of this rank reported so far and left out by thinning.
@@ -372,8 +386,9 @@ impl Source {
         t.last_counter.store(c + 1, Ordering::Relaxed);
         t.last_end_ns.store(snap.end_ns, Ordering::Relaxed);
         let stride = self.stride_for(c, snap.start_ns);
-        let report =
-            snap.state != OpState::Completed || thin::selected(self.ident.comm_id, c, stride) || {
+        let report = snap.state != OpState::Completed
+            || thin::selected(self.ident.comm_id, self.seqs.thin_key(c), stride)
+            || {
                 // Pairs with the fence in `Sampler::sample` (the op log's finish store came
                 // before this): either the diagnostic thread sees this operation finished
                 // and sends no snapshot, or this load sees its mark and the snapshot is
@@ -426,6 +441,7 @@ pub fn register_with_target(
         exec_tid: AtomicI32::new(0),
         thin: ThinState::default(),
         record_ns: u64::try_from(record.as_nanos()).unwrap_or(u64::MAX),
+        seqs: SeqLog::new(),
     });
     let mut v = lock(&g.sources);
     v.retain(|(_, w)| w.strong_count() > 0);
@@ -669,7 +685,7 @@ impl Sampler {
                 }
             })
             .collect();
-        wire::OpRecord {
+        let mut rec = wire::OpRecord {
             trace: Some(wire::TraceId {
                 comm_id: s.ident.comm_id,
                 op_counter: counter,
@@ -692,9 +708,15 @@ impl Sampler {
             failure: 0,
             peer_lost: None,
             mismatch: None,
-            seq_space: 0,
+            seq_space: wire::SeqSpace::Collective as i32,
             p2p: Vec::new(),
+        };
+        // Numbered in its sequence space when the runtime registered it (not when a test
+        // drives the op log directly).
+        if let Some(id) = s.seqs.get(counter) {
+            set_identity(&mut rec, &id);
         }
+        rec
     }
 
     fn next_seq(&mut self) -> u64 {
@@ -875,7 +897,7 @@ impl Sampler {
     fn complete_plain(&mut self, s: &Source, d: &Done, now: u64) -> wire::OpRecord {
         let seq = self.next_seq();
         let chans = d.chans.as_slice();
-        match self.tracks.get_mut(&s.id) {
+        let mut rec = match self.tracks.get_mut(&s.id) {
             Some(tr) if tr.counter == Some(d.counter) => {
                 tr.seq_done = Some(d.counter);
                 let tr = &self.tracks[&s.id];
@@ -885,7 +907,11 @@ impl Sampler {
                 let ticks = self.finished_ticks.remove(&(s.id, d.counter));
                 self.record(seq, s, &d.snap, chans, ticks.as_deref(), d.thinning, now)
             }
+        };
+        if let Some(id) = &d.id {
+            set_identity(&mut rec, id);
         }
+        rec
     }
 
     /// Reads the run-queue delay of the threads running the host-backend ranks' operations
@@ -908,12 +934,19 @@ impl Sampler {
                 .iter()
                 .map(|s| {
                     let h = s.frame.header();
+                    let runtime =
+                        s.seqs.last_collective().is_some() || s.seqs.p2p_groups().is_some();
                     wire::RankMembership {
                         comm_id: s.ident.comm_id,
                         rank: s.ident.rank,
                         nranks: s.ident.nranks,
-                        last_op_counter: s.op_log.get(h.op_counter).map(|_| h.op_counter),
-                        last_p2p_counter: None,
+                        last_op_counter: if runtime {
+                            s.seqs.last_collective()
+                        } else {
+                            // Op log driven without sequence identities (tests).
+                            s.op_log.get(h.op_counter).map(|_| h.op_counter)
+                        },
+                        last_p2p_counter: s.seqs.p2p_groups(),
                     }
                 })
                 .collect(),
@@ -921,6 +954,28 @@ impl Sampler {
             time_ns: now,
         }
     }
+}
+
+/// Numbers `rec` in the sequence space of `id` ([`crate::seqspace`]).
+fn set_identity(rec: &mut wire::OpRecord, id: &OpSeq) {
+    if let Some(t) = rec.trace.as_mut() {
+        t.op_counter = id.number;
+    }
+    rec.seq_space = match id.space {
+        SeqSpace::Collective => wire::SeqSpace::Collective,
+        SeqSpace::P2p => wire::SeqSpace::P2p,
+    } as i32;
+    rec.p2p = id
+        .p2p
+        .iter()
+        .map(|p| wire::P2pPeerSeq {
+            peer: p.peer,
+            send: p.send,
+            seq: p.seq,
+            count: p.count,
+            dtype: u32::from(p.dtype),
+        })
+        .collect();
 }
 
 fn live_sources() -> Vec<Arc<Source>> {
@@ -1211,6 +1266,7 @@ mod tests {
             chans: DoneChans::Heap(Sampler::live_chans(&s, 5)),
             thinning: Thinning::default(),
             failure: None,
+            id: None,
         };
         let r = sm.complete(&s, &d, 0);
         assert_eq!(r.trace.unwrap().op_counter, 5);
@@ -1250,6 +1306,7 @@ mod tests {
                 chans: DoneChans::Heap(Sampler::live_chans(&s, c)),
                 thinning: Thinning::default(),
                 failure: None,
+                id: None,
             }
         };
         // Before any reading the metric is unknown.

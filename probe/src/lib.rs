@@ -19,6 +19,7 @@ pub mod optype;
 pub mod report;
 pub mod reporter;
 pub mod sched;
+pub mod seqspace;
 pub mod standby;
 pub mod thin;
 pub mod wire;
@@ -30,6 +31,7 @@ pub use frame::{
     ProbingFrame, TraceId, EXT_WORDS_PER_CHANNEL, FRAME_BLOCKS, FRAME_HEADER_BYTES, PAPER_CHANNELS,
 };
 pub use optype::{Algo, CollKind, OpLog, OpSnapshot, OpState, OpTypeSet, Proto};
+pub use seqspace::{OpSeq, PeerSeq, SeqLog, SeqSpace};
 
 use analyzer::wire::{self as w, AnomalyClass};
 
