@@ -143,7 +143,6 @@ fn slow_compute_8_root0_serve() {
 }
 
 #[test]
-#[ignore = "issue 17 pending: passes once the rt/hub/an features are merged (run with --run-ignored all)"]
 fn inconsistent_call_4_root2_embedded() {
     check(Fault::Inconsistent, 4, 2, Embedded);
 }
