@@ -113,7 +113,6 @@ fn sigstop_8_root4_embedded() {
 }
 
 #[test]
-#[ignore = "issue 17 pending: passes once the rt/hub/an features are merged (run with --run-ignored all)"]
 fn sigkill_4_root0_hub_process_embedded() {
     check(Fault::Kill, 4, 0, Embedded);
 }
