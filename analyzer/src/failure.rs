@@ -15,7 +15,9 @@
 //!   nothing, what their peers received from them (`mismatch.remote`). The descriptor most
 //!   ranks share is the majority; the roots are the ranks whose descriptor differs. With
 //!   no unique majority (a 2-rank communicator), every disagreeing rank is named.
-//!   `PEER_FAILED` ranks are victims: they only vote.
+//!   `PEER_FAILED` ranks are victims: they only vote, with the checked descriptor of
+//!   their call (a record's `op_counter` counts p2p operations too, the descriptor's
+//!   sequence only collectives; see `resolve_votes`).
 //! * `INVALID_USAGE` -> **H1**, root = the rank whose call failed, reason
 //!   `"call failed: invalid usage"`.
 //! * `INTERNAL` -> **H3**, root = the rank whose call failed, reason
@@ -60,6 +62,58 @@ fn desc_text(d: Desc) -> String {
     )
 }
 
+/// One rank's descriptor in an H2 vote.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Vote {
+    desc: Desc,
+    /// From the descriptor check (`mismatch.local` / `.remote`): its `seq` is the
+    /// descriptor's own sequence. Otherwise it is the failed record's operation, whose
+    /// `seq` is the record's `op_counter` and need not be in the descriptor's space.
+    checked: bool,
+}
+
+impl Vote {
+    fn checked(desc: Desc) -> Vote {
+        Vote {
+            desc,
+            checked: true,
+        }
+    }
+}
+
+/// The descriptor each rank votes with (pure). Checked descriptors vote as they are. A
+/// rank known only from its failed record (a victim) votes with the checked descriptor
+/// equal to its call, else with the only checked descriptor that differs from its call
+/// in the sequence number alone (the record counts operations, p2p included, while the
+/// check counts collectives); when several do (a skipped call: the same call with two
+/// sequence numbers) it does not vote. With no checked descriptor at all every call votes
+/// as it is.
+fn resolve_votes(descs: &BTreeMap<u32, Vote>) -> BTreeMap<u32, Desc> {
+    let checked: BTreeSet<Desc> = descs
+        .values()
+        .filter(|v| v.checked)
+        .map(|v| v.desc)
+        .collect();
+    let same_call = |a: &Desc, b: &Desc| (a.1, a.2, a.3, a.4, a.5) == (b.1, b.2, b.3, b.4, b.5);
+    let mut out = BTreeMap::new();
+    for (r, v) in descs {
+        let d = if v.checked || checked.is_empty() || checked.contains(&v.desc) {
+            Some(v.desc)
+        } else {
+            let mut like = checked.iter().filter(|c| same_call(c, &v.desc));
+            match (like.next(), like.next()) {
+                (Some(c), None) => Some(*c),
+                (None, _) => Some(v.desc),
+                (Some(_), Some(_)) => None,
+            }
+        };
+        if let Some(d) = d {
+            out.insert(*r, d);
+        }
+    }
+    out
+}
+
 #[derive(Debug, Default)]
 struct Lost {
     pid: u32,
@@ -78,8 +132,8 @@ struct Episode {
     /// Ranks that reported any failure, with their pid / host and cause.
     reporters: BTreeMap<u32, (u32, String, i32)>,
     lost: BTreeMap<u32, Lost>,
-    /// rank -> (descriptor, from the rank itself).
-    descs: BTreeMap<u32, (Desc, bool)>,
+    /// rank -> its vote in an H2 episode.
+    descs: BTreeMap<u32, Vote>,
     /// Ranks whose descriptor check failed (witnesses of an inconsistency).
     witnesses: BTreeSet<u32>,
     /// Diagnosed at this time (absorbing until + FAILURE_QUIET).
@@ -157,10 +211,16 @@ impl Failures {
                 ep.witnesses.insert(rec.rank);
                 if let Some(m) = rec.mismatch.as_ref() {
                     if let Some(l) = &m.local {
-                        ep.descs.insert(rec.rank, (desc_key(l), true));
+                        ep.descs.insert(rec.rank, Vote::checked(desc_key(l)));
                     }
                     if let Some(r) = m.remote.as_ref().filter(|_| m.peer_rank < rec.nranks) {
-                        ep.descs.entry(m.peer_rank).or_insert((desc_key(r), false));
+                        let v = ep
+                            .descs
+                            .entry(m.peer_rank)
+                            .or_insert(Vote::checked(desc_key(r)));
+                        if !v.checked {
+                            *v = Vote::checked(desc_key(r));
+                        }
                     }
                 }
                 own_desc(ep, rec, collective_space);
@@ -211,7 +271,9 @@ impl Failures {
 }
 
 fn own_desc(ep: &mut Episode, rec: &OpRecord, collective_space: bool) {
-    if ep.descs.get(&rec.rank).is_some_and(|(_, own)| *own) {
+    // A descriptor from the check (the rank's own or what a peer received from it) is
+    // exact; the failed record's operation only fills in for a rank that has none.
+    if ep.descs.contains_key(&rec.rank) {
         return;
     }
     let (Some(op), Some(t)) = (rec.op.as_ref(), rec.trace.as_ref()) else {
@@ -230,7 +292,13 @@ fn own_desc(ep: &mut Episode, rec: &OpRecord, collective_space: bool) {
         op.count,
         op.root,
     );
-    ep.descs.insert(rec.rank, (d, true));
+    ep.descs.insert(
+        rec.rank,
+        Vote {
+            desc: d,
+            checked: false,
+        },
+    );
 }
 
 fn ranks_text(v: &[u32]) -> String {
@@ -396,8 +464,9 @@ fn vote(
     ep: &Episode,
     info: &dyn Fn(u32, u32, &str) -> (u32, String),
 ) -> (Vec<wire::RootCause>, String) {
+    let votes = resolve_votes(&ep.descs);
     let mut count: BTreeMap<Desc, u32> = BTreeMap::new();
-    for (d, _) in ep.descs.values() {
+    for d in votes.values() {
         *count.entry(*d).or_insert(0) += 1;
     }
     let best = count.values().copied().max().unwrap_or(0);
@@ -408,7 +477,7 @@ fn vote(
         .collect();
     let majority = (tops.len() == 1).then(|| tops[0]);
     let mut roots = Vec::new();
-    for (r, (d, _)) in &ep.descs {
+    for (r, d) in &votes {
         if majority.is_some_and(|m| m == *d) {
             continue;
         }

@@ -88,6 +88,7 @@ fn record_error(name: &str, e: &CclError) -> NcclResult {
 /// `ncclResult_t` codes with a last-error message, and a panic into `ncclInternalError`.
 pub fn call(name: &'static str, f: impl FnOnce() -> Result<()>) -> NcclResult {
     ccl_core::debug::init();
+    crate::sigpipe::once();
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => SUCCESS,
         // Not a failure: non-blocking work still running.

@@ -18,3 +18,4 @@ pub mod config;
 pub mod device;
 pub mod handles;
 pub mod mem;
+pub mod sigpipe;

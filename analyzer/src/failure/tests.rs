@@ -232,6 +232,91 @@ fn inconsistent_call_names_the_minority_rank_and_victims_only_vote() {
     }
 }
 
+/// The real job's shape (DP comm with pipeline Send/Recv): the victims' records count
+/// every operation (`op_counter` 9) while the descriptors count collectives (seq 5). The
+/// victims still vote with the descriptor of their call, so the detecting rank is in the
+/// majority and only the rank that called differently is named.
+#[test]
+fn victims_whose_op_counter_is_not_the_descriptor_seq_still_vote_with_their_call() {
+    for detectors in [vec![3u32], vec![3, 2]] {
+        let n = 4;
+        let mut e = Engine::new(cfg());
+        let mut t = T0;
+        warm(&mut e, 8, n, 5, &mut t);
+        let good = desc(5, CollKind::AllReduce, 1024);
+        let wrong = desc(5, CollKind::AllGather, 256);
+        e.ingest(&inconsistent(8, 9, 3, n, good, 2, wrong), t)
+            .unwrap();
+        if detectors.contains(&2) {
+            e.ingest(&inconsistent(8, 9, 2, n, wrong, 1, good), t + MS)
+                .unwrap();
+        }
+        for r in (0..n).filter(|r| !detectors.contains(r)) {
+            let coll = if r == 2 {
+                CollKind::AllGather
+            } else {
+                CollKind::AllReduce
+            };
+            let mut v = rec(8, 9, r, n, OpState::Failed, coll);
+            v.failure = FailureCause::PeerFailed as i32;
+            e.ingest(&v, t + 2 * MS).unwrap();
+        }
+        let d = e.tick(t + S);
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert_eq!(d[0].class, AnomalyClass::H2Inconsistent as i32);
+        let roots: Vec<u32> = d[0].roots.iter().map(|r| r.rank).collect();
+        assert_eq!(roots, vec![2], "detectors {detectors:?}: {d:?}");
+        assert!(d[0].roots[0].reason.contains("AllGather"), "{d:?}");
+    }
+}
+
+/// A victim whose call matches two checked descriptors up to the sequence (a skipped
+/// call) does not vote; a victim with no checked descriptor like its call votes as is.
+#[test]
+fn ambiguous_victims_abstain_and_unmatched_ones_vote_as_they_are() {
+    use super::{resolve_votes, Vote};
+    let ar = |seq: u64| (seq, CollKind::AllReduce as i32, 7u32, 0i32, 1024u64, -1i32);
+    let ag = (9u64, CollKind::AllGather as i32, 7u32, 0i32, 256u64, -1i32);
+    let mut descs = std::collections::BTreeMap::new();
+    descs.insert(
+        0,
+        Vote {
+            desc: ar(4),
+            checked: true,
+        },
+    );
+    descs.insert(
+        1,
+        Vote {
+            desc: ar(5),
+            checked: true,
+        },
+    );
+    descs.insert(
+        2,
+        Vote {
+            desc: ar(9),
+            checked: false,
+        },
+    );
+    descs.insert(
+        3,
+        Vote {
+            desc: ag,
+            checked: false,
+        },
+    );
+    let v = resolve_votes(&descs);
+    assert_eq!(v.get(&0), Some(&ar(4)));
+    assert_eq!(v.get(&1), Some(&ar(5)));
+    assert_eq!(v.get(&2), None, "ambiguous: abstains");
+    assert_eq!(v.get(&3), Some(&ag), "nothing like it checked: votes as is");
+    // Without any checked descriptor every call votes as it is.
+    descs.retain(|r, _| *r >= 2);
+    let v = resolve_votes(&descs);
+    assert_eq!(v.get(&2), Some(&ar(9)));
+}
+
 #[test]
 fn skipped_call_is_the_rank_whose_sequence_is_off() {
     let n = 4;
