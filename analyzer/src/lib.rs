@@ -4,7 +4,8 @@
 //! The core is pure (no I/O, no clocks): [`engine::Engine`] takes records and the current
 //! time and returns diagnoses; [`detect`] holds the detection formulas (CCL-D section 4.2.1),
 //! [`locate`] the decision tree (Figure 7), [`sim`] a deterministic rank simulator and
-//! [`calibrate`] the statistical choice of `theta_slow`.
+//! [`calibrate`] the statistical choice of `theta_slow`, [`theta`] the per-communicator
+//! robust threshold and windowed baseline.
 //!
 //! The service around it: [`server`] (one gRPC shard), [`client`] (routing, failover,
 //! queries), [`shard`] (rendezvous hashing), [`store`] (SQLite history), [`metrics`]
@@ -18,6 +19,7 @@ pub mod incident;
 pub mod locate;
 pub mod report;
 pub mod sim;
+pub mod theta;
 pub mod wire;
 
 pub mod auth;

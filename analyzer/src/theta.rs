@@ -1,0 +1,469 @@
+//! Per-communicator, self-calibrating slow threshold (issue 17 points 4 and 5).
+//!
+//! The paper sets theta_slow statistically. A single global theta compared with
+//! R = (T_max - T_base) / T_base fails in both directions on a loaded host: arrival skew
+//! from CPU contention pushes R over theta on small communicators (false computation-slow),
+//! and a baseline inflated by the same contention hides a genuinely late rank (R = 2.4 < 3
+//! while every other rank waited 15x the latecomer's own duration).
+//!
+//! This module judges a detection window against the communicator's *own* recent clean
+//! rounds, with robust statistics:
+//!
+//! * **lateness** of a round = T_max - T_min: how long the other ranks waited for the last
+//!   entrant (whose own duration is T_min).
+//! * the communicator keeps the lateness of its last `history` clean rounds; its reference is
+//!   `med` and the robust spread `s = 1.4826 x MAD` (a normal sigma for Gaussian noise,
+//!   unaffected by a few descheduled rounds).
+//! * a window is **late** when the median lateness of its rounds exceeds
+//!   `med + k x 1.2533 x s / sqrt(n)` (n rounds in the window: the standard error of a
+//!   median), and also `(1 + rel_floor) x med` (a relative floor, so a near-silent
+//!   communicator with MAD ~ 0 is not flagged for microseconds), and the waiting of the others
+//!   exceeds the latecomer's own median duration (`lateness > T_min`).
+//! * the **root** is the rank that entered last in more than `root_share` (0.75) of the
+//!   window's rounds;
+//!   without such a rank the window is not late (contention picks a different latecomer
+//!   every round).
+//! * **T_base follows the job**: [`RollingBaseline`] is the median T_max of the last clean
+//!   rounds, so a slow warm-up rolls out of it. Rounds of a late window are *not* added to the
+//!   history (an ongoing anomaly does not become the norm).
+//!
+//! Pure logic, no I/O; the engine and the simulator tests feed it per-round durations.
+
+use std::collections::VecDeque;
+
+/// Parameters of [`CommThreshold`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct ThetaConfig {
+    /// Clean rounds kept as the communicator's reference (and for [`RollingBaseline`]).
+    pub history: usize,
+    /// Rounds required in the history before any window is judged.
+    pub min_history: usize,
+    /// Robust z threshold of the window's median lateness (k above).
+    pub k: f64,
+    /// Relative floor: the window median must also exceed `(1 + rel_floor) x med`.
+    pub rel_floor: f64,
+    /// Fraction of a window's rounds one rank must enter last in to be a root.
+    pub root_share: f64,
+}
+
+impl Default for ThetaConfig {
+    fn default() -> Self {
+        ThetaConfig {
+            history: 256,
+            min_history: 64,
+            k: 4.0,
+            rel_floor: 1.0,
+            root_share: 0.75,
+        }
+    }
+}
+
+impl ThetaConfig {
+    /// Rejects values that would make the rule meaningless.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.history < 2 || self.min_history < 2 || self.min_history > self.history {
+            return Err(format!(
+                "theta: need 2 <= min_history ({}) <= history ({})",
+                self.min_history, self.history
+            ));
+        }
+        if !(self.k.is_finite() && self.k > 0.0) {
+            return Err(format!("theta: k must be finite and > 0, got {}", self.k));
+        }
+        if !(self.rel_floor.is_finite() && self.rel_floor >= 0.0) {
+            return Err(format!(
+                "theta: rel_floor must be >= 0, got {}",
+                self.rel_floor
+            ));
+        }
+        if !(self.root_share > 0.0 && self.root_share < 1.0) {
+            return Err(format!(
+                "theta: root_share must be in (0, 1), got {}",
+                self.root_share
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Median of a slice (mean of the two middle values for an even count); `None` when empty.
+pub fn median(values: &[f64]) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    let mut v: Vec<f64> = values.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    })
+}
+
+/// (median, MAD): the median absolute deviation from the median; `None` when empty.
+pub fn median_mad(values: &[f64]) -> Option<(f64, f64)> {
+    let m = median(values)?;
+    let dev: Vec<f64> = values.iter().map(|x| (x - m).abs()).collect();
+    Some((m, median(&dev)?))
+}
+
+/// Windowed T_base: the median of the per-round T_max of the last `cap` clean rounds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RollingBaseline {
+    buf: VecDeque<u64>,
+    cap: usize,
+}
+
+impl RollingBaseline {
+    /// A baseline over at most `cap` (>= 1) rounds.
+    pub fn new(cap: usize) -> Self {
+        RollingBaseline {
+            buf: VecDeque::with_capacity(cap.max(1)),
+            cap: cap.max(1),
+        }
+    }
+
+    /// Adds one clean round's T_max; the oldest round leaves when full.
+    pub fn observe(&mut self, t_max_ns: u64) {
+        if self.buf.len() == self.cap {
+            self.buf.pop_front();
+        }
+        self.buf.push_back(t_max_ns);
+    }
+
+    /// Current T_base (median), `None` before the first round.
+    pub fn t_base_ns(&self) -> Option<u64> {
+        let v: Vec<f64> = self.buf.iter().map(|&x| x as f64).collect();
+        median(&v).map(|m| m.round() as u64)
+    }
+
+    /// Rounds held.
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// True before the first round.
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+}
+
+/// One closed window's judgement.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WindowVerdict {
+    /// Rounds in the window.
+    pub rounds: usize,
+    /// Median lateness (T_max - T_min) of the window's rounds.
+    pub lateness_ns: f64,
+    /// The threshold it was compared with (`None` while the history is too short).
+    pub threshold_ns: Option<f64>,
+    /// Median T_min (the latecomer's own duration) of the window.
+    pub latecomer_ns: f64,
+    /// T_base (windowed) at the close.
+    pub t_base_ns: Option<u64>,
+    /// The rank that entered last in more than `root_share` of the rounds (set only when late).
+    pub root: Option<usize>,
+    /// True: computation-slow, `root` is the slow rank.
+    pub late: bool,
+}
+
+/// The per-communicator state: reference history and the current window.
+#[derive(Clone, Debug)]
+pub struct CommThreshold {
+    cfg: ThetaConfig,
+    nranks: usize,
+    hist: VecDeque<f64>,
+    base: RollingBaseline,
+    win: Vec<(u64, u64, usize)>,
+}
+
+impl CommThreshold {
+    /// State for a communicator of `nranks` ranks. Errors on an invalid config or < 2 ranks.
+    pub fn new(cfg: ThetaConfig, nranks: usize) -> Result<Self, String> {
+        cfg.validate()?;
+        if nranks < 2 {
+            return Err(format!(
+                "theta: a communicator needs >= 2 ranks, got {nranks}"
+            ));
+        }
+        let base = RollingBaseline::new(cfg.history);
+        Ok(CommThreshold {
+            hist: VecDeque::with_capacity(cfg.history),
+            cfg,
+            nranks,
+            base,
+            win: Vec::new(),
+        })
+    }
+
+    /// Adds one completed round: `durations[i]` is rank i's duration. Rounds with a wrong
+    /// rank count are ignored (returns false).
+    pub fn observe_round(&mut self, durations: &[u64]) -> bool {
+        if durations.len() != self.nranks {
+            return false;
+        }
+        let (mut t_min, mut last, mut t_max) = (u64::MAX, 0, 0);
+        for (i, &d) in durations.iter().enumerate() {
+            if d < t_min {
+                t_min = d;
+                last = i;
+            }
+            t_max = t_max.max(d);
+        }
+        self.win.push((t_max, t_min, last));
+        true
+    }
+
+    /// Current windowed T_base.
+    pub fn t_base_ns(&self) -> Option<u64> {
+        self.base.t_base_ns()
+    }
+
+    /// Closes the window: judges it, then (if not late) moves its rounds into the history.
+    pub fn close_window(&mut self) -> WindowVerdict {
+        let rounds = std::mem::take(&mut self.win);
+        let n = rounds.len();
+        let lat: Vec<f64> = rounds.iter().map(|r| (r.0 - r.1) as f64).collect();
+        let own: Vec<f64> = rounds.iter().map(|r| r.1 as f64).collect();
+        let lateness_ns = median(&lat).unwrap_or(0.0);
+        let latecomer_ns = median(&own).unwrap_or(0.0);
+        let mut counts = vec![0usize; self.nranks];
+        for r in &rounds {
+            counts[r.2] += 1;
+        }
+        let root = counts
+            .iter()
+            .enumerate()
+            .max_by_key(|(_, c)| **c)
+            .filter(|(_, c)| n > 0 && **c as f64 > self.cfg.root_share * n as f64)
+            .map(|(i, _)| i);
+        let threshold_ns = if self.hist.len() >= self.cfg.min_history && n > 0 {
+            let h: Vec<f64> = self.hist.iter().copied().collect();
+            median_mad(&h).map(|(med, mad)| {
+                let s = 1.4826 * mad;
+                let z = med + self.cfg.k * 1.2533 * s / (n as f64).sqrt();
+                z.max((1.0 + self.cfg.rel_floor) * med)
+            })
+        } else {
+            None
+        };
+        let late = threshold_ns.is_some_and(|t| lateness_ns > t)
+            && lateness_ns > latecomer_ns
+            && root.is_some();
+        if !late {
+            for (r, l) in rounds.iter().zip(&lat) {
+                if self.hist.len() == self.cfg.history {
+                    self.hist.pop_front();
+                }
+                self.hist.push_back(*l);
+                self.base.observe(r.0);
+            }
+        }
+        WindowVerdict {
+            rounds: n,
+            lateness_ns,
+            threshold_ns,
+            latecomer_ns,
+            t_base_ns: self.base.t_base_ns(),
+            root: if late { root } else { None },
+            late,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// xorshift64*: deterministic, independent of the code under test.
+    struct Rng(u64);
+    impl Rng {
+        fn next_f64(&mut self) -> f64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            let x = self.0.wrapping_mul(0x2545_F491_4F6C_DD1D);
+            ((x >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+        }
+        fn exp(&mut self, mean: f64) -> f64 {
+            -mean * self.next_f64().ln()
+        }
+        /// Pareto(alpha = 1.5) tail scaled to `scale`, capped at 50 x scale.
+        fn pareto(&mut self, scale: f64) -> f64 {
+            (scale * self.next_f64().powf(-1.0 / 1.5)).min(50.0 * scale)
+        }
+    }
+
+    /// A bulk-synchronous loop: each rank computes `compute_ms[i]` plus contention noise
+    /// (exponential, mean `noise_ms`, and with probability 5 % a Pareto descheduling), then
+    /// enters the collective; the collective completes `comm_ms` after the last entry. A
+    /// rank's duration is completion minus its own entry (the model of section 4.2.1).
+    fn round(rng: &mut Rng, compute_ms: &[f64], noise_ms: f64, comm_ms: f64) -> Vec<u64> {
+        let arrive: Vec<f64> = compute_ms
+            .iter()
+            .map(|c| {
+                let mut a = c + rng.exp(noise_ms);
+                if rng.next_f64() < 0.05 {
+                    a += rng.pareto(noise_ms);
+                }
+                a
+            })
+            .collect();
+        let done = arrive.iter().copied().fold(f64::MIN, f64::max) + comm_ms;
+        arrive.iter().map(|a| ((done - a) * 1e6) as u64).collect()
+    }
+
+    /// Runs `windows` windows of `per_window` rounds; `compute(w)` gives each rank's
+    /// compute time in window w. Returns the verdicts.
+    fn run(
+        seed: u64,
+        nranks: usize,
+        windows: usize,
+        per_window: usize,
+        noise_ms: f64,
+        compute: impl Fn(usize) -> Vec<f64>,
+    ) -> (Vec<WindowVerdict>, CommThreshold) {
+        let mut rng = Rng(seed);
+        let mut ct = CommThreshold::new(ThetaConfig::default(), nranks).unwrap();
+        let mut out = Vec::new();
+        for w in 0..windows {
+            let c = compute(w);
+            assert_eq!(c.len(), nranks);
+            for _ in 0..per_window {
+                let d = round(&mut rng, &c, noise_ms, 0.3);
+                assert!(ct.observe_round(&d));
+            }
+            out.push(ct.close_window());
+        }
+        (out, ct)
+    }
+
+    #[test]
+    fn robust_statistics_match_hand_computed_values() {
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
+        // deviations from 2: 1, 1, 0, 2, 98 -> median 1.
+        assert_eq!(median_mad(&[1.0, 3.0, 2.0, 4.0, 100.0]), Some((3.0, 1.0)));
+        let mut b = RollingBaseline::new(3);
+        assert_eq!(b.t_base_ns(), None);
+        for x in [100, 10, 20, 30] {
+            b.observe(x);
+        }
+        assert_eq!(b.len(), 3);
+        assert_eq!(b.t_base_ns(), Some(20), "100 rolled out");
+    }
+
+    #[test]
+    fn bad_config_and_inputs_are_errors_not_panics() {
+        let bad = ThetaConfig {
+            k: f64::NAN,
+            ..ThetaConfig::default()
+        };
+        assert!(CommThreshold::new(bad, 4).unwrap_err().contains("k must"));
+        let bad = ThetaConfig {
+            min_history: 1000,
+            ..ThetaConfig::default()
+        };
+        assert!(CommThreshold::new(bad, 4).is_err());
+        assert!(CommThreshold::new(ThetaConfig::default(), 1).is_err());
+        let mut ct = CommThreshold::new(ThetaConfig::default(), 4).unwrap();
+        assert!(!ct.observe_round(&[1, 2, 3]), "wrong rank count ignored");
+        let v = ct.close_window();
+        assert_eq!((v.rounds, v.late, v.threshold_ns), (0, false, None));
+    }
+
+    #[test]
+    fn clean_noisy_runs_at_2_4_8_ranks_raise_nothing() {
+        for (nranks, seed) in [(2usize, 11u64), (4, 22), (8, 33)] {
+            for (j, noise) in [1.0, 3.0, 6.0, 1.0, 3.0, 6.0].into_iter().enumerate() {
+                let (vs, _) = run(seed + 1000 * j as u64, nranks, 200, 20, noise, |_| {
+                    vec![2.0; nranks]
+                });
+                let late: Vec<_> = vs.iter().filter(|v| v.late).collect();
+                assert!(late.is_empty(), "{nranks} ranks noise {noise}: {late:?}");
+                assert!(vs.last().unwrap().threshold_ns.is_some(), "judged");
+            }
+        }
+    }
+
+    #[test]
+    fn four_x_slow_rank_with_inflated_baseline_is_named_exactly() {
+        for (nranks, slow) in [(4usize, 1usize), (8, 6)] {
+            // Heavy contention: noise 2 ms on 4 ms of compute inflates T_base; after 30
+            // clean windows rank `slow` computes 4x longer.
+            let (vs, _) = run(7 + nranks as u64, nranks, 60, 20, 2.0, |w| {
+                let mut c = vec![4.0; nranks];
+                if w >= 30 {
+                    c[slow] = 16.0;
+                }
+                c
+            });
+            assert!(
+                vs[..30].iter().all(|v| !v.late),
+                "{nranks}: clean part quiet"
+            );
+            let t_base = vs[29].t_base_ns.unwrap() as f64;
+            // The old rule, R = (T_max - T_base) / T_base against the inflated baseline,
+            // stays under theta = 3 in every slow window.
+            for v in &vs[30..] {
+                let t_max = v.lateness_ns + v.latecomer_ns;
+                assert!(
+                    (t_max - t_base) / t_base < 3.0,
+                    "{nranks}: {v:?} base {t_base}"
+                );
+            }
+            let hits: Vec<_> = vs[30..].iter().filter(|v| v.late).collect();
+            assert!(
+                hits.len() >= 25,
+                "{nranks}: {} of 30 slow windows",
+                hits.len()
+            );
+            assert!(
+                hits.iter().all(|v| v.root == Some(slow)),
+                "{nranks}: {hits:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn t_base_follows_the_job_after_a_slow_warm_up() {
+        let nranks = 4;
+        // Warm-up: 20 windows with 10x the steady compute and noise (all ranks), then steady,
+        // then rank 2 computes 4x longer from window 60.
+        let mut rng = Rng(99);
+        let mut ct = CommThreshold::new(ThetaConfig::default(), nranks).unwrap();
+        let mut verdicts = Vec::new();
+        for w in 0..80 {
+            let (c, noise) = if w < 20 { (20.0, 10.0) } else { (2.0, 1.0) };
+            let mut comp = vec![c; nranks];
+            if w >= 60 {
+                comp[2] = 8.0;
+            }
+            for _ in 0..20 {
+                ct.observe_round(&round(&mut rng, &comp, noise, 0.3));
+            }
+            verdicts.push(ct.close_window());
+        }
+        let warm = verdicts[19].t_base_ns.unwrap();
+        let steady = verdicts[59].t_base_ns.unwrap();
+        assert!(
+            steady * 4 < warm,
+            "T_base followed the job: {warm} -> {steady}"
+        );
+        assert!(
+            verdicts[20..60].iter().all(|v| !v.late),
+            "steady state quiet"
+        );
+        let hits = verdicts[60..].iter().filter(|v| v.late).count();
+        assert!(
+            hits >= 15,
+            "slowdown after warm-up seen in {hits}/20 windows"
+        );
+        assert!(verdicts[60..]
+            .iter()
+            .filter(|v| v.late)
+            .all(|v| v.root == Some(2)));
+    }
+}
