@@ -631,14 +631,7 @@ impl Analyzer for Service {
             }
             unreachable.extend(down);
         }
-        let mut seen = HashSet::new();
-        all.retain(|d| seen.insert(d.id.clone()));
-        all.sort_by(|a, b| {
-            b.detected_at_ns
-                .cmp(&a.detected_at_ns)
-                .then_with(|| a.id.cmp(&b.id))
-        });
-        all.truncate(limit);
+        newest_first_unique(&mut all, limit, |d| (&d.id, d.detected_at_ns));
         unreachable.sort();
         unreachable.dedup();
         Ok(Response::new(AnomalyList {
@@ -674,14 +667,7 @@ impl Analyzer for Service {
             }
             unreachable.extend(down);
         }
-        let mut seen = HashSet::new();
-        all.retain(|d| seen.insert(d.id.clone()));
-        all.sort_by(|a, b| {
-            b.detected_at_ns
-                .cmp(&a.detected_at_ns)
-                .then_with(|| a.id.cmp(&b.id))
-        });
-        all.truncate(limit);
+        newest_first_unique(&mut all, limit, |d| (&d.id, d.detected_at_ns));
         unreachable.sort();
         unreachable.dedup();
         Ok(Response::new(IncidentList {
@@ -948,6 +934,18 @@ impl IncidentFeed {
     pub fn lagged(&self) -> u64 {
         self.lagged
     }
+}
+
+/// Merges shard answers: drops repeated ids (the first copy stays), orders newest first
+/// (ties by id, so every shard answers alike) and keeps at most `limit`.
+fn newest_first_unique<T>(all: &mut Vec<T>, limit: usize, key: impl Fn(&T) -> (&String, u64)) {
+    let mut seen = HashSet::new();
+    all.retain(|d| seen.insert(key(d).0.clone()));
+    all.sort_by(|a, b| {
+        let ((ia, ta), (ib, tb)) = (key(a), key(b));
+        tb.cmp(&ta).then_with(|| ia.cmp(ib))
+    });
+    all.truncate(limit);
 }
 
 /// The diagnoses a shard makes from the moment of subscription on (the shard's `Watch`
