@@ -48,6 +48,7 @@ use std::time::Duration;
 
 use crate::detect::{self, Baseline, SlowKind, SlowStreak};
 use crate::locate::{self, ChanWait, HangFinding, HangState, HangView};
+use crate::theta::{CommThreshold, ThetaConfig, WindowVerdict};
 use crate::wire::{self, AnomalyClass, BaselineKind};
 
 /// Tunables of detection and location (CCL-D section 4.2; design.md section 5).
@@ -103,6 +104,11 @@ pub struct EngineConfig {
     /// Keep a log of every closed detection window (for calibration), see
     /// [`Engine::take_window_log`].
     pub record_windows: bool,
+    /// Self-calibrated slow rule per communicator and op kind ([`crate::theta`]): once a
+    /// kind has enough clean rounds, a window is slow only when it is late or long against
+    /// the kind's own history (its `long_ratio` is set from `theta_slow`). `None`: the
+    /// paper's fixed rule (R of the widest round > `theta_slow`) alone.
+    pub self_calibration: Option<ThetaConfig>,
 }
 
 impl Default for EngineConfig {
@@ -130,6 +136,7 @@ impl Default for EngineConfig {
             max_op_kinds: 16,
             evidence_cap: 64,
             record_windows: false,
+            self_calibration: Some(ThetaConfig::default()),
         }
     }
 }
@@ -184,6 +191,14 @@ impl EngineConfig {
         }
         if self.max_channels == 0 || self.max_op_kinds == 0 || self.evidence_cap == 0 {
             return bad("max_channels/max_op_kinds/evidence_cap", "must be >= 1");
+        }
+        if let Some(t) = &self.self_calibration {
+            if t.validate().is_err() {
+                return bad(
+                    "self_calibration",
+                    "history, min_history, k, rel_floor and root_share out of range",
+                );
+            }
         }
         Ok(())
     }
@@ -374,6 +389,8 @@ pub struct WindowEval {
     pub t_max_ns: u64,
     /// T_min of the widest round.
     pub t_min_ns: u64,
+    /// The self-calibrated judgement of the window, when enabled.
+    pub calibrated: Option<WindowVerdict>,
 }
 
 /// Counters of the engine (for metrics).
@@ -705,6 +722,8 @@ struct OpKind {
     best: detect::WindowBest<BestRound>,
     /// The window's adjusted P over all its rounds (reset with `best`).
     share: detect::LatenessShare,
+    /// The self-calibrated threshold (None when disabled or for 1-rank communicators).
+    calib: Option<CommThreshold>,
 }
 
 #[derive(Debug)]
@@ -834,6 +853,7 @@ impl Comm {
             ),
             best: detect::WindowBest::new(),
             share: detect::LatenessShare::default(),
+            calib: self_calibration(cfg, self.nranks),
         });
         self.kinds.len() - 1
     }
@@ -862,10 +882,34 @@ impl Comm {
             .map(|k| {
                 std::mem::size_of::<OpKind>()
                     + k.best.get().map_or(0, |b| b.2.entries.capacity() * e)
+                    + k.calib.as_ref().map_or(0, CommThreshold::heap_bytes)
             })
             .sum();
         let ids: usize = self.anomaly_ids.iter().map(|s| s.capacity() + 24).sum();
         rounds + ranks + spare + kinds + ids + std::mem::size_of::<Comm>()
+    }
+}
+
+/// The self-calibrated threshold of a new op kind, or `None` (disabled, slow detection
+/// off, or a 1-rank communicator).
+fn self_calibration(cfg: &EngineConfig, nranks: u32) -> Option<CommThreshold> {
+    let t = cfg.self_calibration.as_ref()?;
+    if !cfg.theta_slow.is_finite() {
+        return None;
+    }
+    let t = ThetaConfig {
+        long_ratio: cfg.theta_slow,
+        ..t.clone()
+    };
+    CommThreshold::new(t, nranks as usize).ok()
+}
+
+/// Whether a closed window is slow: by the self-calibrated judgement once the kind's
+/// history can judge it (late or long), else by the paper's R > theta_slow.
+fn window_is_slow(r: f64, theta_slow: f64, calibrated: Option<&WindowVerdict>) -> bool {
+    match calibrated {
+        Some(v) if v.judged() => v.late || v.long,
+        _ => r > theta_slow,
     }
 }
 
@@ -1391,6 +1435,12 @@ impl Engine {
             let t_min = es.iter().map(|e| e.duration_ns).min().unwrap_or(0);
             let ki = comm.kind_index(KindKey::of(&ty), cfg);
             let kind = &mut comm.kinds[ki];
+            if let (Some(c), Some(last)) = (
+                kind.calib.as_mut(),
+                es.iter().position(|e| e.duration_ns == t_min),
+            ) {
+                c.observe(t_max, t_min, last);
+            }
             let (t_base_now, _, _) = kind.baseline.current();
             if t_max > t_base_now {
                 let lateness = round_lateness(es);
@@ -1436,10 +1486,12 @@ impl Engine {
         // Evaluate each op kind's widest round; the slowest kind decides.
         let mut worst: Option<(usize, f64)> = None;
         let mut any = false;
-        for (i, k) in comm.kinds.iter().enumerate() {
+        for (i, k) in comm.kinds.iter_mut().enumerate() {
+            let calibrated = k.calib.as_mut().map(CommThreshold::close_window);
             if let Some((t_max, t_min, b)) = k.best.get() {
                 any = true;
                 let r = detect::slowdown_ratio(*t_max, b.t_base_ns);
+                let slow = window_is_slow(r, cfg.theta_slow, calibrated.as_ref());
                 if cfg.record_windows {
                     self.window_log.push(WindowEval {
                         comm_id,
@@ -1449,9 +1501,10 @@ impl Engine {
                         dynamic: b.baseline == BaselineKind::Dynamic,
                         t_max_ns: *t_max,
                         t_min_ns: *t_min,
+                        calibrated,
                     });
                 }
-                if r > cfg.theta_slow && worst.is_none_or(|(_, w)| r > w) {
+                if slow && worst.is_none_or(|(_, w)| r > w) {
                     worst = Some((i, r));
                 }
             }

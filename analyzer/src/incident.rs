@@ -181,6 +181,72 @@ pub fn from_diagnosis(d: &Diagnosis) -> Incident {
     inc
 }
 
+/// The root of a deadlock across communicators among the processes `cycle`: the one that
+/// the most ranks wait for (in flight in an operation it has not entered), ties to the
+/// lowest (host, pid). Returns it as (process, communicator, rank, reason), in the
+/// communicator where most ranks wait for it; `None` when nobody waits for any of them.
+fn deadlock_root(view: &ProcView, cycle: &BTreeSet<Proc>) -> Option<(Proc, u64, u32, String)> {
+    // For each process of the cycle and each of its communicators: who waits for it there.
+    let mut best: Option<(usize, Proc, &Member, usize, &Member)> = None;
+    for p in cycle {
+        let mine = view.members(p);
+        let mut total = 0;
+        let mut top: Option<(usize, &Member)> = None;
+        for m in mine {
+            let waiters = view
+                .procs
+                .values()
+                .flatten()
+                .filter(|w| {
+                    w.comm_id == m.comm_id
+                        && w.waiting
+                            .as_ref()
+                            .is_some_and(|(_, _, f)| f.contains(&m.rank))
+                })
+                .count();
+            total += waiters;
+            if waiters > 0 && top.is_none_or(|(n, _)| waiters > n) {
+                top = Some((waiters, m));
+            }
+        }
+        let Some((n, m)) = top else { continue };
+        // Where the process itself is stuck (in flight elsewhere).
+        let Some(own) = mine.iter().find(|x| x.waiting.is_some()) else {
+            continue;
+        };
+        if best.as_ref().is_none_or(|b| total > b.0) {
+            best = Some((total, p.clone(), m, n, own));
+        }
+    }
+    let (_, p, m, n, own) = best?;
+    // The operation the waiters are in (where the root never arrived).
+    let waited_op = view
+        .procs
+        .values()
+        .flatten()
+        .filter(|w| w.comm_id == m.comm_id)
+        .find_map(|w| w.waiting.as_ref().filter(|(_, _, f)| f.contains(&m.rank)))
+        .map_or(String::new(), |(c, coll, _)| {
+            format!(" {} #{c}", wire::coll_name(*coll))
+        });
+    let (own_op, own_coll, waiting_for) = own
+        .waiting
+        .as_ref()
+        .map_or((0, 0, &[][..]), |w| (w.0, w.1, w.2.as_slice()));
+    let reason = format!(
+        "calls in a different order than its peers (a skipped or extra call): {n} rank{} \
+         wait{} for it in {}{waited_op} while it waits in {} {} #{own_op} for {}: a deadlock \
+         across communicators",
+        if n == 1 { "" } else { "s" },
+        if n == 1 { "s" } else { "" },
+        comm_text(view, m.comm_id),
+        comm_text(view, own.comm_id),
+        wire::coll_name(own_coll),
+        ranks_text(waiting_for)
+    );
+    Some((p, m.comm_id, m.rank, reason))
+}
+
 /// Where following one root ends: first causes (process, communicator, rank, reason).
 struct Walk<'a> {
     view: &'a ProcView,
@@ -380,22 +446,31 @@ impl Incidents {
         let Walk {
             mut chain,
             mut ends,
+            seen: walk_seen,
             ..
         } = walk;
+        let mut deadlock = false;
         if ends.is_empty() {
-            // Every path closed a cycle (a deadlock across communicators): name the
-            // diagnosis's own roots.
-            ends = d
-                .roots
-                .iter()
-                .map(|r| {
-                    let p = view
-                        .proc_of(d.comm_id, r.rank)
-                        .cloned()
-                        .unwrap_or((r.host.clone(), r.pid));
-                    (p, d.comm_id, r.rank, r.reason.clone())
-                })
-                .collect();
+            // Every path closed a cycle: a deadlock across communicators. Its cause is a
+            // call order that differs between ranks (a skipped or extra call): name the
+            // process most ranks wait for, whichever communicator's diagnosis came first.
+            if let Some(end) = deadlock_root(view, &walk_seen) {
+                chain.push(end.3.clone());
+                ends = vec![end];
+                deadlock = true;
+            } else {
+                ends = d
+                    .roots
+                    .iter()
+                    .map(|r| {
+                        let p = view
+                            .proc_of(d.comm_id, r.rank)
+                            .cloned()
+                            .unwrap_or((r.host.clone(), r.pid));
+                        (p, d.comm_id, r.rank, r.reason.clone())
+                    })
+                    .collect();
+            }
         }
         let procs: BTreeSet<Proc> = ends.iter().map(|e| e.0.clone()).collect();
         // The same first cause seen through another communicator: one incident.
@@ -453,6 +528,10 @@ impl Incidents {
                     })
                     .collect();
                 rc.rank = m.rank;
+            }
+            if deadlock {
+                rc.class = AnomalyClass::H2Inconsistent as i32;
+                rc.reason.clone_from(&reason);
             }
             if roots.is_empty() {
                 inc_comm = best.map_or(comm, |m| m.comm_id);

@@ -23,9 +23,19 @@
 //!   window's rounds;
 //!   without such a rank the window is not late (contention picks a different latecomer
 //!   every round).
+//! * a window is **long** when the median T_max of its rounds exceeds the same robust
+//!   threshold computed over the T_max of the history rounds, with the floor
+//!   `(1 + long_ratio) x med` (the paper's R > theta_slow, with the window's median round and
+//!   the rolling T_base): every rank spent longer in the operation than this communicator
+//!   usually does (a slow link: communication-slow shows as duration, not as lateness).
 //! * **T_base follows the job**: [`RollingBaseline`] is the median T_max of the last clean
-//!   rounds, so a slow warm-up rolls out of it. Rounds of a late window are *not* added to the
-//!   history (an ongoing anomaly does not become the norm).
+//!   rounds, so a slow warm-up rolls out of it. Rounds of a late or long window are *not*
+//!   added to the history (an ongoing anomaly does not become the norm).
+//!
+//! How the engine uses it (see `Engine::roll_windows`): once the history holds `min_history`
+//! rounds, a window is slow when it is late or long; before that the paper's rule alone
+//! decides (R of the window's widest round against T_base > theta_slow). So windows that
+//! look like the communicator's own recent past are never slow, whatever their widest R.
 //!
 //! Pure logic, no I/O; the engine and the simulator tests feed it per-round durations.
 
@@ -44,6 +54,10 @@ pub struct ThetaConfig {
     pub rel_floor: f64,
     /// Fraction of a window's rounds one rank must enter last in to be a root.
     pub root_share: f64,
+    /// Floor of the long rule: the window's median T_max must also exceed
+    /// `(1 + long_ratio) x` the history's median T_max, i.e. the paper's R > theta_slow with
+    /// the window median and the rolling T_base. The engine sets it to `theta_slow`.
+    pub long_ratio: f64,
 }
 
 impl Default for ThetaConfig {
@@ -54,6 +68,7 @@ impl Default for ThetaConfig {
             k: 4.0,
             rel_floor: 1.0,
             root_share: 0.75,
+            long_ratio: 3.0,
         }
     }
 }
@@ -74,6 +89,12 @@ impl ThetaConfig {
             return Err(format!(
                 "theta: rel_floor must be >= 0, got {}",
                 self.rel_floor
+            ));
+        }
+        if !(self.long_ratio.is_finite() && self.long_ratio >= 0.0) {
+            return Err(format!(
+                "theta: long_ratio must be finite and >= 0, got {}",
+                self.long_ratio
             ));
         }
         if !(self.root_share > 0.0 && self.root_share < 1.0) {
@@ -119,7 +140,7 @@ impl RollingBaseline {
     /// A baseline over at most `cap` (>= 1) rounds.
     pub fn new(cap: usize) -> Self {
         RollingBaseline {
-            buf: VecDeque::with_capacity(cap.max(1)),
+            buf: VecDeque::new(),
             cap: cap.max(1),
         }
     }
@@ -141,6 +162,11 @@ impl RollingBaseline {
     /// Rounds held.
     pub fn len(&self) -> usize {
         self.buf.len()
+    }
+
+    /// The T_max values held, oldest first.
+    pub fn values(&self) -> impl Iterator<Item = u64> + '_ {
+        self.buf.iter().copied()
     }
 
     /// True before the first round.
@@ -166,6 +192,28 @@ pub struct WindowVerdict {
     pub root: Option<usize>,
     /// True: computation-slow, `root` is the slow rank.
     pub late: bool,
+    /// Median T_max of the window's rounds.
+    pub t_max_ns: f64,
+    /// The threshold that median was compared with (`None` while the history is too short).
+    pub t_max_threshold_ns: Option<f64>,
+    /// True: the window's operations took unusually long for this communicator.
+    pub long: bool,
+}
+
+impl WindowVerdict {
+    /// True once the history was long enough to judge the window.
+    pub fn judged(&self) -> bool {
+        self.threshold_ns.is_some()
+    }
+}
+
+/// `med + k x 1.2533 x 1.4826 x MAD / sqrt(n)`, at least `(1 + floor) x med`: the
+/// largest median of `n` fresh rounds that is still consistent with `hist`.
+fn robust_threshold(k: f64, floor: f64, hist: &[f64], n: usize) -> Option<f64> {
+    let (med, mad) = median_mad(hist)?;
+    let s = 1.4826 * mad;
+    let z = med + k * 1.2533 * s / (n.max(1) as f64).sqrt();
+    Some(z.max((1.0 + floor) * med))
 }
 
 /// The per-communicator state: reference history and the current window.
@@ -189,7 +237,8 @@ impl CommThreshold {
         }
         let base = RollingBaseline::new(cfg.history);
         Ok(CommThreshold {
-            hist: VecDeque::with_capacity(cfg.history),
+            // Grown on demand: most communicators of a large job never fill it.
+            hist: VecDeque::new(),
             cfg,
             nranks,
             base,
@@ -211,8 +260,25 @@ impl CommThreshold {
             }
             t_max = t_max.max(d);
         }
-        self.win.push((t_max, t_min, last));
+        self.observe(t_max, t_min, last)
+    }
+
+    /// Adds one completed round by its summary: the longest and shortest duration, and the
+    /// rank with the shortest one (the last to enter). A rank out of range is ignored
+    /// (returns false).
+    pub fn observe(&mut self, t_max_ns: u64, t_min_ns: u64, last_rank: usize) -> bool {
+        if last_rank >= self.nranks || t_min_ns > t_max_ns {
+            return false;
+        }
+        self.win.push((t_max_ns, t_min_ns, last_rank));
         true
+    }
+
+    /// Heap bytes held (for the engine's memory accounting).
+    pub fn heap_bytes(&self) -> usize {
+        self.hist.capacity() * std::mem::size_of::<f64>()
+            + self.base.buf.capacity() * std::mem::size_of::<u64>()
+            + self.win.capacity() * std::mem::size_of::<(u64, u64, usize)>()
     }
 
     /// Current windowed T_base.
@@ -238,20 +304,24 @@ impl CommThreshold {
             .max_by_key(|(_, c)| **c)
             .filter(|(_, c)| n > 0 && **c as f64 > self.cfg.root_share * n as f64)
             .map(|(i, _)| i);
-        let threshold_ns = if self.hist.len() >= self.cfg.min_history && n > 0 {
+        let judged = self.hist.len() >= self.cfg.min_history && n > 0;
+        let (threshold_ns, t_max_threshold_ns) = if judged {
             let h: Vec<f64> = self.hist.iter().copied().collect();
-            median_mad(&h).map(|(med, mad)| {
-                let s = 1.4826 * mad;
-                let z = med + self.cfg.k * 1.2533 * s / (n as f64).sqrt();
-                z.max((1.0 + self.cfg.rel_floor) * med)
-            })
+            let ht: Vec<f64> = self.base.values().map(|x| x as f64).collect();
+            (
+                robust_threshold(self.cfg.k, self.cfg.rel_floor, &h, n),
+                robust_threshold(self.cfg.k, self.cfg.long_ratio, &ht, n),
+            )
         } else {
-            None
+            (None, None)
         };
+        let maxes: Vec<f64> = rounds.iter().map(|r| r.0 as f64).collect();
+        let t_max_ns = median(&maxes).unwrap_or(0.0);
         let late = threshold_ns.is_some_and(|t| lateness_ns > t)
             && lateness_ns > latecomer_ns
             && root.is_some();
-        if !late {
+        let long = t_max_threshold_ns.is_some_and(|t| t_max_ns > t);
+        if !late && !long {
             for (r, l) in rounds.iter().zip(&lat) {
                 if self.hist.len() == self.cfg.history {
                     self.hist.pop_front();
@@ -268,6 +338,9 @@ impl CommThreshold {
             t_base_ns: self.base.t_base_ns(),
             root: if late { root } else { None },
             late,
+            t_max_ns,
+            t_max_threshold_ns,
+            long,
         }
     }
 }
@@ -381,7 +454,7 @@ mod tests {
                 let (vs, _) = run(seed + 1000 * j as u64, nranks, 200, 20, noise, |_| {
                     vec![2.0; nranks]
                 });
-                let late: Vec<_> = vs.iter().filter(|v| v.late).collect();
+                let late: Vec<_> = vs.iter().filter(|v| v.late || v.long).collect();
                 assert!(late.is_empty(), "{nranks} ranks noise {noise}: {late:?}");
                 assert!(vs.last().unwrap().threshold_ns.is_some(), "judged");
             }
@@ -424,6 +497,38 @@ mod tests {
                 hits.iter().all(|v| v.root == Some(slow)),
                 "{nranks}: {hits:?}"
             );
+        }
+    }
+
+    /// A bulk-synchronous loop whose communication itself becomes 10x slower (a slow link):
+    /// nobody enters late, so the window is long, not late; clean windows are neither.
+    #[test]
+    fn slower_communication_is_long_not_late() {
+        for nranks in [2usize, 4, 8] {
+            let mut rng = Rng(5 + nranks as u64);
+            let mut ct = CommThreshold::new(ThetaConfig::default(), nranks).unwrap();
+            let comp = vec![2.0; nranks];
+            let mut vs = Vec::new();
+            for w in 0..40 {
+                let comm_ms = if w >= 30 { 3.0 } else { 0.3 };
+                for _ in 0..20 {
+                    ct.observe_round(&round(&mut rng, &comp, 0.2, comm_ms));
+                }
+                vs.push(ct.close_window());
+            }
+            assert!(
+                vs[..30].iter().all(|v| !v.long && !v.late),
+                "{nranks}: quiet"
+            );
+            assert!(
+                vs[5..30].iter().all(WindowVerdict::judged),
+                "{nranks}: judged"
+            );
+            let slow = &vs[30..];
+            assert!(slow.iter().all(|v| v.long), "{nranks}: {slow:?}");
+            assert!(slow.iter().all(|v| !v.late), "{nranks}: not late {slow:?}");
+            // The anomaly did not become the norm: the threshold stayed where it was.
+            assert_eq!(slow[0].t_max_threshold_ns, slow[9].t_max_threshold_ns);
         }
     }
 

@@ -57,10 +57,11 @@ fn check_shape(fault: Fault, ranks: usize, root: usize, analyzer: Analyzer, one_
     eprintln!("{}", table(std::slice::from_ref(&o)));
     assert!(
         o.pass(),
-        "{}: expected {}, got {}\n{}",
+        "{}: expected {}, got {}\nincidents:\n  {}\n{}",
         case.name(),
         case.expected().describe(),
         o.verdict.got,
+        o.timeline.join("\n  "),
         o.notes.join("\n")
     );
 }
@@ -184,9 +185,10 @@ fn full_matrix_when_asked() {
         .filter(|o| !o.pass())
         .map(|o| {
             format!(
-                "{}: {}\n  {}",
+                "{}: {}\n  {}\n  {}",
                 o.case.name(),
                 o.verdict.got,
+                o.timeline.join("\n  "),
                 o.notes.join("\n  ")
             )
         })

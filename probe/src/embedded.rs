@@ -41,8 +41,9 @@ use crate::standby::Outbox;
 /// Engine settings from the environment (strict).
 ///
 /// `CCLD_HANG_TIMEOUT_S` (default 300), `CCLD_SLOW_WINDOW_S` (60), `CCLD_SLOW_THETA` (3),
-/// `CCLD_SLOW_REPEAT` (2), `CCLD_T_BASE_INIT_MS` (10000), `CCLD_BASELINE_S` (120),
-/// `CCLD_SILENT_S` (60). Seconds may be fractional.
+/// `CCLD_SLOW_REPEAT` (2), `CCLD_SLOW_CALIBRATE` (1; 0 = the paper's fixed rule only),
+/// `CCLD_T_BASE_INIT_MS` (10000), `CCLD_BASELINE_S` (120), `CCLD_SILENT_S` (60). Seconds may
+/// be fractional.
 pub fn engine_config(get: EnvGet<'_>) -> Result<EngineConfig, String> {
     let mut c = EngineConfig::default();
     let secs = |v: f64| Duration::from_secs_f64(v);
@@ -57,6 +58,9 @@ pub fn engine_config(get: EnvGet<'_>) -> Result<EngineConfig, String> {
     }
     if let Some(v) = env_u64(get, "CCLD_SLOW_REPEAT", 1, 1000)? {
         c.repeat_threshold = v as u32;
+    }
+    if env_u64(get, "CCLD_SLOW_CALIBRATE", 0, 1)? == Some(0) {
+        c.self_calibration = None;
     }
     if let Some(v) = env_u64(get, "CCLD_T_BASE_INIT_MS", 1, 86_400_000)? {
         c.t_base_init = Duration::from_millis(v);
@@ -577,7 +581,14 @@ pub(crate) mod tests {
         assert_eq!(c.hang_threshold, Duration::from_millis(500));
         assert_eq!(c.detect_window, Duration::from_secs(2));
         assert_eq!((c.theta_slow, c.repeat_threshold), (1.5, 1));
+        assert!(
+            c.self_calibration.is_some(),
+            "self-calibration on by default"
+        );
+        let fixed = |n: &str| (n == "CCLD_SLOW_CALIBRATE").then(|| "0".to_string());
+        assert!(engine_config(&fixed).unwrap().self_calibration.is_none());
         for (k, v) in [
+            ("CCLD_SLOW_CALIBRATE", "2"),
             ("CCLD_HANG_TIMEOUT_S", "soon"),
             ("CCLD_SLOW_THETA", "-1"),
             ("CCLD_SLOW_REPEAT", "0"),

@@ -28,6 +28,10 @@ pub struct DetectArgs {
     /// Consecutive slow windows required before location runs (filters transient jitter).
     #[arg(long, value_name = "N", default_value_t = 2)]
     pub slow_repeat: u32,
+    /// Use the paper's fixed rule only (R of a window's widest round > --slow-theta), not
+    /// the per-communicator self-calibrated one (docs/diagnosis.md, "Thresholds").
+    #[arg(long)]
+    pub slow_fixed_theta: bool,
     /// Initial baseline T_base(init) used for the first m rounds (slow-at-start).
     #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
     pub t_base_init_s: f64,
@@ -104,6 +108,9 @@ impl DetectArgs {
         }
         c.theta_slow = self.slow_theta;
         c.repeat_threshold = self.slow_repeat;
+        if self.slow_fixed_theta {
+            c.self_calibration = None;
+        }
         c.baseline_rounds_max = self.baseline_rounds;
         c.alpha = self.alpha;
         c.beta = self.beta;
@@ -324,6 +331,14 @@ mod tests {
         let c = a.server_config().unwrap();
         assert_eq!(c.engine.hang_threshold, Duration::from_millis(2500));
         assert_eq!(c.engine.theta_slow, 4.0);
+        assert!(c.engine.self_calibration.is_some());
+        let fixed = parse(&["--slow-fixed-theta"]).unwrap();
+        assert!(fixed
+            .server_config()
+            .unwrap()
+            .engine
+            .self_calibration
+            .is_none());
         assert_eq!(c.engine.detect_window, Duration::from_secs(1));
         assert_eq!(c.engine.alpha, 0.3);
         assert_eq!(c.engine.beta, 0.7);

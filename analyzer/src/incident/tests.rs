@@ -355,3 +355,87 @@ fn a_rank_waiting_in_another_communicator_is_followed_there() {
     assert!(got[0].chain[1].contains("rank 3 is in comm 0x0000000000000071 (2 ranks) AllReduce #4 (as rank 1) waiting for rank 0"));
     assert!(got[0].chain[2].starts_with("root: rank 2 (pid 102, host h)"));
 }
+
+fn h1(comm: u64, op: u64, roots: &[(u32, u32)], at: u64) -> Diagnosis {
+    Diagnosis {
+        id: format!("d{comm:x}-{op}-H1"),
+        class: AnomalyClass::H1NotEntered as i32,
+        roots: roots
+            .iter()
+            .map(|&(r, p)| RootCause {
+                rank: r,
+                pid: pid(p),
+                host: "h".into(),
+                reason: "not entered".into(),
+                class: AnomalyClass::H1NotEntered as i32,
+                ..Default::default()
+            })
+            .collect(),
+        comm_id: comm,
+        trace: Some(TraceId {
+            comm_id: comm,
+            op_counter: op,
+            extension: 0,
+        }),
+        detected_at_ns: at,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_skipped_call_that_deadlocks_two_communicators_is_one_h2_on_the_skipper() {
+    // Process `skipper` skipped DP AllReduce #7 and went on to its TP AllReduce #8, where
+    // it waits for its partner; the partner and the other pair wait in DP #7 for it. Each
+    // communicator names its own missing rank (H1); following either closes a cycle. Both
+    // orders of arrival must give one incident: H2, root the skipper (3 ranks wait for it).
+    for skipper in [3u32, 0] {
+        let partner = skipper ^ 1;
+        for dp_first in [true, false] {
+            let mut v = view();
+            let coll = CollKind::AllReduce as i32;
+            for p in 0..4u32 {
+                let pr: Proc = ("h".into(), pid(p));
+                let ms = v.procs.get_mut(&pr).unwrap();
+                if p == skipper {
+                    ms[1].waiting = Some((8, coll, vec![partner % 2]));
+                } else {
+                    ms[0].waiting = Some((7, coll, vec![skipper]));
+                }
+            }
+            let tp = TP[(skipper / 2) as usize];
+            let dp_d = h1(DP, 7, &[(skipper, skipper)], T0);
+            let tp_d = h1(tp, 8, &[(partner % 2, partner)], T0);
+            let ds = if dp_first {
+                vec![dp_d, tp_d]
+            } else {
+                vec![tp_d, dp_d]
+            };
+            let mut inc = Incidents::default();
+            inc.add(&ds, &v, Duration::from_secs(1));
+            inc.flush(T0);
+            let got = inc.take();
+            assert_eq!(
+                got.len(),
+                1,
+                "skipper {skipper} dp_first {dp_first}: {got:#?}"
+            );
+            let g = &got[0];
+            assert_eq!(g.class, AnomalyClass::H2Inconsistent as i32, "{g:#?}");
+            assert_eq!(g.roots.len(), 1);
+            assert_eq!((g.roots[0].pid, g.roots[0].rank), (pid(skipper), skipper));
+            assert_eq!(g.roots[0].class, AnomalyClass::H2Inconsistent as i32);
+            let why = &g.roots[0].reason;
+            assert!(
+                why.contains(
+                    "3 ranks wait for it in comm 0x00000000000000d0 (4 ranks) AllReduce #7"
+                ),
+                "{why}"
+            );
+            assert!(
+                why.contains(&format!("AllReduce #8 for rank {}", partner % 2)),
+                "{why}"
+            );
+            assert!(g.summary.contains("H2"), "{}", g.summary);
+        }
+    }
+}

@@ -60,6 +60,11 @@ fn main() -> ExitCode {
                 .map_or("-".into(), |d| format!("{:.2} s", d.as_secs_f64())),
             if o.pass() { "pass" } else { "FAIL" }
         );
+        if !o.pass() {
+            for t in &o.timeline {
+                println!("    incident {t}");
+            }
+        }
         for n in &o.notes {
             println!("    {}", n.replace('\n', "\n    "));
         }

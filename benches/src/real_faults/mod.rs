@@ -355,6 +355,24 @@ pub fn verdict(want: &Expect, seen: &[Incident]) -> Verdict {
     Verdict { pass, got }
 }
 
+/// One line per incident: `S2 [2] at -2.31 s: <summary>`, times relative to `origin_ns`
+/// (the fault, or the start of a clean run); `?` when the incident has no time stamp.
+pub fn timeline(seen: &[Incident], origin_ns: u64) -> Vec<String> {
+    seen.iter()
+        .map(|i| {
+            let at = if i.detected_at_ns == 0 {
+                "?".to_string()
+            } else {
+                format!(
+                    "{:+.2} s",
+                    (i.detected_at_ns as f64 - origin_ns as f64) / 1e9
+                )
+            };
+            format!("{} at {at}: {}", i.describe(), i.summary)
+        })
+        .collect()
+}
+
 /// The result of one case.
 #[derive(Debug, Clone)]
 pub struct Outcome {
@@ -368,6 +386,10 @@ pub struct Outcome {
     /// Problems of the run itself (the client failed to start, a clean run's client failed,
     /// the analyzer could not be read) and the tail of the client's stderr on failure.
     pub notes: Vec<String>,
+    /// Every incident reported, with its detection time relative to the fault (or to the
+    /// start of a clean run) and its summary: tells a pre-fault false positive from a
+    /// consequence of the fault.
+    pub timeline: Vec<String>,
 }
 
 impl Outcome {
@@ -641,6 +663,7 @@ mod tests {
                 },
                 delay: Some(Duration::from_millis(1700)),
                 notes: vec![],
+                timeline: vec![],
             },
             Outcome {
                 case: case(Fault::Kill, 0),
@@ -650,6 +673,7 @@ mod tests {
                 },
                 delay: None,
                 notes: vec![],
+                timeline: vec![],
             },
         ];
         let t = table(&out);

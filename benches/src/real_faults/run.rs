@@ -298,8 +298,12 @@ fn duty_cycle(
 pub fn run_case(env: &Env, case: &Case) -> Outcome {
     let mut notes = Vec::new();
     let mut tail = String::new();
-    let (verdict_, delay) = match run_inner(env, case, &mut notes, &mut tail) {
-        Ok((seen, delay)) => (verdict(&case.expected(), &seen), delay),
+    let (verdict_, delay, timeline) = match run_inner(env, case, &mut notes, &mut tail) {
+        Ok((seen, delay, origin_ns)) => (
+            verdict(&case.expected(), &seen),
+            delay,
+            super::timeline(&seen, origin_ns),
+        ),
         Err(e) => {
             notes.push(e);
             (
@@ -308,6 +312,7 @@ pub fn run_case(env: &Env, case: &Case) -> Outcome {
                     got: "run failed".into(),
                 },
                 None,
+                Vec::new(),
             )
         }
     };
@@ -319,6 +324,7 @@ pub fn run_case(env: &Env, case: &Case) -> Outcome {
         verdict: verdict_,
         delay,
         notes,
+        timeline,
     }
 }
 
@@ -327,7 +333,7 @@ fn run_inner(
     case: &Case,
     notes: &mut Vec<String>,
     tail: &mut String,
-) -> Result<(Vec<Incident>, Option<Duration>), String> {
+) -> Result<(Vec<Incident>, Option<Duration>, u64), String> {
     if case.fault != Fault::None && case.root >= case.ranks {
         return Err(format!(
             "root {} is not below {} ranks",
@@ -367,7 +373,8 @@ fn observe(
     job: &mut Job,
     source: &Source,
     notes: &mut Vec<String>,
-) -> Result<(Vec<Incident>, Option<Duration>), String> {
+) -> Result<(Vec<Incident>, Option<Duration>, u64), String> {
+    let started_ns = unix_ns();
     let t0 = Instant::now();
     while job.seen(|s| s.pids.len()) < case.ranks {
         if let Some(st) = job.exited() {
@@ -394,7 +401,7 @@ fn observe(
             notes.push(format!("clean client run failed: {status}"));
         }
         std::thread::sleep(SETTLE);
-        return Ok((source.read(env)?, None));
+        return Ok((source.read(env)?, None, started_ns));
     }
 
     let pid = job.seen(|s| s.pids.get(&case.root).copied()).unwrap_or(0) as i32;
@@ -478,5 +485,5 @@ fn observe(
             seen_at - fault_instant
         }
     });
-    Ok((seen, delay))
+    Ok((seen, delay, fault_at))
 }
