@@ -474,10 +474,11 @@ impl TypeKey {
         }
     }
 
+    /// Send/Recv only. AlltoAll, Gather and Scatter run on the p2p engine (algorithm P2p)
+    /// but are collectives: every rank takes part, so a rank that never enters is missing
+    /// and their rounds feed slow detection like the ring collectives.
     fn p2p(&self) -> bool {
-        self.algo == wire::Algorithm::P2p as i32
-            || self.coll == wire::CollKind::Send as i32
-            || self.coll == wire::CollKind::Recv as i32
+        self.coll == wire::CollKind::Send as i32 || self.coll == wire::CollKind::Recv as i32
     }
 }
 

@@ -137,13 +137,16 @@ fn await_diagnoses(
 }
 
 /// Issues one collective `kind` of the harness's shape (AllGather: `send.len() / n` floats
-/// per rank; ReduceScatter: `recv.len() / n`); false when the communicator refused it.
+/// per rank; ReduceScatter: `recv.len() / n`; AlltoAll and Gather: `send.len() / n` per
+/// peer; Scatter: `recv.len() / n`; Gather and Scatter rooted at rank 0); false when the
+/// communicator refused it.
 pub fn op(c: &Arc<Comm>, kind: CollKind, send: &[f32], recv: &mut [f32], n: usize) -> bool {
     let count = match kind {
         CollKind::AllReduce => send.len(),
-        CollKind::AllGather => send.len() / n,
+        CollKind::AllGather | CollKind::AlltoAll | CollKind::Gather => send.len() / n,
         _ => recv.len() / n,
     };
+    let rooted = matches!(kind, CollKind::Gather | CollKind::Scatter);
     let a = CollArgs {
         kind,
         sendbuf: send.as_ptr() as usize,
@@ -151,7 +154,7 @@ pub fn op(c: &Arc<Comm>, kind: CollKind, send: &[f32], recv: &mut [f32], n: usiz
         count,
         dtype: DataType::Float32 as i32,
         op: 0,
-        root: -1,
+        root: if rooted { 0 } else { -1 },
         stream: 0,
     };
     enqueue(c, a).is_ok()
