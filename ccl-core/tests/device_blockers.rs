@@ -473,3 +473,53 @@ fn one_host_function_per_operation_and_the_probe_still_sees_every_operation() {
         c.destroy().unwrap();
     }
 }
+
+/// Blocker 9: by default the kernels read their plan arrays from device memory (a copy made
+/// on the stream before the kernel); `CCLD_DEVICE_PLANS=mapped` reads the mapped host
+/// arrays. Results are the same either way, across cached and one-off plan shapes.
+#[test]
+fn plan_arrays_are_read_from_device_memory_unless_mapped_is_asked() {
+    let d = emu::global();
+    for (mode, mapped) in [("device", false), ("mapped", true)] {
+        std::env::set_var("CCLD_DEVICE_PLANS", mode);
+        let cs = comms(2);
+        let before = d.launches_with_mapped_plans();
+        let s: Vec<Stream> = (0..2).map(|_| d.stream_create().unwrap()).collect();
+        // Several shapes (counts), each twice: new arrays, then the cached ones.
+        for count in [1usize, 999, 5000, 1, 999, 5000] {
+            let send: Vec<Vec<u8>> = (0..2)
+                .map(|r| bytes(&vec![r as f32 + 1.0; count]))
+                .collect();
+            let mut recv: Vec<Vec<u8>> = (0..2).map(|_| vec![0u8; count * 4]).collect();
+            group_start().unwrap();
+            for r in 0..2 {
+                let a = sum_f32(
+                    send[r].as_ptr() as usize,
+                    recv[r].as_mut_ptr() as usize,
+                    count,
+                    s[r],
+                );
+                ccl_core::enqueue(&cs[r], a).unwrap();
+            }
+            group_end().unwrap();
+            for st in &s {
+                d.stream_synchronize(*st).unwrap();
+            }
+            assert!(
+                recv.iter().all(|b| f32s(b).iter().all(|x| *x == 3.0)),
+                "{mode}: count {count}"
+            );
+        }
+        let launched_mapped = d.launches_with_mapped_plans() - before;
+        if mapped {
+            assert_eq!(launched_mapped, 12, "{mode}");
+        } else {
+            assert_eq!(launched_mapped, 0, "{mode}");
+        }
+        for c in &cs {
+            c.async_error().unwrap();
+            c.destroy().unwrap();
+        }
+    }
+    std::env::remove_var("CCLD_DEVICE_PLANS");
+}

@@ -362,6 +362,8 @@ pub struct EmuDevice {
     unloaded_launches: AtomicUsize,
     /// Injected kernel faults: the next kernel launched on the device faults.
     faults: Mutex<HashMap<i32, String>>,
+    /// Kernels launched with their plan arrays in mapped host memory.
+    mapped_plan_launches: AtomicUsize,
 }
 
 /// The process's emulated device.
@@ -457,6 +459,20 @@ impl EmuDevice {
     /// illegal memory access: the stream stops, queries report the fault).
     pub fn fault_next_kernel(&self, device: i32, message: &str) {
         lock(&self.faults).insert(device, message.to_string());
+    }
+
+    /// Kernels launched whose plan arrays were in mapped host memory (on a GPU: read over
+    /// PCIe at every step; issue 15 blocker 9).
+    pub fn launches_with_mapped_plans(&self) -> usize {
+        self.mapped_plan_launches.load(Ordering::Acquire)
+    }
+
+    /// Whether `p` lies in an allocation of this device of the kind (mapped or device).
+    fn in_alloc(&self, p: usize, mapped: bool) -> bool {
+        lock(&self.allocs)
+            .range(..=p)
+            .next_back()
+            .is_some_and(|(base, a)| p < base + a.len && a.mapped == mapped)
     }
 
     /// Events created and not destroyed, for leak checks in tests.
@@ -747,13 +763,54 @@ impl DeviceApi for EmuDevice {
         if !lock(&self.preloaded).contains_key(&device) {
             self.unloaded_launches.fetch_add(1, Ordering::AcqRel);
         }
+        let ll = plan.proto == kernels::ffi::CCL_PROTO_LL;
+        type KernelFn = Box<dyn FnOnce() -> std::result::Result<(), String> + Send>;
+        let fault = lock(&self.faults).remove(&device);
+        if self.in_alloc(plan.steps as usize, true) || self.in_alloc(plan.conns as usize, true) {
+            self.mapped_plan_launches.fetch_add(1, Ordering::AcqRel);
+        }
+        let arrays = [
+            plan.steps as usize,
+            plan.lanes as usize,
+            plan.locals as usize,
+            plan.conns as usize,
+        ];
+        if arrays.iter().any(|a| self.in_alloc(*a, false)) {
+            // Arrays in device memory may be written by a copy queued before the kernel on
+            // this stream (blocker 9): read and validate them when the kernel runs, as a
+            // GPU does; a malformed plan is then a kernel fault.
+            let p = DeferredPlan(*plan);
+            let cmd: KernelFn = Box::new(move || {
+                let p = p;
+                if let Some(m) = fault {
+                    return Err(m);
+                }
+                // SAFETY: the launch contract keeps the arrays valid until the kernel ran;
+                // the copies that fill them ran before this command on the stream.
+                let k = unsafe { Kernel::capture(&p.0) }.map_err(|e| e.to_string())?;
+                match which {
+                    EmuKernel::Rust => {
+                        k.run();
+                        Ok(())
+                    }
+                    EmuKernel::Source => {
+                        drop(k);
+                        // SAFETY: as above.
+                        let sk =
+                            unsafe { SourceKernel::capture(&p.0) }.map_err(|e| e.to_string())?;
+                        sk.run()
+                    }
+                }
+            });
+            self.stream(s)?.push(Cmd::Kernel(cmd))?;
+            count_launch(which, ll);
+            return Ok(());
+        }
         // SAFETY: forwarded to the caller's contract (arrays readable at launch). The Rust
         // capture validates the plan for both implementations (its checks are stricter
         // than the kernel's host-side ones: a malformed plan is an error, never a crash).
         let k = unsafe { Kernel::capture(plan) }?;
-        let ll = k.ll;
-        type KernelFn = Box<dyn FnOnce() -> std::result::Result<(), String> + Send>;
-        let cmd: KernelFn = match (lock(&self.faults).remove(&device), which) {
+        let cmd: KernelFn = match (fault, which) {
             (Some(m), _) => Box::new(move || {
                 drop(k);
                 Err(m)
@@ -770,20 +827,32 @@ impl DeviceApi for EmuDevice {
             }
         };
         self.stream(s)?.push(Cmd::Kernel(cmd))?;
-        IMPLS.with(|c| {
-            let (src, rust) = c.get();
-            c.set(match which {
-                EmuKernel::Source => (src + 1, rust),
-                EmuKernel::Rust => (src, rust + 1),
-            });
-        });
-        LAUNCHES.with(|c| {
-            let (s, l) = c.get();
-            c.set(if ll { (s, l + 1) } else { (s + 1, l) });
-        });
+        count_launch(which, ll);
         Ok(())
     }
 }
+
+/// Counts a launch in this thread's statistics.
+fn count_launch(which: EmuKernel, ll: bool) {
+    IMPLS.with(|c| {
+        let (src, rust) = c.get();
+        c.set(match which {
+            EmuKernel::Source => (src + 1, rust),
+            EmuKernel::Rust => (src, rust + 1),
+        });
+    });
+    LAUNCHES.with(|c| {
+        let (s, l) = c.get();
+        c.set(if ll { (s, l + 1) } else { (s + 1, l) });
+    });
+}
+
+/// A launched plan whose arrays are read when the kernel runs.
+struct DeferredPlan(ccl_dev_plan_t);
+
+// SAFETY: the plan's pointers address emulated device / mapped memory that the launch
+// contract keeps valid until the kernel ran; nothing in it is tied to the launching thread.
+unsafe impl Send for DeferredPlan {}
 
 fn ipc_unsupported() -> CclError {
     CclError::usage(

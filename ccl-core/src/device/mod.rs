@@ -15,6 +15,7 @@ pub mod emu_kernel;
 pub mod liveness;
 pub mod lower;
 pub mod order;
+pub mod plans;
 pub mod proto;
 pub mod release;
 pub mod runtime;

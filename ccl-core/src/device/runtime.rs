@@ -48,6 +48,7 @@ use super::api::{CudaApi, DeviceApi, IpcHandle, Mapped, PtrInfo, PtrKind, Stream
 use super::liveness::{local_peers, Watch, WatchCfg};
 use super::lower::{apply_fault, halved, lower, red_params, ConnDir, ConnKey, LoweredPlan};
 use super::order::Order;
+use super::plans::PlanMem;
 use super::proto::{self, OpShape, Proto, ProtoSet};
 use super::starts::Starts;
 use super::{choose_backend, Backend, DeviceProbe};
@@ -452,11 +453,14 @@ impl ConnMem {
     }
 }
 
-/// Plan arrays in mapped memory.
+/// Plan arrays in mapped memory, and their copy in device memory (`plans`).
 #[derive(Clone, Copy, Debug)]
 struct Uploaded {
     host: usize,
     dev: usize,
+    /// The device copy (0: the kernel reads the mapped arrays) and its block size.
+    ddev: usize,
+    dbytes: usize,
     steps: usize,
     lanes: usize,
     locals: usize,
@@ -641,6 +645,8 @@ pub(crate) struct DeviceComm {
     watch: Watch,
     /// Operation starts handed from the enqueue to the previous completion (blocker 10).
     starts: Arc<Starts>,
+    /// Where kernels read plan arrays (`CCLD_DEVICE_PLANS`, blocker 9).
+    plan_mem: PlanMem,
 }
 
 /// What `attach` needs of the communicator.
@@ -813,6 +819,7 @@ impl DeviceComm {
         let nranks = boot.nranks();
         let rank = boot.rank();
         let p2p_disabled = crate::env::bool_or(ENV_P2P_DISABLE, false)?;
+        let plan_mem = super::plans::from_env()?;
         let (setup, order) = {
             let _dev = DeviceGuard::new(&*a.pre.api, a.pre.device)?;
             let setup = a.pre.api.stream_create()?;
@@ -872,6 +879,7 @@ impl DeviceComm {
             order,
             watch,
             starts: Arc::new(Starts::default()),
+            plan_mem,
         };
         if nranks > 1 {
             let prev = (rank + nranks - 1) % nranks;
@@ -1274,6 +1282,7 @@ impl DeviceComm {
         lp: &LoweredPlan,
         conns: &[ccl_dev_conn_t],
         proto: Proto,
+        stream: Stream,
     ) -> Result<(u64, Uploaded, bool)> {
         // Connections that need an LL scrub make a one-off array (rare: the first LL
         // operation after Simple ones); the cache holds arrays without scrubs only.
@@ -1335,9 +1344,35 @@ impl DeviceComm {
                 conns.len(),
             );
         }
+        let (ddev, dbytes) = match self.plan_mem {
+            PlanMem::Mapped => (0, 0),
+            PlanMem::Device => {
+                let copied = self.take_device(total.max(64)).and_then(|(d, b)| {
+                    // SAFETY: `d` has at least `total` bytes; the mapped source lives until
+                    // the operation completed (cached: until destroy; else handed back by
+                    // the completion function), after this copy ran on `stream`.
+                    match unsafe { self.api.memcpy_async(d, m.host, total, stream) } {
+                        Ok(()) => Ok((d, b)),
+                        Err(e) => {
+                            lock(&self.spare).push(Freed::Device { ptr: d, bytes: b });
+                            Err(e)
+                        }
+                    }
+                });
+                match copied {
+                    Ok(v) => v,
+                    Err(e) => {
+                        lock(&self.spare).push(Freed::Mapped { m, bytes });
+                        return Err(e);
+                    }
+                }
+            }
+        };
         let u = Uploaded {
             host: m.host,
             dev: m.dev,
+            ddev,
+            dbytes,
             steps,
             lanes,
             locals,
@@ -1511,7 +1546,7 @@ impl DeviceComm {
         for (c, k) in conns.iter_mut().zip(&lp.conns) {
             c.ll_sync = st.ll.entry(*k).or_default().use_for(proto);
         }
-        let (_, up, cached) = self.upload(&mut st, &lp, &conns, proto)?;
+        let (_, up, cached) = self.upload(&mut st, &lp, &conns, proto, stream)?;
         drop(st);
         if !cached {
             frees.push(Freed::Mapped {
@@ -1521,7 +1556,15 @@ impl DeviceComm {
                 },
                 bytes: up.bytes,
             });
+            if up.ddev != 0 {
+                frees.push(Freed::Device {
+                    ptr: up.ddev,
+                    bytes: up.dbytes,
+                });
+            }
         }
+        // Where the kernel reads the arrays (blocker 9, `plans`).
+        let base = if up.ddev != 0 { up.ddev } else { up.dev };
         let mut p = ccl_dev_plan_t {
             n_channels: lp.n_channels,
             n_lanes: lp.lanes.len() as u32,
@@ -1535,10 +1578,10 @@ impl DeviceComm {
             avg_divisor: 0,
             scalar_bits: 0,
             scalar_dev: std::ptr::null(),
-            steps: (up.dev + up.steps) as *const _,
-            lanes: (up.dev + up.lanes) as *const _,
-            locals: (up.dev + up.locals) as *const _,
-            conns: (up.dev + up.conns) as *const _,
+            steps: (base + up.steps) as *const _,
+            lanes: (base + up.lanes) as *const _,
+            locals: (base + up.locals) as *const _,
+            conns: (base + up.conns) as *const _,
             bufs: [std::ptr::null_mut(); CCL_MAX_BUFS],
             frame: std::ptr::null_mut(),
             frame_capacity: 0,
@@ -1746,6 +1789,9 @@ impl DeviceComm {
         for (_, v) in st.cache.drain() {
             for (_, u) in v {
                 errs.push(self.api.host_free(u.host));
+                if u.ddev != 0 {
+                    errs.push(self.api.free(u.ddev));
+                }
             }
         }
         st.conns.clear();
