@@ -1738,7 +1738,14 @@ impl DeviceComm {
         let launched = unsafe { self.api.launch_plan(&p, stream) };
         // The completion function runs even when the launch failed (it releases memory and
         // the in-flight count).
-        self.api.launch_host_fn(stream, Box::new(after))?;
+        if let Err(e) = self.api.launch_host_fn(stream, Box::new(after)) {
+            // It will never run (a faulted device): settle its counts here so that destroy
+            // does not wait for it and no later start waits for its completion.
+            let _ = self.starts.complete();
+            self.watch.handle().end();
+            self.inflight.done();
+            return Err(e);
+        }
         launched.map_err(|e| executor::with_context(e, &label))
     }
 
