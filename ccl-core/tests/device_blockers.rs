@@ -238,6 +238,7 @@ fn a_kernel_fault_reaches_async_error_and_the_next_call() {
         }
     };
     let took = t0.elapsed();
+    eprintln!("async error {took:?} after the faulting enqueue: {err}");
     assert_eq!(err.code(), ResultCode::InternalError, "{err}");
     assert!(err.to_string().contains("illegal memory access"), "{err}");
     assert!(
@@ -399,6 +400,7 @@ fn sigkill_of_a_device_rank_fails_the_survivors_within_the_bound() {
     assert!(codes.iter().all(|c| *c == Some(0)), "{codes:?} {errs:?}");
     for r in 0..victim {
         let (e, took) = errs[r].clone().unwrap_or_default();
+        eprintln!("rank {r}: {e} ({took:?} after the kill)");
         assert!(
             e.starts_with("RemoteError") && e.contains(&format!("rank {victim} (pid {victim_pid}")),
             "rank {r}: {e:?}"
