@@ -43,6 +43,9 @@
 #   (d) all_reduce_perf against our libnccl.so.2 with probes on vs CCLD_DISABLE=1: per-size
 #       time ratio and busbw, next to the device copy bandwidth of (a); configurations:
 #       1 rank, 2 processes sharing GPU 0, and all GPUs of one process when there are >= 2;
+#   (p) all_reduce_perf 8 B..4 MiB with the plan arrays in device memory (default) vs
+#       CCLD_DEVICE_PLANS=mapped (read over PCIe): per-size time ratio (issue 15 blocker 9),
+#       1 rank and 2 processes sharing GPU 0;
 #   (e) PyTorch DDP, 2 processes sharing cuda:0, LD_PRELOAD of our libnccl.so.2, parameters
 #       vs a single-process run (scripts/gpu/ddp_check.py);
 #   (f) diagnosis end to end on the GPU (device_diagnosis): 4 ranks as threads sharing GPU 0,
@@ -56,9 +59,9 @@
 #                             [--bin-dir DIR] [--nccl-tests DIR]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-parts="n,a,b,c,d,e,f"; quick=(); out=""; bin=target/release; nt=target/nccl-tests/bin
+parts="n,a,b,c,d,p,e,f"; quick=(); out=""; bin=target/release; nt=target/nccl-tests/bin
 usage() {
-  echo "usage: $0 [--kernels-only] [--only n,a,b,c,d,e,f] [--quick] [--out FILE] [--bin-dir DIR] [--nccl-tests DIR]" >&2
+  echo "usage: $0 [--kernels-only] [--only n,a,b,c,d,p,e,f] [--quick] [--out FILE] [--bin-dir DIR] [--nccl-tests DIR]" >&2
   exit 2
 }
 while [ $# -gt 0 ]; do
@@ -73,7 +76,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-case ",$parts," in *[!abcdefn,]*) usage ;; esac
+case ",$parts," in *[!abcdefnp,]*) usage ;; esac
 want() { case ",$parts," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 
 day=$(date -u +%Y-%m-%d)
@@ -205,17 +208,17 @@ if want c; then
 fi
 
 # (d) all_reduce_perf, probes on vs off.
-# ratio_table ON OFF: rows of two nccl-tests tables joined on the size: out-of-place time
-# (column 6) and busbw (column 8), and the time ratio on/off.
+# ratio_table ON OFF [LABEL_ON LABEL_OFF]: rows of two nccl-tests tables joined on the
+# size: out-of-place time (column 6) and busbw (column 8), and the time ratio on/off.
 ratio_table() {
-  awk '
+  awk -v lon="${3:-probes on}" -v loff="${4:-probes off}" '
     FILENAME != prev { f++; prev = FILENAME }
     $1 ~ /^[0-9]+$/ && $2 ~ /^[0-9]+$/ && NF >= 9 {
       if (f == 1) { ton[$1] = $6; bon[$1] = $8; order[++n] = $1 }
       else { toff[$1] = $6; boff[$1] = $8 }
     }
     END {
-      print "| bytes | time probes on (us) | time probes off (us) | on/off | busbw on (GB/s) | busbw off (GB/s) |"
+      printf "| bytes | time %s (us) | time %s (us) | ratio | busbw %s (GB/s) | busbw %s (GB/s) |\n", lon, loff, lon, loff
       print "|---:|---:|---:|---:|---:|---:|"
       for (i = 1; i <= n; i++) {
         k = order[i]
@@ -273,6 +276,36 @@ if want d; then
     else
       echo "Device copy bandwidth: part (a) did not run in this invocation." >> "$out"
     fi
+  fi
+fi
+
+# (p) issue 15 blocker 9: plan arrays read from device memory (default) vs mapped host
+# memory over PCIe (CCLD_DEVICE_PLANS=mapped); small sizes, where per-step latency shows.
+if want p; then
+  section "(p) plan arrays in device memory vs mapped host memory (CCLD_DEVICE_PLANS)"
+  cudart_dir=${cudart_dir:-$(find_cudart)} || cudart_dir=""
+  if [ -z "$cudart_dir" ]; then
+    echo "Not run: no libcudart.so.1x found for all_reduce_perf's device buffers." >> "$out"
+    fail=1
+  elif need "$lib" "$arp" "$ccl_run"; then
+    for cfg in 1rank 2procs-gpu0; do
+      echo "### $cfg" >> "$out"; echo >> "$out"
+      for plans in device mapped; do
+        f="$log/plans_${cfg}_$plans.txt"
+        case "$cfg" in
+          1rank) env CCLD_DEVICE_PLANS=$plans LD_LIBRARY_PATH="$bin:$cudart_dir" timeout 300 \
+                   "$arp" -b 8 -e 4M -f 2 -w 20 -n 200 -c 1 -g 1 > "$f" 2>&1 ;;
+          *) env CCLD_DEVICE_PLANS=$plans LD_LIBRARY_PATH="$bin:$cudart_dir" NCCL_TESTS_DEVICE=0 timeout 300 \
+                   "$ccl_run" -n 2 "$arp" -b 8 -e 4M -f 2 -w 20 -n 200 -c 1 -g 1 > "$f" 2>&1 ;;
+        esac
+        rc=$?
+        echo "- plans in $plans memory: $(pass_fail $rc)" >> "$out"
+        [ $rc = 0 ] || { fail=1; { echo '```'; tail -15 "$f"; echo '```'; } >> "$out"; }
+      done
+      echo >> "$out"
+      ratio_table "$log/plans_${cfg}_device.txt" "$log/plans_${cfg}_mapped.txt" "device plans" "mapped plans" >> "$out"
+      echo >> "$out"
+    done
   fi
 fi
 

@@ -925,6 +925,11 @@ impl Comm {
         if let Some(e) = lock(&self.broken).clone() {
             return Err(e);
         }
+        // Device path: a kernel fault or a dead peer seen by the device watch.
+        if let Some(e) = self.device_comm().and_then(|d| d.async_error()) {
+            self.mark_broken(&e);
+            return Err(e);
+        }
         // A peer that detected an inconsistent call poisoned this rank: the communicator is
         // unusable even if this rank's own operations completed.
         if let Some(e) = self

@@ -319,12 +319,23 @@ ccl_dev_result_t ccl_dev_stream_synchronize(ccl_stream_t s);
 /* CCL_DEV_OK when done, CCL_DEV_NOT_READY while work is pending. */
 ccl_dev_result_t ccl_dev_stream_query(ccl_stream_t s);
 ccl_dev_result_t ccl_dev_event_create(ccl_event_t *e);
+/* An event without timing (cudaEventDisableTiming): for ordering work across streams. */
+ccl_dev_result_t ccl_dev_event_create_untimed(ccl_event_t *e);
 ccl_dev_result_t ccl_dev_event_destroy(ccl_event_t e);
+/* CCL_DEV_OK when the work before the event's last record is done, CCL_DEV_NOT_READY
+ * while it is pending, an error when it failed (a kernel fault is sticky: every later
+ * query reports it). */
+ccl_dev_result_t ccl_dev_event_query(ccl_event_t e);
 ccl_dev_result_t ccl_dev_event_record(ccl_event_t e, ccl_stream_t s);
 ccl_dev_result_t ccl_dev_stream_wait_event(ccl_stream_t s, ccl_event_t e);
 ccl_dev_result_t ccl_dev_event_elapsed_ms(ccl_event_t start, ccl_event_t end, float *ms);
 /* cudaLaunchHostFunc: fn(user) runs on a runtime thread after prior work on s. */
 ccl_dev_result_t ccl_dev_launch_host_fn(ccl_stream_t s, ccl_host_fn_t fn, void *user);
+
+/* Loads the plan kernel's module on the current device now (cudaFuncGetAttributes), so
+ * that lazy module loading never happens at a launch while other kernels spin (call at
+ * communicator init). *num_regs (may be NULL): registers per thread of the kernel. */
+ccl_dev_result_t ccl_dev_preload(int32_t *num_regs);
 
 /* Launches the plan's kernel on s: local steps first (block 0), then one thread block per
  * channel running its lanes. `plan` itself is host memory (copied into the launch

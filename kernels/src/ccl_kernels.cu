@@ -272,6 +272,24 @@ ccl_dev_result_t ccl_dev_event_create(ccl_event_t *ev) {
   return CCL_DEV_OK;
 }
 
+ccl_dev_result_t ccl_dev_event_create_untimed(ccl_event_t *ev) {
+  if (!ev) return invalid("ccl_dev_event_create_untimed: ev is NULL");
+  cudaEvent_t e;
+  CCL_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  *ev = (ccl_event_t)e;
+  return CCL_DEV_OK;
+}
+
+ccl_dev_result_t ccl_dev_event_query(ccl_event_t ev) {
+  cudaError_t e = cudaEventQuery((cudaEvent_t)ev);
+  if (e == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return CCL_DEV_NOT_READY;
+  }
+  if (e != cudaSuccess) return fail(e, "cudaEventQuery");
+  return CCL_DEV_OK;
+}
+
 ccl_dev_result_t ccl_dev_event_destroy(ccl_event_t e) {
   CCL_CHECK(cudaEventDestroy((cudaEvent_t)e));
   return CCL_DEV_OK;
@@ -317,6 +335,17 @@ ccl_dev_result_t ccl_dev_launch_plan(const ccl_dev_plan_t *plan, ccl_stream_t s)
   if (const char *why = plan_error(p)) return invalid(why);
   ccl_plan_kernel<<<dim3(p.n_channels), dim3(CCL_THREADS), 0, (cudaStream_t)s>>>(p);
   CCL_CHECK(cudaGetLastError());
+  return CCL_DEV_OK;
+}
+
+ccl_dev_result_t ccl_dev_preload(int32_t *num_regs) {
+  // Loads the module of the plan kernel now: with lazy module loading (CUDA 12.2+'s
+  // default, CUDA_MODULE_LOADING=LAZY) the first launch would load it, which can wait for
+  // kernels already running on the device, and those spin on peers that wait for this
+  // launch (issue 15 blocker 6). cudaFuncGetAttributes forces the load, as NCCL does.
+  cudaFuncAttributes attr;
+  CCL_CHECK(cudaFuncGetAttributes(&attr, (const void *)ccl_plan_kernel));
+  if (num_regs) *num_regs = (int32_t)attr.numRegs;
   return CCL_DEV_OK;
 }
 

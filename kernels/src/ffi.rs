@@ -338,11 +338,14 @@ abi! {
     fn ccl_dev_stream_synchronize(s: ccl_stream_t) -> ccl_dev_result_t;
     fn ccl_dev_stream_query(s: ccl_stream_t) -> ccl_dev_result_t;
     fn ccl_dev_event_create(e: *mut ccl_event_t) -> ccl_dev_result_t;
+    fn ccl_dev_event_create_untimed(e: *mut ccl_event_t) -> ccl_dev_result_t;
     fn ccl_dev_event_destroy(e: ccl_event_t) -> ccl_dev_result_t;
+    fn ccl_dev_event_query(e: ccl_event_t) -> ccl_dev_result_t;
     fn ccl_dev_event_record(e: ccl_event_t, s: ccl_stream_t) -> ccl_dev_result_t;
     fn ccl_dev_stream_wait_event(s: ccl_stream_t, e: ccl_event_t) -> ccl_dev_result_t;
     fn ccl_dev_event_elapsed_ms(start: ccl_event_t, end: ccl_event_t, ms: *mut f32) -> ccl_dev_result_t;
     fn ccl_dev_launch_host_fn(s: ccl_stream_t, func: ccl_host_fn_t, user: *mut c_void) -> ccl_dev_result_t;
+    fn ccl_dev_preload(num_regs: *mut i32) -> ccl_dev_result_t;
     fn ccl_dev_launch_plan(plan: *const ccl_dev_plan_t, s: ccl_stream_t) -> ccl_dev_result_t;
     fn ccl_dev_host_elem(dtype: u32, op: u32, avg_divisor: u32, scalar_bits: u64, has_in: i32, in_bits: u64, local_bits: u64, do_finish: i32, out: *mut u64) -> ccl_dev_result_t;
     fn ccl_dev_copy_bandwidth(bytes: usize, iters: i32, gbps: *mut f64) -> ccl_dev_result_t;

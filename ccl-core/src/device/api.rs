@@ -16,6 +16,9 @@ use crate::error::{CclError, Result};
 /// An opaque stream handle (`cudaStream_t` as an address); 0 = the default stream.
 pub type Stream = usize;
 
+/// An opaque event handle (`cudaEvent_t` as an address, created without timing).
+pub type Event = usize;
+
 /// A host function enqueued on a stream (`cudaLaunchHostFunc`). It must not call device
 /// functions (CUDA forbids it in host callbacks).
 pub type HostFn = Box<dyn FnOnce() + Send + 'static>;
@@ -127,6 +130,22 @@ pub trait DeviceApi: Send + Sync + std::fmt::Debug {
     fn stream_synchronize(&self, s: Stream) -> Result<()>;
     /// Runs `f` on a runtime thread after prior work on `s` (and before later work).
     fn launch_host_fn(&self, s: Stream, f: HostFn) -> Result<()>;
+    /// A new event without timing (`cudaEventCreateWithFlags(cudaEventDisableTiming)`).
+    fn event_create(&self) -> Result<Event>;
+    /// Destroys an event (pending records still complete).
+    fn event_destroy(&self, e: Event) -> Result<()>;
+    /// Records `e` on `s`: it completes when the work enqueued on `s` so far is done.
+    fn event_record(&self, e: Event, s: Stream) -> Result<()>;
+    /// Work enqueued on `s` from now on waits until `e`'s last record completed
+    /// (`cudaStreamWaitEvent`; an event never recorded is complete).
+    fn stream_wait_event(&self, s: Stream, e: Event) -> Result<()>;
+    /// `Ok(true)` when the work before `e`'s last record is done, `Ok(false)` while it is
+    /// pending, an error when it failed (a kernel fault: sticky, as on CUDA).
+    fn event_query(&self, e: Event) -> Result<bool>;
+    /// Loads the plan kernel on the current device now (`cudaFuncGetAttributes`), so that
+    /// lazy module loading cannot happen at a launch while other kernels spin (issue 15
+    /// blocker 6). Called at communicator init.
+    fn preload_kernel(&self) -> Result<()>;
     /// Whether `s` is being captured into a CUDA graph (see [`super::capture`]). Default:
     /// never (the emulator has no graphs).
     fn stream_capturing(&self, _s: Stream) -> Result<bool> {
@@ -395,6 +414,55 @@ impl DeviceApi for CudaApi {
             drop(unsafe { Box::from_raw(user) });
             return Err(e);
         }
+        Ok(())
+    }
+
+    fn event_create(&self) -> Result<Event> {
+        let mut e = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        check("cudaEventCreateWithFlags", unsafe {
+            ffi::ccl_dev_event_create_untimed(&mut e)
+        })?;
+        Ok(e as usize)
+    }
+
+    fn event_destroy(&self, e: Event) -> Result<()> {
+        // SAFETY: the runtime only destroys events it created.
+        check("cudaEventDestroy", unsafe {
+            ffi::ccl_dev_event_destroy(e as ffi::ccl_event_t)
+        })
+    }
+
+    fn event_record(&self, e: Event, s: Stream) -> Result<()> {
+        // SAFETY: an event of ours and a stream handle (0 = default).
+        check("cudaEventRecord", unsafe {
+            ffi::ccl_dev_event_record(e as ffi::ccl_event_t, s as ffi::ccl_stream_t)
+        })
+    }
+
+    fn stream_wait_event(&self, s: Stream, e: Event) -> Result<()> {
+        // SAFETY: a stream handle (0 = default) and an event of ours.
+        check("cudaStreamWaitEvent", unsafe {
+            ffi::ccl_dev_stream_wait_event(s as ffi::ccl_stream_t, e as ffi::ccl_event_t)
+        })
+    }
+
+    fn event_query(&self, e: Event) -> Result<bool> {
+        // SAFETY: an event of ours.
+        let code = unsafe { ffi::ccl_dev_event_query(e as ffi::ccl_event_t) };
+        if code == ffi::CCL_DEV_NOT_READY {
+            return Ok(false);
+        }
+        check("cudaEventQuery", code).map(|()| true)
+    }
+
+    fn preload_kernel(&self) -> Result<()> {
+        let mut regs = 0i32;
+        // SAFETY: valid out-pointer.
+        check("cudaFuncGetAttributes(ccl_plan_kernel)", unsafe {
+            ffi::ccl_dev_preload(&mut regs)
+        })?;
+        tracing::debug!(target: "nccl::INIT", "plan kernel loaded ({regs} registers per thread)");
         Ok(())
     }
 

@@ -44,7 +44,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 use kernels::ffi::{ccl_dev_plan_t, CCL_MAX_CHANNELS};
 
-use super::api::{DeviceApi, HostFn, IpcHandle, Mapped, PtrInfo, PtrKind, Stream};
+use super::api::{DeviceApi, Event, HostFn, IpcHandle, Mapped, PtrInfo, PtrKind, Stream};
 use super::emu_kernel::{emu_kernel, EmuKernel, SourceKernel};
 use crate::error::{CclError, Result};
 
@@ -57,6 +57,13 @@ thread_local! {
     static ALLOCS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
     static LAUNCHES: std::cell::Cell<(usize, usize)> = const { std::cell::Cell::new((0, 0)) };
     static IMPLS: std::cell::Cell<(usize, usize)> = const { std::cell::Cell::new((0, 0)) };
+    static HOST_FNS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Host functions this thread enqueued (`launch_host_fn`): each one is a GPU-to-host round
+/// trip on CUDA; tests count them per operation (issue 15 blocker 10).
+pub fn host_fns_on_this_thread() -> usize {
+    HOST_FNS.with(|c| c.get())
 }
 
 /// Plans this thread launched per kernel implementation: (kernel source, Rust
@@ -89,18 +96,35 @@ struct Alloc {
     device: i32,
 }
 
+/// A command of an emulated stream.
+enum Cmd {
+    /// Host work: copies, host functions.
+    Run(HostFn),
+    /// A kernel; `Err(message)` is a fault, sticky for the stream (as a CUDA kernel fault
+    /// is for the context): later commands are dropped, queries and synchronizations
+    /// report it.
+    Kernel(Box<dyn FnOnce() -> std::result::Result<(), String> + Send>),
+    /// Completes record `gen` of an event.
+    Record(Arc<EmuEvent>, u64),
+    /// Holds the stream until record `gen` of an event completed (`cudaStreamWaitEvent`).
+    Wait(Arc<EmuEvent>, u64),
+}
+
 /// One emulated stream: a worker thread running queued commands in order.
 struct EmuStream {
+    id: usize,
     q: Mutex<StreamQ>,
     cv: Condvar,
 }
 
 #[derive(Default)]
 struct StreamQ {
-    cmds: VecDeque<HostFn>,
+    cmds: VecDeque<Cmd>,
     /// Commands queued and not finished (the one running included).
     pending: usize,
     stop: bool,
+    /// The fault of a kernel (or of an event this stream waited for), sticky.
+    fault: Option<String>,
 }
 
 impl std::fmt::Debug for EmuStream {
@@ -114,9 +138,16 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+fn faulted(what: &str, id: usize, m: &str) -> CclError {
+    CclError::System(format!(
+        "emulated device: {what} on stream {id:#x}: an earlier kernel faulted: {m}"
+    ))
+}
+
 impl EmuStream {
     fn start(id: usize) -> Result<Arc<EmuStream>> {
         let s = Arc::new(EmuStream {
+            id,
             q: Mutex::new(StreamQ::default()),
             cv: Condvar::new(),
         });
@@ -130,12 +161,12 @@ impl EmuStream {
 
     fn run(&self) {
         loop {
-            let cmd = {
+            let (cmd, fault) = {
                 let mut g = lock(&self.q);
                 loop {
                     if let Some(c) = g.cmds.pop_front() {
                         kernels::sim::hb_acquire(self.hb());
-                        break c;
+                        break (c, g.fault.clone());
                     }
                     if g.stop {
                         return;
@@ -143,20 +174,52 @@ impl EmuStream {
                     g = self.cv.wait(g).unwrap_or_else(|p| p.into_inner());
                 }
             };
-            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(cmd)).is_err() {
-                tracing::error!(target: "nccl::COLL", "emulated device: a stream command panicked");
-            }
+            let new_fault = match (cmd, fault) {
+                // After a fault nothing runs; events recorded behind it report the fault.
+                (Cmd::Record(ev, gen), Some(f)) => {
+                    ev.fail(gen, &f);
+                    None
+                }
+                (_, Some(_)) => None,
+                (Cmd::Run(f), None) => {
+                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
+                        tracing::error!(target: "nccl::COLL",
+                            "emulated device: a stream command panicked");
+                    }
+                    None
+                }
+                (Cmd::Kernel(k), None) => {
+                    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(k)) {
+                        Ok(Ok(())) => None,
+                        Ok(Err(m)) => Some(m),
+                        Err(_) => Some("the emulated kernel panicked".to_string()),
+                    }
+                }
+                (Cmd::Record(ev, gen), None) => {
+                    ev.complete(gen);
+                    None
+                }
+                (Cmd::Wait(ev, gen), None) => ev.wait(gen).err(),
+            };
             let mut g = lock(&self.q);
+            if let Some(m) = new_fault {
+                tracing::warn!(target: "nccl::COLL",
+                    "emulated device: stream {:#x} faulted: {m}", self.id);
+                g.fault.get_or_insert(m);
+            }
             g.pending -= 1;
             kernels::sim::hb_release(self.hb());
             self.cv.notify_all();
         }
     }
 
-    fn push(&self, cmd: HostFn) -> Result<()> {
+    fn push(&self, cmd: Cmd) -> Result<()> {
         let mut g = lock(&self.q);
         if g.stop {
             return Err(CclError::usage("emulated device: stream was destroyed"));
+        }
+        if let Some(m) = &g.fault {
+            return Err(faulted("enqueue", self.id, m));
         }
         g.cmds.push_back(cmd);
         g.pending += 1;
@@ -165,20 +228,39 @@ impl EmuStream {
         Ok(())
     }
 
-    fn idle(&self) -> bool {
-        let idle = lock(&self.q).pending == 0;
+    fn push_fn(&self, f: HostFn) -> Result<()> {
+        self.push(Cmd::Run(f))
+    }
+
+    /// Whether the stream's work is done (an error after a fault).
+    fn query(&self) -> Result<bool> {
+        let g = lock(&self.q);
+        if let Some(m) = &g.fault {
+            return Err(faulted("query", self.id, m));
+        }
+        let idle = g.pending == 0;
+        drop(g);
         if idle {
             kernels::sim::hb_acquire(self.hb());
         }
-        idle
+        Ok(idle)
     }
 
-    fn sync(&self) {
+    fn idle(&self) -> bool {
+        self.query().unwrap_or(true)
+    }
+
+    fn sync(&self) -> Result<()> {
         let mut g = lock(&self.q);
         while g.pending > 0 {
             g = self.cv.wait(g).unwrap_or_else(|p| p.into_inner());
         }
+        if let Some(m) = &g.fault {
+            return Err(faulted("synchronize", self.id, m));
+        }
+        drop(g);
         kernels::sim::hb_acquire(self.hb());
+        Ok(())
     }
 
     /// The stream's synchronisation address for ThreadSanitizer (the queue's mutex
@@ -193,6 +275,74 @@ impl EmuStream {
     }
 }
 
+/// An emulated event: a completion marker. Records are numbered; a stream that waits for
+/// the event waits for the number of its last record at the time of the wait.
+#[derive(Debug, Default)]
+struct EmuEvent {
+    st: Mutex<EventState>,
+    cv: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct EventState {
+    /// Records enqueued so far.
+    recorded: u64,
+    /// Highest record completed.
+    done: u64,
+    /// The fault of the stream a record was behind.
+    fault: Option<String>,
+}
+
+impl EmuEvent {
+    fn next_record(&self) -> u64 {
+        let mut g = lock(&self.st);
+        g.recorded += 1;
+        g.recorded
+    }
+
+    fn last_record(&self) -> u64 {
+        lock(&self.st).recorded
+    }
+
+    fn complete(&self, gen: u64) {
+        let mut g = lock(&self.st);
+        g.done = g.done.max(gen);
+        kernels::sim::hb_release(self as *const EmuEvent as usize);
+        self.cv.notify_all();
+    }
+
+    fn fail(&self, _gen: u64, m: &str) {
+        lock(&self.st).fault.get_or_insert_with(|| m.to_string());
+        self.cv.notify_all();
+    }
+
+    /// Blocks until record `gen` completed; the fault when the stream behind it faulted.
+    fn wait(&self, gen: u64) -> std::result::Result<(), String> {
+        let mut g = lock(&self.st);
+        loop {
+            if let Some(m) = &g.fault {
+                return Err(format!("waited for an event behind a fault: {m}"));
+            }
+            if g.done >= gen {
+                drop(g);
+                kernels::sim::hb_acquire(self as *const EmuEvent as usize);
+                return Ok(());
+            }
+            g = self.cv.wait(g).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    fn query(&self) -> Result<bool> {
+        let g = lock(&self.st);
+        if let Some(m) = &g.fault {
+            return Err(CclError::System(format!(
+                "emulated device: event query: a kernel before the event faulted: {m}"
+            )));
+        }
+        Ok(g.done >= g.recorded)
+    }
+}
+
 /// The emulated device (all "devices" of the process share one instance, see [`global`]).
 #[derive(Debug, Default)]
 pub struct EmuDevice {
@@ -204,6 +354,16 @@ pub struct EmuDevice {
     registered: Mutex<BTreeMap<usize, usize>>,
     /// (device, peer) pairs with peer access enabled.
     peer_access: Mutex<std::collections::HashSet<(i32, i32)>>,
+    events: Mutex<HashMap<usize, Arc<EmuEvent>>>,
+    next_event: AtomicUsize,
+    /// Devices whose kernel was preloaded ([`DeviceApi::preload_kernel`]), with counts.
+    preloaded: Mutex<HashMap<i32, usize>>,
+    /// Kernels launched on a device never preloaded.
+    unloaded_launches: AtomicUsize,
+    /// Injected kernel faults: the next kernel launched on the device faults.
+    faults: Mutex<HashMap<i32, String>>,
+    /// Kernels launched with their plan arrays in mapped host memory.
+    mapped_plan_launches: AtomicUsize,
 }
 
 /// The process's emulated device.
@@ -282,6 +442,49 @@ impl EmuDevice {
     /// checks in tests.
     pub fn live_registrations(&self) -> usize {
         lock(&self.registered).len()
+    }
+
+    /// How many times the plan kernel was preloaded on `device` (communicator inits).
+    pub fn preloads(&self, device: i32) -> usize {
+        lock(&self.preloaded).get(&device).copied().unwrap_or(0)
+    }
+
+    /// Kernels launched on a device whose kernel was never preloaded (on CUDA with lazy
+    /// module loading, each such launch would load the module then; issue 15 blocker 6).
+    pub fn launches_before_preload(&self) -> usize {
+        self.unloaded_launches.load(Ordering::Acquire)
+    }
+
+    /// Testing aid: the next kernel launched on `device` faults with `message` (like an
+    /// illegal memory access: the stream stops, queries report the fault).
+    pub fn fault_next_kernel(&self, device: i32, message: &str) {
+        lock(&self.faults).insert(device, message.to_string());
+    }
+
+    /// Kernels launched whose plan arrays were in mapped host memory (on a GPU: read over
+    /// PCIe at every step; issue 15 blocker 9).
+    pub fn launches_with_mapped_plans(&self) -> usize {
+        self.mapped_plan_launches.load(Ordering::Acquire)
+    }
+
+    /// Whether `p` lies in an allocation of this device of the kind (mapped or device).
+    fn in_alloc(&self, p: usize, mapped: bool) -> bool {
+        lock(&self.allocs)
+            .range(..=p)
+            .next_back()
+            .is_some_and(|(base, a)| p < base + a.len && a.mapped == mapped)
+    }
+
+    /// Events created and not destroyed, for leak checks in tests.
+    pub fn live_events(&self) -> usize {
+        lock(&self.events).len()
+    }
+
+    fn event(&self, e: Event) -> Result<Arc<EmuEvent>> {
+        lock(&self.events)
+            .get(&e)
+            .cloned()
+            .ok_or_else(|| CclError::arg(format!("emulated device: unknown event {e:#x}")))
     }
 
     /// Whether kernels on `device` were allowed to reach `peer`'s memory
@@ -407,7 +610,7 @@ impl DeviceApi for EmuDevice {
     }
 
     unsafe fn memcpy_async(&self, dst: usize, src: usize, bytes: usize, s: Stream) -> Result<()> {
-        self.stream(s)?.push(Box::new(move || {
+        self.stream(s)?.push_fn(Box::new(move || {
             if bytes > 0 && dst != src {
                 // SAFETY: the caller keeps both ranges valid until the copy ran.
                 unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, bytes) };
@@ -499,49 +702,157 @@ impl DeviceApi for EmuDevice {
     }
 
     fn stream_query(&self, s: Stream) -> Result<bool> {
-        Ok(self.stream(s)?.idle())
+        self.stream(s)?.query()
     }
 
     fn stream_synchronize(&self, s: Stream) -> Result<()> {
-        self.stream(s)?.sync();
-        Ok(())
+        self.stream(s)?.sync()
     }
 
     fn launch_host_fn(&self, s: Stream, f: HostFn) -> Result<()> {
-        self.stream(s)?.push(f)
+        self.stream(s)?.push_fn(f)?;
+        HOST_FNS.with(|c| c.set(c.get() + 1));
+        Ok(())
+    }
+
+    fn event_create(&self) -> Result<Event> {
+        let id = 0x10_0000 + 0x10 * self.next_event.fetch_add(1, Ordering::Relaxed);
+        lock(&self.events).insert(id, Arc::new(EmuEvent::default()));
+        Ok(id)
+    }
+
+    fn event_destroy(&self, e: Event) -> Result<()> {
+        // Like cudaEventDestroy: pending records still complete (the commands hold it).
+        lock(&self.events)
+            .remove(&e)
+            .map(|_| ())
+            .ok_or_else(|| CclError::arg(format!("emulated device: unknown event {e:#x}")))
+    }
+
+    fn event_record(&self, e: Event, s: Stream) -> Result<()> {
+        let ev = self.event(e)?;
+        let st = self.stream(s)?;
+        let gen = ev.next_record();
+        st.push(Cmd::Record(ev, gen))
+    }
+
+    fn stream_wait_event(&self, s: Stream, e: Event) -> Result<()> {
+        let ev = self.event(e)?;
+        let gen = ev.last_record();
+        if gen == 0 {
+            // Never recorded: nothing to wait for (as on CUDA).
+            return Ok(());
+        }
+        self.stream(s)?.push(Cmd::Wait(ev, gen))
+    }
+
+    fn event_query(&self, e: Event) -> Result<bool> {
+        self.event(e)?.query()
+    }
+
+    fn preload_kernel(&self) -> Result<()> {
+        *lock(&self.preloaded)
+            .entry(CURRENT.with(|c| c.get()))
+            .or_default() += 1;
+        Ok(())
     }
 
     unsafe fn launch_plan(&self, plan: &ccl_dev_plan_t, s: Stream) -> Result<()> {
         let which = emu_kernel()?;
+        let device = CURRENT.with(|c| c.get());
+        if !lock(&self.preloaded).contains_key(&device) {
+            self.unloaded_launches.fetch_add(1, Ordering::AcqRel);
+        }
+        let ll = plan.proto == kernels::ffi::CCL_PROTO_LL;
+        type KernelFn = Box<dyn FnOnce() -> std::result::Result<(), String> + Send>;
+        let fault = lock(&self.faults).remove(&device);
+        if self.in_alloc(plan.steps as usize, true) || self.in_alloc(plan.conns as usize, true) {
+            self.mapped_plan_launches.fetch_add(1, Ordering::AcqRel);
+        }
+        let arrays = [
+            plan.steps as usize,
+            plan.lanes as usize,
+            plan.locals as usize,
+            plan.conns as usize,
+        ];
+        if arrays.iter().any(|a| self.in_alloc(*a, false)) {
+            // Arrays in device memory may be written by a copy queued before the kernel on
+            // this stream (blocker 9): read and validate them when the kernel runs, as a
+            // GPU does; a malformed plan is then a kernel fault.
+            let p = DeferredPlan(*plan);
+            let cmd: KernelFn = Box::new(move || {
+                let p = p;
+                if let Some(m) = fault {
+                    return Err(m);
+                }
+                // SAFETY: the launch contract keeps the arrays valid until the kernel ran;
+                // the copies that fill them ran before this command on the stream.
+                let k = unsafe { Kernel::capture(&p.0) }.map_err(|e| e.to_string())?;
+                match which {
+                    EmuKernel::Rust => {
+                        k.run();
+                        Ok(())
+                    }
+                    EmuKernel::Source => {
+                        drop(k);
+                        // SAFETY: as above.
+                        let sk =
+                            unsafe { SourceKernel::capture(&p.0) }.map_err(|e| e.to_string())?;
+                        sk.run()
+                    }
+                }
+            });
+            self.stream(s)?.push(Cmd::Kernel(cmd))?;
+            count_launch(which, ll);
+            return Ok(());
+        }
         // SAFETY: forwarded to the caller's contract (arrays readable at launch). The Rust
         // capture validates the plan for both implementations (its checks are stricter
         // than the kernel's host-side ones: a malformed plan is an error, never a crash).
         let k = unsafe { Kernel::capture(plan) }?;
-        let ll = k.ll;
-        let cmd: HostFn = match which {
-            EmuKernel::Rust => Box::new(move || k.run()),
-            EmuKernel::Source => {
+        let cmd: KernelFn = match (fault, which) {
+            (Some(m), _) => Box::new(move || {
+                drop(k);
+                Err(m)
+            }),
+            (None, EmuKernel::Rust) => Box::new(move || {
+                k.run();
+                Ok(())
+            }),
+            (None, EmuKernel::Source) => {
                 drop(k);
                 // SAFETY: as above.
                 let sk = unsafe { SourceKernel::capture(plan) }?;
                 Box::new(move || sk.run())
             }
         };
-        self.stream(s)?.push(cmd)?;
-        IMPLS.with(|c| {
-            let (src, rust) = c.get();
-            c.set(match which {
-                EmuKernel::Source => (src + 1, rust),
-                EmuKernel::Rust => (src, rust + 1),
-            });
-        });
-        LAUNCHES.with(|c| {
-            let (s, l) = c.get();
-            c.set(if ll { (s, l + 1) } else { (s + 1, l) });
-        });
+        self.stream(s)?.push(Cmd::Kernel(cmd))?;
+        count_launch(which, ll);
         Ok(())
     }
 }
+
+/// Counts a launch in this thread's statistics.
+fn count_launch(which: EmuKernel, ll: bool) {
+    IMPLS.with(|c| {
+        let (src, rust) = c.get();
+        c.set(match which {
+            EmuKernel::Source => (src + 1, rust),
+            EmuKernel::Rust => (src, rust + 1),
+        });
+    });
+    LAUNCHES.with(|c| {
+        let (s, l) = c.get();
+        c.set(if ll { (s, l + 1) } else { (s + 1, l) });
+    });
+}
+
+/// A launched plan whose arrays are read when the kernel runs.
+struct DeferredPlan(ccl_dev_plan_t);
+
+// SAFETY: the plan's pointers address emulated device / mapped memory that the launch
+// contract keeps valid until the kernel ran; nothing in it is tied to the launching thread.
+unsafe impl Send for DeferredPlan {}
 
 fn ipc_unsupported() -> CclError {
     CclError::usage(
@@ -555,4 +866,4 @@ use reference::Kernel;
 pub use reference::{ll_chunk_bytes, ll_flag, ll_lines, ll_unlines};
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

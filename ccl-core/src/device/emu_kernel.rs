@@ -99,17 +99,15 @@ impl SourceKernel {
         })
     }
 
-    /// Runs the kernel to completion on the calling (stream) thread.
-    pub fn run(self) {
+    /// Runs the kernel to completion on the calling (stream) thread. A launch that fails
+    /// (the plan passed the emulator's stricter checks, so only thread creation can fail)
+    /// is reported as a kernel fault of the stream.
+    pub fn run(self) -> std::result::Result<(), String> {
         // SAFETY: the arrays are owned by self; buffers, slots, counters, frame and abort
         // flag are emulated device / mapped memory valid until the kernel finished (launch
         // contract of DeviceApi::launch_plan).
-        if let Err(e) = unsafe { kernels::sim::launch_plan(&self.plan) } {
-            // The plan passed the emulator's checks (stricter than the kernel's), so only
-            // thread creation can fail here: the operation then never completes and the
-            // runtime's abort / timeout path reports it.
-            tracing::error!(target: "nccl::INIT", "emulated device: kernel launch failed: {e}");
-        }
+        unsafe { kernels::sim::launch_plan(&self.plan) }
+            .map_err(|e| format!("emulated kernel launch failed: {e}"))
     }
 }
 

@@ -12,11 +12,15 @@ pub mod api;
 pub mod capture;
 pub mod emu;
 pub mod emu_kernel;
+pub mod liveness;
 pub mod lower;
+pub mod order;
+pub mod plans;
 pub mod proto;
 pub mod release;
 pub mod runtime;
 pub mod selftest;
+pub mod starts;
 
 pub use lower::{lower, red_params, ConnDir, ConnKey, LoweredPlan, RedParams};
 

@@ -24,9 +24,12 @@
 //! two processes destroy does not matter.
 //!
 //! An operation: `executor::plan_for` -> `device::lower` -> arrays in mapped memory
-//! (cached by plan shape) -> on the user's stream: a host function (probe `begin_op`,
-//! expected counts, `op_log.start`, `CCLD_INJECT` delay / not-entered), the kernel, a host
-//! function (`op_log.finish`, `Source::op_done`). The call returns after the enqueue.
+//! (cached by plan shape) -> on the user's stream: a wait for the communicator's event when
+//! the previous operation used another stream (`order`), the kernel (its probe start, `begin_op`, expected
+//! counts, `op_log.start`, runs at enqueue or in the previous completion, `starts`; only a
+//! `CCLD_INJECT` delay / not-entered adds a host function before it), a host function
+//! (`op_log.finish`, `Source::op_done`, the next start), the event record. The call returns
+//! after the enqueue; the `liveness` watch reports kernel faults and dead peers.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, HashSet};
@@ -42,8 +45,12 @@ use kernels::ffi::{
 use probe::{CollKind, Frame, OpLog};
 
 use super::api::{CudaApi, DeviceApi, IpcHandle, Mapped, PtrInfo, PtrKind, Stream};
+use super::liveness::{local_peers, Watch, WatchCfg};
 use super::lower::{apply_fault, halved, lower, red_params, ConnDir, ConnKey, LoweredPlan};
+use super::order::Order;
+use super::plans::PlanMem;
 use super::proto::{self, OpShape, Proto, ProtoSet};
+use super::starts::Starts;
 use super::{choose_backend, Backend, DeviceProbe};
 use crate::bootstrap::Bootstrap;
 use crate::comm::ScalarArg;
@@ -225,6 +232,10 @@ impl Drop for Staged {
 const PLAN_CACHE: usize = 64;
 /// How long destroy waits for enqueued operations before leaking their memory.
 const DRAIN_LIMIT: Duration = Duration::from_secs(30);
+/// The same after a kernel fault or a dead peer (aborted kernels end within milliseconds).
+const FAILED_DRAIN_LIMIT: Duration = Duration::from_secs(2);
+/// How long a completion function waits for the probe's failure record to be delivered.
+const FAILURE_FLUSH: Duration = Duration::from_millis(500);
 
 /// `CCLD_BACKEND` values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -388,6 +399,8 @@ pub(crate) fn select(hint: Option<i32>, channels: usize, rank: usize) -> Result<
     };
     let protos = proto::from_env()?;
     api.set_device(device)?;
+    // Blocker 6: the kernel is loaded now, never lazily at a launch (see preload_kernel).
+    api.preload_kernel()?;
     let bytes = Frame::total_bytes(channels);
     let m = api.host_alloc_mapped(bytes)?;
     let abort = match api.host_alloc_mapped(64) {
@@ -440,11 +453,14 @@ impl ConnMem {
     }
 }
 
-/// Plan arrays in mapped memory.
+/// Plan arrays in mapped memory, and their copy in device memory (`plans`).
 #[derive(Clone, Copy, Debug)]
 struct Uploaded {
     host: usize,
     dev: usize,
+    /// The device copy (0: the kernel reads the mapped arrays) and its block size.
+    ddev: usize,
+    dbytes: usize,
     steps: usize,
     lanes: usize,
     locals: usize,
@@ -623,6 +639,14 @@ pub(crate) struct DeviceComm {
     setup: Stream,
     /// Protocols `NCCL_PROTO` allows (parsed at init).
     proto: ProtoSet,
+    /// Orders the operations across streams (blocker 4).
+    order: Order,
+    /// Kernel faults and dead peers (blocker 8).
+    watch: Watch,
+    /// Operation starts handed from the enqueue to the previous completion (blocker 10).
+    starts: Arc<Starts>,
+    /// Where kernels read plan arrays (`CCLD_DEVICE_PLANS`, blocker 9).
+    plan_mem: PlanMem,
 }
 
 /// What `attach` needs of the communicator.
@@ -795,9 +819,37 @@ impl DeviceComm {
         let nranks = boot.nranks();
         let rank = boot.rank();
         let p2p_disabled = crate::env::bool_or(ENV_P2P_DISABLE, false)?;
-        let setup = {
+        let plan_mem = super::plans::from_env()?;
+        let (setup, order) = {
             let _dev = DeviceGuard::new(&*a.pre.api, a.pre.device)?;
-            a.pre.api.stream_create()?
+            let setup = a.pre.api.stream_create()?;
+            match Order::new(Arc::clone(&a.pre.api)) {
+                Ok(o) => (setup, o),
+                Err(e) => {
+                    let _ = a.pre.api.stream_destroy(setup);
+                    return Err(e);
+                }
+            }
+        };
+        let pids: Vec<u32> = (0..nranks).map(|r| boot.peer_pid(r)).collect();
+        let hosts: Vec<String> = (0..nranks).map(|r| boot.peer_host(r).to_string()).collect();
+        let watch = Watch::start(WatchCfg {
+            api: Arc::clone(&a.pre.api),
+            device: a.pre.device,
+            event: order.event(),
+            peers: local_peers(rank, &pids, &hosts),
+            kernel_abort: a.pre.abort.host,
+            period: a.tuning.peer_check,
+            rank,
+            comm_id: boot.comm_hash(),
+        });
+        let watch = match watch {
+            Ok(w) => w,
+            Err(e) => {
+                let _ = order.destroy();
+                let _ = a.pre.api.stream_destroy(setup);
+                return Err(e);
+            }
         };
         let dc = DeviceComm {
             api: a.pre.api,
@@ -807,7 +859,7 @@ impl DeviceComm {
             comm_id: boot.comm_hash(),
             tuning: a.tuning,
             p2p_disabled,
-            pids: (0..nranks).map(|r| boot.peer_pid(r)).collect(),
+            pids,
             boot,
             frame: a.pre.frame,
             frame_dev: a.pre.frame_dev,
@@ -824,6 +876,10 @@ impl DeviceComm {
             spare: Arc::new(Mutex::new(Vec::new())),
             setup,
             proto: a.pre.proto,
+            order,
+            watch,
+            starts: Arc::new(Starts::default()),
+            plan_mem,
         };
         if nranks > 1 {
             let prev = (rank + nranks - 1) % nranks;
@@ -1226,6 +1282,7 @@ impl DeviceComm {
         lp: &LoweredPlan,
         conns: &[ccl_dev_conn_t],
         proto: Proto,
+        stream: Stream,
     ) -> Result<(u64, Uploaded, bool)> {
         // Connections that need an LL scrub make a one-off array (rare: the first LL
         // operation after Simple ones); the cache holds arrays without scrubs only.
@@ -1287,9 +1344,35 @@ impl DeviceComm {
                 conns.len(),
             );
         }
+        let (ddev, dbytes) = match self.plan_mem {
+            PlanMem::Mapped => (0, 0),
+            PlanMem::Device => {
+                let copied = self.take_device(total.max(64)).and_then(|(d, b)| {
+                    // SAFETY: `d` has at least `total` bytes; the mapped source lives until
+                    // the operation completed (cached: until destroy; else handed back by
+                    // the completion function), after this copy ran on `stream`.
+                    match unsafe { self.api.memcpy_async(d, m.host, total, stream) } {
+                        Ok(()) => Ok((d, b)),
+                        Err(e) => {
+                            lock(&self.spare).push(Freed::Device { ptr: d, bytes: b });
+                            Err(e)
+                        }
+                    }
+                });
+                match copied {
+                    Ok(v) => v,
+                    Err(e) => {
+                        lock(&self.spare).push(Freed::Mapped { m, bytes });
+                        return Err(e);
+                    }
+                }
+            }
+        };
         let u = Uploaded {
             host: m.host,
             dev: m.dev,
+            ddev,
+            dbytes,
             steps,
             lanes,
             locals,
@@ -1344,28 +1427,41 @@ impl DeviceComm {
         if lock(&self.state).closed {
             return Err(CclError::usage("communicator was destroyed"));
         }
+        // A kernel fault or a dead peer broke the communicator (blocker 8).
+        if let Some(e) = self.watch.error() {
+            return Err(e);
+        }
         let _dev = DeviceGuard::new(&*self.api, self.device)?;
+        let stream = if stream == 0 {
+            self.api.default_stream(self.device)?
+        } else {
+            stream
+        };
+        // Graph capture would replay one-shot host callbacks: refused before anything is
+        // enqueued (issue 15 blocker 3).
+        if self.api.stream_capturing(stream)? {
+            return Err(super::capture::refusal(&item.label(), stream));
+        }
+        // After the previous operation of this communicator, whatever its stream.
+        self.order.join(stream)?;
         let mut frees: Vec<Freed> = Vec::new();
         let r = self.enqueue_inner(item, stream, &mut frees);
         if r.is_err() && !frees.is_empty() {
             // Nothing was enqueued that uses them (or the completion function owns them).
             lock(&self.spare).extend(frees);
         }
-        r
+        let marked = self.order.mark(stream);
+        r.and(marked)
+    }
+
+    /// The error that broke the communicator on the device (a kernel fault, a dead
+    /// peer), for `ncclCommGetAsyncError`.
+    pub(crate) fn async_error(&self) -> Option<CclError> {
+        self.watch.error()
     }
 
     fn enqueue_inner(&self, item: &WorkItem, stream: Stream, frees: &mut Vec<Freed>) -> Result<()> {
-        let stream = if stream == 0 {
-            self.api.default_stream(self.device)?
-        } else {
-            stream
-        };
         let label = item.label();
-        // Graph capture would replay one-shot host callbacks: refused before anything is
-        // enqueued (issue 15 blocker 3).
-        if self.api.stream_capturing(stream)? {
-            return Err(super::capture::refusal(&label, stream));
-        }
         let proto = self.protocol_of(item);
         let plan = executor::plan_for(item, self.rank, self.nranks, &self.plan_tuning(proto))?;
         // CCLD_INJECT: the faults of the operation this call becomes (its counter is taken
@@ -1450,7 +1546,7 @@ impl DeviceComm {
         for (c, k) in conns.iter_mut().zip(&lp.conns) {
             c.ll_sync = st.ll.entry(*k).or_default().use_for(proto);
         }
-        let (_, up, cached) = self.upload(&mut st, &lp, &conns, proto)?;
+        let (_, up, cached) = self.upload(&mut st, &lp, &conns, proto, stream)?;
         drop(st);
         if !cached {
             frees.push(Freed::Mapped {
@@ -1460,7 +1556,15 @@ impl DeviceComm {
                 },
                 bytes: up.bytes,
             });
+            if up.ddev != 0 {
+                frees.push(Freed::Device {
+                    ptr: up.ddev,
+                    bytes: up.dbytes,
+                });
+            }
         }
+        // Where the kernel reads the arrays (blocker 9, `plans`).
+        let base = if up.ddev != 0 { up.ddev } else { up.dev };
         let mut p = ccl_dev_plan_t {
             n_channels: lp.n_channels,
             n_lanes: lp.lanes.len() as u32,
@@ -1474,10 +1578,10 @@ impl DeviceComm {
             avg_divisor: 0,
             scalar_bits: 0,
             scalar_dev: std::ptr::null(),
-            steps: (up.dev + up.steps) as *const _,
-            lanes: (up.dev + up.lanes) as *const _,
-            locals: (up.dev + up.locals) as *const _,
-            conns: (up.dev + up.conns) as *const _,
+            steps: (base + up.steps) as *const _,
+            lanes: (base + up.lanes) as *const _,
+            locals: (base + up.locals) as *const _,
+            conns: (base + up.conns) as *const _,
             bufs: [std::ptr::null_mut(); CCL_MAX_BUFS],
             frame: std::ptr::null_mut(),
             frame_capacity: 0,
@@ -1547,23 +1651,13 @@ impl DeviceComm {
             counter,
             Some(stream),
         );
-        // Host function before the kernel.
-        let before = {
+        // The operation's start in the probe (blocker 10: off the kernel's critical path,
+        // see `starts`).
+        let start = {
             let frame = Arc::clone(&self.frame);
             let op_log = Arc::clone(&self.op_log);
-            let abort = Arc::clone(&self.abort);
-            let (comm_id, n_ch, rank) = (self.comm_id, plan.n_channels, self.rank);
+            let (comm_id, n_ch) = (self.comm_id, plan.n_channels);
             move || {
-                if fault.not_enter {
-                    tracing::warn!(target: "nccl::COLL", rank = rank,
-                        "CCLD_INJECT: not entering operation {counter} (blocked until abort)");
-                    while !abort.load(Ordering::Acquire) {
-                        std::thread::sleep(Duration::from_millis(10));
-                    }
-                }
-                if let Some(d) = fault.delay {
-                    std::thread::sleep(d);
-                }
                 if probing {
                     let b = frame.begin_op(comm_id, counter, n_ch);
                     for (ch, s, r) in expected {
@@ -1574,9 +1668,35 @@ impl DeviceComm {
             }
         };
         self.inflight.add();
-        if let Err(e) = self.api.launch_host_fn(stream, Box::new(before)) {
-            self.inflight.done();
-            return Err(e);
+        self.watch.begin();
+        if fault.not_enter || fault.delay.is_some() {
+            // CCLD_INJECT: a host function before the kernel holds it back, and the
+            // operation must not look started before it let go.
+            let abort = Arc::clone(&self.abort);
+            let rank = self.rank;
+            let before = move || {
+                if fault.not_enter {
+                    tracing::warn!(target: "nccl::COLL", rank = rank,
+                        "CCLD_INJECT: not entering operation {counter} (blocked until abort)");
+                    while !abort.load(Ordering::Acquire) {
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                }
+                if let Some(d) = fault.delay {
+                    std::thread::sleep(d);
+                }
+                start();
+            };
+            if let Err(e) = self.api.launch_host_fn(stream, Box::new(before)) {
+                self.inflight.done();
+                self.watch.handle().end();
+                return Err(e);
+            }
+            if let Some(noop) = self.starts.submit(Box::new(|| {})) {
+                noop();
+            }
+        } else if let Some(now) = self.starts.submit(Box::new(start)) {
+            now();
         }
         let after = {
             let op_log = Arc::clone(&self.op_log);
@@ -1585,16 +1705,29 @@ impl DeviceComm {
             let spare = Arc::clone(&self.spare);
             let frees = std::mem::take(frees);
             let abort = Arc::clone(&self.abort);
+            let watch = self.watch.handle();
+            let starts = Arc::clone(&self.starts);
             // No CUDA call in here (CUDA forbids them in host functions): only host state.
             move || {
                 if probing {
-                    let ok = !abort.load(Ordering::Acquire);
+                    let failure = watch.failure();
+                    let ok = !abort.load(Ordering::Acquire) && failure.is_none();
                     let fin = op_log.finish(counter, executor::now_ns(), ok);
-                    if let (Some(s), Some(fin)) = (&source, fin) {
-                        s.op_done(&fin);
+                    match (&source, fin, failure) {
+                        (Some(s), Some(fin), None) => s.op_done(&fin),
+                        (Some(s), Some(fin), Some(f)) => {
+                            s.op_failed(&fin, f);
+                            probe::diag::flush(FAILURE_FLUSH);
+                        }
+                        _ => {}
                     }
                 }
                 lock(&spare).extend(frees);
+                // The next operation's start, if it is already enqueued (`starts`).
+                if let Some(next) = starts.complete() {
+                    next();
+                }
+                watch.end();
                 inflight.done();
             }
         };
@@ -1605,7 +1738,14 @@ impl DeviceComm {
         let launched = unsafe { self.api.launch_plan(&p, stream) };
         // The completion function runs even when the launch failed (it releases memory and
         // the in-flight count).
-        self.api.launch_host_fn(stream, Box::new(after))?;
+        if let Err(e) = self.api.launch_host_fn(stream, Box::new(after)) {
+            // It will never run (a faulted device): settle its counts here so that destroy
+            // does not wait for it and no later start waits for its completion.
+            let _ = self.starts.complete();
+            self.watch.handle().end();
+            self.inflight.done();
+            return Err(e);
+        }
         launched.map_err(|e| executor::with_context(e, &label))
     }
 
@@ -1619,9 +1759,19 @@ impl DeviceComm {
             }
             st.closed = true;
         }
-        if !self.inflight.wait_zero(DRAIN_LIMIT) {
+        // After a kernel fault the completion functions never run (CUDA skips host
+        // functions once the context faulted): wait briefly only.
+        let failed = self.watch.error().is_some();
+        let limit = if failed {
+            FAILED_DRAIN_LIMIT
+        } else {
+            DRAIN_LIMIT
+        };
+        let drained = self.inflight.wait_zero(limit);
+        self.watch.stop();
+        if !drained {
             tracing::warn!(target: "nccl::INIT", rank = self.rank,
-                "comm {:#018x}: operations still enqueued after {DRAIN_LIMIT:?}; leaking their device memory",
+                "comm {:#018x}: operations still enqueued after {limit:?}; leaking their device memory",
                 self.comm_id);
             return;
         }
@@ -1637,7 +1787,7 @@ impl DeviceComm {
         // with it (issue 15 blocker 7, `release`); not after an abort (peers may be hung).
         let owned: Vec<usize> = st.owned.drain(..).collect();
         let staged: Vec<Staged> = st.staged.drain(..).collect();
-        let aborted = self.abort.load(Ordering::Acquire);
+        let aborted = self.abort.load(Ordering::Acquire) || failed;
         let peers = if aborted {
             Vec::new()
         } else {
@@ -1646,11 +1796,15 @@ impl DeviceComm {
         for (_, v) in st.cache.drain() {
             for (_, u) in v {
                 errs.push(self.api.host_free(u.host));
+                if u.ddev != 0 {
+                    errs.push(self.api.free(u.ddev));
+                }
             }
         }
         st.conns.clear();
         errs.push(self.api.host_free(self.abort_mem.host));
         errs.push(self.api.stream_destroy(self.setup));
+        errs.push(self.order.destroy());
         drop(st);
         for e in errs.into_iter().filter_map(|r| r.err()) {
             tracing::warn!(target: "nccl::ALLOC", rank = self.rank, "{e}");
@@ -1678,314 +1832,4 @@ impl DeviceComm {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backend_variable_parses_strictly() {
-        assert_eq!(parse_backend(None).unwrap(), BackendEnv::Auto);
-        assert_eq!(parse_backend(Some("Device")).unwrap(), BackendEnv::Device);
-        assert_eq!(parse_backend(Some("host")).unwrap(), BackendEnv::Host);
-        let e = parse_backend(Some("gpu")).unwrap_err();
-        assert!(e.to_string().contains(ENV_BACKEND), "{e}");
-    }
-
-    #[test]
-    fn decision_covers_variables_and_probe_outcomes() {
-        let none = || DeviceProbe::NoDevice("driver missing".into());
-        let two = || DeviceProbe::Present {
-            count: 2,
-            current: 1,
-        };
-        let never = || -> DeviceProbe { panic!("probe must not run") };
-        let no_gpu = || -> GpuSeen { (None, false) };
-        assert!(matches!(
-            decide(BackendEnv::Host, true, None, &never, &no_gpu).unwrap(),
-            Decision::Host(_)
-        ));
-        assert_eq!(
-            decide(BackendEnv::Auto, true, Some(3), &never, &no_gpu).unwrap(),
-            Decision::Emulated(3)
-        );
-        assert_eq!(
-            decide(BackendEnv::Device, true, None, &never, &no_gpu).unwrap(),
-            Decision::Emulated(0)
-        );
-        assert!(matches!(
-            decide(BackendEnv::Auto, false, None, &none, &no_gpu).unwrap(),
-            Decision::Host(_)
-        ));
-        let e = decide(BackendEnv::Device, false, None, &none, &no_gpu).unwrap_err();
-        assert!(
-            e.to_string().contains(ENV_BACKEND) && e.to_string().contains("driver missing"),
-            "{e}"
-        );
-        assert_eq!(
-            decide(BackendEnv::Auto, false, None, &two, &no_gpu).unwrap(),
-            Decision::Cuda(1)
-        );
-        assert_eq!(
-            decide(BackendEnv::Device, false, Some(0), &two, &no_gpu).unwrap(),
-            Decision::Cuda(0)
-        );
-        assert!(matches!(
-            decide(BackendEnv::Auto, false, Some(5), &two, &no_gpu).unwrap(),
-            Decision::Host(_)
-        ));
-        let nb = || DeviceProbe::NotBuilt;
-        assert!(decide(BackendEnv::Device, false, None, &nb, &no_gpu).is_err());
-        // Blocker 2: a GPU present but CUDA failing is an init error in auto mode, not a
-        // silent host fallback; hidden on purpose (CUDA_VISIBLE_DEVICES) it falls back.
-        let gpu = || -> GpuSeen { (Some("/dev/nvidia0".into()), false) };
-        let e = decide(BackendEnv::Auto, false, None, &none, &gpu).unwrap_err();
-        assert_eq!(e.code() as i32, 2, "ncclSystemError");
-        assert!(e.to_string().contains("driver missing"), "{e}");
-        let hidden = || -> GpuSeen { (Some("/dev/nvidia0".into()), true) };
-        assert!(matches!(
-            decide(BackendEnv::Auto, false, None, &none, &hidden).unwrap(),
-            Decision::Host(m) if m.contains("CUDA_VISIBLE_DEVICES")
-        ));
-        // The explicit host backend and a host-only build never look at the GPU.
-        let never_gpu = || -> GpuSeen { panic!("must not be asked") };
-        assert!(matches!(
-            decide(BackendEnv::Host, false, None, &none, &never_gpu).unwrap(),
-            Decision::Host(_)
-        ));
-        assert!(matches!(
-            decide(BackendEnv::Auto, false, None, &nb, &never_gpu).unwrap(),
-            Decision::Host(_)
-        ));
-        // A GPU present and found: the device backend.
-        assert_eq!(
-            decide(BackendEnv::Auto, false, None, &two, &never_gpu).unwrap(),
-            Decision::Cuda(1)
-        );
-    }
-
-    #[test]
-    fn user_buffers_map_to_kernel_addresses_or_a_reason() {
-        let info = |kind, device, device_ptr| PtrInfo {
-            kind,
-            device,
-            device_ptr,
-        };
-        let p = 0x7000_0000;
-        assert_eq!(kernel_address(info(PtrKind::Device, 1, p), p, 1), Ok(p));
-        assert_eq!(kernel_address(info(PtrKind::Device, 1, 0), p, 1), Ok(p));
-        let e = kernel_address(info(PtrKind::Device, 0, p), p, 1).unwrap_err();
-        assert!(e.contains("device 0") && e.contains("device 1"), "{e}");
-        assert_eq!(kernel_address(info(PtrKind::Managed, 0, p), p, 1), Ok(p));
-        // Pinned host memory: the kernel uses its device alias.
-        assert_eq!(
-            kernel_address(info(PtrKind::HostPinned, -1, 0x9000), p, 1),
-            Ok(0x9000)
-        );
-        let e = kernel_address(info(PtrKind::HostPinned, -1, 0), p, 1).unwrap_err();
-        assert!(e.contains("not mapped"), "{e}");
-        let e = kernel_address(info(PtrKind::Host, -1, 0), p, 1).unwrap_err();
-        assert!(e.contains("host memory") && e.contains(ENV_BACKEND), "{e}");
-    }
-
-    #[test]
-    fn fifo_descriptors_round_trip_and_junk_is_an_error() {
-        let name = staging_name(0xfeed, 1, 0, LinkKind::P2p, 4242);
-        let descs = [
-            FifoDesc {
-                pid: 42,
-                ends: FifoEnds::Raw(vec![0x1234, 0xdead_beef_0000]),
-            },
-            FifoDesc {
-                pid: 7,
-                ends: FifoEnds::Ipc(vec![[0u8; 64], [7u8; 64], [0xff; 64]]),
-            },
-            FifoDesc {
-                pid: 9,
-                ends: FifoEnds::Staged {
-                    name: name.clone(),
-                    offsets: vec![0, 4096, 8192],
-                },
-            },
-            FifoDesc {
-                pid: 1,
-                ends: FifoEnds::Raw(Vec::new()),
-            },
-        ];
-        for d in &descs {
-            let b = encode_desc(d);
-            assert_eq!(&decode_desc(&b, 3).unwrap(), d);
-            // Every truncation and any trailing byte is an error, never a panic.
-            for cut in 0..b.len() {
-                let e = decode_desc(&b[..cut], 3).unwrap_err();
-                assert!(matches!(e, CclError::Remote(_)), "{e}");
-                assert!(e.to_string().contains("rank 3"), "{e}");
-            }
-            let mut long = b.clone();
-            long.push(0);
-            assert!(decode_desc(&long, 3)
-                .unwrap_err()
-                .to_string()
-                .contains("trailing"));
-        }
-        let staged = encode_desc(&descs[2]);
-        // Unknown kind.
-        let mut bad = staged.clone();
-        bad[4] = 3;
-        assert!(decode_desc(&bad, 3)
-            .unwrap_err()
-            .to_string()
-            .contains("unknown kind 3"));
-        // Name with a character outside [A-Za-z0-9._-] ('/': a path).
-        let mut bad = staged.clone();
-        bad[11] = b'/';
-        assert!(decode_desc(&bad, 3).is_err());
-        // Invalid UTF-8 in the name.
-        let mut bad = staged.clone();
-        bad[12] = 0xff;
-        assert!(decode_desc(&bad, 3).is_err());
-        // A valid name that is not a staging segment (the host transport's prefix).
-        let other = FifoDesc {
-            pid: 9,
-            ends: FifoEnds::Staged {
-                name: "ccld-00000000000000ff-2-0-1-9".into(),
-                offsets: vec![0],
-            },
-        };
-        assert!(decode_desc(&encode_desc(&other), 3)
-            .unwrap_err()
-            .to_string()
-            .contains("not a staging segment"));
-        // Empty name, unaligned offset, a count beyond the bytes.
-        let empty = FifoDesc {
-            pid: 9,
-            ends: FifoEnds::Staged {
-                name: String::new(),
-                offsets: vec![0],
-            },
-        };
-        assert!(decode_desc(&encode_desc(&empty), 3).is_err());
-        let unaligned = FifoDesc {
-            pid: 9,
-            ends: FifoEnds::Staged {
-                name: name.clone(),
-                offsets: vec![0, 100],
-            },
-        };
-        assert!(decode_desc(&encode_desc(&unaligned), 3)
-            .unwrap_err()
-            .to_string()
-            .contains("aligned"));
-        let mut huge = encode_desc(&descs[0]);
-        huge[5..9].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(decode_desc(&huge, 3)
-            .unwrap_err()
-            .to_string()
-            .contains("truncated"));
-        // Random junk never panics.
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        for len in 0..300 {
-            let junk: Vec<u8> = (0..len)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    (x % 4) as u8 // small values: kinds 0..3 and short lengths
-                })
-                .collect();
-            let _ = decode_desc(&junk, 0);
-        }
-    }
-
-    #[test]
-    fn path_choice_follows_process_ipc_and_p2p_disable() {
-        use PeerPath::*;
-        for ipc in [false, true] {
-            for off in [false, true] {
-                assert_eq!(choose_path(true, ipc, off), SameProcess);
-            }
-        }
-        assert_eq!(choose_path(false, true, false), Ipc);
-        assert_eq!(choose_path(false, true, true), HostStaged);
-        assert_eq!(choose_path(false, false, false), HostStaged);
-        assert_eq!(choose_path(false, false, true), HostStaged);
-        assert_eq!(HostStaged.to_string(), "host-staged shm");
-        assert_eq!(Ipc.to_string(), "CUDA IPC");
-    }
-
-    #[test]
-    fn staging_names_are_unique_valid_and_sweepable() {
-        let a = staging_name(0xabc, 1, 2, LinkKind::Ring, 77);
-        validate_name(&a).unwrap();
-        assert!(a.starts_with("ccldev-0000000000000abc-"), "{a}");
-        for b in [
-            staging_name(0xabd, 1, 2, LinkKind::Ring, 77),
-            staging_name(0xabc, 2, 1, LinkKind::Ring, 77),
-            staging_name(0xabc, 1, 2, LinkKind::P2p, 77),
-            staging_name(0xabc, 1, 2, LinkKind::Ring, 78),
-        ] {
-            assert_ne!(a, b);
-        }
-        // The stale sweep finds the creator pid; the host transport's sweep does not match.
-        assert_eq!(
-            crate::transport::shm::stale_candidate_pid(STAGING_PREFIX, &a),
-            Some(77)
-        );
-        assert_eq!(crate::transport::shm::stale_candidate_pid("ccld", &a), None);
-    }
-
-    #[test]
-    fn emulated_host_registration_is_tracked() {
-        let d = crate::device::emu::EmuDevice::default();
-        assert!(!d.supports_ipc());
-        let buf = vec![0u8; 4096];
-        let p = buf.as_ptr() as usize;
-        assert_eq!(d.host_register(p, 4096).unwrap(), p);
-        assert_eq!(d.live_registrations(), 1);
-        // Overlapping ranges (inside, straddling the start or the end) are refused.
-        for (a, n) in [(p, 1), (p + 100, 10), (p - 8, 16), (p + 4095, 8)] {
-            let e = d.host_register(a, n).unwrap_err();
-            assert!(e.to_string().contains("overlaps"), "{e}");
-        }
-        assert!(d.host_register(0, 16).is_err());
-        assert!(d.host_register(p + 8192, 0).is_err());
-        assert!(d.host_register(usize::MAX - 4, 16).is_err());
-        // Adjacent is fine.
-        assert_eq!(d.host_register(p + 4096, 64).unwrap(), p + 4096);
-        d.host_unregister(p + 4096).unwrap();
-        d.host_unregister(p).unwrap();
-        let e = d.host_unregister(p).unwrap_err();
-        assert!(e.to_string().contains("not registered"), "{e}");
-        assert!(d.host_unregister(p + 100).is_err());
-        assert_eq!(d.live_registrations(), 0);
-    }
-
-    #[test]
-    fn staged_segment_is_claimed_registered_and_released() {
-        let emu = Arc::new(crate::device::emu::EmuDevice::default());
-        let api: Arc<dyn DeviceApi> = emu.clone();
-        let name = staging_name(0x5eed, 0, 1, LinkKind::Ring, std::process::id());
-        let seg = Staged::map(&api, ShmRegion::create(&name, 4096).unwrap()).unwrap();
-        // The emulator's alias is the host address; the user area follows the header.
-        assert_eq!(seg.dev_addr(64), seg.host_addr(64));
-        // The user area is claimed for the device: no safe view may be made over it.
-        assert!(seg.region.atomic_u64(0).is_err());
-        // The peer's side: open by name, map, unlink; the file is gone, both still mapped.
-        let peer = Staged::map(&api, ShmRegion::open(&name).unwrap()).unwrap();
-        peer.region.unlink().unwrap();
-        let path = std::path::Path::new(crate::transport::shm::SHM_DIR).join(&name);
-        assert!(!path.exists());
-        // SAFETY: offset 128 + 8 bytes lies inside both mappings of the same 4096 bytes.
-        unsafe {
-            std::ptr::write_volatile(seg.host_addr(128) as *mut u64, 0xabcd);
-            assert_eq!(
-                std::ptr::read_volatile(peer.host_addr(128) as *const u64),
-                0xabcd
-            );
-        }
-        assert_eq!(emu.live_registrations(), 2);
-        drop(peer);
-        drop(seg);
-        assert_eq!(emu.live_registrations(), 0);
-        let e = api.host_unregister(0x1000).unwrap_err();
-        assert!(e.to_string().contains("not registered"), "{e}");
-    }
-}
+mod tests;

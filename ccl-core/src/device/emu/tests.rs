@@ -47,7 +47,7 @@ fn conn_mem(d: &EmuDevice, slot_bytes: usize) -> ccl_dev_conn_t {
     }
 }
 
-fn empty_plan() -> ccl_dev_plan_t {
+pub(crate) fn empty_plan() -> ccl_dev_plan_t {
     ccl_dev_plan_t {
         n_channels: 1,
         n_lanes: 0,
