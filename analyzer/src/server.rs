@@ -18,7 +18,7 @@
 //! * **Bad input**: messages over `max_message_bytes` are refused by the codec; the engine
 //!   rejects inconsistent records; nothing here panics on input.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -36,7 +36,7 @@ use crate::auth::{AuthInterceptor, TokenInterceptor};
 use crate::engine::{Engine, EngineConfig};
 use crate::metrics::{self, Metrics};
 use crate::shard::ShardMap;
-use crate::store::{Query, Store, StoreError, StoredDiagnosis};
+use crate::store::{Query, Store, StoreError, StoredDiagnosis, StoredIncident};
 use crate::wire::analyzer_client::AnalyzerClient;
 use crate::wire::analyzer_server::{Analyzer, AnalyzerServer};
 use crate::wire::{
@@ -49,8 +49,6 @@ use crate::wire::{
 pub const DEFAULT_LIST_LIMIT: usize = 1000;
 /// Default largest accepted gRPC message (a batch), bytes.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 << 20;
-/// Incidents a shard keeps in memory for `ListIncidents`.
-pub const MAX_KEPT_INCIDENTS: usize = 1024;
 /// Reasons returned in an `IngestReply` at most.
 pub const MAX_REPLY_REASONS: usize = 16;
 
@@ -234,8 +232,6 @@ struct Shared {
     metrics: Arc<Metrics>,
     tx: broadcast::Sender<Diagnosis>,
     itx: broadcast::Sender<Incident>,
-    /// The newest incidents (bounded), newest last.
-    incidents: Mutex<VecDeque<Incident>>,
     peers: Vec<Peer>,
     peer_timeout: Duration,
     auth: AuthInterceptor,
@@ -416,44 +412,62 @@ impl Shared {
         diags
     }
 
-    /// Gives the engine's new incidents the service's diagnosis ids, keeps them for
-    /// queries and publishes them to the incident feeds.
+    /// Gives the engine's new incidents the service's diagnosis ids, persists them with
+    /// the diagnoses (a restarted shard still answers `ListIncidents`) and publishes them
+    /// to the incident feeds.
     fn publish_incidents(&self, incidents: Vec<Incident>, diags: &[Diagnosis]) {
         if incidents.is_empty() {
             return;
         }
-        let mut kept = self
-            .incidents
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut rows = Vec::with_capacity(incidents.len());
         for mut inc in incidents {
             crate::incident::adopt_ids(&mut inc, diags);
             tracing::warn!(target: "ccld::incident", comm_id = inc.comm_id, "{}", inc.summary);
+            let mut comm_ids: Vec<u64> = std::iter::once(inc.comm_id)
+                .chain(inc.evidence.iter().map(|d| d.comm_id))
+                .collect();
+            comm_ids.sort_unstable();
+            comm_ids.dedup();
+            rows.push(StoredIncident {
+                id: inc.id.clone(),
+                comm_ids,
+                detected_ns: inc.detected_at_ns,
+                payload: prost::Message::encode_to_vec(&inc),
+            });
             // No subscriber is fine.
-            let _ = self.itx.send(inc.clone());
-            kept.push_back(inc);
-            while kept.len() > MAX_KEPT_INCIDENTS {
-                kept.pop_front();
-            }
+            let _ = self.itx.send(inc);
+        }
+        if let Err(e) = self.store.insert_incidents(&rows) {
+            self.metrics.store_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(target: "ccld::store", "cannot persist {} incidents: {e}", rows.len());
         }
     }
 
-    /// The incidents kept by this shard, newest first, at most `limit`.
-    fn local_incidents(&self, comm_id: Option<u64>, since_ns: u64, limit: usize) -> Vec<Incident> {
-        let kept = self
-            .incidents
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        kept.iter()
-            .rev()
-            .filter(|i| {
-                i.detected_at_ns >= since_ns
-                    && comm_id
-                        .is_none_or(|c| i.comm_id == c || i.evidence.iter().any(|d| d.comm_id == c))
-            })
-            .take(limit)
-            .cloned()
-            .collect()
+    /// This shard's incidents, newest first, at most `limit` (from the store).
+    fn local_incidents(
+        &self,
+        comm_id: Option<u64>,
+        since_ns: u64,
+        limit: usize,
+    ) -> Result<Vec<Incident>, Status> {
+        let rows = self
+            .store
+            .list_incidents(comm_id, since_ns, limit)
+            .map_err(|e| {
+                self.metrics.store_errors.fetch_add(1, Ordering::Relaxed);
+                Status::internal(format!("incident store: {e}"))
+            })?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in rows {
+            match <Incident as prost::Message>::decode(r.payload.as_slice()) {
+                Ok(i) => out.push(i),
+                Err(e) => {
+                    self.metrics.store_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(target: "ccld::store", "stored incident {} undecodable: {e}", r.id);
+                }
+            }
+        }
+        Ok(out)
     }
 
     fn local_anomalies(&self, q: &Query) -> Result<Vec<Diagnosis>, Status> {
@@ -651,7 +665,7 @@ impl Analyzer for Service {
         } else {
             req.limit as usize
         };
-        let mut all = self.sh.local_incidents(req.comm_id, req.since_ns, limit);
+        let mut all = self.sh.local_incidents(req.comm_id, req.since_ns, limit)?;
         let mut unreachable = Vec::new();
         if !req.local_only {
             let mut sub = req;
@@ -1098,7 +1112,6 @@ pub async fn start(
         metrics: metrics.clone(),
         tx,
         itx,
-        incidents: Mutex::new(VecDeque::new()),
         peers,
         peer_timeout: cfg.peer.timeout,
         auth: AuthInterceptor::new(cfg.token.as_deref(), metrics.clone()),

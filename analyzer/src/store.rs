@@ -40,6 +40,29 @@ pub enum StoreError {
     Poisoned,
 }
 
+/// One stored incident (the first cause across communicators, see `crate::incident`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredIncident {
+    /// Incident id (`inc-...`).
+    pub id: String,
+    /// Every communicator it concerns (its own and its evidence's).
+    pub comm_ids: Vec<u64>,
+    /// Detection time, ns since the Unix epoch.
+    pub detected_ns: u64,
+    /// Encoded incident.
+    pub payload: Vec<u8>,
+}
+
+/// `,<id>,<id>,` (each id as signed decimal): matched with `LIKE '%,<id>,%'`.
+fn comms_column(ids: &[u64]) -> String {
+    let mut s = String::from(",");
+    for &c in ids {
+        s.push_str(&i64_of(c).to_string());
+        s.push(',');
+    }
+    s
+}
+
 /// One stored diagnosis.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredDiagnosis {
@@ -147,7 +170,14 @@ impl Store {
              );
              CREATE INDEX IF NOT EXISTS diagnoses_comm ON diagnoses(comm_id);
              CREATE INDEX IF NOT EXISTS diagnoses_time ON diagnoses(detected_ns);
-             CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);",
+             CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+             CREATE TABLE IF NOT EXISTS incidents (
+                 id TEXT PRIMARY KEY,
+                 comms TEXT NOT NULL,
+                 detected_ns INTEGER NOT NULL,
+                 payload BLOB NOT NULL
+             );
+             CREATE INDEX IF NOT EXISTS incidents_time ON incidents(detected_ns);",
         )
         .map_err(err)?;
         Ok(Self {
@@ -257,6 +287,75 @@ impl Store {
         rows.collect::<Result<Vec<_>, _>>().map_err(|e| self.err(e))
     }
 
+    /// Inserts incidents atomically (one transaction); an incident whose id exists is
+    /// replaced.
+    pub fn insert_incidents(&self, rows: &[StoredIncident]) -> Result<(), StoreError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let mut conn = self.lock()?;
+        let tx = conn.transaction().map_err(|e| self.err(e))?;
+        {
+            let mut st = tx
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO incidents (id, comms, detected_ns, payload)
+                     VALUES (?1, ?2, ?3, ?4)",
+                )
+                .map_err(|e| self.err(e))?;
+            for r in rows {
+                st.execute(params![
+                    r.id,
+                    comms_column(&r.comm_ids),
+                    i64_of(r.detected_ns),
+                    r.payload
+                ])
+                .map_err(|e| self.err(e))?;
+            }
+        }
+        tx.commit().map_err(|e| self.err(e))
+    }
+
+    /// Lists incidents, newest first: those concerning `comm_id` (when given), detected at
+    /// or after `since_ns`, at most `limit`.
+    pub fn list_incidents(
+        &self,
+        comm_id: Option<u64>,
+        since_ns: u64,
+        limit: usize,
+    ) -> Result<Vec<StoredIncident>, StoreError> {
+        let conn = self.lock()?;
+        let mut st = conn
+            .prepare_cached(
+                "SELECT id, comms, detected_ns, payload FROM incidents
+                 WHERE detected_ns >= ?1 AND (?2 IS NULL OR comms LIKE '%,' || ?2 || ',%')
+                 ORDER BY detected_ns DESC, id DESC LIMIT ?3",
+            )
+            .map_err(|e| self.err(e))?;
+        let rows = st
+            .query_map(
+                params![
+                    i64_of(since_ns),
+                    comm_id.map(i64_of),
+                    i64::try_from(limit).unwrap_or(i64::MAX)
+                ],
+                |r| {
+                    let comms: String = r.get(1)?;
+                    Ok(StoredIncident {
+                        id: r.get(0)?,
+                        comm_ids: comms
+                            .split(',')
+                            .filter_map(|x| x.parse::<i64>().ok())
+                            .map(u64_of)
+                            .collect(),
+                        detected_ns: u64_of(r.get(2)?),
+                        payload: r.get(3)?,
+                    })
+                },
+            )
+            .map_err(|e| self.err(e))?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(|e| self.err(e))
+    }
+
     /// Number of stored diagnoses per communicator.
     pub fn count_by_comm(&self) -> Result<std::collections::HashMap<u64, u32>, StoreError> {
         let conn = self.lock()?;
@@ -286,6 +385,64 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn incident(id: &str, comms: &[u64], t: u64) -> StoredIncident {
+        StoredIncident {
+            id: id.into(),
+            comm_ids: comms.to_vec(),
+            detected_ns: t,
+            payload: id.as_bytes().to_vec(),
+        }
+    }
+
+    #[test]
+    fn incidents_survive_a_reopen_and_filter_by_comm_time_and_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let big = u64::MAX - 5; // stored as a negative i64: must round-trip and match.
+        {
+            let s = Store::open(Some(dir.path())).unwrap();
+            s.insert_incidents(&[
+                incident("inc-a", &[0xd0, 0x70], 10),
+                incident("inc-b", &[0xd0], 20),
+                incident("inc-c", &[big], 30),
+                incident("inc-d", &[0x700], 40),
+            ])
+            .unwrap();
+            // Same id again: replaced, not duplicated.
+            s.insert_incidents(&[incident("inc-b", &[0xd0, 0x71], 20)])
+                .unwrap();
+        }
+        let s = Store::open(Some(dir.path())).unwrap();
+        let ids = |v: Vec<StoredIncident>| v.into_iter().map(|i| i.id).collect::<Vec<_>>();
+        assert_eq!(
+            ids(s.list_incidents(None, 0, 100).unwrap()),
+            ["inc-d", "inc-c", "inc-b", "inc-a"]
+        );
+        assert_eq!(
+            ids(s.list_incidents(Some(0xd0), 0, 100).unwrap()),
+            ["inc-b", "inc-a"]
+        );
+        // 0x70 is not a prefix match of 0x700 (112 vs 1792) nor of anything else.
+        assert_eq!(
+            ids(s.list_incidents(Some(0x70), 0, 100).unwrap()),
+            ["inc-a"]
+        );
+        assert_eq!(
+            ids(s.list_incidents(Some(0x71), 0, 100).unwrap()),
+            ["inc-b"]
+        );
+        assert_eq!(ids(s.list_incidents(Some(big), 0, 100).unwrap()), ["inc-c"]);
+        assert_eq!(
+            ids(s.list_incidents(None, 20, 100).unwrap()),
+            ["inc-d", "inc-c", "inc-b"]
+        );
+        assert_eq!(ids(s.list_incidents(None, 0, 1).unwrap()), ["inc-d"]);
+        let b = &s.list_incidents(Some(0x71), 0, 1).unwrap()[0];
+        assert_eq!(
+            (b.comm_ids.clone(), b.payload.clone()),
+            (vec![0xd0, 0x71], b"inc-b".to_vec())
+        );
+    }
 
     fn row(shard: usize, seq: u64, comm: u64, t: u64) -> StoredDiagnosis {
         StoredDiagnosis {

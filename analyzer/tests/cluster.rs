@@ -17,7 +17,7 @@ use analyzer::shard::ShardMap;
 use analyzer::sim::{comm_id, H2Variant, Injection, Sim, SimAlgo, SimConfig, Truth};
 use analyzer::wire::{
     AnomalyClass, Batch, Diagnosis, GetCommRequest, ListAnomaliesRequest, ListCommsRequest,
-    TimedBatch, WatchRequest,
+    ListIncidentsRequest, TimedBatch, WatchRequest,
 };
 
 const START: u64 = 100_000_000_000;
@@ -239,6 +239,34 @@ fn three_shards_kill_and_restart() {
     assert_eq!(shards_seen.len(), 3, "{watched:?}");
     drop(wrx);
 
+    // Shard 1's incidents (one per anomaly) before it dies.
+    let local_incidents = |name: &String| {
+        let mut q = client(std::slice::from_ref(name));
+        let l = q
+            .list_incidents(ListIncidentsRequest {
+                local_only: true,
+                ..Default::default()
+            })
+            .unwrap();
+        l.incidents
+            .into_iter()
+            .map(|i| {
+                (
+                    i.id,
+                    i.class,
+                    i.roots.iter().map(|r| r.rank).collect::<Vec<_>>(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let incidents_1 = local_incidents(&names[1]);
+    assert!(
+        incidents_1
+            .iter()
+            .any(|(_, c, r)| *c == truths[1].class as i32 && r.contains(&truths[1].rank)),
+        "shard 1 made the incident of its anomaly: {incidents_1:?}"
+    );
+
     // Phase 2: kill shard 1 outright.
     shards[1].take().unwrap().kill();
     for i in [0usize, 2] {
@@ -280,8 +308,14 @@ fn three_shards_kill_and_restart() {
         "backup shard {backup} diagnosed it"
     );
 
-    // Phase 4: restart shard 1 on the same data directory and port.
+    // Phase 4: restart shard 1 on the same data directory and port: its incidents are back
+    // (persisted with its diagnoses), newest first as before.
     shards[1] = Some(start(&map, 1, dir.path(), rebind(addrs[1])));
+    assert_eq!(
+        local_incidents(&names[1]),
+        incidents_1,
+        "incidents survive a restart"
+    );
     let mut expected = before.clone();
     expected.extend(
         local
