@@ -66,7 +66,7 @@ impl Default for ThetaConfig {
             history: 256,
             min_history: 64,
             k: 4.0,
-            rel_floor: 1.0,
+            rel_floor: 0.5,
             root_share: 0.75,
             long_ratio: 3.0,
         }
