@@ -173,15 +173,17 @@ fn block_path_matches_scalar_reference_on_every_16bit_value_against_edges() {
             .flat_map(|i| (i as u16).to_le_bytes())
             .collect();
         let rs = reducers(&mut rng, d);
-        // every edge value, each against every 16-bit value under two of the reducers
-        // (in turn, so that every reducer meets several edges), in both argument orders
+        // every edge value against every 16-bit value, under one reducer each (in turn,
+        // so that every reducer meets several edges), argument order alternating
         for (k, e) in edges(d).into_iter().enumerate() {
             let b: Vec<u8> = std::iter::repeat_n(e.to_le_bytes(), 65536)
                 .flatten()
                 .collect();
-            for r in [&rs[k % rs.len()], &rs[(k + 3) % rs.len()]] {
-                let what = format!("{} {:?} all values vs {e:#x}", d.name(), r.op());
+            let r = &rs[k % rs.len()];
+            let what = format!("{} {:?} all values vs {e:#x}", d.name(), r.op());
+            if k % 2 == 0 {
                 compare_paths(r, &a, &b, 0, &what);
+            } else {
                 compare_paths(r, &b, &a, 0, &what);
             }
         }
