@@ -29,6 +29,8 @@ pub(crate) trait Lanes: Kind<A = f32> {
     /// Decodes `B` elements from `src` (`src.len() == B * N`).
     #[inline(always)]
     fn decode(src: &[u8], out: &mut [f32; B]) {
+        // A constant length lets the compiler drop the bounds checks (and vectorise).
+        let src = &src[..B * Self::N];
         for (i, o) in out.iter_mut().enumerate() {
             let mut bits = 0u32;
             for k in 0..Self::N {
@@ -41,6 +43,7 @@ pub(crate) trait Lanes: Kind<A = f32> {
     /// Encodes `B` values into `dst` (`dst.len() == B * N`).
     #[inline(always)]
     fn encode(v: &[f32; B], dst: &mut [u8]) {
+        let dst = &mut dst[..B * Self::N];
         for (i, &x) in v.iter().enumerate() {
             let bits = Self::enc1(x);
             for k in 0..Self::N {
