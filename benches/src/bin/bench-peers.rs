@@ -124,9 +124,23 @@ fn fmt_bw(x: f64) -> String {
     }
 }
 
-fn table(series: &[Series], memcpy: &[f64], o: &Opts) -> String {
+/// The 1-minute load average (`/proc/loadavg`), to print next to the figures: on a shared
+/// machine it says how much the other work competed with the benchmark.
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "?".into())
+}
+
+fn table(series: &[Series], memcpy: &[f64], o: &Opts, load: (&str, &str)) -> String {
     let sizes = &series[0].sizes;
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let mut t = format!(
+        "Machine: {cores} cores; 1-minute load average {} at the start, {} at the end.\n\n",
+        load.0, load.1
+    );
+    t += &format!(
         "AllReduce float sum, busbw GB/s, median of {} interleaved rounds ({} timed iterations \
          each); ours: `all_reduce_perf -c 1` under `ccl-run` (ranks as processes); OpenMPI: \
          `MPI_Allreduce` (`benches/c/mpi_allreduce.c`, `mpirun --mca btl self,vader`).\n\n",
@@ -264,6 +278,7 @@ fn main() {
         .collect();
     let mut memcpy = vec![Vec::new(); sizes.len()];
     let range = (o.min, o.max, o.factor);
+    let load0 = loadavg();
     for round in 0..o.rounds {
         eprintln!("bench-peers: round {}/{}", round + 1, o.rounds);
         for se in &mut series {
@@ -284,7 +299,7 @@ fn main() {
         }
     }
     let mc: Vec<f64> = memcpy.iter().map(|v| median(v)).collect();
-    let t = table(&series, &mc, &o);
+    let t = table(&series, &mc, &o, (&load0, &loadavg()));
     println!("{t}");
     if let Some(p) = &o.md {
         if let Err(e) = std::fs::write(p, &t) {
