@@ -7,8 +7,10 @@
 //! reference: same f32 arithmetic, same rounding; `tests.rs` compares both over random and
 //! edge inputs, NaN/Inf/subnormals included). On x86_64 the loops are compiled twice: for
 //! the baseline target and with AVX2 enabled, picked at run time
-//! (`is_x86_feature_detected!`, cached by std). Elements past the last whole block go
-//! through the element-at-a-time path.
+//! (`is_x86_feature_detected!`, cached by std); f16 uses the F16C conversion instructions
+//! when present (exact decode; round-to-nearest-even encode with NaN lanes replaced by the
+//! canonical NaN, as the element path does). Elements past the last whole block go through
+//! the element-at-a-time path.
 
 use super::convert::{
     bf16_bits_to_f32, e4m3_to_f32, e5m2_to_f32, f16_bits_to_f32, f32_to_e4m3, f32_to_e5m2,
@@ -21,6 +23,8 @@ pub(crate) const B: usize = 32;
 
 /// A small floating format whose elements are `N` little-endian bytes holding up to 16 bits.
 pub(crate) trait Lanes: Kind<A = f32> {
+    /// True only for [`F16`] (which has a hardware path on x86_64).
+    const IS_F16: bool = false;
     /// Element bits (low `8 * N` bits of the `u32`) -> exact f32.
     fn dec1(bits: u32) -> f32;
     /// f32 -> element bits, rounded as [`Kind::put`] does; branch-free.
@@ -75,6 +79,7 @@ fn bf16_enc(x: f32) -> u32 {
 }
 
 impl Lanes for F16 {
+    const IS_F16: bool = true;
     #[inline(always)]
     fn dec1(bits: u32) -> f32 {
         f16_bits_to_f32(bits as u16)
@@ -139,10 +144,49 @@ fn split<K: Kind>(len: usize) -> (usize, usize) {
     (n / B * B * K::N, n * K::N)
 }
 
+/// How a block of `B` elements is converted: [`Soft`] (the [`Lanes`] methods, any CPU) or,
+/// for f16 on x86_64, the F16C instructions.
+///
+/// # Safety
+/// `decode`/`encode` may require CPU features ([`Codec`] implementors say which); callers
+/// must only call them where those features are known to be present.
+trait Codec {
+    /// The element format.
+    type K: Lanes;
+    /// [`Lanes::decode`].
+    ///
+    /// # Safety
+    /// The CPU has the features this codec needs.
+    unsafe fn decode(src: &[u8], out: &mut [f32; B]);
+    /// [`Lanes::encode`].
+    ///
+    /// # Safety
+    /// The CPU has the features this codec needs.
+    unsafe fn encode(v: &[f32; B], dst: &mut [u8]);
+}
+
+/// The portable codec: needs no CPU feature.
+struct Soft<K>(std::marker::PhantomData<K>);
+
+impl<K: Lanes> Codec for Soft<K> {
+    type K = K;
+    #[inline(always)]
+    unsafe fn decode(src: &[u8], out: &mut [f32; B]) {
+        K::decode(src, out)
+    }
+    #[inline(always)]
+    unsafe fn encode(v: &[f32; B], dst: &mut [u8]) {
+        K::encode(v, dst)
+    }
+}
+
+/// # Safety
+/// The CPU has the features `C` needs.
 #[inline(always)]
-fn map2_with<K: Lanes>(dst: &mut [u8], a: &[u8], b: &[u8], f: impl Fn(f32, f32) -> f32) {
-    let (full, all) = split::<K>(dst.len().min(a.len()).min(b.len()));
-    let bb = B * K::N;
+unsafe fn map2_with<C: Codec>(dst: &mut [u8], a: &[u8], b: &[u8], f: impl Fn(f32, f32) -> f32) {
+    let n = <C::K as Kind>::N;
+    let (full, all) = split::<C::K>(dst.len().min(a.len()).min(b.len()));
+    let bb = B * n;
     let mut xa = [0f32; B];
     let mut ya = [0f32; B];
     let mut r = [0f32; B];
@@ -151,26 +195,33 @@ fn map2_with<K: Lanes>(dst: &mut [u8], a: &[u8], b: &[u8], f: impl Fn(f32, f32) 
         .zip(a[..full].chunks_exact(bb))
         .zip(b[..full].chunks_exact(bb))
     {
-        K::decode(x, &mut xa);
-        K::decode(y, &mut ya);
+        // SAFETY: passed on from the caller.
+        unsafe {
+            C::decode(x, &mut xa);
+            C::decode(y, &mut ya);
+        }
         for i in 0..B {
             r[i] = f(xa[i], ya[i]);
         }
-        K::encode(&r, d);
+        // SAFETY: passed on from the caller.
+        unsafe { C::encode(&r, d) };
     }
     for ((d, x), y) in dst[full..all]
-        .chunks_exact_mut(K::N)
-        .zip(a[full..all].chunks_exact(K::N))
-        .zip(b[full..all].chunks_exact(K::N))
+        .chunks_exact_mut(n)
+        .zip(a[full..all].chunks_exact(n))
+        .zip(b[full..all].chunks_exact(n))
     {
-        K::put(f(K::get(x), K::get(y)), d);
+        C::K::put(f(C::K::get(x), C::K::get(y)), d);
     }
 }
 
+/// # Safety
+/// The CPU has the features `C` needs.
 #[inline(always)]
-fn update2_with<K: Lanes>(acc: &mut [u8], b: &[u8], f: impl Fn(f32, f32) -> f32) {
-    let (full, all) = split::<K>(acc.len().min(b.len()));
-    let bb = B * K::N;
+unsafe fn update2_with<C: Codec>(acc: &mut [u8], b: &[u8], f: impl Fn(f32, f32) -> f32) {
+    let n = <C::K as Kind>::N;
+    let (full, all) = split::<C::K>(acc.len().min(b.len()));
+    let bb = B * n;
     let mut xa = [0f32; B];
     let mut ya = [0f32; B];
     let mut r = [0f32; B];
@@ -178,70 +229,132 @@ fn update2_with<K: Lanes>(acc: &mut [u8], b: &[u8], f: impl Fn(f32, f32) -> f32)
         .chunks_exact_mut(bb)
         .zip(b[..full].chunks_exact(bb))
     {
-        K::decode(d, &mut xa);
-        K::decode(y, &mut ya);
+        // SAFETY: passed on from the caller.
+        unsafe {
+            C::decode(d, &mut xa);
+            C::decode(y, &mut ya);
+        }
         for i in 0..B {
             r[i] = f(xa[i], ya[i]);
         }
-        K::encode(&r, d);
+        // SAFETY: passed on from the caller.
+        unsafe { C::encode(&r, d) };
     }
     for (d, y) in acc[full..all]
-        .chunks_exact_mut(K::N)
-        .zip(b[full..all].chunks_exact(K::N))
+        .chunks_exact_mut(n)
+        .zip(b[full..all].chunks_exact(n))
     {
-        K::put(f(K::get(d), K::get(y)), d);
+        C::K::put(f(C::K::get(d), C::K::get(y)), d);
     }
 }
 
+/// # Safety
+/// The CPU has the features `C` needs.
 #[inline(always)]
-fn scale_with<K: Lanes>(dst: &mut [u8], src: &[u8], s: f32) {
-    let (full, all) = split::<K>(dst.len().min(src.len()));
-    let bb = B * K::N;
+unsafe fn scale_with<C: Codec>(dst: &mut [u8], src: &[u8], s: f32) {
+    let n = <C::K as Kind>::N;
+    let (full, all) = split::<C::K>(dst.len().min(src.len()));
+    let bb = B * n;
     let mut xa = [0f32; B];
     for (d, x) in dst[..full]
         .chunks_exact_mut(bb)
         .zip(src[..full].chunks_exact(bb))
     {
-        K::decode(x, &mut xa);
+        // SAFETY: passed on from the caller.
+        unsafe { C::decode(x, &mut xa) };
         for v in xa.iter_mut() {
             *v *= s;
         }
-        K::encode(&xa, d);
+        // SAFETY: passed on from the caller.
+        unsafe { C::encode(&xa, d) };
     }
     for (d, x) in dst[full..all]
-        .chunks_exact_mut(K::N)
-        .zip(src[full..all].chunks_exact(K::N))
+        .chunks_exact_mut(n)
+        .zip(src[full..all].chunks_exact(n))
     {
-        K::put(K::get(x) * s, d);
+        C::K::put(C::K::get(x) * s, d);
     }
 }
 
 /// Expands one operation into its monomorphised loop.
+///
+/// # Safety
+/// The CPU has the features `C` needs.
 #[inline(always)]
-fn map2_op<K: Lanes>(op: LaneOp, dst: &mut [u8], a: &[u8], b: &[u8]) {
-    match op {
-        LaneOp::Add => map2_with::<K>(dst, a, b, |x, y| x + y),
-        LaneOp::Mul => map2_with::<K>(dst, a, b, |x, y| x * y),
-        LaneOp::Max => map2_with::<K>(dst, a, b, f32::max),
-        LaneOp::Min => map2_with::<K>(dst, a, b, f32::min),
-        LaneOp::PreMulAdd(s) => map2_with::<K>(dst, a, b, move |x, y| x + K::round1(y * s)),
+unsafe fn map2_op<C: Codec>(op: LaneOp, dst: &mut [u8], a: &[u8], b: &[u8]) {
+    // SAFETY: (every arm) the CPU-feature promise is passed on from the caller.
+    unsafe {
+        match op {
+            LaneOp::Add => map2_with::<C>(dst, a, b, |x, y| x + y),
+            LaneOp::Mul => map2_with::<C>(dst, a, b, |x, y| x * y),
+            LaneOp::Max => map2_with::<C>(dst, a, b, f32::max),
+            LaneOp::Min => map2_with::<C>(dst, a, b, f32::min),
+            LaneOp::PreMulAdd(s) => map2_with::<C>(dst, a, b, move |x, y| x + C::K::round1(y * s)),
+        }
     }
 }
 
+/// # Safety
+/// The CPU has the features `C` needs.
 #[inline(always)]
-fn update2_op<K: Lanes>(op: LaneOp, acc: &mut [u8], b: &[u8]) {
-    match op {
-        LaneOp::Add => update2_with::<K>(acc, b, |x, y| x + y),
-        LaneOp::Mul => update2_with::<K>(acc, b, |x, y| x * y),
-        LaneOp::Max => update2_with::<K>(acc, b, f32::max),
-        LaneOp::Min => update2_with::<K>(acc, b, f32::min),
-        LaneOp::PreMulAdd(s) => update2_with::<K>(acc, b, move |x, y| x + K::round1(y * s)),
+unsafe fn update2_op<C: Codec>(op: LaneOp, acc: &mut [u8], b: &[u8]) {
+    // SAFETY: (every arm) the CPU-feature promise is passed on from the caller.
+    unsafe {
+        match op {
+            LaneOp::Add => update2_with::<C>(acc, b, |x, y| x + y),
+            LaneOp::Mul => update2_with::<C>(acc, b, |x, y| x * y),
+            LaneOp::Max => update2_with::<C>(acc, b, f32::max),
+            LaneOp::Min => update2_with::<C>(acc, b, f32::min),
+            LaneOp::PreMulAdd(s) => update2_with::<C>(acc, b, move |x, y| x + C::K::round1(y * s)),
+        }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+mod x86 {
     use super::*;
+    use std::arch::x86_64::*;
+
+    /// f16 through the F16C conversion instructions (`vcvtph2ps` is exact; `vcvtps2ph`
+    /// with round-to-nearest-even is IEEE's conversion; NaN lanes are then replaced by
+    /// the canonical `0x7FFF`, as [`super::super::convert::f32_to_f16_bits`] does).
+    /// Needs AVX2 and F16C.
+    pub(super) struct HwF16;
+
+    impl Codec for HwF16 {
+        type K = F16;
+        #[inline(always)]
+        unsafe fn decode(src: &[u8], out: &mut [f32; B]) {
+            let src = &src[..B * 2];
+            for k in 0..B / 8 {
+                // SAFETY: bytes 16k..16k+16 are inside `src` (B * 2 bytes) and `out` has
+                // lanes 8k..8k+8; unaligned load/store; F16C/AVX present (caller).
+                unsafe {
+                    let h = _mm_loadu_si128(src.as_ptr().add(16 * k).cast());
+                    _mm256_storeu_ps(out.as_mut_ptr().add(8 * k), _mm256_cvtph_ps(h));
+                }
+            }
+        }
+        #[inline(always)]
+        unsafe fn encode(v: &[f32; B], dst: &mut [u8]) {
+            let dst = &mut dst[..B * 2];
+            for k in 0..B / 8 {
+                // SAFETY: lanes 8k..8k+8 of `v`, bytes 16k..16k+16 of `dst` (B * 2
+                // bytes); unaligned load/store; AVX2/F16C present (caller).
+                unsafe {
+                    let x = _mm256_loadu_ps(v.as_ptr().add(8 * k));
+                    let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x);
+                    let nan = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_UNORD_Q>(x, x));
+                    let m = _mm_packs_epi32(
+                        _mm256_castsi256_si128(nan),
+                        _mm256_extracti128_si256::<1>(nan),
+                    );
+                    let r = _mm_blendv_epi8(h, _mm_set1_epi16(0x7FFF), m);
+                    _mm_storeu_si128(dst.as_mut_ptr().add(16 * k).cast(), r);
+                }
+            }
+        }
+    }
 
     /// [`map2_op`] compiled for AVX2.
     ///
@@ -249,7 +362,8 @@ mod avx2 {
     /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn map2<K: Lanes>(op: LaneOp, dst: &mut [u8], a: &[u8], b: &[u8]) {
-        map2_op::<K>(op, dst, a, b)
+        // SAFETY: Soft needs no feature.
+        unsafe { map2_op::<Soft<K>>(op, dst, a, b) }
     }
 
     /// [`update2_op`] compiled for AVX2.
@@ -258,7 +372,8 @@ mod avx2 {
     /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn update2<K: Lanes>(op: LaneOp, acc: &mut [u8], b: &[u8]) {
-        update2_op::<K>(op, acc, b)
+        // SAFETY: Soft needs no feature.
+        unsafe { update2_op::<Soft<K>>(op, acc, b) }
     }
 
     /// [`scale_with`] compiled for AVX2.
@@ -267,43 +382,100 @@ mod avx2 {
     /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn scale<K: Lanes>(dst: &mut [u8], src: &[u8], s: f32) {
-        scale_with::<K>(dst, src, s)
+        // SAFETY: Soft needs no feature.
+        unsafe { scale_with::<Soft<K>>(dst, src, s) }
     }
-}
 
-/// True when the AVX2 versions can run (cached by std after the first call).
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn has_avx2() -> bool {
-    std::arch::is_x86_feature_detected!("avx2")
+    /// f16 [`map2_op`] with F16C.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and F16C.
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn map2_f16(op: LaneOp, dst: &mut [u8], a: &[u8], b: &[u8]) {
+        // SAFETY: the features HwF16 needs are enabled here and promised by the caller.
+        unsafe { map2_op::<HwF16>(op, dst, a, b) }
+    }
+
+    /// f16 [`update2_op`] with F16C.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and F16C.
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn update2_f16(op: LaneOp, acc: &mut [u8], b: &[u8]) {
+        // SAFETY: as for map2_f16.
+        unsafe { update2_op::<HwF16>(op, acc, b) }
+    }
+
+    /// f16 [`scale_with`] with F16C.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and F16C.
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn scale_f16(dst: &mut [u8], src: &[u8], s: f32) {
+        // SAFETY: as for map2_f16.
+        unsafe { scale_with::<HwF16>(dst, src, s) }
+    }
+
+    /// AVX2 support (cached by std after the first call).
+    #[inline(always)]
+    pub(super) fn avx2() -> bool {
+        std::arch::is_x86_feature_detected!("avx2")
+    }
+
+    /// AVX2 and F16C support.
+    #[inline(always)]
+    pub(super) fn f16c() -> bool {
+        avx2() && std::arch::is_x86_feature_detected!("f16c")
+    }
 }
 
 /// `dst[i] = op(a[i], b[i])` over whole elements of the shortest slice.
 pub(crate) fn map2<K: Lanes>(op: LaneOp, dst: &mut [u8], a: &[u8], b: &[u8]) {
     #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: AVX2 support was just checked.
-        return unsafe { avx2::map2::<K>(op, dst, a, b) };
+    {
+        if K::IS_F16 && x86::f16c() {
+            // SAFETY: AVX2 and F16C support were just checked; K is F16 (IS_F16).
+            return unsafe { x86::map2_f16(op, dst, a, b) };
+        }
+        if x86::avx2() {
+            // SAFETY: AVX2 support was just checked.
+            return unsafe { x86::map2::<K>(op, dst, a, b) };
+        }
     }
-    map2_op::<K>(op, dst, a, b)
+    // SAFETY: Soft needs no CPU feature.
+    unsafe { map2_op::<Soft<K>>(op, dst, a, b) }
 }
 
 /// `acc[i] = op(acc[i], b[i])` over whole elements of the shorter slice.
 pub(crate) fn update2<K: Lanes>(op: LaneOp, acc: &mut [u8], b: &[u8]) {
     #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: AVX2 support was just checked.
-        return unsafe { avx2::update2::<K>(op, acc, b) };
+    {
+        if K::IS_F16 && x86::f16c() {
+            // SAFETY: AVX2 and F16C support were just checked; K is F16 (IS_F16).
+            return unsafe { x86::update2_f16(op, acc, b) };
+        }
+        if x86::avx2() {
+            // SAFETY: AVX2 support was just checked.
+            return unsafe { x86::update2::<K>(op, acc, b) };
+        }
     }
-    update2_op::<K>(op, acc, b)
+    // SAFETY: Soft needs no CPU feature.
+    unsafe { update2_op::<Soft<K>>(op, acc, b) }
 }
 
 /// `dst[i] = round(src[i] * s)` over whole elements of the shorter slice.
 pub(crate) fn scale<K: Lanes>(dst: &mut [u8], src: &[u8], s: f32) {
     #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: AVX2 support was just checked.
-        return unsafe { avx2::scale::<K>(dst, src, s) };
+    {
+        if K::IS_F16 && x86::f16c() {
+            // SAFETY: AVX2 and F16C support were just checked; K is F16 (IS_F16).
+            return unsafe { x86::scale_f16(dst, src, s) };
+        }
+        if x86::avx2() {
+            // SAFETY: AVX2 support was just checked.
+            return unsafe { x86::scale::<K>(dst, src, s) };
+        }
     }
-    scale_with::<K>(dst, src, s)
+    // SAFETY: Soft needs no CPU feature.
+    unsafe { scale_with::<Soft<K>>(dst, src, s) }
 }
