@@ -7,7 +7,8 @@
 //! reference: same f32 arithmetic, same rounding; `tests.rs` compares both over random and
 //! edge inputs, NaN/Inf/subnormals included). On x86_64 the loops are compiled twice: for
 //! the baseline target and with AVX2 enabled, picked at run time
-//! (`is_x86_feature_detected!`, cached by std); f16 uses the F16C conversion instructions
+//! (`is_x86_feature_detected!`, cached by std); bf16 uses AVX2 integer code for its
+//! conversions, f16 the F16C conversion instructions
 //! when present (exact decode; round-to-nearest-even encode with NaN lanes replaced by the
 //! canonical NaN, as the element path does). Elements past the last whole block go through
 //! the element-at-a-time path.
@@ -25,6 +26,8 @@ pub(crate) const B: usize = 32;
 pub(crate) trait Lanes: Kind<A = f32> {
     /// True only for [`F16`] (which has a hardware path on x86_64).
     const IS_F16: bool = false;
+    /// True only for [`BF16`] (which has an AVX2 path on x86_64).
+    const IS_BF16: bool = false;
     /// Element bits (low `8 * N` bits of the `u32`) -> exact f32.
     fn dec1(bits: u32) -> f32;
     /// f32 -> element bits, rounded as [`Kind::put`] does; branch-free.
@@ -91,6 +94,7 @@ impl Lanes for F16 {
 }
 
 impl Lanes for BF16 {
+    const IS_BF16: bool = true;
     #[inline(always)]
     fn dec1(bits: u32) -> f32 {
         bf16_bits_to_f32(bits as u16)
@@ -356,34 +360,80 @@ mod x86 {
         }
     }
 
+    /// bf16 with AVX2 integer instructions: decode is a zero-extend and shift; encode adds
+    /// `0x7FFF + lsb` and shifts (round to nearest even, as
+    /// [`super::super::convert::f32_to_bf16_bits`]), NaN lanes become `0x7FFF`. Needs AVX2.
+    pub(super) struct HwBf16;
+
+    impl Codec for HwBf16 {
+        type K = BF16;
+        #[inline(always)]
+        unsafe fn decode(src: &[u8], out: &mut [f32; B]) {
+            let src = &src[..B * 2];
+            for k in 0..B / 8 {
+                // SAFETY: bytes 16k..16k+16 are inside `src` (B * 2 bytes), lanes 8k..8k+8
+                // inside `out`; unaligned load/store; AVX2 present (caller).
+                unsafe {
+                    let h = _mm_loadu_si128(src.as_ptr().add(16 * k).cast());
+                    let w = _mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h));
+                    _mm256_storeu_ps(out.as_mut_ptr().add(8 * k), _mm256_castsi256_ps(w));
+                }
+            }
+        }
+        #[inline(always)]
+        unsafe fn encode(v: &[f32; B], dst: &mut [u8]) {
+            let dst = &mut dst[..B * 2];
+            for k in 0..B / 8 {
+                // SAFETY: lanes 8k..8k+8 of `v`, bytes 16k..16k+16 of `dst` (B * 2
+                // bytes); unaligned load/store; AVX2 present (caller).
+                unsafe {
+                    let x = _mm256_castps_si256(_mm256_loadu_ps(v.as_ptr().add(8 * k)));
+                    let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(x), _mm256_set1_epi32(1));
+                    let bias = _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), lsb);
+                    let r = _mm256_srli_epi32::<16>(_mm256_add_epi32(x, bias));
+                    let abs = _mm256_and_si256(x, _mm256_set1_epi32(0x7FFF_FFFF));
+                    let nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7F80_0000));
+                    let r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FFF), nan);
+                    // every lane <= 0xFFFF: the unsigned-saturating pack is exact; it packs
+                    // within 128-bit halves, so gather quadwords 0 and 2
+                    let p = _mm256_permute4x64_epi64::<0b1000>(_mm256_packus_epi32(r, r));
+                    _mm_storeu_si128(
+                        dst.as_mut_ptr().add(16 * k).cast(),
+                        _mm256_castsi256_si128(p),
+                    );
+                }
+            }
+        }
+    }
+
     /// [`map2_op`] compiled for AVX2.
     ///
     /// # Safety
-    /// The CPU must support AVX2.
+    /// The CPU must support AVX2, and `C` needs nothing more.
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn map2<K: Lanes>(op: LaneOp, dst: &mut [u8], a: &[u8], b: &[u8]) {
-        // SAFETY: Soft needs no feature.
-        unsafe { map2_op::<Soft<K>>(op, dst, a, b) }
+    pub(super) unsafe fn map2<C: Codec>(op: LaneOp, dst: &mut [u8], a: &[u8], b: &[u8]) {
+        // SAFETY: C needs at most AVX2, promised by the caller.
+        unsafe { map2_op::<C>(op, dst, a, b) }
     }
 
     /// [`update2_op`] compiled for AVX2.
     ///
     /// # Safety
-    /// The CPU must support AVX2.
+    /// The CPU must support AVX2, and `C` needs nothing more.
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn update2<K: Lanes>(op: LaneOp, acc: &mut [u8], b: &[u8]) {
-        // SAFETY: Soft needs no feature.
-        unsafe { update2_op::<Soft<K>>(op, acc, b) }
+    pub(super) unsafe fn update2<C: Codec>(op: LaneOp, acc: &mut [u8], b: &[u8]) {
+        // SAFETY: C needs at most AVX2, promised by the caller.
+        unsafe { update2_op::<C>(op, acc, b) }
     }
 
     /// [`scale_with`] compiled for AVX2.
     ///
     /// # Safety
-    /// The CPU must support AVX2.
+    /// The CPU must support AVX2, and `C` needs nothing more.
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn scale<K: Lanes>(dst: &mut [u8], src: &[u8], s: f32) {
-        // SAFETY: Soft needs no feature.
-        unsafe { scale_with::<Soft<K>>(dst, src, s) }
+    pub(super) unsafe fn scale<C: Codec>(dst: &mut [u8], src: &[u8], s: f32) {
+        // SAFETY: C needs at most AVX2, promised by the caller.
+        unsafe { scale_with::<C>(dst, src, s) }
     }
 
     /// f16 [`map2_op`] with F16C.
@@ -437,9 +487,13 @@ pub(crate) fn map2<K: Lanes>(op: LaneOp, dst: &mut [u8], a: &[u8], b: &[u8]) {
             // SAFETY: AVX2 and F16C support were just checked; K is F16 (IS_F16).
             return unsafe { x86::map2_f16(op, dst, a, b) };
         }
+        if K::IS_BF16 && x86::avx2() {
+            // SAFETY: AVX2 support was just checked; HwBf16 needs only AVX2; K is BF16.
+            return unsafe { x86::map2::<x86::HwBf16>(op, dst, a, b) };
+        }
         if x86::avx2() {
-            // SAFETY: AVX2 support was just checked.
-            return unsafe { x86::map2::<K>(op, dst, a, b) };
+            // SAFETY: AVX2 support was just checked; Soft needs no feature.
+            return unsafe { x86::map2::<Soft<K>>(op, dst, a, b) };
         }
     }
     // SAFETY: Soft needs no CPU feature.
@@ -454,9 +508,13 @@ pub(crate) fn update2<K: Lanes>(op: LaneOp, acc: &mut [u8], b: &[u8]) {
             // SAFETY: AVX2 and F16C support were just checked; K is F16 (IS_F16).
             return unsafe { x86::update2_f16(op, acc, b) };
         }
+        if K::IS_BF16 && x86::avx2() {
+            // SAFETY: AVX2 support was just checked; HwBf16 needs only AVX2; K is BF16.
+            return unsafe { x86::update2::<x86::HwBf16>(op, acc, b) };
+        }
         if x86::avx2() {
-            // SAFETY: AVX2 support was just checked.
-            return unsafe { x86::update2::<K>(op, acc, b) };
+            // SAFETY: AVX2 support was just checked; Soft needs no feature.
+            return unsafe { x86::update2::<Soft<K>>(op, acc, b) };
         }
     }
     // SAFETY: Soft needs no CPU feature.
@@ -471,9 +529,13 @@ pub(crate) fn scale<K: Lanes>(dst: &mut [u8], src: &[u8], s: f32) {
             // SAFETY: AVX2 and F16C support were just checked; K is F16 (IS_F16).
             return unsafe { x86::scale_f16(dst, src, s) };
         }
+        if K::IS_BF16 && x86::avx2() {
+            // SAFETY: AVX2 support was just checked; HwBf16 needs only AVX2; K is BF16.
+            return unsafe { x86::scale::<x86::HwBf16>(dst, src, s) };
+        }
         if x86::avx2() {
-            // SAFETY: AVX2 support was just checked.
-            return unsafe { x86::scale::<K>(dst, src, s) };
+            // SAFETY: AVX2 support was just checked; Soft needs no feature.
+            return unsafe { x86::scale::<Soft<K>>(dst, src, s) };
         }
     }
     // SAFETY: Soft needs no CPU feature.
