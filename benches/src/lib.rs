@@ -8,6 +8,9 @@
 pub mod analyzer_util;
 /// End-to-end harness (ranks as threads, `CCLD_INJECT`, embedded analyzer) shared by e2e tests.
 pub mod e2e_harness;
+/// Side-by-side benchmarks of issue 18: our `all_reduce_perf` under `ccl-run`, the OpenMPI
+/// peer, memcpy bandwidth, output parsing and medians (`bench-peers`, `lowp-bench`).
+pub mod peers;
 /// Real faults (issue 17): the independent C client, OS-level faults, incidents as a user
 /// reads them, verdicts and the accuracy table.
 pub mod real_faults;

@@ -31,9 +31,13 @@
 
 pub mod convert;
 mod kinds;
+mod lanes;
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod lanes_tests;
 
 pub use convert::{
     bf16_bits_to_f32, e4m3_to_f32, e5m2_to_f32, f16_bits_to_f32, f32_to_bf16_bits, f32_to_e4m3,
@@ -120,6 +124,37 @@ macro_rules! with_kind {
                 type $k = kinds::E5M2;
                 $body
             }
+        }
+    };
+}
+
+/// Runs `$body` with `$k` bound to the marker type of `$dtype` and evaluates to `true`
+/// when `$dtype` is one of the small floating formats with a block path; `false` (and
+/// nothing run) otherwise.
+macro_rules! with_lane_kind {
+    ($dtype:expr, $k:ident => $body:expr) => {
+        match $dtype {
+            DataType::Float16 => {
+                type $k = kinds::F16;
+                $body;
+                true
+            }
+            DataType::Bfloat16 => {
+                type $k = kinds::BF16;
+                $body;
+                true
+            }
+            DataType::Float8e4m3 => {
+                type $k = kinds::E4M3;
+                $body;
+                true
+            }
+            DataType::Float8e5m2 => {
+                type $k = kinds::E5M2;
+                $body;
+                true
+            }
+            _ => false,
         }
     };
 }
@@ -279,6 +314,19 @@ impl Reducer {
     /// PreMulSum / float-Avg prescale; plain copy otherwise).
     pub fn load(&self, dst: &mut [u8], src: &[u8]) {
         check_lens(self.dtype, dst.len(), src.len());
+        if self.op == Op::PreMul
+            && with_lane_kind!(self.dtype, K => {
+                let s = K::get(&self.scalar[..K::N]);
+                lanes::scale::<K>(dst, src, s)
+            })
+        {
+            return;
+        }
+        self.load_scalar(dst, src)
+    }
+
+    /// [`Reducer::load`], element at a time (the reference for the block path).
+    fn load_scalar(&self, dst: &mut [u8], src: &[u8]) {
         if self.op == Op::PreMul {
             with_kind!(self.dtype, K => {
                 let s = K::get(&self.scalar[..K::N]);
@@ -294,18 +342,45 @@ impl Reducer {
     pub fn combine(&self, dst: &mut [u8], incoming: &[u8], local: &[u8]) {
         check_lens(self.dtype, dst.len(), incoming.len());
         check_lens(self.dtype, dst.len(), local.len());
+        if with_lane_kind!(self.dtype, K => lanes::map2::<K>(self.lane_op::<K>(true), dst, incoming, local))
+        {
+            return;
+        }
+        self.combine_scalar(dst, incoming, local)
+    }
+
+    /// [`Reducer::combine`], element at a time (the reference for the block path).
+    fn combine_scalar(&self, dst: &mut [u8], incoming: &[u8], local: &[u8]) {
         with_kind!(self.dtype, K => self.combine_t::<K>(dst, incoming, local))
     }
 
     /// `acc = acc OP pre(local)`.
     pub fn combine_inplace(&self, acc: &mut [u8], local: &[u8]) {
         check_lens(self.dtype, acc.len(), local.len());
+        if with_lane_kind!(self.dtype, K => lanes::update2::<K>(self.lane_op::<K>(true), acc, local))
+        {
+            return;
+        }
+        self.combine_inplace_scalar(acc, local)
+    }
+
+    /// [`Reducer::combine_inplace`], element at a time (the reference for the block path).
+    fn combine_inplace_scalar(&self, acc: &mut [u8], local: &[u8]) {
         with_kind!(self.dtype, K => self.combine_inplace_t::<K>(acc, local))
     }
 
     /// `acc = acc OP incoming` (both already prescaled; used when merging partial results).
     pub fn merge_inplace(&self, acc: &mut [u8], incoming: &[u8]) {
         check_lens(self.dtype, acc.len(), incoming.len());
+        if with_lane_kind!(self.dtype, K => lanes::update2::<K>(self.lane_op::<K>(false), acc, incoming))
+        {
+            return;
+        }
+        self.merge_inplace_scalar(acc, incoming)
+    }
+
+    /// [`Reducer::merge_inplace`], element at a time (the reference for the block path).
+    fn merge_inplace_scalar(&self, acc: &mut [u8], incoming: &[u8]) {
         with_kind!(self.dtype, K => self.merge_inplace_t::<K>(acc, incoming))
     }
 
@@ -313,7 +388,29 @@ impl Reducer {
     pub fn merge(&self, dst: &mut [u8], a: &[u8], b: &[u8]) {
         check_lens(self.dtype, dst.len(), a.len());
         check_lens(self.dtype, dst.len(), b.len());
+        if with_lane_kind!(self.dtype, K => lanes::map2::<K>(self.lane_op::<K>(false), dst, a, b)) {
+            return;
+        }
+        self.merge_scalar(dst, a, b)
+    }
+
+    /// [`Reducer::merge`], element at a time (the reference for the block path).
+    fn merge_scalar(&self, dst: &mut [u8], a: &[u8], b: &[u8]) {
         with_kind!(self.dtype, K => self.merge_t::<K>(dst, a, b))
+    }
+
+    /// The lane operation of the block path: with `prescale` (combine: the second input is
+    /// the local one), PreMul becomes `x + round(y * s)`; without (merge), a plain add.
+    #[inline(always)]
+    fn lane_op<K: kinds::Kind<A = f32>>(&self, prescale: bool) -> lanes::LaneOp {
+        match self.op {
+            Op::Sum => lanes::LaneOp::Add,
+            Op::Prod => lanes::LaneOp::Mul,
+            Op::Max => lanes::LaneOp::Max,
+            Op::Min => lanes::LaneOp::Min,
+            Op::PreMul if prescale => lanes::LaneOp::PreMulAdd(K::get(&self.scalar[..K::N])),
+            Op::PreMul => lanes::LaneOp::Add,
+        }
     }
 
     /// Applied once to a fully reduced buffer: integer Avg divides by nranks (truncating

@@ -1,0 +1,212 @@
+//! Shared pieces of the side-by-side benchmarks (issue 18): running our `all_reduce_perf`
+//! as processes under `ccl-run`, running the OpenMPI peer (`benches/c/mpi_allreduce.c`)
+//! under `mpirun`, parsing both outputs, the machine's memcpy bandwidth, medians.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+/// One measured size: bytes, time per operation (us), bus bandwidth (GB/s).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Row {
+    /// Message size in bytes.
+    pub bytes: u64,
+    /// Time per operation in microseconds.
+    pub time_us: f64,
+    /// Bus bandwidth in GB/s (nccl-tests' AllReduce formula: algbw x 2(n-1)/n).
+    pub busbw: f64,
+}
+
+/// Median of `v` (mean of the two middle values for an even count); NaN when empty.
+pub fn median(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let m = s.len() / 2;
+    if s.len() % 2 == 1 {
+        s[m]
+    } else {
+        (s[m - 1] + s[m]) / 2.0
+    }
+}
+
+/// Parses the data lines of an nccl-tests table (ours or NVIDIA's): the out-of-place
+/// columns `size count type redop root time algbw busbw #wrong ...`. Other lines are
+/// skipped. Errors when a data line carries a non-zero `#wrong`.
+pub fn parse_nccl_tests(out: &str) -> Result<Vec<Row>, String> {
+    let mut rows = Vec::new();
+    for line in out.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 9 || f[0].starts_with('#') {
+            continue;
+        }
+        let (Ok(bytes), Ok(time_us), Ok(busbw)) = (
+            f[0].parse::<u64>(),
+            f[5].parse::<f64>(),
+            f[7].parse::<f64>(),
+        ) else {
+            continue;
+        };
+        if f[8] != "0" && f[8] != "N/A" {
+            return Err(format!("wrong results reported: {line}"));
+        }
+        rows.push(Row {
+            bytes,
+            time_us,
+            busbw,
+        });
+    }
+    Ok(rows)
+}
+
+/// AllReduce bus bandwidth (GB/s) of `bytes` in `time_us` over `ranks` ranks, the
+/// nccl-tests formula; used instead of the table's two-decimal column, which reads 0.00
+/// for small sizes.
+pub fn allreduce_busbw(bytes: u64, time_us: f64, ranks: usize) -> f64 {
+    let n = ranks as f64;
+    bytes as f64 / (time_us * 1e3) * 2.0 * (n - 1.0) / n
+}
+
+/// Parses the MPI peer's output lines `bytes time_us busbw`.
+pub fn parse_mpi(out: &str) -> Vec<Row> {
+    out.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            match f.as_slice() {
+                [b, t, bw] => Some(Row {
+                    bytes: b.parse().ok()?,
+                    time_us: t.parse().ok()?,
+                    busbw: bw.parse().ok()?,
+                }),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// Where our binaries are (`target/release` next to this executable by default).
+pub fn release_dir() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+        .unwrap_or_else(|| PathBuf::from("target/release"))
+}
+
+fn run(cmd: &mut Command) -> Result<String, String> {
+    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        return Err(format!(
+            "{cmd:?} failed ({}): {}{}",
+            out.status,
+            text,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(text)
+}
+
+/// Our AllReduce (sum), `ranks` local processes under `ccl-run`, sizes `min..=max` by
+/// `factor`, `-c 1` (every size verified), `iters` timed iterations after 5 warm-up ones.
+pub fn run_ours(
+    dir: &Path,
+    ranks: usize,
+    (min, max, factor): (u64, u64, u64),
+    dtype: &str,
+    iters: u32,
+) -> Result<Vec<Row>, String> {
+    let out = run(Command::new(dir.join("ccl-run"))
+        .arg("-n")
+        .arg(ranks.to_string())
+        .arg(dir.join("all_reduce_perf"))
+        .args(["-b", &min.to_string(), "-e", &max.to_string()])
+        .args(["-f", &factor.to_string(), "-d", dtype, "-o", "sum"])
+        .args(["-c", "1", "-w", "5", "-n", &iters.to_string()])
+        .env("LD_LIBRARY_PATH", dir))?;
+    let mut rows = parse_nccl_tests(&out)?;
+    for r in &mut rows {
+        r.busbw = allreduce_busbw(r.bytes, r.time_us, ranks);
+    }
+    if rows.is_empty() {
+        return Err(format!("no result lines from all_reduce_perf:\n{out}"));
+    }
+    Ok(rows)
+}
+
+/// The OpenMPI peer (`mpi_bin`, built from `benches/c/mpi_allreduce.c`): float-sum
+/// `MPI_Allreduce`, `ranks` processes under `mpirun`, same sizes and iteration counts.
+pub fn run_mpi(
+    mpirun: &str,
+    mpi_bin: &Path,
+    ranks: usize,
+    (min, max, factor): (u64, u64, u64),
+    iters: u32,
+) -> Result<Vec<Row>, String> {
+    let out = run(Command::new(mpirun)
+        .args(["--allow-run-as-root", "--oversubscribe", "-np"])
+        .arg(ranks.to_string())
+        .args(["--mca", "btl", "self,vader"])
+        .arg(mpi_bin)
+        .args([
+            min.to_string(),
+            max.to_string(),
+            factor.to_string(),
+            iters.to_string(),
+            "5".into(),
+        ]))?;
+    let rows = parse_mpi(&out);
+    if rows.is_empty() {
+        return Err(format!(
+            "no result lines from {}:\n{out}",
+            mpi_bin.display()
+        ));
+    }
+    Ok(rows)
+}
+
+/// The machine's memcpy bandwidth at `bytes` (GB/s, bytes copied per second): median of
+/// `reps` timed batches, each copying a touched buffer into another enough times to last
+/// about 2 ms.
+pub fn memcpy_gbps(bytes: usize, reps: usize) -> f64 {
+    let src = vec![1u8; bytes.max(1)];
+    let mut dst = vec![2u8; bytes.max(1)];
+    let per = (2_000_000 / (bytes / 1000 + 1)).clamp(1, 100_000);
+    let mut v = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let t = Instant::now();
+        for _ in 0..per {
+            dst.copy_from_slice(std::hint::black_box(&src));
+            std::hint::black_box(&mut dst);
+        }
+        v.push((bytes * per) as f64 / t.elapsed().as_secs_f64() / 1e9);
+    }
+    median(&v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_nccl_tests_table_and_rejects_wrong_results() {
+        let out = "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\n\
+                   #        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)\n\
+                   \x20          8             2     float     sum      -1    12.50    0.00    0.00      0    11.90    0.00    0.00      0\n\
+                   \x20    1048576        262144     float     sum      -1   250.00    4.19    4.19      0   240.00    4.37    4.37      0\n\
+                   # Avg bus bandwidth    : 2.1\n";
+        let rows = parse_nccl_tests(out).unwrap();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[1].bytes, 1_048_576);
+        assert_eq!(rows[1].time_us, 250.0);
+        assert_eq!(rows[1].busbw, 4.19);
+        let bad = out.replace("4.19      0", "4.19      3");
+        assert!(parse_nccl_tests(&bad).is_err());
+        let mpi = parse_mpi("# comment\n8 3.5 0.002\n1024 10 0.1\n");
+        assert_eq!(mpi.len(), 2);
+        assert_eq!(mpi[0].bytes, 8);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+}
