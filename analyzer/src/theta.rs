@@ -20,9 +20,12 @@
 //!   communicator with MAD ~ 0 is not flagged for microseconds), and the waiting of the others
 //!   exceeds the latecomer's own median duration (`lateness > T_min`).
 //! * the **root** is the rank that entered last in more than `root_share` (0.75) of the
-//!   window's rounds;
-//!   without such a rank the window is not late (contention picks a different latecomer
-//!   every round).
+//!   window's rounds (*dominant*), or whose count of last entries is improbable under its own
+//!   share of last entries in the history (*significant*: binomial z >= `root_z` = 5, at
+//!   least 3 rounds and twice the expected count); a significant root needs only a window
+//!   lateness above `(1 + significant_floor) x med` (0.1), since its own improbability
+//!   replaces the robust z-term. Without such a rank the window is not late (contention
+//!   picks a different latecomer every round).
 //! * a window is **long** when the median T_max of its rounds exceeds the same robust
 //!   threshold computed over the T_max of the history rounds, with the floor
 //!   `(1 + long_ratio) x med` (the paper's R > theta_slow, with the window's median round and
@@ -52,8 +55,15 @@ pub struct ThetaConfig {
     pub k: f64,
     /// Relative floor: the window median must also exceed `(1 + rel_floor) x med`.
     pub rel_floor: f64,
-    /// Fraction of a window's rounds one rank must enter last in to be a root.
+    /// Fraction of a window's rounds one rank must enter last in to be a *dominant* root.
     pub root_share: f64,
+    /// Binomial z a rank's count of last entries must reach, against its own share of
+    /// last entries in the history, to be a *significant* root.
+    pub root_z: f64,
+    /// Relative floor of the late rule when the root is significant: the window's median
+    /// lateness must exceed `(1 + significant_floor) x med` (the robust z-term is replaced
+    /// by the root's own significance).
+    pub significant_floor: f64,
     /// Floor of the long rule: the window's median T_max must also exceed
     /// `(1 + long_ratio) x` the history's median T_max, i.e. the paper's R > theta_slow with
     /// the window median and the rolling T_base. The engine sets it to `theta_slow`.
@@ -68,6 +78,8 @@ impl Default for ThetaConfig {
             k: 4.0,
             rel_floor: 0.5,
             root_share: 0.75,
+            root_z: 5.0,
+            significant_floor: 0.1,
             long_ratio: 3.0,
         }
     }
@@ -89,6 +101,18 @@ impl ThetaConfig {
             return Err(format!(
                 "theta: rel_floor must be >= 0, got {}",
                 self.rel_floor
+            ));
+        }
+        if !(self.root_z.is_finite() && self.root_z > 0.0) {
+            return Err(format!(
+                "theta: root_z must be finite and > 0, got {}",
+                self.root_z
+            ));
+        }
+        if !(self.significant_floor.is_finite() && self.significant_floor >= 0.0) {
+            return Err(format!(
+                "theta: significant_floor must be >= 0, got {}",
+                self.significant_floor
             ));
         }
         if !(self.long_ratio.is_finite() && self.long_ratio >= 0.0) {
@@ -207,6 +231,31 @@ impl WindowVerdict {
     }
 }
 
+/// The rank whose count of last entries in a window (`counts`, n rounds) is the most
+/// improbable under its own share in the `h` history rounds (`hist_last`), with its binomial
+/// z = (c - n p) / sqrt(n p (1 - p)); p is kept within [1 / (2 N), 1 - 1 / (2 N)] for N ranks
+/// so that a rank never (or always) last in the history does not divide by zero. Only a
+/// rank last in at least 3 rounds and at least twice its expected count qualifies.
+fn significant_root(counts: &[usize], hist_last: &[usize], h: usize) -> Option<(usize, f64)> {
+    let n: usize = counts.iter().sum();
+    let nr = counts.len();
+    if n == 0 || h == 0 || nr == 0 {
+        return None;
+    }
+    let lo = 0.5 / nr as f64;
+    counts
+        .iter()
+        .zip(hist_last)
+        .enumerate()
+        .filter_map(|(j, (&c, &hc))| {
+            let p = (hc as f64 / h as f64).clamp(lo, 1.0 - lo);
+            let expect = n as f64 * p;
+            let z = (c as f64 - expect) / (expect * (1.0 - p)).sqrt();
+            (c >= 3 && c as f64 >= 2.0 * expect).then_some((j, z))
+        })
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+}
+
 /// `med + k x 1.2533 x 1.4826 x MAD / sqrt(n)`, at least `(1 + floor) x med`: the
 /// largest median of `n` fresh rounds that is still consistent with `hist`.
 fn robust_threshold(k: f64, floor: f64, hist: &[f64], n: usize) -> Option<f64> {
@@ -221,7 +270,10 @@ fn robust_threshold(k: f64, floor: f64, hist: &[f64], n: usize) -> Option<f64> {
 pub struct CommThreshold {
     cfg: ThetaConfig,
     nranks: usize,
-    hist: VecDeque<f64>,
+    /// Lateness and last entrant of each history round.
+    hist: VecDeque<(f64, usize)>,
+    /// How often each rank entered last in the history rounds.
+    hist_last: Vec<usize>,
     base: RollingBaseline,
     win: Vec<(u64, u64, usize)>,
 }
@@ -239,6 +291,7 @@ impl CommThreshold {
         Ok(CommThreshold {
             // Grown on demand: most communicators of a large job never fill it.
             hist: VecDeque::new(),
+            hist_last: vec![0; nranks],
             cfg,
             nranks,
             base,
@@ -276,7 +329,8 @@ impl CommThreshold {
 
     /// Heap bytes held (for the engine's memory accounting).
     pub fn heap_bytes(&self) -> usize {
-        self.hist.capacity() * std::mem::size_of::<f64>()
+        self.hist.capacity() * std::mem::size_of::<(f64, usize)>()
+            + self.hist_last.capacity() * std::mem::size_of::<usize>()
             + self.base.buf.capacity() * std::mem::size_of::<u64>()
             + self.win.capacity() * std::mem::size_of::<(u64, u64, usize)>()
     }
@@ -298,23 +352,37 @@ impl CommThreshold {
         for r in &rounds {
             counts[r.2] += 1;
         }
-        let root = counts
+        let dominant = counts
             .iter()
             .enumerate()
             .max_by_key(|(_, c)| **c)
             .filter(|(_, c)| n > 0 && **c as f64 > self.cfg.root_share * n as f64)
             .map(|(i, _)| i);
         let judged = self.hist.len() >= self.cfg.min_history && n > 0;
+        let significant = if judged {
+            significant_root(&counts, &self.hist_last, self.hist.len())
+                .filter(|&(_, z)| z >= self.cfg.root_z)
+        } else {
+            None
+        };
         let (threshold_ns, t_max_threshold_ns) = if judged {
-            let h: Vec<f64> = self.hist.iter().copied().collect();
+            let h: Vec<f64> = self.hist.iter().map(|x| x.0).collect();
             let ht: Vec<f64> = self.base.values().map(|x| x as f64).collect();
+            let robust = robust_threshold(self.cfg.k, self.cfg.rel_floor, &h, n);
+            // A significant root needs only the relative floor; a dominant one the robust
+            // threshold.
+            let lat = match significant {
+                Some(_) => median(&h).map(|m| (1.0 + self.cfg.significant_floor) * m),
+                None => robust,
+            };
             (
-                robust_threshold(self.cfg.k, self.cfg.rel_floor, &h, n),
+                lat,
                 robust_threshold(self.cfg.k, self.cfg.long_ratio, &ht, n),
             )
         } else {
             (None, None)
         };
+        let root = significant.map(|(j, _)| j).or(dominant);
         let maxes: Vec<f64> = rounds.iter().map(|r| r.0 as f64).collect();
         let t_max_ns = median(&maxes).unwrap_or(0.0);
         let late = threshold_ns.is_some_and(|t| lateness_ns > t)
@@ -324,9 +392,12 @@ impl CommThreshold {
         if !late && !long {
             for (r, l) in rounds.iter().zip(&lat) {
                 if self.hist.len() == self.cfg.history {
-                    self.hist.pop_front();
+                    if let Some((_, j)) = self.hist.pop_front() {
+                        self.hist_last[j] -= 1;
+                    }
                 }
-                self.hist.push_back(*l);
+                self.hist.push_back((*l, r.2));
+                self.hist_last[r.2] += 1;
                 self.base.observe(r.0);
             }
         }
@@ -496,6 +567,40 @@ mod tests {
             assert!(
                 hits.iter().all(|v| v.root == Some(slow)),
                 "{nranks}: {hits:?}"
+            );
+        }
+    }
+
+    /// 8 processes on 2 cores (seen with the C client, 2026-11-26: a rank computing 4x
+    /// longer was last in about a third of the DP rounds, from about 1/20, and the others
+    /// waited only 20-30 % longer): never a dominant latecomer, and the robust threshold is
+    /// not reached. Its count of last entries against its own history gives it away
+    /// (significant root). Modelled here with contention noise larger than the computation
+    /// and a rank computing 5x longer (at 4x this additive model moves the lateness less
+    /// than the real job did).
+    #[test]
+    fn an_unusually_frequent_latecomer_under_heavy_contention_is_named() {
+        for seed in [1u64, 2, 3] {
+            let (vs, _) = run(40 + seed, 8, 60, 40, 3.0, |w| {
+                let mut c = vec![2.0; 8];
+                if w >= 30 {
+                    c[5] = 10.0;
+                }
+                c
+            });
+            assert!(
+                vs[..30].iter().all(|v| !v.late),
+                "seed {seed}: clean part quiet"
+            );
+            let hits: Vec<_> = vs[30..].iter().filter(|v| v.late).collect();
+            assert!(
+                hits.len() >= 20,
+                "seed {seed}: {} of 30 windows",
+                hits.len()
+            );
+            assert!(
+                hits.iter().all(|v| v.root == Some(5)),
+                "seed {seed}: {hits:?}"
             );
         }
     }
