@@ -453,39 +453,48 @@ impl Shared {
         let rows = self
             .store
             .list_incidents(comm_id, since_ns, limit)
-            .map_err(|e| {
-                self.metrics.store_errors.fetch_add(1, Ordering::Relaxed);
-                Status::internal(format!("incident store: {e}"))
-            })?;
-        let mut out = Vec::with_capacity(rows.len());
-        for r in rows {
-            match <Incident as prost::Message>::decode(r.payload.as_slice()) {
-                Ok(i) => out.push(i),
-                Err(e) => {
-                    self.metrics.store_errors.fetch_add(1, Ordering::Relaxed);
-                    tracing::error!(target: "ccld::store", "stored incident {} undecodable: {e}", r.id);
-                }
-            }
-        }
-        Ok(out)
+            .map_err(|e| self.store_failed("incident", &e))?;
+        Ok(self.decode_stored(
+            "incident",
+            rows.iter().map(|r| (r.id.as_str(), r.payload.as_slice())),
+        ))
     }
 
     fn local_anomalies(&self, q: &Query) -> Result<Vec<Diagnosis>, Status> {
-        let rows = self.store.list(q).map_err(|e| {
-            self.metrics.store_errors.fetch_add(1, Ordering::Relaxed);
-            Status::internal(format!("diagnosis store: {e}"))
-        })?;
-        let mut out = Vec::with_capacity(rows.len());
-        for r in rows {
-            match <Diagnosis as prost::Message>::decode(r.payload.as_slice()) {
-                Ok(d) => out.push(d),
-                Err(e) => {
-                    self.metrics.store_errors.fetch_add(1, Ordering::Relaxed);
-                    tracing::error!(target: "ccld::store", "stored diagnosis {} undecodable: {e}", r.id);
-                }
+        let rows = self
+            .store
+            .list(q)
+            .map_err(|e| self.store_failed("diagnosis", &e))?;
+        let ids: Vec<String> = rows.iter().map(|r| r.id.to_string()).collect();
+        Ok(self.decode_stored(
+            "diagnosis",
+            ids.iter()
+                .zip(&rows)
+                .map(|(id, r)| (id.as_str(), r.payload.as_slice())),
+        ))
+    }
+
+    /// Counts a store failure and turns it into the RPC's error.
+    fn store_failed(&self, what: &str, e: &StoreError) -> Status {
+        self.metrics.store_errors.fetch_add(1, Ordering::Relaxed);
+        Status::internal(format!("{what} store: {e}"))
+    }
+
+    /// Decodes stored (id, payload) rows; an undecodable one is counted, logged and skipped.
+    fn decode_stored<'a, T: prost::Message + Default>(
+        &self,
+        what: &str,
+        rows: impl Iterator<Item = (&'a str, &'a [u8])>,
+    ) -> Vec<T> {
+        rows.filter_map(|(id, payload)| match T::decode(payload) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                self.metrics.store_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(target: "ccld::store", "stored {what} {id} undecodable: {e}");
+                None
             }
-        }
-        Ok(out)
+        })
+        .collect()
     }
 
     fn local_comm(&self, comm_id: u64) -> Option<CommState> {

@@ -226,19 +226,11 @@ impl Store {
     /// Inserts diagnoses atomically (one transaction). A row whose id already exists is
     /// replaced.
     pub fn insert_all(&self, rows: &[StoredDiagnosis]) -> Result<(), StoreError> {
-        if rows.is_empty() {
-            return Ok(());
-        }
-        let mut conn = self.lock()?;
-        let tx = conn.transaction().map_err(|e| self.err(e))?;
-        {
-            let mut st = tx
-                .prepare_cached(
-                    "INSERT OR REPLACE INTO diagnoses (id, comm_id, class, detected_ns, payload)
-                     VALUES (?1, ?2, ?3, ?4, ?5)",
-                )
-                .map_err(|e| self.err(e))?;
-            for r in rows {
+        self.insert_rows(
+            "INSERT OR REPLACE INTO diagnoses (id, comm_id, class, detected_ns, payload)
+             VALUES (?1, ?2, ?3, ?4, ?5)",
+            rows,
+            |st, r| {
                 st.execute(params![
                     i64_of(r.id),
                     i64_of(r.comm_id),
@@ -246,7 +238,26 @@ impl Store {
                     i64_of(r.detected_ns),
                     r.payload
                 ])
-                .map_err(|e| self.err(e))?;
+            },
+        )
+    }
+
+    /// Runs `sql` once per row (bound by `bind`) in one transaction.
+    fn insert_rows<R>(
+        &self,
+        sql: &str,
+        rows: &[R],
+        bind: impl Fn(&mut rusqlite::CachedStatement<'_>, &R) -> rusqlite::Result<usize>,
+    ) -> Result<(), StoreError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let mut conn = self.lock()?;
+        let tx = conn.transaction().map_err(|e| self.err(e))?;
+        {
+            let mut st = tx.prepare_cached(sql).map_err(|e| self.err(e))?;
+            for r in rows {
+                bind(&mut st, r).map_err(|e| self.err(e))?;
             }
         }
         tx.commit().map_err(|e| self.err(e))
@@ -290,29 +301,19 @@ impl Store {
     /// Inserts incidents atomically (one transaction); an incident whose id exists is
     /// replaced.
     pub fn insert_incidents(&self, rows: &[StoredIncident]) -> Result<(), StoreError> {
-        if rows.is_empty() {
-            return Ok(());
-        }
-        let mut conn = self.lock()?;
-        let tx = conn.transaction().map_err(|e| self.err(e))?;
-        {
-            let mut st = tx
-                .prepare_cached(
-                    "INSERT OR REPLACE INTO incidents (id, comms, detected_ns, payload)
-                     VALUES (?1, ?2, ?3, ?4)",
-                )
-                .map_err(|e| self.err(e))?;
-            for r in rows {
+        self.insert_rows(
+            "INSERT OR REPLACE INTO incidents (id, comms, detected_ns, payload)
+             VALUES (?1, ?2, ?3, ?4)",
+            rows,
+            |st, r| {
                 st.execute(params![
                     r.id,
                     comms_column(&r.comm_ids),
                     i64_of(r.detected_ns),
                     r.payload
                 ])
-                .map_err(|e| self.err(e))?;
-            }
-        }
-        tx.commit().map_err(|e| self.err(e))
+            },
+        )
     }
 
     /// Lists incidents, newest first: those concerning `comm_id` (when given), detected at
