@@ -451,10 +451,16 @@ impl Incidents {
         } = walk;
         let mut deadlock = false;
         if ends.is_empty() {
-            // Every path closed a cycle: a deadlock across communicators. Its cause is a
-            // call order that differs between ranks (a skipped or extra call): name the
-            // process most ranks wait for, whichever communicator's diagnosis came first.
-            if let Some(end) = deadlock_root(view, &walk_seen) {
+            // Every path closed a cycle. Among hangs that is a deadlock across
+            // communicators, caused by a call order that differs between ranks (a skipped
+            // or extra call): name the process most ranks wait for, whichever
+            // communicator's diagnosis came first. (Slow diagnoses keep their own roots.)
+            let deadlock_end = if family {
+                deadlock_root(view, &walk_seen)
+            } else {
+                None
+            };
+            if let Some(end) = deadlock_end {
                 chain.push(end.3.clone());
                 ends = vec![end];
                 deadlock = true;
