@@ -30,7 +30,7 @@ use crate::comm::ScalarArg;
 use crate::error::{CclError, Result};
 use crate::reduce::Reducer;
 use crate::schedule::{self, CollDesc, Dir, Lane, LinkKind, LocalKind, P2pOp, Plan, StepKind};
-use crate::transport::shm::{pid_alive, Backoff};
+use crate::transport::shm::{process_alive, Backoff};
 use crate::types::{DataType, RedOpKind};
 
 /// Channel/buffer settings of a communicator (from config and environment).
@@ -908,7 +908,7 @@ impl Worker {
     fn check_peers(&mut self) -> Result<()> {
         let me = std::process::id();
         for (r, &pid) in self.t.pids.iter().enumerate() {
-            if pid != me && !peer_alive(pid) {
+            if pid != me && !process_alive(pid) {
                 let host = self.boot.peer_host(r).to_string();
                 self.failure = Some(probe::Failure {
                     cause: probe::FailureCause::PeerLost,
@@ -1135,23 +1135,6 @@ impl Worker {
             }
         }
         Ok(Wait::None)
-    }
-}
-
-/// A process counts as alive if it exists and is not a zombie (a killed rank whose parent
-/// has not reaped it yet is dead for us).
-fn peer_alive(pid: u32) -> bool {
-    if !pid_alive(pid) {
-        return false;
-    }
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // Format: "pid (comm) S ...": the state follows the last ')'.
-        Ok(stat) => !matches!(
-            stat.rsplit_once(')')
-                .and_then(|(_, rest)| rest.trim_start().chars().next()),
-            Some('Z' | 'X')
-        ),
-        Err(_) => true,
     }
 }
 

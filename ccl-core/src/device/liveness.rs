@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use super::api::{DeviceApi, Event};
 use crate::error::{CclError, Result};
-use crate::transport::shm::pid_alive;
+use crate::transport::shm::process_alive;
 
 /// A peer process on this host.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -106,22 +106,6 @@ impl Judge {
                 Verdict::Suspect
             }
         }
-    }
-}
-
-/// Whether process `pid` is alive (a zombie is not).
-pub fn process_alive(pid: u32) -> bool {
-    if !pid_alive(pid) {
-        return false;
-    }
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // Format: "pid (comm) S ...": the state follows the last ')'.
-        Ok(stat) => !matches!(
-            stat.rsplit_once(')')
-                .and_then(|(_, rest)| rest.trim_start().chars().next()),
-            Some('Z' | 'X')
-        ),
-        Err(_) => true,
     }
 }
 

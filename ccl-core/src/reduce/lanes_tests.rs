@@ -8,20 +8,7 @@ use super::kinds::{BF16, E4M3, E5M2, F16};
 use super::lanes::{Lanes, B};
 use super::*;
 
-/// splitmix64.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+use super::tests::Rng;
 
 const SMALL: [DataType; 4] = [
     DataType::Float16,

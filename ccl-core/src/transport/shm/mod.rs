@@ -61,7 +61,7 @@ pub use layout::{
     MAX_NAME_LEN, MAX_SLOTS, MAX_SLOT_BYTES,
 };
 pub use region::{
-    is_not_found, pid_alive, remove_stale_segments, stale_candidate_pid, ShmRegion,
+    is_not_found, pid_alive, process_alive, remove_stale_segments, stale_candidate_pid, ShmRegion,
     NOT_FOUND_PREFIX, SHM_DIR,
 };
 pub use word::SharedWord;

@@ -602,6 +602,23 @@ pub fn pid_alive(pid: u32) -> bool {
     std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
+/// Whether process `pid` is alive for a peer check: it exists ([`pid_alive`]) and is not a
+/// zombie (a killed rank whose parent has not reaped it yet is dead for us).
+pub fn process_alive(pid: u32) -> bool {
+    if !pid_alive(pid) {
+        return false;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // Format: "pid (comm) S ...": the state follows the last ')'.
+        Ok(stat) => !matches!(
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next()),
+            Some('Z' | 'X')
+        ),
+        Err(_) => true,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
