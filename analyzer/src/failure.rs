@@ -9,7 +9,10 @@
 //!   `exited = true`, `observed_by` = the ranks that reported it. A rank that itself
 //!   reported a failure in the episode was alive when the fault happened and is not a root
 //!   (survivors that exit after the error are reported lost in turn), unless nothing else
-//!   remains.
+//!   remains. The same holds across communicators: a process that reported a failure in
+//!   *any* communicator before its loss was seen is a survivor (a tensor-parallel partner
+//!   that exits on its own error). When only such survivors are lost, the roots are the
+//!   ranks of this communicator whose processes they saw lost.
 //! * `INCONSISTENT` -> **H2**, by a vote over the descriptors seen: each rank's own call
 //!   (its `mismatch.local`, else its failed record's operation), and for ranks that sent
 //!   nothing, what their peers received from them (`mismatch.remote`). The descriptor most
@@ -42,6 +45,8 @@ pub const FAILURE_QUIET: Duration = Duration::from_secs(30);
 
 /// Episodes kept at most (communicators); the oldest diagnosed ones go first.
 const MAX_EPISODES: usize = 4096;
+/// Processes whose failure reports are remembered at most; the oldest go first.
+const MAX_PROCS: usize = 16_384;
 
 /// Comparable part of a descriptor.
 type Desc = (u64, i32, u32, i32, u64, i32);
@@ -140,10 +145,24 @@ struct Episode {
     fired_ns: Option<u64>,
 }
 
+/// A process (pid, host) that reported a failure in some communicator.
+type Proc = (u32, String);
+
+/// What a process reported across all its communicators.
+#[derive(Debug, Default)]
+struct ProcReport {
+    /// Arrival of its first failure record.
+    first_ns: u64,
+    /// Processes it reported lost (`PEER_LOST`), in any communicator.
+    saw_lost: BTreeSet<Proc>,
+}
+
 /// Failure episodes of every communicator.
 #[derive(Debug, Default)]
 pub struct Failures {
     eps: HashMap<u64, Episode>,
+    /// Every process that reported a failure, across communicators (bounded).
+    procs: HashMap<Proc, ProcReport>,
 }
 
 impl Failures {
@@ -188,6 +207,10 @@ impl Failures {
         ep.reporters
             .entry(rec.rank)
             .or_insert_with(|| (rec.pid, rec.host.clone(), rec.failure));
+        self.note_process(rec, now_ns);
+        let Some(ep) = self.eps.get_mut(&trace.comm_id) else {
+            return;
+        };
         match cause {
             FailureCause::PeerLost => {
                 if let Some(pl) = rec.peer_lost.as_ref().filter(|p| p.rank < rec.nranks) {
@@ -230,6 +253,34 @@ impl Failures {
         }
     }
 
+    /// Records that `rec`'s process reported a failure (and whom it saw lost), for the
+    /// cross-communicator survivor rule. Bounded: the oldest process goes first.
+    fn note_process(&mut self, rec: &OpRecord, now_ns: u64) {
+        if rec.pid == 0 {
+            return;
+        }
+        let key = (rec.pid, rec.host.clone());
+        if !self.procs.contains_key(&key) && self.procs.len() >= MAX_PROCS {
+            let oldest = self
+                .procs
+                .iter()
+                .min_by_key(|(_, p)| p.first_ns)
+                .map(|(k, _)| k.clone());
+            if let Some(k) = oldest {
+                self.procs.remove(&k);
+            }
+        }
+        let p = self.procs.entry(key).or_insert_with(|| ProcReport {
+            first_ns: now_ns,
+            saw_lost: BTreeSet::new(),
+        });
+        if rec.failure == FailureCause::PeerLost as i32 {
+            if let Some(pl) = rec.peer_lost.as_ref().filter(|pl| pl.pid != 0) {
+                p.saw_lost.insert((pl.pid, pl.host.clone()));
+            }
+        }
+    }
+
     /// True while `comm_id` has a diagnosed failure episode within its quiet period: its
     /// hang diagnoses would only repeat what the failure said.
     pub fn holds_back(&self, comm_id: u64, now_ns: u64) -> bool {
@@ -262,7 +313,7 @@ impl Failures {
                 continue;
             }
             ep.fired_ns = Some(now_ns);
-            if let Some(d) = diagnose(id, ep, now_ns, rank_info) {
+            if let Some(d) = diagnose(id, ep, &self.procs, now_ns, rank_info) {
                 out.push(d);
             }
         }
@@ -325,6 +376,7 @@ fn root(rank: u32, pid: u32, host: String, reason: String, class: AnomalyClass) 
 fn diagnose(
     comm_id: u64,
     ep: &Episode,
+    procs: &HashMap<Proc, ProcReport>,
     now_ns: u64,
     rank_info: &dyn Fn(u64, u32) -> Option<(u32, String)>,
 ) -> Option<Diagnosis> {
@@ -340,40 +392,10 @@ fn diagnose(
     };
     let coll = wire::coll_name(ep.collective);
     let (class, roots, what) = if !ep.lost.is_empty() {
-        // Lost ranks that were themselves alive reporters are survivors lost later.
-        let mut lost: Vec<(&u32, &Lost)> = ep
-            .lost
-            .iter()
-            .filter(|(r, _)| !ep.reporters.contains_key(r))
-            .collect();
-        if lost.is_empty() {
-            lost = ep
-                .lost
-                .iter()
-                .min_by_key(|(_, l)| l.first_ns)
-                .into_iter()
-                .collect();
-        }
-        let roots: Vec<wire::RootCause> = lost
-            .iter()
-            .map(|(r, l)| {
-                let (pid, host) = info(**r, l.pid, &l.host);
-                let mut rc = root(
-                    **r,
-                    pid,
-                    host,
-                    "process exited".into(),
-                    AnomalyClass::H1NotEntered,
-                );
-                rc.exited = true;
-                rc.silent = true;
-                rc.observed_by = l.observers.iter().copied().collect();
-                rc
-            })
-            .collect();
+        let lost = lost_roots(ep, procs, &info);
         let detail: Vec<&str> = lost
             .iter()
-            .map(|(_, l)| l.detail.as_str())
+            .map(|l| l.detail.as_str())
             .filter(|d| !d.is_empty() && *d != "process exited")
             .collect();
         let what = if detail.is_empty() {
@@ -381,6 +403,22 @@ fn diagnose(
         } else {
             format!("process exited ({})", detail.join("; "))
         };
+        let roots: Vec<wire::RootCause> = lost
+            .into_iter()
+            .map(|l| {
+                let mut rc = root(
+                    l.rank,
+                    l.pid,
+                    l.host,
+                    "process exited".into(),
+                    AnomalyClass::H1NotEntered,
+                );
+                rc.exited = true;
+                rc.silent = true;
+                rc.observed_by = l.observers;
+                rc
+            })
+            .collect();
         (AnomalyClass::H1NotEntered, roots, what)
     } else if !ep.witnesses.is_empty() {
         let (roots, what) = vote(ep, &info);
@@ -457,6 +495,78 @@ fn diagnose(
         nranks: ep.nranks,
         shard: String::new(),
     })
+}
+
+/// One root of a process-death episode.
+#[derive(Debug)]
+struct LostRoot {
+    rank: u32,
+    pid: u32,
+    host: String,
+    /// Ranks of this communicator that reported it lost (or, for a root found through a
+    /// survivor, the survivors that lead to it).
+    observers: Vec<u32>,
+    detail: String,
+}
+
+/// The roots of a process-death episode (pure). A lost rank is a survivor, not a root,
+/// when it reported a failure itself: in this communicator, or (its process) in any
+/// communicator no later than its loss was seen here. When only survivors are lost, the
+/// roots are the ranks of this communicator whose processes the survivors reported lost
+/// elsewhere; failing that, the survivor seen lost first (nothing else remains).
+fn lost_roots(
+    ep: &Episode,
+    procs: &HashMap<Proc, ProcReport>,
+    info: &dyn Fn(u32, u32, &str) -> (u32, String),
+) -> Vec<LostRoot> {
+    let mut roots = Vec::new();
+    let mut survivors = Vec::new();
+    for (r, l) in &ep.lost {
+        let (pid, host) = info(*r, l.pid, &l.host);
+        let reported_elsewhere = procs
+            .get(&(pid, host.clone()))
+            .is_some_and(|p| p.first_ns <= l.first_ns);
+        let root = LostRoot {
+            rank: *r,
+            pid,
+            host,
+            observers: l.observers.iter().copied().collect(),
+            detail: l.detail.clone(),
+        };
+        if ep.reporters.contains_key(r) || reported_elsewhere {
+            survivors.push((l.first_ns, root));
+        } else {
+            roots.push(root);
+        }
+    }
+    if !roots.is_empty() || survivors.is_empty() {
+        return roots;
+    }
+    let seen: BTreeSet<&Proc> = survivors
+        .iter()
+        .filter_map(|(_, s)| procs.get(&(s.pid, s.host.clone())))
+        .flat_map(|p| p.saw_lost.iter())
+        .collect();
+    let survivor_ranks: Vec<u32> = survivors.iter().map(|(_, s)| s.rank).collect();
+    if !seen.is_empty() {
+        for r in (0..ep.nranks).filter(|r| !survivor_ranks.contains(r)) {
+            let (pid, host) = info(r, 0, "");
+            if pid != 0 && seen.contains(&(pid, host.clone())) {
+                roots.push(LostRoot {
+                    rank: r,
+                    pid,
+                    host,
+                    observers: survivor_ranks.clone(),
+                    detail: String::new(),
+                });
+            }
+        }
+    }
+    if roots.is_empty() {
+        survivors.sort_by_key(|(first, _)| *first);
+        roots.extend(survivors.into_iter().take(1).map(|(_, s)| s));
+    }
+    roots
 }
 
 /// H2 vote: the ranks whose descriptor differs from the majority's.

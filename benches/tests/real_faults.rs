@@ -115,7 +115,6 @@ fn sigkill_4_root0_hub_process_embedded() {
 }
 
 #[test]
-#[ignore = "issue 17 pending: 1 run in 6 the killed rank's TP partner, which exits on its own error, is named too (H1 [6] exited before H1 [7] exited) (run with --run-ignored all)"]
 fn sigkill_8_root7_serve() {
     check(Fault::Kill, 8, 7, Serve);
 }

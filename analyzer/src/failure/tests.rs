@@ -402,3 +402,86 @@ fn the_hang_of_the_failed_round_is_not_a_second_incident() {
     assert_eq!(d[0].roots[0].rank, 3);
     assert!(e.tick(t + 10 * S).is_empty(), "hang of #2 absorbed");
 }
+
+/// `r` as rank `rank` of communicator `comm` for the process of global rank `g`
+/// (pid 100 + g, host h{g}).
+fn as_proc(mut r: OpRecord, g: u32) -> OpRecord {
+    r.pid = 100 + g;
+    r.host = format!("h{g}");
+    r
+}
+
+/// Two TP pairs {0, 1} and {2, 3} (comms 21, 22) inside one DP communicator of four
+/// processes (comm 20). Process 3 is killed; its TP partner, process 2, fails its TP call
+/// (PEER_LOST), then exits on that error, and the DP survivors see process 2 lost.
+fn tp_partner_exits(dp_sees_root_too: bool) -> Vec<crate::wire::Diagnosis> {
+    let mut e = Engine::new(cfg());
+    let mut t = T0;
+    warm(&mut e, 20, 4, 3, &mut t);
+    for (comm, pair) in [(21u64, [0u32, 1]), (22, [2, 3])] {
+        for c in 0..3 {
+            for (r, g) in pair.iter().enumerate() {
+                let x = rec(
+                    comm,
+                    c,
+                    r as u32,
+                    2,
+                    OpState::Completed,
+                    CollKind::AllReduce,
+                );
+                e.ingest(&as_proc(x, *g), t).unwrap();
+            }
+        }
+    }
+    assert!(e.tick(t).is_empty());
+    // Process 2 (TP rank 0 of comm 22) reports its partner lost, flushed before it exits.
+    let mut tp = as_proc(lost(22, 3, 0, 2, 1), 2);
+    tp.peer_lost.as_mut().unwrap().pid = 103;
+    tp.peer_lost.as_mut().unwrap().host = "h3".into();
+    e.ingest(&tp, t).unwrap();
+    // The DP survivors see process 2 gone (and in one variant process 3 as well).
+    e.ingest(&lost(20, 3, 0, 4, 2), t + 50 * MS).unwrap();
+    let second = if dp_sees_root_too { 3 } else { 2 };
+    e.ingest(&lost(20, 3, 1, 4, second), t + 60 * MS).unwrap();
+    e.tick(t + S)
+}
+
+#[test]
+fn a_process_that_failed_in_another_communicator_is_a_survivor_not_a_root() {
+    for dp_sees_root_too in [false, true] {
+        let mut d = tp_partner_exits(dp_sees_root_too);
+        d.sort_by_key(|x| x.comm_id);
+        assert_eq!(d.len(), 2, "{dp_sees_root_too}: {d:?}");
+        // DP: rank 3 (process 3), found through the survivor when nobody in DP saw it.
+        assert_eq!(d[0].comm_id, 20);
+        let roots: Vec<(u32, u32)> = d[0].roots.iter().map(|r| (r.rank, r.pid)).collect();
+        assert_eq!(roots, vec![(3, 103)], "{dp_sees_root_too}: {:?}", d[0]);
+        assert!(d[0].roots[0].exited);
+        // Who leads to it: DP rank 1 saw it, or else the survivor (DP rank 2).
+        let via = if dp_sees_root_too { vec![1] } else { vec![2] };
+        assert_eq!(d[0].roots[0].observed_by, via);
+        // TP: its rank 1 (process 3).
+        assert_eq!(d[1].comm_id, 22);
+        assert_eq!(d[1].roots[0].rank, 1);
+        assert_eq!(d[1].roots[0].pid, 103);
+    }
+}
+
+#[test]
+fn a_failure_reported_after_the_loss_was_seen_does_not_make_a_survivor() {
+    let mut e = Engine::new(cfg());
+    let mut t = T0;
+    warm(&mut e, 30, 4, 3, &mut t);
+    // Rank 2 is seen lost in comm 30 first; a report of its process in comm 31 arrives
+    // only afterwards (it cannot have been alive before the loss was seen).
+    e.ingest(&lost(30, 3, 0, 4, 2), t).unwrap();
+    let late = as_proc(lost(31, 0, 0, 2, 1), 2);
+    e.ingest(&late, t + 10 * MS).unwrap();
+    let d: Vec<_> = e
+        .tick(t + S)
+        .into_iter()
+        .filter(|d| d.comm_id == 30)
+        .collect();
+    assert_eq!(d.len(), 1);
+    assert_eq!(d[0].roots[0].rank, 2);
+}
