@@ -747,6 +747,8 @@ struct Comm {
     rounds_completed: u64,
     anomaly_ids: Vec<String>,
     algo: i32,
+    /// Send/Recv groups in flight and the pair sequences entered (incident correlation).
+    p2p: crate::p2pwait::P2pWaits,
 }
 
 impl Comm {
@@ -768,6 +770,7 @@ impl Comm {
             rounds_completed: 0,
             anomaly_ids: Vec::new(),
             algo: 0,
+            p2p: crate::p2pwait::P2pWaits::default(),
         }
     }
 
@@ -1394,6 +1397,7 @@ impl Engine {
         info.reported = true;
         info.last_seen_ns = info.last_seen_ns.max(now_ns);
         info.records += 1;
+        comm.p2p.observe(rec);
         self.stats.p2p_space_records += 1;
         Ok(())
     }
@@ -1678,7 +1682,8 @@ impl Engine {
     }
 
     /// Every process's memberships and, per communicator, whether it is in flight in an
-    /// operation that some ranks have not entered (for [`crate::incident`]).
+    /// operation (collective or Send/Recv) that some ranks have not entered (for
+    /// [`crate::incident`]).
     fn proc_view(&self) -> crate::incident::ProcView {
         let mut v = crate::incident::ProcView::default();
         for comm in self.comms.values() {
@@ -1697,6 +1702,7 @@ impl Engine {
                     rank: r as u32,
                     nranks: comm.nranks,
                     waiting,
+                    p2p_waiting: comm.p2p.waiting(r as u32),
                 });
             }
         }

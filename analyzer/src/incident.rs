@@ -10,7 +10,9 @@
 //! diagnosis of communicator A names:
 //! 1. **Live state** (hangs): if `p` is in flight in another communicator B, in an
 //!    operation some ranks of B have not entered, `p` is waiting there, not a root: follow
-//!    it to those ranks (recursively, each process once).
+//!    it to those ranks (recursively, each process once). The same for a Send/Recv group
+//!    in flight in any communicator, A included, whose peers have not entered the matching
+//!    Send/Recv (a pipeline stage waiting for a stopped stage; see [`crate::p2pwait`]).
 //! 2. **Other diagnoses** (hang and slow): if another recent diagnosis of the same family
 //!    (hang or slow) in a communicator B that `p` belongs to names other roots and not `p`,
 //!    `p` is their victim in B: follow it to B's roots.
@@ -56,6 +58,9 @@ pub struct Member {
     /// In flight in an operation some ranks have not entered: (op counter, collective,
     /// ranks not entered).
     pub waiting: Option<(u64, i32, Vec<u32>)>,
+    /// In flight in a Send/Recv group whose peers have not entered the matching operation:
+    /// (pair sequence, Send or Recv, those peers).
+    pub p2p_waiting: Option<(u64, i32, Vec<u32>)>,
 }
 
 /// Every known process's memberships (built by the engine at diagnosis time).
@@ -267,11 +272,15 @@ impl Walk<'_> {
         if depth < 8 {
             // Rule 1: live state.
             if self.family {
-                for m in self.view.members(&p) {
-                    let Some((c, coll, wait_for)) = &m.waiting else {
-                        continue;
-                    };
-                    if m.comm_id == comm || wait_for.is_empty() {
+                let waits = self.view.members(&p).iter().flat_map(|m| {
+                    let coll = m.waiting.as_ref().filter(|_| m.comm_id != comm);
+                    [coll, m.p2p_waiting.as_ref()]
+                        .into_iter()
+                        .flatten()
+                        .map(move |w| (m, w))
+                });
+                for (m, (c, coll, wait_for)) in waits {
+                    if wait_for.is_empty() {
                         continue;
                     }
                     self.chain.push(format!(

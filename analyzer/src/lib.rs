@@ -3,7 +3,7 @@
 //!
 //! The core is pure (no I/O, no clocks): [`engine::Engine`] takes records and the current
 //! time and returns diagnoses; [`detect`] holds the detection formulas (CCL-D section 4.2.1),
-//! [`locate`] the decision tree (Figure 7), [`sim`] a deterministic rank simulator and
+//! [`locate`] the decision tree (Figure 7), [`p2pwait`] the Send/Recv waits of a rank, [`sim`] a deterministic rank simulator and
 //! [`calibrate`] the statistical choice of `theta_slow`, [`theta`] the per-communicator
 //! robust threshold and windowed baseline.
 //!
@@ -17,6 +17,7 @@ pub mod engine;
 pub mod failure;
 pub mod incident;
 pub mod locate;
+pub mod p2pwait;
 pub mod report;
 pub mod sim;
 pub mod theta;

@@ -104,7 +104,6 @@ fn sigstop_4_root2_serve() {
 }
 
 #[test]
-#[ignore = "issue 17 pending: 1 run in 2 also names the stopped rank's TP partner and pipeline receiver (H1 [4, 5, 6]) (run with --run-ignored all)"]
 fn sigstop_8_root4_embedded() {
     check(Fault::Stop, 8, 4, Embedded);
 }

@@ -192,12 +192,14 @@ fn view() -> ProcView {
                     rank: p,
                     nranks: 4,
                     waiting: None,
+                    p2p_waiting: None,
                 },
                 Member {
                     comm_id: TP[(p / 2) as usize],
                     rank: p % 2,
                     nranks: 2,
                     waiting: None,
+                    p2p_waiting: None,
                 },
             ],
         );
@@ -436,6 +438,117 @@ fn a_skipped_call_that_deadlocks_two_communicators_is_one_h2_on_the_skipper() {
                 "{why}"
             );
             assert!(g.summary.contains("H2"), "{}", g.summary);
+        }
+    }
+}
+
+/// A p2p record of process `p` (DP rank p) in DP: its `local`-th group, with items
+/// (peer, send, pair sequence).
+fn p2p(p: u32, local: u64, state: OpState, items: &[(u32, bool, u64)]) -> OpRecord {
+    let mut r = rec(DP, local, p, 4, pid(p), state);
+    r.seq_space = crate::wire::SeqSpace::P2p as i32;
+    if let Some(op) = r.op.as_mut() {
+        op.collective = CollKind::Recv as i32;
+    }
+    r.p2p = items
+        .iter()
+        .map(|&(peer, send, seq)| crate::wire::P2pPeerSeq {
+            peer,
+            send,
+            seq,
+            count: 4,
+            dtype: 2,
+        })
+        .collect();
+    r
+}
+
+#[test]
+fn a_pipeline_receiver_waiting_for_a_stopped_stage_is_followed_to_it() {
+    // DP over 4 processes, no TP; pipeline on DP: p sends to p + 2, receives from p - 2,
+    // after each DP AllReduce. Process 0 stops after DP #5: process 2 waits in its Recv
+    // from 0, processes 1 and 3 finish their pipeline step and wait in DP #6. DP #6
+    // misses 0 and 2; only 0 is a root.
+    let cfg = EngineConfig {
+        hang_threshold: Duration::from_secs(2),
+        silent_after: Duration::from_secs(1),
+        ..EngineConfig::default()
+    };
+    let items = |p: u32, s: u64| -> Vec<(u32, bool, u64)> {
+        if p < 2 {
+            vec![(p + 2, true, s)]
+        } else {
+            vec![(p - 2, false, s)]
+        }
+    };
+    for with_p2p in [true, false] {
+        let mut e = Engine::new(cfg.clone());
+        let mut t = T0;
+        for k in 0..6u64 {
+            for p in 0..4 {
+                e.ingest(&rec(DP, k, p, 4, pid(p), OpState::Completed), t)
+                    .unwrap();
+            }
+            for p in 0..4 {
+                if k == 5 && p == 0 {
+                    continue; // stopped before its Send of step 5
+                }
+                let last = k == 5 && p == 2;
+                let state = if last {
+                    OpState::InFlight
+                } else {
+                    OpState::Completed
+                };
+                if with_p2p || !last {
+                    e.ingest(&p2p(p, k, state, &items(p, k)), t).unwrap();
+                }
+            }
+            t += 50 * MS;
+        }
+        for p in [1, 3] {
+            e.ingest(&rec(DP, 6, p, 4, pid(p), OpState::InFlight), t)
+                .unwrap();
+        }
+        let mut incidents = Vec::new();
+        for i in 1..60 {
+            let now = t + i * 100 * MS;
+            for p in 1..4u32 {
+                let dp = if p == 2 { 5 } else { 6 };
+                e.heartbeat(
+                    &Heartbeat {
+                        host: "h".into(),
+                        pid: pid(p),
+                        ranks: vec![RankMembership {
+                            comm_id: DP,
+                            rank: p,
+                            nranks: 4,
+                            last_op_counter: Some(dp),
+                            last_p2p_counter: Some(6),
+                        }],
+                        records_dropped: 0,
+                        time_ns: 0,
+                    },
+                    now,
+                );
+            }
+            e.tick(now);
+            incidents.extend(e.take_incidents());
+        }
+        assert_eq!(incidents.len(), 1, "{incidents:#?}");
+        let roots: Vec<u32> = incidents[0].roots.iter().map(|r| r.pid).collect();
+        if with_p2p {
+            assert_eq!(roots, vec![pid(0)], "{:#?}", incidents[0]);
+            assert!(
+                incidents[0]
+                    .chain
+                    .iter()
+                    .any(|c| c.contains("Recv #5") && c.contains("waiting for rank 0")),
+                "{:?}",
+                incidents[0].chain
+            );
+        } else {
+            // Without the receiver's in-flight record nothing says it waits: both named.
+            assert_eq!(roots, vec![pid(0), pid(2)], "{:#?}", incidents[0]);
         }
     }
 }
