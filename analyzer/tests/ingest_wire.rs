@@ -206,32 +206,70 @@ impl Analyzer for Recorder {
     }
 }
 
+/// A recorder served on a loopback port by a plain generated server; dropping the
+/// returned guard stops it.
+struct RecorderServer {
+    addr: std::net::SocketAddr,
+    rec: Recorder,
+    rt: tokio::runtime::Runtime,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    join: Option<tokio::task::JoinHandle<Result<(), tonic::transport::Error>>>,
+}
+
+impl RecorderServer {
+    fn start() -> Self {
+        let rec = Recorder::default();
+        let l = bind();
+        let addr = l.local_addr().unwrap();
+        l.set_nonblocking(true).unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let svc = AnalyzerServer::new(rec.clone());
+        let join = rt.spawn(async move {
+            let l = tokio::net::TcpListener::from_std(l).unwrap();
+            tonic::transport::Server::builder()
+                .add_service(svc)
+                .serve_with_incoming_shutdown(
+                    tonic::transport::server::TcpIncoming::from(l),
+                    async move {
+                        let _ = stop_rx.await;
+                    },
+                )
+                .await
+        });
+        Self {
+            addr,
+            rec,
+            rt,
+            stop: Some(stop_tx),
+            join: Some(join),
+        }
+    }
+
+    fn got(&self) -> Vec<(&'static str, Batch)> {
+        self.rec.got.lock().unwrap().clone()
+    }
+}
+
+impl Drop for RecorderServer {
+    fn drop(&mut self) {
+        if let (Some(stop), Some(join)) = (self.stop.take(), self.join.take()) {
+            let _ = stop.send(());
+            let _ = self
+                .rt
+                .block_on(async { tokio::time::timeout(Duration::from_secs(5), join).await });
+        }
+    }
+}
+
 #[test]
 fn library_client_batches_decode_with_prost_on_a_plain_server() {
-    let rec = Recorder::default();
-    let l = bind();
-    let addr = l.local_addr().unwrap();
-    l.set_nonblocking(true).unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let svc = AnalyzerServer::new(rec.clone());
-    let server = rt.spawn(async move {
-        let l = tokio::net::TcpListener::from_std(l).unwrap();
-        tonic::transport::Server::builder()
-            .add_service(svc)
-            .serve_with_incoming_shutdown(
-                tonic::transport::server::TcpIncoming::from(l),
-                async move {
-                    let _ = stop_rx.await;
-                },
-            )
-            .await
-    });
-    let mut cfg = ClientConfig::new([addr.to_string()]);
+    let srv = RecorderServer::start();
+    let mut cfg = ClientConfig::new([srv.addr.to_string()]);
     cfg.chunk_records = 5;
     let mut c = BlockingClient::new(cfg).unwrap();
     // Small batch with a heartbeat: one IngestOne message.
@@ -253,11 +291,10 @@ fn library_client_batches_decode_with_prost_on_a_plain_server() {
     // 12 records in chunks of 5: a stream of 3 messages.
     let big = rounds(0xe2, 4, 0..3);
     assert_eq!(c.ingest(big.clone()).unwrap().accepted, 12);
-    let got = rec.got.lock().unwrap().clone();
     // Close the client's connection, or the graceful stop waits for it.
     drop(c);
-    let _ = stop_tx.send(());
-    let _ = rt.block_on(async { tokio::time::timeout(Duration::from_secs(5), server).await });
+    let got = srv.got();
+    drop(srv);
     assert_eq!(got.len(), 4, "{got:?}");
     assert_eq!(got[0], ("one", small));
     assert!(got[1..].iter().all(|(how, _)| *how == "stream"));
@@ -268,4 +305,47 @@ fn library_client_batches_decode_with_prost_on_a_plain_server() {
         .flat_map(|(_, b)| b.records.clone())
         .collect();
     assert_eq!(all, big.records);
+}
+
+#[test]
+fn records_of_a_dead_shard_fail_over_whole_and_in_order() {
+    let srv = RecorderServer::start();
+    let dead = {
+        let l = bind();
+        l.local_addr().unwrap().to_string()
+    };
+    let names = vec![srv.addr.to_string(), dead.clone()];
+    let map = analyzer::shard::ShardMap::new(&names).unwrap();
+    // Communicators owned by each shard, interleaved in one batch.
+    let live: Vec<u64> = (1..).filter(|&c| map.owner(c) == 0).take(2).collect();
+    let gone: Vec<u64> = (1..).filter(|&c| map.owner(c) == 1).take(2).collect();
+    let mut b = Batch::default();
+    for op in 0..3 {
+        for &comm in [live[0], gone[0], live[1], gone[1]].iter() {
+            b.records.extend(rounds(comm, 2, op..op + 1).records);
+        }
+    }
+    let mut cfg = ClientConfig::new(names.clone());
+    cfg.rpc_timeout = Duration::from_secs(5);
+    let mut c = BlockingClient::new(cfg).unwrap();
+    let out = c.ingest_ref(&b).unwrap();
+    assert_eq!(out.accepted, 24);
+    assert_eq!(out.failed_over, 12, "{out:?}");
+    assert_eq!(out.per_shard.get(&names[0]), Some(&24));
+    assert_eq!(c.down_shards(), vec![dead]);
+    drop(c);
+    let got = srv.got();
+    drop(srv);
+    // First the live shard's own share, then the dead shard's share, each in batch order.
+    let recv: Vec<_> = got.iter().flat_map(|(_, b)| b.records.clone()).collect();
+    let owned_by = |s: usize| -> Vec<_> {
+        b.records
+            .iter()
+            .filter(|r| map.owner(r.trace.unwrap().comm_id) == s)
+            .cloned()
+            .collect()
+    };
+    let mut expected = owned_by(0);
+    expected.extend(owned_by(1));
+    assert_eq!(recv, expected);
 }
