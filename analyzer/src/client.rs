@@ -16,17 +16,19 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use tonic::codegen::InterceptedService;
 use tonic::transport::{Channel, ClientTlsConfig};
 use tonic::{Code, Status, Streaming};
 
 use crate::auth::TokenInterceptor;
+use crate::codec::{encode_batch, PreEncodedCodec, INGEST_ONE_PATH, INGEST_PATH};
 use crate::server::lazy_channel;
 use crate::shard::{ShardError, ShardMap};
 use crate::wire::analyzer_client::AnalyzerClient;
 use crate::wire::{
     AnomalyList, Batch, CommList, CommState, Diagnosis, GetCommRequest, Heartbeat, IncidentList,
-    ListAnomaliesRequest, ListCommsRequest, ListIncidentsRequest, OpRecord, RankMembership,
+    IngestReply, ListAnomaliesRequest, ListCommsRequest, ListIncidentsRequest, RankMembership,
     WatchRequest,
 };
 
@@ -140,11 +142,14 @@ pub struct IngestOutcome {
 }
 
 type Rpc = AnalyzerClient<InterceptedService<Channel, TokenInterceptor>>;
+/// Untyped gRPC client on the same channel, for the pre-encoded ingest calls.
+type RawRpc = tonic::client::Grpc<InterceptedService<Channel, TokenInterceptor>>;
 
 #[derive(Debug)]
 struct Conn {
     name: String,
     rpc: Rpc,
+    raw: RawRpc,
     down_until: Option<Instant>,
     backoff: Duration,
 }
@@ -155,6 +160,9 @@ pub struct Client {
     map: ShardMap,
     conns: Vec<Conn>,
     cfg: ClientConfig,
+    /// Encoding buffer (a `Vec`: prost writes small fields into it much faster than
+    /// into a `BytesMut`); its capacity is carried from message to message.
+    buf: Vec<u8>,
 }
 
 /// Transport-level failure: another shard may succeed.
@@ -201,17 +209,26 @@ impl Client {
                         reason,
                     }
                 })?;
+            let raw = tonic::client::Grpc::new(InterceptedService::new(ch.clone(), tok.clone()))
+                .max_decoding_message_size(cfg.max_message_bytes)
+                .max_encoding_message_size(cfg.max_message_bytes);
             let rpc = AnalyzerClient::with_interceptor(ch, tok.clone())
                 .max_decoding_message_size(cfg.max_message_bytes)
                 .max_encoding_message_size(cfg.max_message_bytes);
             conns.push(Conn {
                 name: name.clone(),
                 rpc,
+                raw,
                 down_until: None,
                 backoff: cfg.backoff_initial,
             });
         }
-        Ok(Self { map, conns, cfg })
+        Ok(Self {
+            map,
+            conns,
+            cfg,
+            buf: Vec::new(),
+        })
     }
 
     /// The shard map.
@@ -248,7 +265,7 @@ impl Client {
     /// Sends a batch: each record to the first live shard in its communicator's failover
     /// order, heartbeats split the same way. Returns the engine's accept/reject counts.
     pub async fn ingest(&mut self, batch: Batch) -> Result<IngestOutcome, ClientError> {
-        self.ingest_at(batch, None).await
+        self.ingest_ref_at(&batch, None).await
     }
 
     /// Like [`Client::ingest`], telling shards running a driven clock
@@ -258,34 +275,68 @@ impl Client {
         batch: Batch,
         now_ns: Option<u64>,
     ) -> Result<IngestOutcome, ClientError> {
+        self.ingest_ref_at(&batch, now_ns).await
+    }
+
+    /// Like [`Client::ingest_at`] with a borrowed batch: the records are encoded once,
+    /// straight from `batch`, into the messages of each shard (no copy of the batch is
+    /// made, also not to fail over: a shard's share is re-encoded from `batch` for the
+    /// next shard).
+    pub async fn ingest_ref_at(
+        &mut self,
+        batch: &Batch,
+        now_ns: Option<u64>,
+    ) -> Result<IngestOutcome, ClientError> {
         let mut out = IngestOutcome::default();
-        let mut pending = batch;
+        // Records still to deliver, as indices into `batch.records`, in batch order.
+        let mut pending: Vec<usize> = (0..batch.records.len()).collect();
+        // Heartbeats still to deliver (split per shard once routed).
+        let mut pending_hb: Vec<Heartbeat> = batch.heartbeats.clone();
         let mut last_err = String::from("none");
         // Each round either delivers everything or marks at least one shard down, so at
         // most `shards + 1` rounds run.
         for round in 0..=self.conns.len() {
             // A driven clock must reach every shard, with or without records.
             let tell_time = round == 0 && now_ns.is_some();
-            if pending.records.is_empty() && pending.heartbeats.is_empty() && !tell_time {
+            if pending.is_empty() && pending_hb.is_empty() && !tell_time {
                 return Ok(out);
             }
+            let comm_of = |i: usize| {
+                batch.records[i]
+                    .trace
+                    .as_ref()
+                    .map(|t| t.comm_id)
+                    .unwrap_or(0)
+            };
             let now = Instant::now();
             let up: Vec<bool> = (0..self.conns.len()).map(|i| self.is_up(i, now)).collect();
             let map = &self.map;
             let route = |comm: u64| map.first_up(comm, |i| up[i]);
-            let mut groups: BTreeMap<usize, Batch> = BTreeMap::new();
-            let mut unrouted = Batch::default();
-            for r in pending.records.drain(..) {
-                let comm = r.trace.as_ref().map(|t| t.comm_id).unwrap_or(0);
-                match route(comm) {
-                    Some(s) => groups.entry(s).or_default().records.push(r),
-                    None => unrouted.records.push(r),
+            let mut groups: BTreeMap<usize, Group> = BTreeMap::new();
+            let mut unrouted: Vec<usize> = Vec::new();
+            let mut unrouted_hb: Vec<Heartbeat> = Vec::new();
+            // Consecutive records of one communicator route alike: hash once per run.
+            let mut last: Option<(u64, Option<usize>)> = None;
+            for &i in &pending {
+                let comm = comm_of(i);
+                let s = match last {
+                    Some((c, s)) if c == comm => s,
+                    _ => {
+                        let s = route(comm);
+                        last = Some((comm, s));
+                        s
+                    }
+                };
+                match s {
+                    Some(s) => groups.entry(s).or_default().records.push(i),
+                    None => unrouted.push(i),
                 }
             }
-            for h in pending.heartbeats.drain(..) {
+            pending.clear();
+            for h in pending_hb.drain(..) {
                 let parts = split_heartbeat(map, &h, &route);
                 if parts.is_empty() {
-                    unrouted.heartbeats.push(h);
+                    unrouted_hb.push(h);
                 }
                 for (s, hp) in parts {
                     groups.entry(s).or_default().heartbeats.push(hp);
@@ -300,38 +351,45 @@ impl Client {
             }
             if groups.is_empty() {
                 return Err(ClientError::AllDown {
-                    unsent: unrouted.records.len() as u64,
+                    unsent: unrouted.len() as u64,
                     last: last_err,
                 });
             }
-            let owners: Vec<(usize, u64)> = groups
-                .iter()
-                .map(|(s, b)| {
-                    let moved = b
-                        .records
-                        .iter()
-                        .filter(|r| {
-                            self.map
-                                .owner(r.trace.as_ref().map(|t| t.comm_id).unwrap_or(0))
-                                != *s
-                        })
-                        .count() as u64;
-                    (*s, moved)
-                })
-                .collect();
+            // Encode every shard's share (records in chunks of `chunk_records`, heartbeats
+            // with the first chunk) before sending anything.
+            let chunk = self.cfg.chunk_records.max(1);
+            let mut sends = Vec::with_capacity(groups.len());
+            for (s, g) in groups {
+                let mut moved = 0u64;
+                let mut last_owner: Option<(u64, usize)> = None;
+                for &i in &g.records {
+                    let comm = comm_of(i);
+                    let owner = match last_owner {
+                        Some((c, o)) if c == comm => o,
+                        _ => {
+                            let o = self.map.owner(comm);
+                            last_owner = Some((comm, o));
+                            o
+                        }
+                    };
+                    if owner != s {
+                        moved += 1;
+                    }
+                }
+                let msgs = encode_chunks(&mut self.buf, batch, &g, chunk);
+                sends.push((s, g, moved, msgs));
+            }
             // Send to all shards concurrently.
-            let chunk = self.cfg.chunk_records;
             let timeout = self.cfg.rpc_timeout;
-            let futs: Vec<_> = groups
+            let futs: Vec<_> = sends
                 .into_iter()
-                .map(|(s, b)| {
-                    let keep = b.clone();
-                    let fut = send_batch(self.conns[s].rpc.clone(), b, chunk, timeout, now_ns);
-                    async move { (s, keep, fut.await) }
+                .map(|(s, g, moved, msgs)| {
+                    let fut = send_encoded(self.conns[s].raw.clone(), msgs, timeout, now_ns);
+                    async move { (s, g, moved, fut.await) }
                 })
                 .collect();
             let results = futures_util::future::join_all(futs).await;
-            for (s, keep, r) in results {
+            for (s, g, moved, r) in results {
                 match r {
                     Ok(rep) => {
                         self.mark_up(s);
@@ -339,16 +397,14 @@ impl Client {
                         out.rejected += rep.rejected;
                         out.reasons.extend(rep.reasons);
                         *out.per_shard.entry(self.conns[s].name.clone()).or_insert(0) +=
-                            keep.records.len() as u64;
-                        if let Some((_, moved)) = owners.iter().find(|(o, _)| *o == s) {
-                            out.failed_over += moved;
-                        }
+                            g.records.len() as u64;
+                        out.failed_over += moved;
                     }
                     Err(st) if is_transport(&st) => {
                         last_err = format!("{}: {}", self.conns[s].name, st.message());
                         self.mark_down(s);
-                        pending.records.extend(keep.records);
-                        pending.heartbeats.extend(keep.heartbeats);
+                        pending.extend(g.records);
+                        pending_hb.extend(g.heartbeats);
                     }
                     Err(st) => {
                         return Err(ClientError::Refused {
@@ -359,16 +415,16 @@ impl Client {
                     }
                 }
             }
-            if !unrouted.records.is_empty() || !unrouted.heartbeats.is_empty() {
-                pending.records.extend(unrouted.records);
-                pending.heartbeats.extend(unrouted.heartbeats);
-            }
+            pending.extend(unrouted);
+            pending_hb.extend(unrouted_hb);
+            // Keep the batch's order for the next shard (per rank, records in sequence).
+            pending.sort_unstable();
         }
-        if pending.records.is_empty() && pending.heartbeats.is_empty() {
+        if pending.is_empty() && pending_hb.is_empty() {
             Ok(out)
         } else {
             Err(ClientError::AllDown {
-                unsent: pending.records.len() as u64,
+                unsent: pending.len() as u64,
                 last: last_err,
             })
         }
@@ -462,14 +518,42 @@ impl Client {
     }
 }
 
-async fn send_batch(
-    mut rpc: Rpc,
-    batch: Batch,
-    chunk: usize,
+/// One shard's share of a batch: indices of its records, its heartbeats.
+#[derive(Debug, Default)]
+struct Group {
+    records: Vec<usize>,
+    heartbeats: Vec<Heartbeat>,
+}
+
+/// Encodes a shard's share as `Batch` messages of at most `chunk` records each (the
+/// heartbeats in the first; one message, maybe empty, when there are no records).
+fn encode_chunks(buf: &mut Vec<u8>, batch: &Batch, g: &Group, chunk: usize) -> Vec<Bytes> {
+    // The message takes the buffer (no copy); the next one starts with as much room.
+    let take = |buf: &mut Vec<u8>| {
+        let cap = buf.capacity();
+        Bytes::from(std::mem::replace(buf, Vec::with_capacity(cap)))
+    };
+    let mut msgs = Vec::with_capacity(g.records.len() / chunk + 1);
+    let mut parts = g.records.chunks(chunk);
+    let first = parts.next().unwrap_or(&[]);
+    let recs = first.iter().map(|&i| &batch.records[i]);
+    encode_batch(recs, &g.heartbeats, buf);
+    msgs.push(take(buf));
+    for part in parts {
+        encode_batch(part.iter().map(|&i| &batch.records[i]), [], buf);
+        msgs.push(take(buf));
+    }
+    msgs
+}
+
+/// Sends pre-encoded `Batch` messages to one shard: `IngestOne` for one message, the
+/// `Ingest` stream for several; same methods and bytes as the generated client would send.
+async fn send_encoded(
+    mut rpc: RawRpc,
+    msgs: Vec<Bytes>,
     timeout: Duration,
     now_ns: Option<u64>,
-) -> Result<crate::wire::IngestReply, Status> {
-    let chunk = chunk.max(1);
+) -> Result<IngestReply, Status> {
     fn with_now<T>(msg: T, now_ns: Option<u64>) -> tonic::Request<T> {
         let mut r = tonic::Request::new(msg);
         if let Some(t) = now_ns {
@@ -481,27 +565,22 @@ async fn send_batch(
         r
     }
     let fut = async move {
-        if batch.records.len() <= chunk {
-            rpc.ingest_one(with_now(batch, now_ns)).await
+        rpc.ready()
+            .await
+            .map_err(|e| Status::unavailable(format!("transport: {e}")))?;
+        if msgs.len() == 1 {
+            let one = msgs.into_iter().next().unwrap_or_default();
+            let path = tonic::codegen::http::uri::PathAndQuery::from_static(INGEST_ONE_PATH);
+            rpc.unary(with_now(one, now_ns), path, PreEncodedCodec)
+                .await
         } else {
-            let Batch {
-                records,
-                heartbeats,
-            } = batch;
-            let mut msgs = Vec::with_capacity(records.len() / chunk + 1);
-            let mut it = records.into_iter();
-            let mut hb = Some(heartbeats);
-            loop {
-                let recs: Vec<OpRecord> = it.by_ref().take(chunk).collect();
-                if recs.is_empty() {
-                    break;
-                }
-                msgs.push(Batch {
-                    records: recs,
-                    heartbeats: hb.take().unwrap_or_default(),
-                });
-            }
-            rpc.ingest(with_now(tokio_stream::iter(msgs), now_ns)).await
+            let path = tonic::codegen::http::uri::PathAndQuery::from_static(INGEST_PATH);
+            rpc.client_streaming(
+                with_now(tokio_stream::iter(msgs), now_ns),
+                path,
+                PreEncodedCodec,
+            )
+            .await
         }
     };
     match tokio::time::timeout(timeout, fut).await {
@@ -542,6 +621,11 @@ impl BlockingClient {
         now_ns: Option<u64>,
     ) -> Result<IngestOutcome, ClientError> {
         self.rt.block_on(self.inner.ingest_at(batch, now_ns))
+    }
+
+    /// See [`Client::ingest_ref_at`] (the batch stays the caller's, e.g. to spool it).
+    pub fn ingest_ref(&mut self, batch: &Batch) -> Result<IngestOutcome, ClientError> {
+        self.rt.block_on(self.inner.ingest_ref_at(batch, None))
     }
 
     /// See [`Client::list_anomalies`].

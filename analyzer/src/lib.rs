@@ -26,6 +26,7 @@ pub mod wire;
 pub mod auth;
 pub mod cli;
 pub mod client;
+pub mod codec;
 pub mod metrics;
 pub mod server;
 pub mod shard;

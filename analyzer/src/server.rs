@@ -1,6 +1,7 @@
 //! The analyzer shard: a tonic gRPC server around the pure [`Engine`].
 //!
-//! * **Ingest** (`Ingest` client stream, `IngestOne`): each record goes to
+//! * **Ingest** (`Ingest` client stream, `IngestOne`, decoded by [`crate::codec`] into
+//!   reused records, see the `ingest` submodule): each record goes to
 //!   [`Engine::ingest`] with the shard's wall clock; rejects are counted by reason. A shard
 //!   accepts records for communicators it does not own (a client failing over from a
 //!   down owner sends them here): the engine state of that communicator then lives on this
@@ -18,7 +19,7 @@
 //! * **Bad input**: messages over `max_message_bytes` are refused by the codec; the engine
 //!   rejects inconsistent records; nothing here panics on input.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -32,7 +33,10 @@ use tonic::codegen::InterceptedService;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint, ServerTlsConfig};
 use tonic::{Request, Response, Status, Streaming};
 
+mod ingest;
+
 use crate::auth::{AuthInterceptor, TokenInterceptor};
+use crate::codec::IngestFastPath;
 use crate::engine::{Engine, EngineConfig};
 use crate::metrics::{self, Metrics};
 use crate::shard::ShardMap;
@@ -240,23 +244,6 @@ struct Shared {
     driven_now: AtomicU64,
 }
 
-#[derive(Default)]
-struct IngestAcc {
-    accepted: u64,
-    rejected: u64,
-    reasons: Vec<String>,
-}
-
-impl IngestAcc {
-    fn into_reply(self) -> IngestReply {
-        IngestReply {
-            accepted: self.accepted,
-            rejected: self.rejected,
-            reasons: self.reasons,
-        }
-    }
-}
-
 /// Time from "detectable" to "diagnosed" for a diagnosis: for hangs, the onset plus the
 /// hang threshold; for slow anomalies, the end of the detection window that flagged it.
 fn location_latency_ns(d: &Diagnosis) -> u64 {
@@ -307,49 +294,6 @@ impl Shared {
         // The engine is pure and does not panic on input; should it ever, keep serving
         // with its state as it is rather than failing every later call.
         self.engine.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn apply(&self, b: &Batch, acc: &mut IngestAcc) {
-        let now = self.now();
-        let mut not_owned = 0u64;
-        let mut rejects: HashMap<&'static str, u64> = HashMap::new();
-        {
-            let mut eng = self.engine();
-            for r in &b.records {
-                match eng.ingest(r, now) {
-                    Ok(()) => {
-                        acc.accepted += 1;
-                        if let (Some(m), Some(t)) = (&self.shards, &r.trace) {
-                            if m.owner(t.comm_id) != self.shard_id {
-                                not_owned += 1;
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        acc.rejected += 1;
-                        *rejects.entry(e.code()).or_insert(0) += 1;
-                        if acc.reasons.len() < MAX_REPLY_REASONS {
-                            acc.reasons.push(e.to_string());
-                        }
-                    }
-                }
-            }
-            for h in &b.heartbeats {
-                eng.heartbeat(h, now);
-            }
-        }
-        let m = &self.metrics;
-        m.batches.fetch_add(1, Ordering::Relaxed);
-        m.records_ingested.fetch_add(
-            b.records.len() as u64 - rejects.values().sum::<u64>(),
-            Ordering::Relaxed,
-        );
-        m.heartbeats
-            .fetch_add(b.heartbeats.len() as u64, Ordering::Relaxed);
-        m.records_not_owned.fetch_add(not_owned, Ordering::Relaxed);
-        for (k, v) in rejects {
-            m.records_rejected.add(k, v);
-        }
     }
 
     /// One engine tick: diagnose, persist, publish. Returns the new diagnoses.
@@ -591,35 +535,11 @@ impl Analyzer for Service {
         &self,
         request: Request<Streaming<Batch>>,
     ) -> Result<Response<IngestReply>, Status> {
-        self.sh.auth.check(&request)?;
-        let driven = self.sh.drive_clock(&request);
-        let mut s = request.into_inner();
-        let mut acc = IngestAcc::default();
-        loop {
-            match s.message().await {
-                Ok(Some(b)) => self.sh.apply(&b, &mut acc),
-                Ok(None) => break,
-                Err(e) => {
-                    self.sh.metrics.bad_requests.add("Ingest", 1);
-                    return Err(e);
-                }
-            }
-        }
-        if driven {
-            self.sh.tick();
-        }
-        Ok(Response::new(acc.into_reply()))
+        self.ingest_decoded(request).await
     }
 
     async fn ingest_one(&self, request: Request<Batch>) -> Result<Response<IngestReply>, Status> {
-        self.sh.auth.check(&request)?;
-        let driven = self.sh.drive_clock(&request);
-        let mut acc = IngestAcc::default();
-        self.sh.apply(request.get_ref(), &mut acc);
-        if driven {
-            self.sh.tick();
-        }
-        Ok(Response::new(acc.into_reply()))
+        self.ingest_one_decoded(&request)
     }
 
     async fn list_anomalies(
@@ -1159,6 +1079,12 @@ pub async fn start(
     let svc = AnalyzerServer::new(Service { sh: sh.clone() })
         .max_decoding_message_size(cfg.max_message_bytes)
         .max_encoding_message_size(usize::MAX);
+    // Ingest decodes its own way (no per-record allocation); same wire format.
+    let svc = IngestFastPath::new(
+        svc,
+        Arc::new(Service { sh: sh.clone() }),
+        cfg.max_message_bytes,
+    );
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
 
     // Tick task (wall clock only: a driven clock ticks after each ingest call).

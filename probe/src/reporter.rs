@@ -203,7 +203,7 @@ impl RemoteSink {
     }
 
     fn send(&mut self, b: wire::Batch) -> Result<(), wire::Batch> {
-        match self.client.ingest(b.clone()) {
+        match self.client.ingest_ref(&b) {
             Ok(_) => Ok(()),
             Err(e) => {
                 tracing::debug!(target: "nccl::NET", "CCL-D reporter: {e}");
