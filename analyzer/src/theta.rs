@@ -26,6 +26,15 @@
 //!   lateness above `(1 + significant_floor) x med` (0.1), since its own improbability
 //!   replaces the robust z-term. Without such a rank the window is not late (contention
 //!   picks a different latecomer every round).
+//! * **blame** (an intermittently stopped rank, e.g. a SIGSTOP/SIGCONT duty cycle or a
+//!   cgroup CPU quota): an *extreme* round is one whose lateness exceeds the history's
+//!   `blame_quantile` (0.99) quantile. A window is also late when
+//!   one rank entered last in at least `blame_min_rounds` (4) extreme rounds and those
+//!   rounds hold at least `blame_share` (half) of the window's total lateness: the others
+//!   spent most of their waiting on that rank, in a few long waits that the medians above
+//!   ignore. That rank is the root. The extreme rounds of a rank that caused two or more
+//!   in a window stay out of the history even when nobody is blamed, so that an
+//!   intermittent stop does not raise the quantile until nothing is extreme.
 //! * a window is **long** when the median T_max of its rounds exceeds the same robust
 //!   threshold computed over the T_max of the history rounds, with the floor
 //!   `(1 + long_ratio) x med` (the paper's R > theta_slow, with the window's median round and
@@ -68,6 +77,13 @@ pub struct ThetaConfig {
     /// `(1 + long_ratio) x` the history's median T_max, i.e. the paper's R > theta_slow with
     /// the window median and the rolling T_base. The engine sets it to `theta_slow`.
     pub long_ratio: f64,
+    /// Quantile of the history's lateness that marks an *extreme* round (see the blame
+    /// rule).
+    pub blame_quantile: f64,
+    /// Extreme rounds one rank must cause in a window to be blamed.
+    pub blame_min_rounds: usize,
+    /// Share of the window's total lateness the blamed rank's extreme rounds must hold.
+    pub blame_share: f64,
 }
 
 impl Default for ThetaConfig {
@@ -81,6 +97,9 @@ impl Default for ThetaConfig {
             root_z: 5.0,
             significant_floor: 0.1,
             long_ratio: 3.0,
+            blame_quantile: 0.99,
+            blame_min_rounds: 4,
+            blame_share: 0.5,
         }
     }
 }
@@ -119,6 +138,15 @@ impl ThetaConfig {
             return Err(format!(
                 "theta: long_ratio must be finite and >= 0, got {}",
                 self.long_ratio
+            ));
+        }
+        if !(self.blame_quantile > 0.0 && self.blame_quantile < 1.0)
+            || !(self.blame_share > 0.0 && self.blame_share <= 1.0)
+            || self.blame_min_rounds == 0
+        {
+            return Err(format!(
+                "theta: need 0 < blame_quantile ({}) < 1, 0 < blame_share ({}) <= 1, blame_min_rounds ({}) >= 1",
+                self.blame_quantile, self.blame_share, self.blame_min_rounds
             ));
         }
         if !(self.root_share > 0.0 && self.root_share < 1.0) {
@@ -256,6 +284,59 @@ fn significant_root(counts: &[usize], hist_last: &[usize], h: usize) -> Option<(
         .max_by(|a, b| a.1.total_cmp(&b.1))
 }
 
+/// The blame rule (pure): the rank that entered last in at least `blame_min_rounds`
+/// extreme rounds (lateness above the history's `blame_quantile` quantile) whose lateness adds up to at least `blame_share` of the window's total
+/// lateness. `rounds` are (T_max, T_min, last rank), `lat` their lateness, `hist` the
+/// history's lateness.
+fn blamed_root(
+    rounds: &[(u64, u64, usize)],
+    lat: &[f64],
+    hist: &[f64],
+    cfg: &ThetaConfig,
+    nranks: usize,
+) -> Blame {
+    if hist.is_empty() {
+        return Blame::default();
+    }
+    let mut sorted = hist.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let qi = ((sorted.len() as f64 * cfg.blame_quantile).ceil() as usize).clamp(1, sorted.len());
+    let extreme = sorted[qi - 1];
+    let total: f64 = lat.iter().sum();
+    let mut count = vec![0usize; nranks];
+    let mut sum = vec![0f64; nranks];
+    for (r, &l) in rounds.iter().zip(lat) {
+        if l > extreme && r.2 < nranks {
+            count[r.2] += 1;
+            sum[r.2] += l;
+        }
+    }
+    Blame {
+        root: (0..nranks)
+            .filter(|&j| count[j] >= cfg.blame_min_rounds && sum[j] >= cfg.blame_share * total)
+            .max_by(|&a, &b| sum[a].total_cmp(&sum[b])),
+        // Extreme rounds of a rank that caused two or more stay out of the history.
+        skip: rounds
+            .iter()
+            .zip(lat)
+            .map(|(r, &l)| l > extreme && r.2 < nranks && count[r.2] >= 2)
+            .collect(),
+    }
+}
+
+/// What the blame rule found in a window.
+#[derive(Debug, Default)]
+struct Blame {
+    /// The blamed rank.
+    root: Option<usize>,
+    /// Per round: an extreme round of a rank that caused two or more in the window. Such
+    /// rounds stay out of the lateness history (T_base still sees them) even when nobody
+    /// is blamed (else an intermittent
+    /// stop that falls short of the count in some windows would raise the quantile until
+    /// nothing is extreme).
+    skip: Vec<bool>,
+}
+
 /// `med + k x 1.2533 x 1.4826 x MAD / sqrt(n)`, at least `(1 + floor) x med`: the
 /// largest median of `n` fresh rounds that is still consistent with `hist`.
 fn robust_threshold(k: f64, floor: f64, hist: &[f64], n: usize) -> Option<f64> {
@@ -382,15 +463,27 @@ impl CommThreshold {
         } else {
             (None, None)
         };
+        let blamed = if judged {
+            let h: Vec<f64> = self.hist.iter().map(|x| x.0).collect();
+            blamed_root(&rounds, &lat, &h, &self.cfg, self.nranks)
+        } else {
+            Blame::default()
+        };
         let root = significant.map(|(j, _)| j).or(dominant);
         let maxes: Vec<f64> = rounds.iter().map(|r| r.0 as f64).collect();
         let t_max_ns = median(&maxes).unwrap_or(0.0);
-        let late = threshold_ns.is_some_and(|t| lateness_ns > t)
+        let by_median = threshold_ns.is_some_and(|t| lateness_ns > t)
             && lateness_ns > latecomer_ns
             && root.is_some();
+        let late = by_median || blamed.root.is_some();
+        let root = if by_median { root } else { blamed.root };
         let long = t_max_threshold_ns.is_some_and(|t| t_max_ns > t);
         if !late && !long {
-            for (r, l) in rounds.iter().zip(&lat) {
+            for (i, (r, l)) in rounds.iter().zip(&lat).enumerate() {
+                self.base.observe(r.0);
+                if blamed.skip.get(i).copied().unwrap_or(false) {
+                    continue;
+                }
                 if self.hist.len() == self.cfg.history {
                     if let Some((_, j)) = self.hist.pop_front() {
                         self.hist_last[j] -= 1;
@@ -398,7 +491,6 @@ impl CommThreshold {
                 }
                 self.hist.push_back((*l, r.2));
                 self.hist_last[r.2] += 1;
-                self.base.observe(r.0);
             }
         }
         WindowVerdict {
@@ -675,5 +767,67 @@ mod tests {
             .iter()
             .filter(|v| v.late)
             .all(|v| v.root == Some(2)));
+    }
+
+    /// A rank stopped 75 % of the time (SIGSTOP 60 ms / SIGCONT 20 ms, a CPU quota): most
+    /// rounds look normal; in about one in four a stop hit its computation, and the others
+    /// wait 40-60 ms for it.
+    /// The medians miss it; the blame rule names it, and only it, at 2, 4 and 8 ranks.
+    #[test]
+    fn an_intermittently_stopped_rank_is_blamed() {
+        for (nranks, stopped, seed) in [(2usize, 1usize, 5u64), (4, 3, 6), (8, 0, 7)] {
+            let mut rng = Rng(seed);
+            let mut ct = CommThreshold::new(ThetaConfig::default(), nranks).unwrap();
+            let mut vs = Vec::new();
+            for w in 0..60 {
+                for _ in 0..20 {
+                    let mut comp = vec![2.0; nranks];
+                    if w >= 30 && rng.next_f64() < 0.25 {
+                        comp[stopped] += 40.0 + 20.0 * rng.next_f64();
+                    }
+                    ct.observe_round(&round(&mut rng, &comp, 1.0, 0.3));
+                }
+                vs.push(ct.close_window());
+            }
+            assert!(
+                vs[..30].iter().all(|v| !v.late && !v.long),
+                "{nranks}: clean part quiet"
+            );
+            let hits: Vec<_> = vs[30..].iter().filter(|v| v.late).collect();
+            assert!(hits.len() >= 15, "{nranks}: {} of 30", hits.len());
+            // The engine fires after 3 slow windows in a row (`repeat_threshold`).
+            let runs_of_3 = vs[30..]
+                .windows(3)
+                .filter(|w| w.iter().all(|v| v.late))
+                .count();
+            assert!(runs_of_3 >= 3, "{nranks}: {runs_of_3} runs of 3");
+            assert!(
+                hits.iter().all(|v| v.root == Some(stopped)),
+                "{nranks}: {hits:?}"
+            );
+            // Without the blame rule (it can never be met) the medians see nothing.
+            let off = ThetaConfig {
+                blame_min_rounds: 4,
+                ..ThetaConfig::default()
+            };
+            let mut rng = Rng(seed);
+            let mut ct = CommThreshold::new(off, nranks).unwrap();
+            let mut missed = 0;
+            for w in 0..60 {
+                for _ in 0..20 {
+                    let mut comp = vec![2.0; nranks];
+                    if w >= 30 && rng.next_f64() < 0.25 {
+                        comp[stopped] += 40.0 + 20.0 * rng.next_f64();
+                    }
+                    ct.observe_round(&round(&mut rng, &comp, 1.0, 0.3));
+                }
+                let v = ct.close_window();
+                missed += usize::from(w >= 30 && !v.late);
+            }
+            assert!(
+                missed >= 20,
+                "{nranks}: the medians alone missed {missed} of 30"
+            );
+        }
     }
 }
