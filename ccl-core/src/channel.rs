@@ -8,7 +8,7 @@
 //!   receiver, holding one FIFO per channel (`max_channels` FIFOs).
 //! - kind 3, "p2p": one per directed pair, created by the receiver on first use, holding
 //!   `p2p_channels` FIFOs (at most [`crate::comm::P2P_MAX_CHANNELS`]: p2p links to many
-//!   peers must stay cheap).
+//!   peers must stay cheap), then one LL FIFO ([`LL_LAYOUT`], the Tree algorithm's).
 //!
 //! Every segment is unlinked by its creator as soon as the peers that need it have mapped it
 //! (after a bootstrap barrier or acknowledgement), so a job that dies later (even by
@@ -24,12 +24,24 @@ use crate::bootstrap::Bootstrap;
 use crate::desc::POISON_OFFSET;
 use crate::error::{CclError, Result};
 use crate::transport::shm::{
-    align_up, segment_name_for_pid, Doorbell, FifoLayout, FifoReceiver, FifoSender, SharedWord,
-    ShmRegion, CACHE_LINE,
+    align_up, segment_name_for_pid, Doorbell, FifoLayout, FifoReceiver, FifoSender, LlLayout,
+    LlReceiver, LlSender, SharedWord, ShmRegion, CACHE_LINE,
 };
 
 /// Prefix of every segment name of this library (`/dev/shm/ccld-<comm hash>-...`).
 pub const SEGMENT_PREFIX: &str = "ccld";
+
+/// Offset of the current-collective descriptor words in each rank's doorbell segment
+/// (their own cache line, so that writing them never disturbs the doorbell's).
+pub(crate) const CURRENT_OFFSET: usize = CACHE_LINE;
+
+fn current_words(region: &Arc<ShmRegion>) -> Result<[SharedWord; 3]> {
+    Ok([
+        SharedWord::new(Arc::clone(region), CURRENT_OFFSET)?,
+        SharedWord::new(Arc::clone(region), CURRENT_OFFSET + 8)?,
+        SharedWord::new(Arc::clone(region), CURRENT_OFFSET + 16)?,
+    ])
+}
 
 const KIND_BELL: u64 = 1;
 const KIND_RING: u64 = 2;
@@ -46,7 +58,18 @@ pub(crate) struct PeerLinks {
     pub rx: Vec<FifoReceiver>,
     /// Per channel: messages to the peer.
     pub tx: Vec<FifoSender>,
+    /// LL messages from the peer (p2p links only: the Tree algorithm).
+    pub ll_rx: Option<LlReceiver>,
+    /// LL messages to the peer (p2p links only).
+    pub ll_tx: Option<LlSender>,
 }
+
+/// The LL FIFO of every p2p link, after its Simple FIFOs in the link's segment: 4 messages
+/// of up to 8 KiB (each takes twice that in LL words), 66 KiB per direction and peer.
+pub(crate) const LL_LAYOUT: LlLayout = LlLayout {
+    nslots: 4,
+    cap: 8 << 10,
+};
 
 /// All shared-memory connections of one rank of one communicator.
 #[derive(Debug)]
@@ -57,7 +80,7 @@ pub(crate) struct Transport {
     pub p2p_channels: usize,
     pub layout: FifoLayout,
     /// This rank's doorbell (rung by peers when they commit to or release from our FIFOs).
-    pub bell: Doorbell,
+    pub bell: Arc<Doorbell>,
     /// The (unlinked, still mapped) segment holding `bell`.
     bell_region: Arc<ShmRegion>,
     /// Peers' doorbells by rank (`None` for this rank).
@@ -67,6 +90,12 @@ pub(crate) struct Transport {
     pub poison: SharedWord,
     /// Peers' poison words by rank (`None` for this rank).
     pub peer_poison: Vec<Option<SharedWord>>,
+    /// The descriptor of the collective this rank is running (all zero: none), on the
+    /// second line of its doorbell segment: ranks waiting for a Tree message compare it
+    /// with theirs ([`CURRENT_OFFSET`]).
+    pub current: [SharedWord; 3],
+    /// Peers' current-collective words by rank (`None` for this rank).
+    pub peer_current: Vec<Option<[SharedWord; 3]>>,
     /// Ring links (empty with one rank).
     pub ring: PeerLinks,
     /// Lazily created p2p links by peer.
@@ -152,9 +181,10 @@ impl Transport {
         let next = (me + 1) % n;
         let my_bell_region = Arc::new(ShmRegion::create(
             &name(boot, KIND_BELL, me, me, me),
-            CACHE_LINE,
+            2 * CACHE_LINE,
         )?);
-        let bell = Doorbell::new(Arc::clone(&my_bell_region), 0)?;
+        let current = current_words(&my_bell_region)?;
+        let bell = Arc::new(Doorbell::new(Arc::clone(&my_bell_region), 0)?);
         let poison = SharedWord::new(Arc::clone(&my_bell_region), POISON_OFFSET)?;
         let ring_in = if n > 1 {
             Some(Arc::new(ShmRegion::create(
@@ -171,13 +201,16 @@ impl Transport {
         boot.barrier()?;
         let mut peer_bells = Vec::with_capacity(n);
         let mut peer_poison = Vec::with_capacity(n);
+        let mut peer_current = Vec::with_capacity(n);
         for p in 0..n {
             if p == me {
                 peer_bells.push(None);
                 peer_poison.push(None);
+                peer_current.push(None);
                 continue;
             }
             let region = Arc::new(ShmRegion::open(&name(boot, KIND_BELL, p, p, p))?);
+            peer_current.push(Some(current_words(&region)?));
             peer_poison.push(Some(SharedWord::new(Arc::clone(&region), POISON_OFFSET)?));
             peer_bells.push(Some(Doorbell::new(region, 0)?));
         }
@@ -193,7 +226,7 @@ impl Transport {
         tracing::info!(target: "nccl::SHM", rank = me,
             "comm {:#018x} ring {prev} -> {me} -> {next}: {max_channels} channel(s) x {} slots of {} bytes, segments unlinked",
             boot.comm_hash(), layout.nslots, layout.slot_bytes);
-        Ok(Transport {
+        let mut t = Transport {
             rank: me,
             comm_hash: boot.comm_hash(),
             p2p_channels,
@@ -203,10 +236,24 @@ impl Transport {
             peer_bells,
             poison,
             peer_poison,
+            current,
+            peer_current,
             ring,
             p2p: HashMap::new(),
             pids: (0..n).map(|r| boot.peer_pid(r)).collect(),
-        })
+        };
+        // The Tree algorithm's links are made here, by every rank at the same point, and
+        // not on first use: ranks that disagree on an operation (an inconsistent call) may
+        // disagree on its algorithm too, and a lazy handshake with a rank that runs a ring
+        // would block before any descriptor check could see the mismatch.
+        let sel = crate::hostalgo::Selection::parse(
+            crate::env::var(crate::hostalgo::ENV_ALGO)?.as_deref(),
+            crate::env::var(crate::device::proto::ENV_PROTO)?.as_deref(),
+        )?;
+        if sel.algos.tree && n > 1 {
+            t.ensure_p2p(boot, &crate::tree::peers(me, n), &AtomicBool::new(false))?;
+        }
+        Ok(t)
     }
 
     /// The segment of this rank's doorbell (to make more handles on it).
@@ -235,25 +282,39 @@ impl Transport {
             return Ok(());
         }
         let me = self.rank;
-        let bytes = seg_bytes(self.layout, self.p2p_channels)?;
+        // The Simple FIFOs, then the LL FIFO.
+        let ll_at = seg_bytes(self.layout, self.p2p_channels)?;
+        let bytes = ll_at
+            .checked_add(LL_LAYOUT.bytes())
+            .ok_or_else(|| CclError::arg("NCCL_BUFFSIZE x channels overflows"))?;
         let mut created = Vec::with_capacity(new.len());
         for &p in &new {
             let region = Arc::new(ShmRegion::create(&name(boot, KIND_P2P, p, me, me), bytes)?);
             let rx = receivers(&region, self.layout, self.p2p_channels)?;
+            let ll_rx = LlReceiver::new(Arc::clone(&region), ll_at, LL_LAYOUT)?;
             boot.send(p, TAG_P2P_READY, &[])?;
-            created.push((p, region, rx));
+            created.push((p, region, rx, ll_rx));
         }
         let mut txs = Vec::with_capacity(new.len());
         for &p in &new {
             recv_patiently(boot, p, TAG_P2P_READY, abort)?;
             let region = Arc::new(ShmRegion::open(&name(boot, KIND_P2P, me, p, p))?);
-            txs.push(senders(&region, self.layout, self.p2p_channels)?);
+            let ll_tx = LlSender::new(Arc::clone(&region), ll_at, LL_LAYOUT)?;
+            txs.push((senders(&region, self.layout, self.p2p_channels)?, ll_tx));
             boot.send(p, TAG_P2P_ACK, &[])?;
         }
-        for ((p, region, rx), tx) in created.into_iter().zip(txs) {
+        for ((p, region, rx, ll_rx), (tx, ll_tx)) in created.into_iter().zip(txs) {
             recv_patiently(boot, p, TAG_P2P_ACK, abort)?;
             region.unlink()?;
-            self.p2p.insert(p, PeerLinks { rx, tx });
+            self.p2p.insert(
+                p,
+                PeerLinks {
+                    rx,
+                    tx,
+                    ll_rx: Some(ll_rx),
+                    ll_tx: Some(ll_tx),
+                },
+            );
         }
         tracing::debug!(target: "nccl::P2P", rank = me,
             "comm {:#018x}: connected p2p with {new:?}", self.comm_hash);

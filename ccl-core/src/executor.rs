@@ -28,6 +28,7 @@ use crate::bootstrap::Bootstrap;
 use crate::channel::Transport;
 use crate::comm::ScalarArg;
 use crate::error::{CclError, Result};
+use crate::hostalgo::{HostAlgo, HostProto, Selection};
 use crate::reduce::Reducer;
 use crate::schedule::{self, CollDesc, Dir, Lane, LinkKind, LocalKind, P2pOp, Plan, StepKind};
 use crate::transport::shm::{process_alive, Backoff};
@@ -62,7 +63,7 @@ pub(crate) struct CollOp {
     pub root: usize,
     pub red: Option<RedSpec>,
     pub raw_op: i32,
-    pub label: String,
+    pub label: Label,
 }
 
 /// A validated Send or Recv.
@@ -73,7 +74,95 @@ pub(crate) struct P2pCall {
     pub buf: usize,
     pub count: usize,
     pub dtype: DataType,
-    pub label: String,
+    pub label: Label,
+}
+
+/// What follows the operation's name in its [`Label`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LabelExtra {
+    None,
+    Root(usize),
+    Peer(usize),
+}
+
+/// The parts of a [`Label`].
+#[derive(Clone, Debug)]
+struct LabelParts {
+    name: &'static str,
+    extra: LabelExtra,
+    count: usize,
+    dtype: &'static str,
+    comm_id: u64,
+    rank: usize,
+}
+
+/// An operation's name for messages, e.g. `AllReduce (count 7, float) on comm 0x.. rank 1`:
+/// formatted on first use (errors and log lines), not on every call, so that it costs
+/// nothing on the latency path. Dereferences to the text.
+#[derive(Clone, Debug)]
+pub(crate) struct Label {
+    parts: Option<LabelParts>,
+    text: std::sync::OnceLock<String>,
+}
+
+impl Label {
+    /// The label of operation `name` with `extra`, `count` elements of `dtype` on rank
+    /// `rank` of communicator `comm_id`.
+    pub fn new(
+        name: &'static str,
+        extra: LabelExtra,
+        count: usize,
+        dtype: &'static str,
+        comm_id: u64,
+        rank: usize,
+    ) -> Label {
+        Label {
+            parts: Some(LabelParts {
+                name,
+                extra,
+                count,
+                dtype,
+                comm_id,
+                rank,
+            }),
+            text: std::sync::OnceLock::new(),
+        }
+    }
+}
+
+impl From<&str> for Label {
+    fn from(s: &str) -> Label {
+        Label {
+            parts: None,
+            text: std::sync::OnceLock::from(s.to_string()),
+        }
+    }
+}
+
+impl std::ops::Deref for Label {
+    type Target = str;
+    fn deref(&self) -> &str {
+        self.text.get_or_init(|| match &self.parts {
+            None => String::new(),
+            Some(p) => {
+                let extra = match p.extra {
+                    LabelExtra::None => String::new(),
+                    LabelExtra::Root(r) => format!(" root {r}"),
+                    LabelExtra::Peer(r) => format!(" peer {r}"),
+                };
+                format!(
+                    "{}{extra} (count {}, {}) on comm {:#018x} rank {}",
+                    p.name, p.count, p.dtype, p.comm_id, p.rank
+                )
+            }
+        })
+    }
+}
+
+impl std::fmt::Display for Label {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self)
+    }
 }
 
 /// One unit of work: a collective, or all Send/Recv of one group on this communicator.
@@ -86,9 +175,9 @@ pub(crate) enum WorkItem {
 impl WorkItem {
     pub fn label(&self) -> String {
         match self {
-            WorkItem::Coll(c) => c.label.clone(),
+            WorkItem::Coll(c) => c.label.to_string(),
             WorkItem::P2p(v) => {
-                let names: Vec<&str> = v.iter().map(|c| c.label.as_str()).collect();
+                let names: Vec<&str> = v.iter().map(|c| &*c.label).collect();
                 format!("p2p group [{}]", names.join(", "))
             }
         }
@@ -187,6 +276,11 @@ fn run_guarded(w: &Mutex<Worker>, items: Vec<WorkItem>) -> Result<()> {
 impl WorkerHandle {
     /// Starts the worker, which owns `transport`.
     pub fn spawn(shared: Shared, boot: Arc<Bootstrap>, transport: Transport) -> Result<Self> {
+        let spin = spin_budget(shared.nranks)?;
+        let sel = Selection::parse(
+            crate::env::var(crate::hostalgo::ENV_ALGO)?.as_deref(),
+            crate::env::var(crate::device::proto::ENV_PROTO)?.as_deref(),
+        )?;
         let (tx, rx) = mpsc::channel::<Job>();
         let name = format!("ccl-worker-r{}", shared.rank);
         let state = Arc::new(Mutex::new(Worker {
@@ -198,6 +292,8 @@ impl WorkerHandle {
             diverged: false,
             seqs: crate::desc::SeqState::default(),
             failure: None,
+            spin,
+            sel,
         }));
         let st = Arc::clone(&state);
         let join = std::thread::Builder::new()
@@ -330,6 +426,59 @@ pub(crate) fn plan_for(item: &WorkItem, rank: usize, nranks: usize, t: &Tuning) 
             schedule::p2p(rank, nranks, t.slot_bytes, &ops)
         }
     }
+}
+
+/// Algorithm and protocol of `item` on a host communicator of `nranks` ranks with
+/// selection `sel`. Injected faults (`CCLD_INJECT`, `injecting`) act on ring schedules, so
+/// such runs keep to Ring/Simple.
+pub(crate) fn host_choice(
+    item: &WorkItem,
+    nranks: usize,
+    t: &Tuning,
+    sel: &Selection,
+    injecting: bool,
+) -> (HostAlgo, HostProto) {
+    match item {
+        WorkItem::Coll(c) if !injecting => {
+            sel.choose(c.kind, c.count * c.dtype.size(), nranks, t.min_channels)
+        }
+        _ => (HostAlgo::Ring, HostProto::Simple),
+    }
+}
+
+/// Per-channel message counts `item` is expected to make on `rank` (the probe's expected
+/// SendCount/RecvCount), for the algorithm [`host_choice`] picks with the process
+/// environment's `NCCL_ALGO`, `NCCL_PROTO` and `CCLD_INJECT`.
+pub(crate) fn expected_counts(
+    item: &WorkItem,
+    rank: usize,
+    nranks: usize,
+    t: &Tuning,
+) -> Result<Vec<schedule::ExpectedCounts>> {
+    let sel = Selection::parse(
+        crate::env::var(crate::hostalgo::ENV_ALGO)?.as_deref(),
+        crate::env::var(crate::device::proto::ENV_PROTO)?.as_deref(),
+    )?;
+    let injecting = crate::env::var("CCLD_INJECT")?.is_some();
+    match (host_choice(item, nranks, t, &sel, injecting), item) {
+        ((HostAlgo::Tree, proto), WorkItem::Coll(c)) => {
+            let (send, recv) = tree_counts(c, proto, rank, nranks, t);
+            Ok(vec![schedule::ExpectedCounts { send, recv }])
+        }
+        _ => Ok(plan_for(item, rank, nranks, t)?.expected_counts()),
+    }
+}
+
+/// Messages a Tree AllReduce sends and receives on `rank` (all on channel 0).
+fn tree_counts(c: &CollOp, proto: HostProto, rank: usize, nranks: usize, t: &Tuning) -> (u64, u64) {
+    let es = c.dtype.size();
+    let msg = tree_exec::message_bytes(proto, t.slot_bytes, es);
+    let chunks = (c.count * es).div_ceil(msg) as u64;
+    let (send, recv) = crate::tree::steps(rank, nranks)
+        .iter()
+        .map(|s| s.messages())
+        .fold((0, 0), |(a, b), (s, r)| (a + s, b + r));
+    (send * chunks, recv * chunks)
 }
 
 /// The operation type set of a work item.
@@ -472,6 +621,27 @@ pub(crate) struct Worker {
     seqs: crate::desc::SeqState,
     /// Why the current operation failed, for the probe (set where the error arises).
     failure: Option<probe::Failure>,
+    /// How long a waiting operation spins before yielding ([`spin_budget`]).
+    spin: Duration,
+    /// `NCCL_ALGO` / `NCCL_PROTO` ([`crate::hostalgo`]).
+    sel: Selection,
+}
+
+/// `CCLD_SPIN_US`: how long (microseconds) an executor waiting for a peer spins before it
+/// yields and then sleeps. Default: [`DEFAULT_SPIN_US`] when the communicator's ranks fit
+/// the cores this process may run on (each rank then has a core, and its peers answer
+/// within microseconds), 0 otherwise (oversubscribed: a spinning rank takes the core its
+/// peer needs, so it yields at once, after a few spin hints).
+pub(crate) const ENV_SPIN_US: &str = "CCLD_SPIN_US";
+
+/// Default of [`ENV_SPIN_US`] on a communicator whose ranks fit the cores.
+pub(crate) const DEFAULT_SPIN_US: u64 = 200;
+
+fn spin_budget(nranks: usize) -> Result<Duration> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let default = if nranks <= cores { DEFAULT_SPIN_US } else { 0 };
+    let us = crate::env::u64_or(ENV_SPIN_US, default)?;
+    Ok(Duration::from_micros(us.min(10_000_000)))
 }
 
 /// The state of one lane being run.
@@ -634,9 +804,30 @@ impl Worker {
 
     fn run_item(&mut self, item: &WorkItem) -> Result<()> {
         let sh = &self.shared;
-        let mut plan = plan_for(item, sh.rank, sh.nranks, &sh.tuning)?;
-        crate::desc::add_descriptor_only_steps(&mut plan, item, sh.rank, sh.nranks);
+        // Injected faults act on ring schedules: operations of a run with CCLD_INJECT keep
+        // to Ring/Simple.
+        let (algo, proto) =
+            host_choice(item, sh.nranks, &sh.tuning, &self.sel, sh.inject.is_some());
+        let plan = if algo == HostAlgo::Tree {
+            Plan {
+                n_channels: 1,
+                unit: 1,
+                lanes: Vec::new(),
+                local: Vec::new(),
+            }
+        } else {
+            let mut plan = plan_for(item, sh.rank, sh.nranks, &sh.tuning)?;
+            crate::desc::add_descriptor_only_steps(&mut plan, item, sh.rank, sh.nranks);
+            plan
+        };
         let (descs, seq_id) = self.seqs.descriptors(item);
+        publish_current(
+            &self.t.current,
+            match item {
+                WorkItem::Coll(_) => descs.first().copied(),
+                WorkItem::P2p(_) => None,
+            },
+        );
         self.failure = None;
         // Buffers by index, staging AlltoAll input that overlaps its output.
         let mut staged: Option<Vec<u8>> = None;
@@ -683,6 +874,13 @@ impl Worker {
             std::thread::sleep(d);
         }
         let mut info = type_set(item, sh.nranks, &plan);
+        if algo == HostAlgo::Tree {
+            info.algo = Algo::Tree;
+            info.proto = match proto {
+                HostProto::Ll => Proto::Ll,
+                HostProto::Simple => Proto::Simple,
+            };
+        }
         if fault.halve {
             info.count /= 2;
             info.bytes /= 2;
@@ -703,6 +901,10 @@ impl Worker {
                 let (send, recv) = lane.step_counts();
                 sh.frame.add_expected(b, lane.channel, send, recv);
             }
+            if let (HostAlgo::Tree, WorkItem::Coll(c)) = (algo, item) {
+                let (send, recv) = tree_counts(c, proto, sh.rank, sh.nranks, &sh.tuning);
+                sh.frame.add_expected(b, 0, send, recv);
+            }
         }
         // One clock read for the op log's start time and the peer-check timer.
         let t_start = Instant::now();
@@ -710,17 +912,43 @@ impl Worker {
             sh.op_log.start(counter, &info, probe::diag::ns_at(t_start));
         }
         log_call(item, &info, sh.rank, sh.nranks, sh.comm_id, counter, None);
-        let peers: Vec<usize> = plan
-            .lanes
-            .iter()
-            .filter(|l| l.link == LinkKind::P2p)
-            .flat_map(|l| l.recv_from.into_iter().chain(l.send_to))
-            .collect();
+        let peers: Vec<usize> = if algo == HostAlgo::Tree {
+            crate::tree::peers(sh.rank, sh.nranks)
+        } else {
+            plan.lanes
+                .iter()
+                .filter(|l| l.link == LinkKind::P2p)
+                .flat_map(|l| l.recv_from.into_iter().chain(l.send_to))
+                .collect()
+        };
         let r = self
             .t
             .ensure_p2p(&self.boot, &peers, &self.shared.abort)
-            .and_then(|()| {
-                self.run_plan(
+            .and_then(|()| match (algo, item, reducer.as_ref()) {
+                (HostAlgo::Tree, WorkItem::Coll(c), Some(red)) => {
+                    let frame = Arc::clone(&self.shared.frame);
+                    self.check_poison()?;
+                    self.run_tree(&tree_exec::TreeOp {
+                        proto,
+                        red,
+                        sendbuf: c.sendbuf,
+                        recvbuf: c.recvbuf,
+                        bytes: c.count * c.dtype.size(),
+                        elem: c.dtype.size(),
+                        desc: descs
+                            .first()
+                            .copied()
+                            .ok_or_else(|| CclError::Internal("no descriptor".into()))?,
+                        check: crate::desc::check_on(),
+                        block,
+                        frame: &frame,
+                        t_start,
+                    })
+                }
+                (HostAlgo::Tree, ..) => Err(CclError::Internal(
+                    "Tree algorithm for an operation other than AllReduce".into(),
+                )),
+                _ => self.run_plan(
                     &plan,
                     &bufs,
                     &descs,
@@ -728,7 +956,7 @@ impl Worker {
                     block,
                     &fault,
                     t_start,
-                )
+                ),
             });
         drop(staged);
         if fault.halve {
@@ -827,12 +1055,45 @@ impl Worker {
             link,
             next: vec![None; plan.n_channels.max(1)],
         });
-        let mut backoff = Backoff::new();
+        // While `Some`, this executor announced on its doorbell that it may sleep (the value
+        // read when announcing): producers ring only then (`ring_if_waiting`), so every
+        // path out of the loop must withdraw it.
+        let bell = Arc::clone(&self.t.bell);
+        let mut announced: Option<u32> = None;
+        let r = self.run_lanes(
+            &ctx,
+            &mut lanes,
+            throttle.as_mut(),
+            block,
+            &frame,
+            t_start,
+            &bell,
+            &mut announced,
+        );
+        if announced.is_some() {
+            bell.unannounce();
+        }
+        r
+    }
+
+    /// The progress loop of [`Worker::run_plan`].
+    #[allow(clippy::too_many_arguments)]
+    fn run_lanes(
+        &mut self,
+        ctx: &OpCtx<'_>,
+        lanes: &mut Vec<LaneRun<'_>>,
+        mut throttle: Option<&mut Throttle>,
+        block: Option<usize>,
+        frame: &Frame,
+        t_start: Instant,
+        bell: &crate::transport::shm::Doorbell,
+        announced: &mut Option<u32>,
+    ) -> Result<()> {
+        let mut backoff = Backoff::with_spin(self.spin);
         let mut episode = WaitEpisode::default();
         let check_every = self.shared.tuning.peer_check;
         let mut next_check = t_start + check_every;
         while !lanes.is_empty() {
-            let seen = self.t.bell.value();
             let mut progressed = false;
             for lr in lanes.iter_mut() {
                 while let Some(step) = lr.lane.steps[..lr.end].get(lr.pos) {
@@ -840,7 +1101,7 @@ impl Worker {
                         lr.wait = Wait::Upstream;
                         break;
                     }
-                    lr.wait = self.try_step(&ctx, lr.lane, step, throttle.as_mut())?;
+                    lr.wait = self.try_step(ctx, lr.lane, step, throttle.as_deref_mut())?;
                     if lr.wait != Wait::None {
                         break;
                     }
@@ -851,7 +1112,7 @@ impl Worker {
             if progressed {
                 // A wait episode (if any) ended: charge it to the channels that waited.
                 if let Some(b) = block {
-                    episode.charge(&frame, b);
+                    episode.charge(frame, b);
                 }
             }
             lanes.retain(|lr| lr.pos < lr.end);
@@ -865,6 +1126,9 @@ impl Worker {
                 )));
             }
             if progressed {
+                if announced.take().is_some() {
+                    bell.unannounce();
+                }
                 backoff.reset();
                 continue;
             }
@@ -877,7 +1141,19 @@ impl Worker {
             if block.is_some() {
                 episode.snoozing(now, lanes.iter().map(|lr| (lr.lane.channel, lr.wait)));
             }
-            backoff.snooze(&self.t.bell, seen);
+            match announced.take() {
+                // Announced and re-polled without progress: sleep until rung (or timeout).
+                Some(seen) => {
+                    bell.wait_announced(seen, backoff.park_duration());
+                    bell.unannounce();
+                    backoff.pause();
+                }
+                // Announce, then poll once more before sleeping (no lost wake-up: a
+                // producer that committed before seeing the announcement is seen by
+                // that poll).
+                None if backoff.is_parking() => *announced = Some(bell.announce()),
+                None => backoff.pause(),
+            }
         }
         Ok(())
     }
@@ -1164,11 +1440,44 @@ fn desc_of(
         .ok_or_else(|| CclError::Internal(format!("no descriptor for buffer {buf}")))
 }
 
+/// Publishes the descriptor of the collective this rank starts (`None`: not a
+/// collective) in its current-collective words, seqlock style: word 0 is cleared, then
+/// words 1 and 2 written, then word 0 set to `seq + 1` (Release). See [`read_current`].
+fn publish_current(
+    w: &[crate::transport::shm::SharedWord; 3],
+    d: Option<[u64; crate::transport::shm::FifoLayout::DESC_WORDS]>,
+) {
+    w[0].get().store(0, Ordering::Relaxed);
+    std::sync::atomic::fence(Ordering::Release);
+    let d = d.unwrap_or([u64::MAX, 0, 0]);
+    w[1].get().store(d[1], Ordering::Relaxed);
+    w[2].get().store(d[2], Ordering::Relaxed);
+    w[0].get().store(d[0].wrapping_add(1), Ordering::Release);
+}
+
+/// A peer's published current-collective descriptor, `None` while it is being rewritten
+/// or when the peer runs no collective.
+pub(crate) fn read_current(
+    w: &[crate::transport::shm::SharedWord; 3],
+) -> Option<[u64; crate::transport::shm::FifoLayout::DESC_WORDS]> {
+    let s1 = w[0].get().load(Ordering::Acquire);
+    let (a, b) = (
+        w[1].get().load(Ordering::Relaxed),
+        w[2].get().load(Ordering::Relaxed),
+    );
+    std::sync::atomic::fence(Ordering::Acquire);
+    let s2 = w[0].get().load(Ordering::Relaxed);
+    (s1 != 0 && s1 == s2).then(|| [s1.wrapping_sub(1), a, b])
+}
+
 fn ring_bell(bells: &[Option<crate::transport::shm::Doorbell>], peer: Option<usize>) {
     if let Some(Some(b)) = peer.and_then(|p| bells.get(p)) {
-        b.ring();
+        b.ring_if_waiting();
     }
 }
+
+#[path = "executor_tree.rs"]
+mod tree_exec;
 
 #[cfg(test)]
 #[path = "executor_tests.rs"]
