@@ -277,6 +277,7 @@ impl WorkerHandle {
     /// Starts the worker, which owns `transport`.
     pub fn spawn(shared: Shared, boot: Arc<Bootstrap>, transport: Transport) -> Result<Self> {
         let spin = spin_budget(shared.nranks)?;
+        let tree_steps = crate::tree::steps(shared.rank, shared.nranks);
         let sel = Selection::parse(
             crate::env::var(crate::hostalgo::ENV_ALGO)?.as_deref(),
             crate::env::var(crate::device::proto::ENV_PROTO)?.as_deref(),
@@ -294,6 +295,8 @@ impl WorkerHandle {
             failure: None,
             spin,
             sel,
+            tree_steps,
+            scratch2: Vec::new(),
         }));
         let st = Arc::clone(&state);
         let join = std::thread::Builder::new()
@@ -625,6 +628,10 @@ pub(crate) struct Worker {
     spin: Duration,
     /// `NCCL_ALGO` / `NCCL_PROTO` ([`crate::hostalgo`]).
     sel: Selection,
+    /// This rank's Tree steps ([`crate::tree::steps`]), computed once.
+    tree_steps: Vec<crate::tree::TreeStep>,
+    /// Second scratch buffer (Tree merges with the partial of a lower rank first).
+    scratch2: Vec<u8>,
 }
 
 /// `CCLD_SPIN_US`: how long (microseconds) an executor waiting for a peer spins before it
@@ -912,8 +919,9 @@ impl Worker {
             sh.op_log.start(counter, &info, probe::diag::ns_at(t_start));
         }
         log_call(item, &info, sh.rank, sh.nranks, sh.comm_id, counter, None);
+        // Tree links are made at init.
         let peers: Vec<usize> = if algo == HostAlgo::Tree {
-            crate::tree::peers(sh.rank, sh.nranks)
+            Vec::new()
         } else {
             plan.lanes
                 .iter()

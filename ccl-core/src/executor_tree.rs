@@ -1,6 +1,6 @@
 //! The Tree AllReduce of the host executor ([`crate::tree`]: recursive doubling) over the
-//! p2p links of the partners, with the LL or the Simple protocol. Every message travels on
-//! channel 0 of the pair's link with the collective's descriptor, which the receiver checks
+//! Tree links of the partners (made at init, `crate::channel`), with the LL or the Simple
+//! protocol. Every message carries the collective's descriptor, which the receiver checks
 //! as on the ring; the probe counts every message on channel 0.
 
 use std::sync::atomic::Ordering;
@@ -59,7 +59,7 @@ impl Drop for Waiter {
 impl Worker {
     /// Runs a Tree AllReduce (chunk by chunk).
     pub(super) fn run_tree(&mut self, op: &TreeOp<'_>) -> Result<()> {
-        let steps = tree::steps(self.shared.rank, self.shared.nranks);
+        let steps = std::mem::take(&mut self.tree_steps);
         let chunk = message_bytes(op.proto, self.shared.tuning.slot_bytes, op.elem);
         let mut w = Waiter {
             backoff: Backoff::with_spin(self.spin),
@@ -68,7 +68,7 @@ impl Worker {
             next_check: op.t_start + self.shared.tuning.peer_check,
         };
         let mut acc = std::mem::take(&mut self.scratch);
-        let mut tmp = Vec::new();
+        let mut tmp = std::mem::take(&mut self.scratch2);
         acc.resize(chunk.min(op.bytes), 0);
         let mut off = 0;
         let mut r = Ok(());
@@ -78,6 +78,8 @@ impl Worker {
             off += len;
         }
         self.scratch = acc;
+        self.scratch2 = tmp;
+        self.tree_steps = steps;
         r
     }
 
@@ -146,9 +148,9 @@ impl Worker {
         let len = data.len();
         self.tree_wait(op, peer, w, |me| {
             let links =
-                me.t.p2p
+                me.t.tree
                     .get_mut(&peer)
-                    .ok_or_else(|| CclError::Internal(format!("no p2p link to rank {peer}")))?;
+                    .ok_or_else(|| CclError::Internal(format!("no Tree link to rank {peer}")))?;
             match op.proto {
                 HostProto::Ll => {
                     let tx = links
@@ -200,9 +202,9 @@ impl Worker {
     ) -> Result<()> {
         self.tree_wait(op, peer, w, |me| {
             let links =
-                me.t.p2p
+                me.t.tree
                     .get_mut(&peer)
-                    .ok_or_else(|| CclError::Internal(format!("no p2p link to rank {peer}")))?;
+                    .ok_or_else(|| CclError::Internal(format!("no Tree link to rank {peer}")))?;
             let got = match op.proto {
                 HostProto::Ll => {
                     let rx = links
