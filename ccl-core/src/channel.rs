@@ -38,11 +38,12 @@ pub const SEGMENT_PREFIX: &str = "ccld";
 /// (their own cache line, so that writing them never disturbs the doorbell's).
 pub(crate) const CURRENT_OFFSET: usize = CACHE_LINE;
 
-fn current_words(region: &Arc<ShmRegion>) -> Result<[SharedWord; 3]> {
+fn current_words(region: &Arc<ShmRegion>) -> Result<[SharedWord; 4]> {
     Ok([
         SharedWord::new(Arc::clone(region), CURRENT_OFFSET)?,
         SharedWord::new(Arc::clone(region), CURRENT_OFFSET + 8)?,
         SharedWord::new(Arc::clone(region), CURRENT_OFFSET + 16)?,
+        SharedWord::new(Arc::clone(region), CURRENT_OFFSET + 24)?,
     ])
 }
 
@@ -119,12 +120,13 @@ pub(crate) struct Transport {
     pub poison: SharedWord,
     /// Peers' poison words by rank (`None` for this rank).
     pub peer_poison: Vec<Option<SharedWord>>,
-    /// The descriptor of the collective this rank is running (all zero: none), on the
-    /// second line of its doorbell segment: ranks waiting for a Tree message compare it
-    /// with theirs ([`CURRENT_OFFSET`]).
-    pub current: [SharedWord; 3],
+    /// The descriptor of the collective this rank is running (all zero: none) and the CPU
+    /// it started on, on the second line of its doorbell segment: ranks waiting for a Tree
+    /// message compare the descriptor with theirs, and waiting ranks do not spin while a
+    /// peer shares their CPU ([`CURRENT_OFFSET`]).
+    pub current: [SharedWord; 4],
     /// Peers' current-collective words by rank (`None` for this rank).
-    pub peer_current: Vec<Option<[SharedWord; 3]>>,
+    pub peer_current: Vec<Option<[SharedWord; 4]>>,
     /// Ring links (empty with one rank).
     pub ring: PeerLinks,
     /// Links of the Tree algorithm by partner (one Simple FIFO and one LL FIFO each way),

@@ -624,7 +624,8 @@ pub(crate) struct Worker {
     seqs: crate::desc::SeqState,
     /// Why the current operation failed, for the probe (set where the error arises).
     failure: Option<probe::Failure>,
-    /// How long a waiting operation spins before yielding ([`spin_budget`]).
+    /// How long a waiting operation spins before yielding ([`spin_budget`]); no spinning
+    /// while a peer last ran on this rank's CPU ([`Worker::spin_now`]).
     spin: Duration,
     /// `NCCL_ALGO` / `NCCL_PROTO` ([`crate::hostalgo`]).
     sel: Selection,
@@ -643,6 +644,24 @@ pub(crate) const ENV_SPIN_US: &str = "CCLD_SPIN_US";
 
 /// Default of [`ENV_SPIN_US`] on a communicator whose ranks fit the cores.
 pub(crate) const DEFAULT_SPIN_US: u64 = 200;
+
+impl Worker {
+    /// Whether a peer published (at the start of its current operation) the CPU this rank
+    /// runs on: then the peer can only run when this rank gives the CPU up, and spinning
+    /// would delay it by the whole spin budget.
+    fn peer_on_my_cpu(&self) -> bool {
+        // SAFETY: sched_getcpu takes no arguments and only reads per-thread state.
+        let me = unsafe { libc::sched_getcpu() };
+        if me < 0 {
+            return false;
+        }
+        self.t
+            .peer_current
+            .iter()
+            .flatten()
+            .any(|w| w[3].get().load(Ordering::Relaxed) == me as u64 + 1)
+    }
+}
 
 fn spin_budget(nranks: usize) -> Result<Duration> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -1098,6 +1117,7 @@ impl Worker {
         announced: &mut Option<u32>,
     ) -> Result<()> {
         let mut backoff = Backoff::with_spin(self.spin);
+        let mut spin_checked = false;
         let mut episode = WaitEpisode::default();
         let check_every = self.shared.tuning.peer_check;
         let mut next_check = t_start + check_every;
@@ -1148,6 +1168,13 @@ impl Worker {
             }
             if block.is_some() {
                 episode.snoozing(now, lanes.iter().map(|lr| (lr.lane.channel, lr.wait)));
+            }
+            if !spin_checked {
+                // First wait of the operation: no spinning if a peer shares our CPU.
+                spin_checked = true;
+                if self.peer_on_my_cpu() {
+                    backoff = Backoff::new();
+                }
             }
             match announced.take() {
                 // Announced and re-polled without progress: sleep until rung (or timeout).
@@ -1452,9 +1479,14 @@ fn desc_of(
 /// collective) in its current-collective words, seqlock style: word 0 is cleared, then
 /// words 1 and 2 written, then word 0 set to `seq + 1` (Release). See [`read_current`].
 fn publish_current(
-    w: &[crate::transport::shm::SharedWord; 3],
+    w: &[crate::transport::shm::SharedWord; 4],
     d: Option<[u64; crate::transport::shm::FifoLayout::DESC_WORDS]>,
 ) {
+    // SAFETY: sched_getcpu takes no arguments and only reads per-thread state.
+    let cpu = unsafe { libc::sched_getcpu() };
+    // Word 3: the CPU this rank runs on, plus one (0: unknown), for `peer_on_my_cpu`.
+    w[3].get()
+        .store(u64::try_from(cpu).map_or(0, |c| c + 1), Ordering::Relaxed);
     w[0].get().store(0, Ordering::Relaxed);
     std::sync::atomic::fence(Ordering::Release);
     let d = d.unwrap_or([u64::MAX, 0, 0]);
@@ -1466,7 +1498,7 @@ fn publish_current(
 /// A peer's published current-collective descriptor, `None` while it is being rewritten
 /// or when the peer runs no collective.
 pub(crate) fn read_current(
-    w: &[crate::transport::shm::SharedWord; 3],
+    w: &[crate::transport::shm::SharedWord; 4],
 ) -> Option<[u64; crate::transport::shm::FifoLayout::DESC_WORDS]> {
     let s1 = w[0].get().load(Ordering::Acquire);
     let (a, b) = (

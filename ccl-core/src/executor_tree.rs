@@ -46,6 +46,8 @@ struct Waiter {
     bell: Arc<Doorbell>,
     announced: Option<u32>,
     next_check: Instant,
+    /// Whether the first wait checked for a peer on this rank's CPU.
+    spin_checked: bool,
 }
 
 impl Drop for Waiter {
@@ -66,6 +68,7 @@ impl Worker {
             bell: Arc::clone(&self.t.bell),
             announced: None,
             next_check: op.t_start + self.shared.tuning.peer_check,
+            spin_checked: false,
         };
         let mut acc = std::mem::take(&mut self.scratch);
         let mut tmp = std::mem::take(&mut self.scratch2);
@@ -296,6 +299,13 @@ impl Worker {
             if now >= w.next_check {
                 self.check_peers()?;
                 w.next_check = now + self.shared.tuning.peer_check;
+            }
+            if !w.spin_checked {
+                // First wait of the operation: no spinning if a peer shares our CPU.
+                w.spin_checked = true;
+                if self.peer_on_my_cpu() {
+                    w.backoff = Backoff::new();
+                }
             }
             match w.announced.take() {
                 Some(seen) => {

@@ -8,12 +8,13 @@
 //!   data in each 8-byte word) or `Simple`.
 //!
 //! Automatic choice (both variables unset): AllReduce of at most [`TREE_MAX_BYTES`] per
-//! rank on 2 or more ranks runs Tree/LL; everything else Ring/Simple. `NCCL_ALGO` /
-//! `NCCL_PROTO` restrict the candidates: with `NCCL_ALGO=Tree` every AllReduce runs Tree
-//! (LL up to [`TREE_MAX_BYTES`] when allowed, else Simple, unless only one is allowed);
-//! with `NCCL_PROTO=Simple` Tree runs over the Simple FIFOs. Ring with LL is not
-//! implemented: Ring always runs Simple (a set that allows only LL still runs Simple for
-//! Ring, with a warning at init). Every rank must see the same values (as with NCCL).
+//! rank on 2 or more ranks (and no minimum channel count above one) runs Tree/Simple;
+//! everything else Ring/Simple. `NCCL_ALGO` / `NCCL_PROTO` restrict the candidates: with
+//! `NCCL_ALGO=Tree` every AllReduce runs Tree; Tree runs LL only when `NCCL_PROTO` allows
+//! LL and not Simple (LL measured slower than Simple at every size on the 2-core reference
+//! VM: docs/performance.md). Ring with LL is not implemented: Ring always runs Simple (a
+//! set that allows only LL still runs Simple for Ring, with a warning at init). Every rank
+//! must see the same values (as with NCCL).
 
 use probe::CollKind;
 
@@ -25,7 +26,7 @@ pub const ENV_ALGO: &str = "NCCL_ALGO";
 
 /// AllReduce operations of at most this many bytes per rank run Tree when the choice is
 /// automatic (measured on the 2-core reference VM: docs/performance.md).
-pub const TREE_MAX_BYTES: usize = 16 << 10;
+pub const TREE_MAX_BYTES: usize = 8 << 10;
 
 /// The algorithms `NCCL_ALGO` allows (of those the host backend runs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -185,8 +186,10 @@ impl Selection {
         if self.algos.ring && (!small || min_channels > 1) {
             return ring;
         }
+        // Simple whenever allowed: measured faster than LL at every size on the 2-core
+        // reference VM (docs/performance.md); LL when it is the only one allowed.
         let (ll, simple) = (self.protos.ll, self.protos.simple);
-        let proto = if ll && (small || !simple) {
+        let proto = if ll && !simple {
             HostProto::Ll
         } else if simple {
             HostProto::Simple
@@ -232,8 +235,8 @@ mod tests {
         use HostAlgo::*;
         use HostProto::*;
         let auto = Selection::default();
-        assert_eq!(auto.choose(AllReduce, 8, 2, 1), (Tree, Ll));
-        assert_eq!(auto.choose(AllReduce, TREE_MAX_BYTES, 5, 1), (Tree, Ll));
+        assert_eq!(auto.choose(AllReduce, 8, 2, 1), (Tree, Simple));
+        assert_eq!(auto.choose(AllReduce, TREE_MAX_BYTES, 5, 1), (Tree, Simple));
         assert_eq!(
             auto.choose(AllReduce, TREE_MAX_BYTES + 4, 2, 1),
             (Ring, Simple)
@@ -244,7 +247,7 @@ mod tests {
             Selection::parse(Some("Tree"), None)
                 .unwrap()
                 .choose(AllReduce, 8, 2, 3),
-            (Tree, Ll)
+            (Tree, Simple)
         );
         assert_eq!(auto.choose(AllReduce, 0, 4, 1), (Ring, Simple));
         assert_eq!(auto.choose(Broadcast, 8, 4, 1), (Ring, Simple));

@@ -110,16 +110,21 @@ impl LlRef {
         unsafe { AtomicU64::from_ptr(self.base.cast::<u64>()) }
     }
 
-    /// Word `w` of the slot of message `k`.
-    fn word(&self, k: u64, w: usize) -> &AtomicU64 {
-        debug_assert!(w < self.layout.slot_words());
+    /// The words of the slot of message `k` (computed once per message: a division).
+    fn slot(&self, k: u64) -> &[AtomicU64] {
         // Remainder < nslots <= 64 fits usize.
         let slot = (k % self.layout.nslots as u64) as usize;
-        let off = CACHE_LINE + slot * self.layout.slot_stride() + w * 8;
-        // SAFETY: off + 8 <= CACHE_LINE + nslots * stride = layout.bytes() (w < slot_words
-        // and slot_words * 8 <= stride), inside the claimed range; 8-aligned (base is
-        // 64-aligned, stride a multiple of 64); only ever accessed atomically.
-        unsafe { AtomicU64::from_ptr(self.base.add(off).cast::<u64>()) }
+        let off = CACHE_LINE + slot * self.layout.slot_stride();
+        // SAFETY: off + slot_words * 8 <= CACHE_LINE + nslots * stride = layout.bytes()
+        // (slot_words * 8 <= stride), inside the claimed range; 8-aligned (base is
+        // 64-aligned, stride a multiple of 64); the words are only ever accessed atomically,
+        // and AtomicU64 has the layout of u64. The mapping outlives the borrow of `self`.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.base.add(off).cast::<AtomicU64>(),
+                self.layout.slot_words(),
+            )
+        }
     }
 }
 
@@ -219,30 +224,30 @@ impl LlSender {
         }
         let k = self.sent;
         let flag = flag_of(k);
+        let words = self.f.slot(k);
         // Payload first, header last: a consumer that sees the header usually finds the
         // payload there already (any order is correct, every word is checked).
         let data = &self.staging[..len];
-        for (i, chunk) in data.chunks(4).enumerate() {
+        let payload = &words[HEAD_WORDS..];
+        let mut full = data.chunks_exact(4);
+        for (w, c) in payload.iter().zip(&mut full) {
+            let v = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            w.store(flag | u64::from(v), Ordering::Relaxed);
+        }
+        let tail = full.remainder();
+        if !tail.is_empty() {
             let mut b = [0u8; 4];
-            b[..chunk.len()].copy_from_slice(chunk);
-            self.f
-                .word(k, HEAD_WORDS + i)
-                .store(flag | u64::from(u32::from_le_bytes(b)), Ordering::Relaxed);
+            b[..tail.len()].copy_from_slice(tail);
+            payload[len / 4].store(flag | u64::from(u32::from_le_bytes(b)), Ordering::Relaxed);
         }
         for (i, d) in desc.iter().enumerate() {
             // Halves of the descriptor word (truncations intended).
             let (lo, hi) = (*d as u32, (*d >> 32) as u32);
-            self.f
-                .word(k, 1 + 2 * i)
-                .store(flag | u64::from(lo), Ordering::Relaxed);
-            self.f
-                .word(k, 2 + 2 * i)
-                .store(flag | u64::from(hi), Ordering::Relaxed);
+            words[1 + 2 * i].store(flag | u64::from(lo), Ordering::Relaxed);
+            words[2 + 2 * i].store(flag | u64::from(hi), Ordering::Relaxed);
         }
         // len <= cap <= 1 MiB fits u32.
-        self.f
-            .word(k, 0)
-            .store(flag | len as u64, Ordering::Release);
+        words[0].store(flag | len as u64, Ordering::Release);
         self.sent += 1;
         self.reserved = false;
         Ok(())
@@ -297,12 +302,13 @@ impl LlReceiver {
     pub fn try_peek_with_desc(&mut self) -> Result<Option<(&[u8], [u64; FifoLayout::DESC_WORDS])>> {
         let k = self.consumed;
         let flag = flag_of(k);
+        let slot = self.f.slot(k);
         let len = match self.len {
             Some(l) => l,
             None => {
                 // Acquire: pairs with the producer's Release store of this word, so the
                 // words it wrote before are usually seen with it (each is checked anyway).
-                let w = self.f.word(k, 0).load(Ordering::Acquire);
+                let w = slot[0].load(Ordering::Acquire);
                 if w & !0xFFFF_FFFF != flag {
                     return Ok(None);
                 }
@@ -323,7 +329,7 @@ impl LlReceiver {
         if !self.complete {
             let words = HEAD_WORDS + len.div_ceil(4);
             while self.ready < words {
-                let w = self.f.word(k, self.ready).load(Ordering::Relaxed);
+                let w = slot[self.ready].load(Ordering::Relaxed);
                 if w & !0xFFFF_FFFF != flag {
                     return Ok(None);
                 }
@@ -335,8 +341,11 @@ impl LlReceiver {
                         (self.desc[i] & !(0xFFFF_FFFF << shift)) | (u64::from(v) << shift);
                 } else {
                     let at = (self.ready - HEAD_WORDS) * 4;
-                    let n = (len - at).min(4);
-                    self.staging[at..at + n].copy_from_slice(&v.to_le_bytes()[..n]);
+                    if at + 4 <= len {
+                        self.staging[at..at + 4].copy_from_slice(&v.to_le_bytes());
+                    } else {
+                        self.staging[at..len].copy_from_slice(&v.to_le_bytes()[..len - at]);
+                    }
                 }
                 self.ready += 1;
             }
