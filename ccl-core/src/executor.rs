@@ -77,94 +77,6 @@ pub(crate) struct P2pCall {
     pub label: Label,
 }
 
-/// What follows the operation's name in its [`Label`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum LabelExtra {
-    None,
-    Root(usize),
-    Peer(usize),
-}
-
-/// The parts of a [`Label`].
-#[derive(Clone, Debug)]
-struct LabelParts {
-    name: &'static str,
-    extra: LabelExtra,
-    count: usize,
-    dtype: &'static str,
-    comm_id: u64,
-    rank: usize,
-}
-
-/// An operation's name for messages, e.g. `AllReduce (count 7, float) on comm 0x.. rank 1`:
-/// formatted on first use (errors and log lines), not on every call, so that it costs
-/// nothing on the latency path. Dereferences to the text.
-#[derive(Clone, Debug)]
-pub(crate) struct Label {
-    parts: Option<LabelParts>,
-    text: std::sync::OnceLock<String>,
-}
-
-impl Label {
-    /// The label of operation `name` with `extra`, `count` elements of `dtype` on rank
-    /// `rank` of communicator `comm_id`.
-    pub fn new(
-        name: &'static str,
-        extra: LabelExtra,
-        count: usize,
-        dtype: &'static str,
-        comm_id: u64,
-        rank: usize,
-    ) -> Label {
-        Label {
-            parts: Some(LabelParts {
-                name,
-                extra,
-                count,
-                dtype,
-                comm_id,
-                rank,
-            }),
-            text: std::sync::OnceLock::new(),
-        }
-    }
-}
-
-impl From<&str> for Label {
-    fn from(s: &str) -> Label {
-        Label {
-            parts: None,
-            text: std::sync::OnceLock::from(s.to_string()),
-        }
-    }
-}
-
-impl std::ops::Deref for Label {
-    type Target = str;
-    fn deref(&self) -> &str {
-        self.text.get_or_init(|| match &self.parts {
-            None => String::new(),
-            Some(p) => {
-                let extra = match p.extra {
-                    LabelExtra::None => String::new(),
-                    LabelExtra::Root(r) => format!(" root {r}"),
-                    LabelExtra::Peer(r) => format!(" peer {r}"),
-                };
-                format!(
-                    "{}{extra} (count {}, {}) on comm {:#018x} rank {}",
-                    p.name, p.count, p.dtype, p.comm_id, p.rank
-                )
-            }
-        })
-    }
-}
-
-impl std::fmt::Display for Label {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self)
-    }
-}
-
 /// One unit of work: a collective, or all Send/Recv of one group on this communicator.
 #[derive(Clone, Debug)]
 pub(crate) enum WorkItem {
@@ -431,59 +343,6 @@ pub(crate) fn plan_for(item: &WorkItem, rank: usize, nranks: usize, t: &Tuning) 
     }
 }
 
-/// Algorithm and protocol of `item` on a host communicator of `nranks` ranks with
-/// selection `sel`. Injected faults (`CCLD_INJECT`, `injecting`) act on ring schedules, so
-/// such runs keep to Ring/Simple.
-pub(crate) fn host_choice(
-    item: &WorkItem,
-    nranks: usize,
-    t: &Tuning,
-    sel: &Selection,
-    injecting: bool,
-) -> (HostAlgo, HostProto) {
-    match item {
-        WorkItem::Coll(c) if !injecting => {
-            sel.choose(c.kind, c.count * c.dtype.size(), nranks, t.min_channels)
-        }
-        _ => (HostAlgo::Ring, HostProto::Simple),
-    }
-}
-
-/// Per-channel message counts `item` is expected to make on `rank` (the probe's expected
-/// SendCount/RecvCount), for the algorithm [`host_choice`] picks with the process
-/// environment's `NCCL_ALGO`, `NCCL_PROTO` and `CCLD_INJECT`.
-pub(crate) fn expected_counts(
-    item: &WorkItem,
-    rank: usize,
-    nranks: usize,
-    t: &Tuning,
-) -> Result<Vec<schedule::ExpectedCounts>> {
-    let sel = Selection::parse(
-        crate::env::var(crate::hostalgo::ENV_ALGO)?.as_deref(),
-        crate::env::var(crate::device::proto::ENV_PROTO)?.as_deref(),
-    )?;
-    let injecting = crate::env::var("CCLD_INJECT")?.is_some();
-    match (host_choice(item, nranks, t, &sel, injecting), item) {
-        ((HostAlgo::Tree, proto), WorkItem::Coll(c)) => {
-            let (send, recv) = tree_counts(c, proto, rank, nranks, t);
-            Ok(vec![schedule::ExpectedCounts { send, recv }])
-        }
-        _ => Ok(plan_for(item, rank, nranks, t)?.expected_counts()),
-    }
-}
-
-/// Messages a Tree AllReduce sends and receives on `rank` (all on channel 0).
-fn tree_counts(c: &CollOp, proto: HostProto, rank: usize, nranks: usize, t: &Tuning) -> (u64, u64) {
-    let es = c.dtype.size();
-    let msg = tree_exec::message_bytes(proto, t.slot_bytes, es);
-    let chunks = (c.count * es).div_ceil(msg) as u64;
-    let (send, recv) = crate::tree::steps(rank, nranks)
-        .iter()
-        .map(|s| s.messages())
-        .fold((0, 0), |(a, b), (s, r)| (a + s, b + r));
-    (send * chunks, recv * chunks)
-}
-
 /// The operation type set of a work item.
 pub(crate) fn type_set(item: &WorkItem, nranks: usize, plan: &Plan) -> OpTypeSet {
     let n_channels = u32::try_from(plan.n_channels).unwrap_or(u32::MAX);
@@ -635,41 +494,6 @@ pub(crate) struct Worker {
     scratch2: Vec<u8>,
 }
 
-/// `CCLD_SPIN_US`: how long (microseconds) an executor waiting for a peer spins before it
-/// yields and then sleeps. Default: [`DEFAULT_SPIN_US`] when the communicator's ranks fit
-/// the cores this process may run on (each rank then has a core, and its peers answer
-/// within microseconds), 0 otherwise (oversubscribed: a spinning rank takes the core its
-/// peer needs, so it yields at once, after a few spin hints).
-pub(crate) const ENV_SPIN_US: &str = "CCLD_SPIN_US";
-
-/// Default of [`ENV_SPIN_US`] on a communicator whose ranks fit the cores.
-pub(crate) const DEFAULT_SPIN_US: u64 = 200;
-
-impl Worker {
-    /// Whether a peer published (at the start of its current operation) the CPU this rank
-    /// runs on: then the peer can only run when this rank gives the CPU up, and spinning
-    /// would delay it by the whole spin budget.
-    fn peer_on_my_cpu(&self) -> bool {
-        // SAFETY: sched_getcpu takes no arguments and only reads per-thread state.
-        let me = unsafe { libc::sched_getcpu() };
-        if me < 0 {
-            return false;
-        }
-        self.t
-            .peer_current
-            .iter()
-            .flatten()
-            .any(|w| w[3].get().load(Ordering::Relaxed) == me as u64 + 1)
-    }
-}
-
-fn spin_budget(nranks: usize) -> Result<Duration> {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let default = if nranks <= cores { DEFAULT_SPIN_US } else { 0 };
-    let us = crate::env::u64_or(ENV_SPIN_US, default)?;
-    Ok(Duration::from_micros(us.min(10_000_000)))
-}
-
 /// The state of one lane being run.
 struct LaneRun<'p> {
     lane: &'p Lane,
@@ -680,58 +504,6 @@ struct LaneRun<'p> {
     stall_at: Option<usize>,
     /// Why the lane could not run its next step in the last pass.
     wait: Wait,
-}
-
-/// Outcome of one attempt to run a step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Wait {
-    /// The step ran.
-    None,
-    /// No inbound message yet: waiting for the upstream peer.
-    Upstream,
-    /// No free outbound slot (or the link is throttled): waiting for the downstream peer.
-    Downstream,
-}
-
-/// Wait-time accounting of one operation (frame extension slots). A wait episode runs from
-/// the first snooze after progress to the next progress; it is timed from its SECOND snooze
-/// on (none for the one-spin waits of a streaming ring: what the diagnosis needs are the
-/// long waits behind a slow peer) and charged, when progress resumes, to the channels of
-/// the lanes blocked at the last snooze, by wait reason. One clock read per episode: its
-/// start is the time the executor read for its peer check just before the snooze.
-#[derive(Default)]
-struct WaitEpisode {
-    snoozes: u32,
-    since: Option<Instant>,
-    blocked: Vec<(usize, Wait)>,
-}
-
-impl WaitEpisode {
-    /// Called before each snooze at `now` with the lanes' (channel, wait reason).
-    fn snoozing(&mut self, now: Instant, lanes: impl Iterator<Item = (usize, Wait)>) {
-        self.snoozes += 1;
-        if self.snoozes == 2 {
-            self.since = Some(now);
-        }
-        if self.snoozes >= 2 {
-            self.blocked.clear();
-            self.blocked.extend(lanes.filter(|(_, w)| *w != Wait::None));
-        }
-    }
-
-    /// Progress resumed: adds the episode's time to the frame's wait slots of `block`.
-    fn charge(&mut self, frame: &Frame, block: usize) {
-        self.snoozes = 0;
-        let Some(t0) = self.since.take() else { return };
-        let ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        for &(ch, w) in &self.blocked {
-            match w {
-                Wait::Upstream => frame.add_wait_upstream(block, ch, ns),
-                Wait::Downstream => frame.add_wait_downstream(block, ch, ns),
-                Wait::None => {}
-            }
-        }
-    }
 }
 
 /// Per-channel send throttle of an injected S2/S3 fault.
@@ -759,47 +531,6 @@ const FAILURE_FLUSH: Duration = Duration::from_millis(500);
 
 /// How long an injected not-entered rank sleeps between abort checks.
 const NOT_ENTERED_POLL: Duration = Duration::from_millis(10);
-
-/// ` stream 0x...` after a call's log line (device backend), nothing otherwise; formats only
-/// when the line is actually logged.
-struct StreamSuffix(Option<usize>);
-
-impl std::fmt::Display for StreamSuffix {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.0 {
-            Some(s) => write!(f, " stream {s:#x}"),
-            None => Ok(()),
-        }
-    }
-}
-
-/// NCCL's per-call INFO line (subsystem COLL / P2P) of operation `counter`; `stream` is
-/// the caller's stream on the device backend.
-pub(crate) fn log_call(
-    item: &WorkItem,
-    info: &OpTypeSet,
-    rank: usize,
-    nranks: usize,
-    comm_id: u64,
-    counter: u64,
-    stream: Option<usize>,
-) {
-    let st = StreamSuffix(stream);
-    match item {
-        WorkItem::Coll(c) => tracing::info!(target: "nccl::COLL", rank,
-            "{}: opCount {counter:x} sendbuff {:#x} recvbuff {:#x} count {} datatype {} op {} root {} comm {comm_id:#018x} [nranks={nranks}] nChannels {}{st}",
-            c.kind.name(), c.sendbuf, c.recvbuf, c.count, c.dtype as i32, info.redop,
-            info.root, info.n_channels),
-        WorkItem::P2p(calls) => {
-            for c in calls {
-                tracing::info!(target: "nccl::P2P", rank,
-                    "{}: opCount {counter:x} buff {:#x} count {} datatype {} peer {} comm {comm_id:#018x} [nranks={nranks}]{st}",
-                    if c.dir == Dir::Send { "Send" } else { "Recv" }, c.buf, c.count,
-                    c.dtype as i32, c.peer);
-            }
-        }
-    }
-}
 
 fn is_fatal(e: &CclError) -> bool {
     !matches!(
@@ -1475,41 +1206,6 @@ fn desc_of(
         .ok_or_else(|| CclError::Internal(format!("no descriptor for buffer {buf}")))
 }
 
-/// Publishes the descriptor of the collective this rank starts (`None`: not a
-/// collective) in its current-collective words, seqlock style: word 0 is cleared, then
-/// words 1 and 2 written, then word 0 set to `seq + 1` (Release). See [`read_current`].
-fn publish_current(
-    w: &[crate::transport::shm::SharedWord; 4],
-    d: Option<[u64; crate::transport::shm::FifoLayout::DESC_WORDS]>,
-) {
-    // SAFETY: sched_getcpu takes no arguments and only reads per-thread state.
-    let cpu = unsafe { libc::sched_getcpu() };
-    // Word 3: the CPU this rank runs on, plus one (0: unknown), for `peer_on_my_cpu`.
-    w[3].get()
-        .store(u64::try_from(cpu).map_or(0, |c| c + 1), Ordering::Relaxed);
-    w[0].get().store(0, Ordering::Relaxed);
-    std::sync::atomic::fence(Ordering::Release);
-    let d = d.unwrap_or([u64::MAX, 0, 0]);
-    w[1].get().store(d[1], Ordering::Relaxed);
-    w[2].get().store(d[2], Ordering::Relaxed);
-    w[0].get().store(d[0].wrapping_add(1), Ordering::Release);
-}
-
-/// A peer's published current-collective descriptor, `None` while it is being rewritten
-/// or when the peer runs no collective.
-pub(crate) fn read_current(
-    w: &[crate::transport::shm::SharedWord; 4],
-) -> Option<[u64; crate::transport::shm::FifoLayout::DESC_WORDS]> {
-    let s1 = w[0].get().load(Ordering::Acquire);
-    let (a, b) = (
-        w[1].get().load(Ordering::Relaxed),
-        w[2].get().load(Ordering::Relaxed),
-    );
-    std::sync::atomic::fence(Ordering::Acquire);
-    let s2 = w[0].get().load(Ordering::Relaxed);
-    (s1 != 0 && s1 == s2).then(|| [s1.wrapping_sub(1), a, b])
-}
-
 fn ring_bell(bells: &[Option<crate::transport::shm::Doorbell>], peer: Option<usize>) {
     if let Some(Some(b)) = peer.and_then(|p| bells.get(p)) {
         b.ring_if_waiting();
@@ -1518,6 +1214,15 @@ fn ring_bell(bells: &[Option<crate::transport::shm::Doorbell>], peer: Option<usi
 
 #[path = "executor_tree.rs"]
 mod tree_exec;
+
+#[path = "executor_wait.rs"]
+mod wait;
+
+pub(crate) use crate::label::{log_call, Label, LabelExtra};
+use tree_exec::tree_counts;
+pub(crate) use tree_exec::{expected_counts, host_choice};
+pub(crate) use wait::read_current;
+use wait::{publish_current, spin_budget, Wait, WaitEpisode};
 
 #[cfg(test)]
 #[path = "executor_tests.rs"]

@@ -7,10 +7,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::{mem, ring_bell, Worker};
+use super::{mem, ring_bell, CollOp, Tuning, WorkItem, Worker};
 use crate::error::{CclError, Result};
-use crate::hostalgo::HostProto;
+use crate::hostalgo::{HostAlgo, HostProto, Selection};
 use crate::reduce::Reducer;
+use crate::schedule;
 use crate::transport::shm::{Backoff, Doorbell, FifoLayout};
 use crate::tree::{self, TreeStep};
 
@@ -349,4 +350,63 @@ fn wrong_len(got: usize, want: usize, peer: usize) -> CclError {
     CclError::Remote(format!(
         "Tree message of {got} bytes from rank {peer}, expected {want} (mismatched operations?)"
     ))
+}
+
+/// Algorithm and protocol of `item` on a host communicator of `nranks` ranks with
+/// selection `sel`. Injected faults (`CCLD_INJECT`, `injecting`) act on ring schedules, so
+/// such runs keep to Ring/Simple.
+pub(crate) fn host_choice(
+    item: &WorkItem,
+    nranks: usize,
+    t: &Tuning,
+    sel: &Selection,
+    injecting: bool,
+) -> (HostAlgo, HostProto) {
+    match item {
+        WorkItem::Coll(c) if !injecting => {
+            sel.choose(c.kind, c.count * c.dtype.size(), nranks, t.min_channels)
+        }
+        _ => (HostAlgo::Ring, HostProto::Simple),
+    }
+}
+
+/// Per-channel message counts `item` is expected to make on `rank` (the probe's expected
+/// SendCount/RecvCount), for the algorithm [`host_choice`] picks with the process
+/// environment's `NCCL_ALGO`, `NCCL_PROTO` and `CCLD_INJECT`.
+pub(crate) fn expected_counts(
+    item: &WorkItem,
+    rank: usize,
+    nranks: usize,
+    t: &Tuning,
+) -> Result<Vec<schedule::ExpectedCounts>> {
+    let sel = Selection::parse(
+        crate::env::var(crate::hostalgo::ENV_ALGO)?.as_deref(),
+        crate::env::var(crate::device::proto::ENV_PROTO)?.as_deref(),
+    )?;
+    let injecting = crate::env::var("CCLD_INJECT")?.is_some();
+    match (host_choice(item, nranks, t, &sel, injecting), item) {
+        ((HostAlgo::Tree, proto), WorkItem::Coll(c)) => {
+            let (send, recv) = tree_counts(c, proto, rank, nranks, t);
+            Ok(vec![schedule::ExpectedCounts { send, recv }])
+        }
+        _ => Ok(super::plan_for(item, rank, nranks, t)?.expected_counts()),
+    }
+}
+
+/// Messages a Tree AllReduce sends and receives on `rank` (all on channel 0).
+pub(super) fn tree_counts(
+    c: &CollOp,
+    proto: HostProto,
+    rank: usize,
+    nranks: usize,
+    t: &Tuning,
+) -> (u64, u64) {
+    let es = c.dtype.size();
+    let msg = message_bytes(proto, t.slot_bytes, es);
+    let chunks = (c.count * es).div_ceil(msg) as u64;
+    let (send, recv) = crate::tree::steps(rank, nranks)
+        .iter()
+        .map(|s| s.messages())
+        .fold((0, 0), |(a, b), (s, r)| (a + s, b + r));
+    (send * chunks, recv * chunks)
 }

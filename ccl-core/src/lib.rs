@@ -13,6 +13,7 @@ pub mod executor;
 pub mod group;
 pub mod hostalgo;
 pub mod inject;
+mod label;
 pub mod reduce;
 pub mod schedule;
 pub mod transport;
