@@ -312,3 +312,69 @@ impl Backoff {
         self.step = self.step.saturating_add(1);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bell() -> Doorbell {
+        Doorbell::new(Arc::new(ShmRegion::anonymous(64).unwrap()), 0).unwrap()
+    }
+
+    #[test]
+    fn ring_if_waiting_wakes_only_announced_owners() {
+        let b = bell();
+        let v0 = b.value();
+        b.ring_if_waiting();
+        assert_eq!(b.value(), v0, "nobody announced: no write");
+        let seen = b.announce();
+        assert_eq!(seen, v0);
+        b.ring_if_waiting();
+        assert_ne!(b.value(), seen, "announced owner is rung");
+        // The value moved, so the owner does not sleep (a 10 s timeout would hang here).
+        let t = std::time::Instant::now();
+        b.wait_announced(seen, Duration::from_secs(10));
+        assert!(t.elapsed() < Duration::from_secs(5));
+        b.unannounce();
+        let v1 = b.value();
+        b.ring_if_waiting();
+        assert_eq!(b.value(), v1, "announcement withdrawn");
+    }
+
+    #[test]
+    fn an_announced_owner_asleep_is_woken_by_a_producer() {
+        let b = Arc::new(bell());
+        let b2 = Arc::clone(&b);
+        let seen = b.announce();
+        let producer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            b2.ring_if_waiting();
+        });
+        let t = std::time::Instant::now();
+        b.wait_announced(seen, Duration::from_secs(20));
+        b.unannounce();
+        producer.join().unwrap();
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "woken, not timed out"
+        );
+        assert_ne!(b.value(), seen);
+    }
+
+    #[test]
+    fn timed_spin_ends_in_the_yield_phase() {
+        let mut b = Backoff::with_spin(Duration::from_micros(200));
+        let t = std::time::Instant::now();
+        while b.step == 0 {
+            b.pause();
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "spin phase never ends"
+            );
+        }
+        assert!(t.elapsed() >= Duration::from_micros(200));
+        assert!(!b.is_parking());
+        b.reset();
+        assert_eq!(b.step, 0);
+    }
+}

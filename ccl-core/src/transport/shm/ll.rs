@@ -371,3 +371,94 @@ impl LlReceiver {
         self.f.consumed().store(self.consumed, Ordering::Release);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair(layout: LlLayout) -> (LlSender, LlReceiver) {
+        let region = Arc::new(ShmRegion::anonymous(layout.bytes()).unwrap());
+        let tx = LlSender::new(Arc::clone(&region), 0, layout).unwrap();
+        let rx = LlReceiver::new(region, 0, layout).unwrap();
+        (tx, rx)
+    }
+
+    #[test]
+    fn messages_of_every_length_arrive_in_order_across_slot_reuse() {
+        let layout = LlLayout { nslots: 3, cap: 64 };
+        let (mut tx, mut rx) = pair(layout);
+        assert!(
+            rx.try_peek_with_desc().unwrap().is_none(),
+            "fresh FIFO is empty"
+        );
+        let mut k = 0u64;
+        // Lengths 0..=cap (not multiples of 4 included), twice, so every slot is reused
+        // with shorter and longer messages than it held before.
+        for round in 0..2u64 {
+            for len in 0..=layout.cap {
+                let data: Vec<u8> = (0..len)
+                    .map(|i| (i as u64 * 31 + k * 7 + round) as u8)
+                    .collect();
+                let desc = [k, !k, k.wrapping_mul(0x9e37_79b9)];
+                tx.try_reserve().expect("room")[..len].copy_from_slice(&data);
+                tx.commit_with_desc(len, desc).unwrap();
+                let (got, d) = rx.try_peek_with_desc().unwrap().expect("message");
+                assert_eq!(got, &data[..], "message {k} of {len} bytes");
+                assert_eq!(d, desc);
+                rx.release();
+                k += 1;
+            }
+        }
+    }
+
+    #[test]
+    fn a_full_fifo_refuses_until_released_and_misuse_is_an_error() {
+        let layout = LlLayout { nslots: 2, cap: 8 };
+        let (mut tx, mut rx) = pair(layout);
+        for i in 0..2u8 {
+            tx.try_reserve().expect("room")[0] = i;
+            tx.commit_with_desc(1, [0; 3]).unwrap();
+        }
+        assert!(tx.try_reserve().is_none(), "both slots in use");
+        assert!(
+            tx.commit_with_desc(1, [0; 3]).is_err(),
+            "commit without a reservation"
+        );
+        assert_eq!(rx.try_peek_with_desc().unwrap().unwrap().0, &[0u8][..]);
+        rx.release();
+        let buf = tx.try_reserve().expect("a slot was released");
+        buf[0] = 9;
+        assert!(tx.commit_with_desc(9, [0; 3]).is_err(), "longer than cap");
+        tx.commit_with_desc(1, [0; 3]).unwrap();
+        assert_eq!(rx.try_peek_with_desc().unwrap().unwrap().0, &[1u8][..]);
+        rx.release();
+        assert_eq!(rx.try_peek_with_desc().unwrap().unwrap().0, &[9u8][..]);
+    }
+
+    #[test]
+    fn a_stale_or_partly_written_message_is_not_read_and_a_bad_length_is_an_error() {
+        let layout = LlLayout { nslots: 1, cap: 16 };
+        let (mut tx, mut rx) = pair(layout);
+        tx.try_reserve().unwrap()[..8].copy_from_slice(b"abcdefgh");
+        tx.commit_with_desc(8, [1, 2, 3]).unwrap();
+        // Message 1 goes to the same slot: until its words carry flag 2, the consumer
+        // (already past message 0) must not read the old words as message 1.
+        assert!(rx.try_peek_with_desc().unwrap().is_some());
+        rx.release();
+        assert!(
+            rx.try_peek_with_desc().unwrap().is_none(),
+            "stale words ignored"
+        );
+        // A header with the right flag but a payload word still from message 0.
+        let slot = tx.f.slot(1);
+        slot[0].store(flag_of(1) | 8, Ordering::Release);
+        assert!(
+            rx.try_peek_with_desc().unwrap().is_none(),
+            "payload not there yet"
+        );
+        // A length beyond the capacity is a corrupt FIFO.
+        let (tx2, mut rx2) = pair(layout);
+        tx2.f.slot(0)[0].store(flag_of(0) | 17, Ordering::Release);
+        assert!(matches!(rx2.try_peek_with_desc(), Err(CclError::Remote(_))));
+    }
+}
