@@ -9,6 +9,9 @@
 //! - kind 3, "p2p": one per directed pair, created by the receiver on first use, holding
 //!   `p2p_channels` FIFOs (at most [`crate::comm::P2P_MAX_CHANNELS`]: p2p links to many
 //!   peers must stay cheap).
+//! - kind 4, "tree": one per directed pair of Tree partners ([`crate::tree`]), created at
+//!   init by the receiver (unless `NCCL_ALGO` excludes Tree), holding one Simple FIFO and
+//!   one LL FIFO ([`LL_LAYOUT`]).
 //!
 //! Every segment is unlinked by its creator as soon as the peers that need it have mapped it
 //! (after a bootstrap barrier or acknowledgement), so a job that dies later (even by
@@ -24,20 +27,59 @@ use crate::bootstrap::Bootstrap;
 use crate::desc::POISON_OFFSET;
 use crate::error::{CclError, Result};
 use crate::transport::shm::{
-    align_up, segment_name_for_pid, Doorbell, FifoLayout, FifoReceiver, FifoSender, SharedWord,
-    ShmRegion, CACHE_LINE,
+    align_up, segment_name_for_pid, Doorbell, FifoLayout, FifoReceiver, FifoSender, LlLayout,
+    LlReceiver, LlSender, SharedWord, ShmRegion, CACHE_LINE,
 };
 
 /// Prefix of every segment name of this library (`/dev/shm/ccld-<comm hash>-...`).
 pub const SEGMENT_PREFIX: &str = "ccld";
 
+/// Offset of the current-collective descriptor words in each rank's doorbell segment
+/// (their own cache line, so that writing them never disturbs the doorbell's).
+pub(crate) const CURRENT_OFFSET: usize = CACHE_LINE;
+
+fn current_words(region: &Arc<ShmRegion>) -> Result<[SharedWord; 4]> {
+    Ok([
+        SharedWord::new(Arc::clone(region), CURRENT_OFFSET)?,
+        SharedWord::new(Arc::clone(region), CURRENT_OFFSET + 8)?,
+        SharedWord::new(Arc::clone(region), CURRENT_OFFSET + 16)?,
+        SharedWord::new(Arc::clone(region), CURRENT_OFFSET + 24)?,
+    ])
+}
+
 const KIND_BELL: u64 = 1;
 const KIND_RING: u64 = 2;
 const KIND_P2P: u64 = 3;
+const KIND_TREE: u64 = 4;
 
 /// Bootstrap tags of the lazy p2p handshake (user tags of the communicator's bootstrap).
 const TAG_P2P_READY: u32 = 0x7032_7001;
 const TAG_P2P_ACK: u32 = 0x7032_7002;
+/// Bootstrap tags of the Tree links' handshake at init.
+const TAG_TREE_READY: u32 = 0x7472_6501;
+const TAG_TREE_ACK: u32 = 0x7472_6502;
+
+/// Hashing of rank keys: the rank itself (looked up for every Tree message; SipHash
+/// showed in the small-message profile).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct RankHasher(u64);
+
+impl std::hash::Hasher for RankHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 << 8) | u64::from(*b);
+        }
+    }
+    fn write_usize(&mut self, v: usize) {
+        self.0 = v as u64;
+    }
+}
+
+/// [`RankHasher`]'s builder.
+pub(crate) type RankHash = std::hash::BuildHasherDefault<RankHasher>;
 
 /// One direction-pair of FIFOs (per channel) with one peer.
 #[derive(Debug, Default)]
@@ -46,7 +88,18 @@ pub(crate) struct PeerLinks {
     pub rx: Vec<FifoReceiver>,
     /// Per channel: messages to the peer.
     pub tx: Vec<FifoSender>,
+    /// LL messages from the peer (Tree links only).
+    pub ll_rx: Option<LlReceiver>,
+    /// LL messages to the peer (Tree links only).
+    pub ll_tx: Option<LlSender>,
 }
+
+/// The LL FIFO of every Tree link, after its Simple FIFO in the link's segment: 4 messages
+/// of up to 8 KiB (each takes twice that in LL words), 66 KiB per direction and partner.
+pub(crate) const LL_LAYOUT: LlLayout = LlLayout {
+    nslots: 4,
+    cap: 8 << 10,
+};
 
 /// All shared-memory connections of one rank of one communicator.
 #[derive(Debug)]
@@ -57,7 +110,7 @@ pub(crate) struct Transport {
     pub p2p_channels: usize,
     pub layout: FifoLayout,
     /// This rank's doorbell (rung by peers when they commit to or release from our FIFOs).
-    pub bell: Doorbell,
+    pub bell: Arc<Doorbell>,
     /// The (unlinked, still mapped) segment holding `bell`.
     bell_region: Arc<ShmRegion>,
     /// Peers' doorbells by rank (`None` for this rank).
@@ -67,10 +120,20 @@ pub(crate) struct Transport {
     pub poison: SharedWord,
     /// Peers' poison words by rank (`None` for this rank).
     pub peer_poison: Vec<Option<SharedWord>>,
+    /// The descriptor of the collective this rank is running (all zero: none) and the CPU
+    /// it started on, on the second line of its doorbell segment: ranks waiting for a Tree
+    /// message compare the descriptor with theirs, and waiting ranks do not spin while a
+    /// peer shares their CPU ([`CURRENT_OFFSET`]).
+    pub current: [SharedWord; 4],
+    /// Peers' current-collective words by rank (`None` for this rank).
+    pub peer_current: Vec<Option<[SharedWord; 4]>>,
     /// Ring links (empty with one rank).
     pub ring: PeerLinks,
+    /// Links of the Tree algorithm by partner (one Simple FIFO and one LL FIFO each way),
+    /// made at init.
+    pub tree: HashMap<usize, PeerLinks, RankHash>,
     /// Lazily created p2p links by peer.
-    pub p2p: HashMap<usize, PeerLinks>,
+    pub p2p: HashMap<usize, PeerLinks, RankHash>,
     /// Pids of all ranks (for liveness checks).
     pub pids: Vec<u32>,
 }
@@ -107,6 +170,82 @@ fn senders(region: &Arc<ShmRegion>, layout: FifoLayout, n: usize) -> Result<Vec<
     (0..n)
         .map(|c| FifoSender::new(Arc::clone(region), c * s, layout))
         .collect()
+}
+
+/// Which pairwise links [`connect_pairs`] makes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PairKind {
+    /// Send/Recv links: `nch` Simple FIFOs each way.
+    P2p,
+    /// Tree links: `nch` Simple FIFOs and one LL FIFO ([`LL_LAYOUT`]) each way.
+    Tree,
+}
+
+/// Creates the inbound segment of every peer in `new` (sorted, distinct, not `me`), maps
+/// the peers' ones, and unlinks ours once mapped: the handshake first posts all "ready"
+/// messages, then waits, so any order of peers is deadlock-free. Every listed peer must
+/// call this for `me` at the same point of its program.
+fn connect_pairs(
+    boot: &Bootstrap,
+    me: usize,
+    new: &[usize],
+    kind: PairKind,
+    layout: FifoLayout,
+    nch: usize,
+    abort: &AtomicBool,
+) -> Result<Vec<(usize, PeerLinks)>> {
+    let (seg_kind, ready, ack) = match kind {
+        PairKind::P2p => (KIND_P2P, TAG_P2P_READY, TAG_P2P_ACK),
+        PairKind::Tree => (KIND_TREE, TAG_TREE_READY, TAG_TREE_ACK),
+    };
+    // The Simple FIFOs, then (Tree) the LL FIFO.
+    let ll_at = seg_bytes(layout, nch)?;
+    let bytes = match kind {
+        PairKind::P2p => ll_at,
+        PairKind::Tree => ll_at
+            .checked_add(LL_LAYOUT.bytes())
+            .ok_or_else(|| CclError::arg("NCCL_BUFFSIZE x channels overflows"))?,
+    };
+    let ll = kind == PairKind::Tree;
+    let mut created = Vec::with_capacity(new.len());
+    for &p in new {
+        let region = Arc::new(ShmRegion::create(&name(boot, seg_kind, p, me, me), bytes)?);
+        let rx = receivers(&region, layout, nch)?;
+        let ll_rx = if ll {
+            Some(LlReceiver::new(Arc::clone(&region), ll_at, LL_LAYOUT)?)
+        } else {
+            None
+        };
+        boot.send(p, ready, &[])?;
+        created.push((p, region, rx, ll_rx));
+    }
+    let mut txs = Vec::with_capacity(new.len());
+    for &p in new {
+        recv_patiently(boot, p, ready, abort)?;
+        let region = Arc::new(ShmRegion::open(&name(boot, seg_kind, me, p, p))?);
+        let ll_tx = if ll {
+            Some(LlSender::new(Arc::clone(&region), ll_at, LL_LAYOUT)?)
+        } else {
+            None
+        };
+        txs.push((senders(&region, layout, nch)?, ll_tx));
+        boot.send(p, ack, &[])?;
+    }
+    let mut out = Vec::with_capacity(new.len());
+    for ((p, region, rx, ll_rx), (tx, ll_tx)) in created.into_iter().zip(txs) {
+        recv_patiently(boot, p, ack, abort)?;
+        region.unlink()?;
+        out.push((
+            p,
+            PeerLinks {
+                rx,
+                tx,
+                ll_rx,
+                ll_tx,
+            },
+        ));
+    }
+    Ok(out)
 }
 
 /// Waits for a handshake message without a deadline: like a send in NCCL, a p2p operation
@@ -152,9 +291,10 @@ impl Transport {
         let next = (me + 1) % n;
         let my_bell_region = Arc::new(ShmRegion::create(
             &name(boot, KIND_BELL, me, me, me),
-            CACHE_LINE,
+            2 * CACHE_LINE,
         )?);
-        let bell = Doorbell::new(Arc::clone(&my_bell_region), 0)?;
+        let current = current_words(&my_bell_region)?;
+        let bell = Arc::new(Doorbell::new(Arc::clone(&my_bell_region), 0)?);
         let poison = SharedWord::new(Arc::clone(&my_bell_region), POISON_OFFSET)?;
         let ring_in = if n > 1 {
             Some(Arc::new(ShmRegion::create(
@@ -171,13 +311,16 @@ impl Transport {
         boot.barrier()?;
         let mut peer_bells = Vec::with_capacity(n);
         let mut peer_poison = Vec::with_capacity(n);
+        let mut peer_current = Vec::with_capacity(n);
         for p in 0..n {
             if p == me {
                 peer_bells.push(None);
                 peer_poison.push(None);
+                peer_current.push(None);
                 continue;
             }
             let region = Arc::new(ShmRegion::open(&name(boot, KIND_BELL, p, p, p))?);
+            peer_current.push(Some(current_words(&region)?));
             peer_poison.push(Some(SharedWord::new(Arc::clone(&region), POISON_OFFSET)?));
             peer_bells.push(Some(Doorbell::new(region, 0)?));
         }
@@ -193,7 +336,7 @@ impl Transport {
         tracing::info!(target: "nccl::SHM", rank = me,
             "comm {:#018x} ring {prev} -> {me} -> {next}: {max_channels} channel(s) x {} slots of {} bytes, segments unlinked",
             boot.comm_hash(), layout.nslots, layout.slot_bytes);
-        Ok(Transport {
+        let mut t = Transport {
             rank: me,
             comm_hash: boot.comm_hash(),
             p2p_channels,
@@ -203,10 +346,37 @@ impl Transport {
             peer_bells,
             poison,
             peer_poison,
+            current,
+            peer_current,
             ring,
-            p2p: HashMap::new(),
+            tree: HashMap::default(),
+            p2p: HashMap::default(),
             pids: (0..n).map(|r| boot.peer_pid(r)).collect(),
-        })
+        };
+        // The Tree algorithm's links are made here, by every rank at the same point, and
+        // not on first use: ranks that disagree on an operation (an inconsistent call) may
+        // disagree on its algorithm too, and a lazy handshake with a rank that runs a ring
+        // would block before any descriptor check could see the mismatch.
+        let sel = crate::hostalgo::Selection::parse(
+            crate::env::var(crate::hostalgo::ENV_ALGO)?.as_deref(),
+            crate::env::var(crate::device::proto::ENV_PROTO)?.as_deref(),
+        )?;
+        if sel.algos.tree && n > 1 {
+            let mut peers = crate::tree::peers(me, n);
+            peers.sort_unstable();
+            peers.dedup();
+            let links = connect_pairs(
+                boot,
+                me,
+                &peers,
+                PairKind::Tree,
+                layout,
+                1,
+                &AtomicBool::new(false),
+            )?;
+            t.tree.extend(links);
+        }
+        Ok(t)
     }
 
     /// The segment of this rank's doorbell (to make more handles on it).
@@ -235,26 +405,16 @@ impl Transport {
             return Ok(());
         }
         let me = self.rank;
-        let bytes = seg_bytes(self.layout, self.p2p_channels)?;
-        let mut created = Vec::with_capacity(new.len());
-        for &p in &new {
-            let region = Arc::new(ShmRegion::create(&name(boot, KIND_P2P, p, me, me), bytes)?);
-            let rx = receivers(&region, self.layout, self.p2p_channels)?;
-            boot.send(p, TAG_P2P_READY, &[])?;
-            created.push((p, region, rx));
-        }
-        let mut txs = Vec::with_capacity(new.len());
-        for &p in &new {
-            recv_patiently(boot, p, TAG_P2P_READY, abort)?;
-            let region = Arc::new(ShmRegion::open(&name(boot, KIND_P2P, me, p, p))?);
-            txs.push(senders(&region, self.layout, self.p2p_channels)?);
-            boot.send(p, TAG_P2P_ACK, &[])?;
-        }
-        for ((p, region, rx), tx) in created.into_iter().zip(txs) {
-            recv_patiently(boot, p, TAG_P2P_ACK, abort)?;
-            region.unlink()?;
-            self.p2p.insert(p, PeerLinks { rx, tx });
-        }
+        let links = connect_pairs(
+            boot,
+            me,
+            &new,
+            PairKind::P2p,
+            self.layout,
+            self.p2p_channels,
+            abort,
+        )?;
+        self.p2p.extend(links);
         tracing::debug!(target: "nccl::P2P", rank = me,
             "comm {:#018x}: connected p2p with {new:?}", self.comm_hash);
         Ok(())

@@ -239,24 +239,24 @@ impl Tuning {
     }
 }
 
-/// The host backend runs Ring/Simple (and P2P for p2p-built operations) only: say so when
-/// `NCCL_ALGO`/`NCCL_PROTO` ask for something else (once per process). `NCCL_PROTO` is
-/// parsed strictly here too (junk fails init on either backend); device communicators
-/// use it (`device::proto`).
+/// `NCCL_ALGO`/`NCCL_PROTO` on the host backend (`crate::hostalgo`): both parsed strictly
+/// (junk fails init on either backend; device communicators use `NCCL_PROTO` too,
+/// `device::proto`), and a warning (once per process) when they ask for something the host
+/// backend does not run.
 fn note_algo_proto_env() -> Result<()> {
     static ONCE: std::sync::Once = std::sync::Once::new();
-    let algo = env::var("NCCL_ALGO")?;
+    let algo = env::var(crate::hostalgo::ENV_ALGO)?;
     let proto = env::var(crate::device::proto::ENV_PROTO)?;
+    crate::hostalgo::parse_algo(algo.as_deref())?;
     let set = crate::device::proto::parse(proto.as_deref())?;
     ONCE.call_once(|| {
-        if let Some(a) = algo.filter(|a| !a.to_ascii_lowercase().contains("ring")) {
-            tracing::warn!(target: "nccl::ENV",
-                "NCCL_ALGO={a}: the host backend implements Ring (and P2P) only; using Ring");
+        if let Some(w) = crate::hostalgo::describe_fallback(algo.as_deref()) {
+            tracing::warn!(target: "nccl::ENV", "{w}");
         }
         if let (Some(p), false) = (proto, set.simple) {
             tracing::warn!(target: "nccl::ENV",
-                "NCCL_PROTO={p}: the host backend implements Simple only; host communicators \
-                 use Simple (device communicators follow NCCL_PROTO)");
+                "NCCL_PROTO={p}: host communicators run Ring with Simple only (LL with Tree); \
+                 device communicators follow NCCL_PROTO");
         }
     });
     Ok(())

@@ -28,6 +28,7 @@ use crate::bootstrap::Bootstrap;
 use crate::channel::Transport;
 use crate::comm::ScalarArg;
 use crate::error::{CclError, Result};
+use crate::hostalgo::{HostAlgo, HostProto, Selection};
 use crate::reduce::Reducer;
 use crate::schedule::{self, CollDesc, Dir, Lane, LinkKind, LocalKind, P2pOp, Plan, StepKind};
 use crate::transport::shm::{process_alive, Backoff};
@@ -62,7 +63,7 @@ pub(crate) struct CollOp {
     pub root: usize,
     pub red: Option<RedSpec>,
     pub raw_op: i32,
-    pub label: String,
+    pub label: Label,
 }
 
 /// A validated Send or Recv.
@@ -73,7 +74,7 @@ pub(crate) struct P2pCall {
     pub buf: usize,
     pub count: usize,
     pub dtype: DataType,
-    pub label: String,
+    pub label: Label,
 }
 
 /// One unit of work: a collective, or all Send/Recv of one group on this communicator.
@@ -86,9 +87,9 @@ pub(crate) enum WorkItem {
 impl WorkItem {
     pub fn label(&self) -> String {
         match self {
-            WorkItem::Coll(c) => c.label.clone(),
+            WorkItem::Coll(c) => c.label.to_string(),
             WorkItem::P2p(v) => {
-                let names: Vec<&str> = v.iter().map(|c| c.label.as_str()).collect();
+                let names: Vec<&str> = v.iter().map(|c| &*c.label).collect();
                 format!("p2p group [{}]", names.join(", "))
             }
         }
@@ -187,6 +188,12 @@ fn run_guarded(w: &Mutex<Worker>, items: Vec<WorkItem>) -> Result<()> {
 impl WorkerHandle {
     /// Starts the worker, which owns `transport`.
     pub fn spawn(shared: Shared, boot: Arc<Bootstrap>, transport: Transport) -> Result<Self> {
+        let spin = spin_budget(shared.nranks)?;
+        let tree_steps = crate::tree::steps(shared.rank, shared.nranks);
+        let sel = Selection::parse(
+            crate::env::var(crate::hostalgo::ENV_ALGO)?.as_deref(),
+            crate::env::var(crate::device::proto::ENV_PROTO)?.as_deref(),
+        )?;
         let (tx, rx) = mpsc::channel::<Job>();
         let name = format!("ccl-worker-r{}", shared.rank);
         let state = Arc::new(Mutex::new(Worker {
@@ -198,6 +205,10 @@ impl WorkerHandle {
             diverged: false,
             seqs: crate::desc::SeqState::default(),
             failure: None,
+            spin,
+            sel,
+            tree_steps,
+            scratch2: Vec::new(),
         }));
         let st = Arc::clone(&state);
         let join = std::thread::Builder::new()
@@ -472,6 +483,15 @@ pub(crate) struct Worker {
     seqs: crate::desc::SeqState,
     /// Why the current operation failed, for the probe (set where the error arises).
     failure: Option<probe::Failure>,
+    /// How long a waiting operation spins before yielding ([`spin_budget`]); no spinning
+    /// while a peer last ran on this rank's CPU ([`Worker::spin_now`]).
+    spin: Duration,
+    /// `NCCL_ALGO` / `NCCL_PROTO` ([`crate::hostalgo`]).
+    sel: Selection,
+    /// This rank's Tree steps ([`crate::tree::steps`]), computed once.
+    tree_steps: Vec<crate::tree::TreeStep>,
+    /// Second scratch buffer (Tree merges with the partial of a lower rank first).
+    scratch2: Vec<u8>,
 }
 
 /// The state of one lane being run.
@@ -484,58 +504,6 @@ struct LaneRun<'p> {
     stall_at: Option<usize>,
     /// Why the lane could not run its next step in the last pass.
     wait: Wait,
-}
-
-/// Outcome of one attempt to run a step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Wait {
-    /// The step ran.
-    None,
-    /// No inbound message yet: waiting for the upstream peer.
-    Upstream,
-    /// No free outbound slot (or the link is throttled): waiting for the downstream peer.
-    Downstream,
-}
-
-/// Wait-time accounting of one operation (frame extension slots). A wait episode runs from
-/// the first snooze after progress to the next progress; it is timed from its SECOND snooze
-/// on (none for the one-spin waits of a streaming ring: what the diagnosis needs are the
-/// long waits behind a slow peer) and charged, when progress resumes, to the channels of
-/// the lanes blocked at the last snooze, by wait reason. One clock read per episode: its
-/// start is the time the executor read for its peer check just before the snooze.
-#[derive(Default)]
-struct WaitEpisode {
-    snoozes: u32,
-    since: Option<Instant>,
-    blocked: Vec<(usize, Wait)>,
-}
-
-impl WaitEpisode {
-    /// Called before each snooze at `now` with the lanes' (channel, wait reason).
-    fn snoozing(&mut self, now: Instant, lanes: impl Iterator<Item = (usize, Wait)>) {
-        self.snoozes += 1;
-        if self.snoozes == 2 {
-            self.since = Some(now);
-        }
-        if self.snoozes >= 2 {
-            self.blocked.clear();
-            self.blocked.extend(lanes.filter(|(_, w)| *w != Wait::None));
-        }
-    }
-
-    /// Progress resumed: adds the episode's time to the frame's wait slots of `block`.
-    fn charge(&mut self, frame: &Frame, block: usize) {
-        self.snoozes = 0;
-        let Some(t0) = self.since.take() else { return };
-        let ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        for &(ch, w) in &self.blocked {
-            match w {
-                Wait::Upstream => frame.add_wait_upstream(block, ch, ns),
-                Wait::Downstream => frame.add_wait_downstream(block, ch, ns),
-                Wait::None => {}
-            }
-        }
-    }
 }
 
 /// Per-channel send throttle of an injected S2/S3 fault.
@@ -563,47 +531,6 @@ const FAILURE_FLUSH: Duration = Duration::from_millis(500);
 
 /// How long an injected not-entered rank sleeps between abort checks.
 const NOT_ENTERED_POLL: Duration = Duration::from_millis(10);
-
-/// ` stream 0x...` after a call's log line (device backend), nothing otherwise; formats only
-/// when the line is actually logged.
-struct StreamSuffix(Option<usize>);
-
-impl std::fmt::Display for StreamSuffix {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.0 {
-            Some(s) => write!(f, " stream {s:#x}"),
-            None => Ok(()),
-        }
-    }
-}
-
-/// NCCL's per-call INFO line (subsystem COLL / P2P) of operation `counter`; `stream` is
-/// the caller's stream on the device backend.
-pub(crate) fn log_call(
-    item: &WorkItem,
-    info: &OpTypeSet,
-    rank: usize,
-    nranks: usize,
-    comm_id: u64,
-    counter: u64,
-    stream: Option<usize>,
-) {
-    let st = StreamSuffix(stream);
-    match item {
-        WorkItem::Coll(c) => tracing::info!(target: "nccl::COLL", rank,
-            "{}: opCount {counter:x} sendbuff {:#x} recvbuff {:#x} count {} datatype {} op {} root {} comm {comm_id:#018x} [nranks={nranks}] nChannels {}{st}",
-            c.kind.name(), c.sendbuf, c.recvbuf, c.count, c.dtype as i32, info.redop,
-            info.root, info.n_channels),
-        WorkItem::P2p(calls) => {
-            for c in calls {
-                tracing::info!(target: "nccl::P2P", rank,
-                    "{}: opCount {counter:x} buff {:#x} count {} datatype {} peer {} comm {comm_id:#018x} [nranks={nranks}]{st}",
-                    if c.dir == Dir::Send { "Send" } else { "Recv" }, c.buf, c.count,
-                    c.dtype as i32, c.peer);
-            }
-        }
-    }
-}
 
 fn is_fatal(e: &CclError) -> bool {
     !matches!(
@@ -634,9 +561,30 @@ impl Worker {
 
     fn run_item(&mut self, item: &WorkItem) -> Result<()> {
         let sh = &self.shared;
-        let mut plan = plan_for(item, sh.rank, sh.nranks, &sh.tuning)?;
-        crate::desc::add_descriptor_only_steps(&mut plan, item, sh.rank, sh.nranks);
+        // Injected faults act on ring schedules: operations of a run with CCLD_INJECT keep
+        // to Ring/Simple.
+        let (algo, proto) =
+            host_choice(item, sh.nranks, &sh.tuning, &self.sel, sh.inject.is_some());
+        let plan = if algo == HostAlgo::Tree {
+            Plan {
+                n_channels: 1,
+                unit: 1,
+                lanes: Vec::new(),
+                local: Vec::new(),
+            }
+        } else {
+            let mut plan = plan_for(item, sh.rank, sh.nranks, &sh.tuning)?;
+            crate::desc::add_descriptor_only_steps(&mut plan, item, sh.rank, sh.nranks);
+            plan
+        };
         let (descs, seq_id) = self.seqs.descriptors(item);
+        publish_current(
+            &self.t.current,
+            match item {
+                WorkItem::Coll(_) => descs.first().copied(),
+                WorkItem::P2p(_) => None,
+            },
+        );
         self.failure = None;
         // Buffers by index, staging AlltoAll input that overlaps its output.
         let mut staged: Option<Vec<u8>> = None;
@@ -683,6 +631,13 @@ impl Worker {
             std::thread::sleep(d);
         }
         let mut info = type_set(item, sh.nranks, &plan);
+        if algo == HostAlgo::Tree {
+            info.algo = Algo::Tree;
+            info.proto = match proto {
+                HostProto::Ll => Proto::Ll,
+                HostProto::Simple => Proto::Simple,
+            };
+        }
         if fault.halve {
             info.count /= 2;
             info.bytes /= 2;
@@ -703,6 +658,10 @@ impl Worker {
                 let (send, recv) = lane.step_counts();
                 sh.frame.add_expected(b, lane.channel, send, recv);
             }
+            if let (HostAlgo::Tree, WorkItem::Coll(c)) = (algo, item) {
+                let (send, recv) = tree_counts(c, proto, sh.rank, sh.nranks, &sh.tuning);
+                sh.frame.add_expected(b, 0, send, recv);
+            }
         }
         // One clock read for the op log's start time and the peer-check timer.
         let t_start = Instant::now();
@@ -710,17 +669,44 @@ impl Worker {
             sh.op_log.start(counter, &info, probe::diag::ns_at(t_start));
         }
         log_call(item, &info, sh.rank, sh.nranks, sh.comm_id, counter, None);
-        let peers: Vec<usize> = plan
-            .lanes
-            .iter()
-            .filter(|l| l.link == LinkKind::P2p)
-            .flat_map(|l| l.recv_from.into_iter().chain(l.send_to))
-            .collect();
+        // Tree links are made at init.
+        let peers: Vec<usize> = if algo == HostAlgo::Tree {
+            Vec::new()
+        } else {
+            plan.lanes
+                .iter()
+                .filter(|l| l.link == LinkKind::P2p)
+                .flat_map(|l| l.recv_from.into_iter().chain(l.send_to))
+                .collect()
+        };
         let r = self
             .t
             .ensure_p2p(&self.boot, &peers, &self.shared.abort)
-            .and_then(|()| {
-                self.run_plan(
+            .and_then(|()| match (algo, item, reducer.as_ref()) {
+                (HostAlgo::Tree, WorkItem::Coll(c), Some(red)) => {
+                    let frame = Arc::clone(&self.shared.frame);
+                    self.check_poison()?;
+                    self.run_tree(&tree_exec::TreeOp {
+                        proto,
+                        red,
+                        sendbuf: c.sendbuf,
+                        recvbuf: c.recvbuf,
+                        bytes: c.count * c.dtype.size(),
+                        elem: c.dtype.size(),
+                        desc: descs
+                            .first()
+                            .copied()
+                            .ok_or_else(|| CclError::Internal("no descriptor".into()))?,
+                        check: crate::desc::check_on(),
+                        block,
+                        frame: &frame,
+                        t_start,
+                    })
+                }
+                (HostAlgo::Tree, ..) => Err(CclError::Internal(
+                    "Tree algorithm for an operation other than AllReduce".into(),
+                )),
+                _ => self.run_plan(
                     &plan,
                     &bufs,
                     &descs,
@@ -728,7 +714,7 @@ impl Worker {
                     block,
                     &fault,
                     t_start,
-                )
+                ),
             });
         drop(staged);
         if fault.halve {
@@ -827,12 +813,46 @@ impl Worker {
             link,
             next: vec![None; plan.n_channels.max(1)],
         });
-        let mut backoff = Backoff::new();
+        // While `Some`, this executor announced on its doorbell that it may sleep (the value
+        // read when announcing): producers ring only then (`ring_if_waiting`), so every
+        // path out of the loop must withdraw it.
+        let bell = Arc::clone(&self.t.bell);
+        let mut announced: Option<u32> = None;
+        let r = self.run_lanes(
+            &ctx,
+            &mut lanes,
+            throttle.as_mut(),
+            block,
+            &frame,
+            t_start,
+            &bell,
+            &mut announced,
+        );
+        if announced.is_some() {
+            bell.unannounce();
+        }
+        r
+    }
+
+    /// The progress loop of [`Worker::run_plan`].
+    #[allow(clippy::too_many_arguments)]
+    fn run_lanes(
+        &mut self,
+        ctx: &OpCtx<'_>,
+        lanes: &mut Vec<LaneRun<'_>>,
+        mut throttle: Option<&mut Throttle>,
+        block: Option<usize>,
+        frame: &Frame,
+        t_start: Instant,
+        bell: &crate::transport::shm::Doorbell,
+        announced: &mut Option<u32>,
+    ) -> Result<()> {
+        let mut backoff = Backoff::with_spin(self.spin);
+        let mut spin_checked = false;
         let mut episode = WaitEpisode::default();
         let check_every = self.shared.tuning.peer_check;
         let mut next_check = t_start + check_every;
         while !lanes.is_empty() {
-            let seen = self.t.bell.value();
             let mut progressed = false;
             for lr in lanes.iter_mut() {
                 while let Some(step) = lr.lane.steps[..lr.end].get(lr.pos) {
@@ -840,7 +860,7 @@ impl Worker {
                         lr.wait = Wait::Upstream;
                         break;
                     }
-                    lr.wait = self.try_step(&ctx, lr.lane, step, throttle.as_mut())?;
+                    lr.wait = self.try_step(ctx, lr.lane, step, throttle.as_deref_mut())?;
                     if lr.wait != Wait::None {
                         break;
                     }
@@ -851,7 +871,7 @@ impl Worker {
             if progressed {
                 // A wait episode (if any) ended: charge it to the channels that waited.
                 if let Some(b) = block {
-                    episode.charge(&frame, b);
+                    episode.charge(frame, b);
                 }
             }
             lanes.retain(|lr| lr.pos < lr.end);
@@ -865,6 +885,9 @@ impl Worker {
                 )));
             }
             if progressed {
+                if announced.take().is_some() {
+                    bell.unannounce();
+                }
                 backoff.reset();
                 continue;
             }
@@ -877,7 +900,26 @@ impl Worker {
             if block.is_some() {
                 episode.snoozing(now, lanes.iter().map(|lr| (lr.lane.channel, lr.wait)));
             }
-            backoff.snooze(&self.t.bell, seen);
+            if !spin_checked {
+                // First wait of the operation: no spinning if a peer shares our CPU.
+                spin_checked = true;
+                if self.peer_on_my_cpu() {
+                    backoff = Backoff::new();
+                }
+            }
+            match announced.take() {
+                // Announced and re-polled without progress: sleep until rung (or timeout).
+                Some(seen) => {
+                    bell.wait_announced(seen, backoff.park_duration());
+                    bell.unannounce();
+                    backoff.pause();
+                }
+                // Announce, then poll once more before sleeping (no lost wake-up: a
+                // producer that committed before seeing the announcement is seen by
+                // that poll).
+                None if backoff.is_parking() => *announced = Some(bell.announce()),
+                None => backoff.pause(),
+            }
         }
         Ok(())
     }
@@ -1166,9 +1208,21 @@ fn desc_of(
 
 fn ring_bell(bells: &[Option<crate::transport::shm::Doorbell>], peer: Option<usize>) {
     if let Some(Some(b)) = peer.and_then(|p| bells.get(p)) {
-        b.ring();
+        b.ring_if_waiting();
     }
 }
+
+#[path = "executor_tree.rs"]
+mod tree_exec;
+
+#[path = "executor_wait.rs"]
+mod wait;
+
+pub(crate) use crate::label::{log_call, Label, LabelExtra};
+use tree_exec::tree_counts;
+pub(crate) use tree_exec::{expected_counts, host_choice};
+pub(crate) use wait::read_current;
+use wait::{publish_current, spin_budget, Wait, WaitEpisode};
 
 #[cfg(test)]
 #[path = "executor_tests.rs"]

@@ -18,7 +18,9 @@ use probe::CollKind;
 
 use crate::comm::{Comm, FIRST_USER_OP};
 use crate::error::{CclError, Result};
-use crate::executor::{self, CollOp, Completion, Job, P2pCall, RedSpec, WorkItem};
+use crate::executor::{
+    self, CollOp, Completion, Job, Label, LabelExtra, P2pCall, RedSpec, WorkItem,
+};
 use crate::schedule::{Dir, ExpectedCounts};
 use crate::types::{DataType, RedOpKind};
 
@@ -124,13 +126,9 @@ fn validate(comm: &Comm, args: &CollArgs) -> Result<Valid> {
             })
     };
     let null = |which: &str| CclError::arg(format!("{name}: {which} is null with count {count}"));
-    let label = |extra: &str| {
-        format!(
-            "{name}{extra} (count {count}, {}) on comm {:#018x} rank {rank}",
-            dtype.name(),
-            comm.comm_id()
-        )
-    };
+    // Formatted only when a message needs it (errors, logs): not on the latency path.
+    let label =
+        |extra: LabelExtra| Label::new(name, extra, count, dtype.name(), comm.comm_id(), rank);
     match args.kind {
         CollKind::Send | CollKind::Recv => {
             let peer = root_or_peer("peer")?;
@@ -148,7 +146,7 @@ fn validate(comm: &Comm, args: &CollArgs) -> Result<Valid> {
                 buf,
                 count,
                 dtype,
-                label: label(&format!(" peer {peer}")),
+                label: label(LabelExtra::Peer(peer)),
             }));
         }
         _ => {}
@@ -206,9 +204,9 @@ fn validate(comm: &Comm, args: &CollArgs) -> Result<Valid> {
         }
     }
     let extra = if is_rooted(args.kind) {
-        format!(" root {root}")
+        LabelExtra::Root(root)
     } else {
-        String::new()
+        LabelExtra::None
     };
     Ok(Valid::Coll(CollOp {
         kind: args.kind,
@@ -219,7 +217,7 @@ fn validate(comm: &Comm, args: &CollArgs) -> Result<Valid> {
         root,
         red,
         raw_op: args.op,
-        label: label(&extra),
+        label: label(extra),
     }))
 }
 
@@ -563,8 +561,12 @@ pub fn expected_counts(comm: &Comm, ops: &[CollArgs]) -> Result<Vec<ExpectedCoun
         Some(d) => d.plan_tuning(d.protocol_of(&item)),
         None => *comm.tuning(),
     };
-    let plan = executor::plan_for(&item, comm.rank() as usize, comm.nranks() as usize, &tuning)?;
-    Ok(plan.expected_counts())
+    let (rank, n) = (comm.rank() as usize, comm.nranks() as usize);
+    if comm.device_comm().is_some() {
+        return Ok(executor::plan_for(&item, rank, n, &tuning)?.expected_counts());
+    }
+    // Host: Ring or Tree (crate::hostalgo).
+    executor::expected_counts(&item, rank, n, &tuning)
 }
 
 /// The protocol `ops` (one collective, or the Send/Recv calls of one group) run with on a

@@ -11,10 +11,13 @@ pub mod env;
 pub mod error;
 pub mod executor;
 pub mod group;
+pub mod hostalgo;
 pub mod inject;
+mod label;
 pub mod reduce;
 pub mod schedule;
 pub mod transport;
+pub mod tree;
 pub mod types;
 
 pub use bootstrap::UniqueId;

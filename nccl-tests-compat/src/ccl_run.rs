@@ -1,4 +1,5 @@
-//! `ccl-run -n N [--tag-output] [--grace S] [--comm-id] [--] CMD ARGS...`: starts N local
+//! `ccl-run -n N [--tag-output] [--grace S] [--comm-id] [--bind-to core|none] [--] CMD ARGS...`:
+//! starts N local
 //! processes with the torchrun-style variables RANK, WORLD_SIZE, LOCAL_RANK,
 //! LOCAL_WORLD_SIZE and a rendezvous for the NCCL unique id (a fresh
 //! NCCL_TESTS_UID_FILE in a private temp directory, or with --comm-id
@@ -6,7 +7,10 @@
 //! passed through). SIGINT/SIGTERM are forwarded to the children; with --tag-output each
 //! output line is prefixed with "[rank] ". The exit status is the first failing rank's
 //! (128+signal for a rank killed by a signal); once one rank fails the others get `grace`
-//! seconds to finish before they are killed.
+//! seconds to finish before they are killed. Like `mpirun` (which binds ranks to cores
+//! when there are at most two), ranks are bound to one CPU each (rank `r` to the `r`-th CPU
+//! `ccl-run` may use) when there are no more ranks than those CPUs (`--bind-to core`, the
+//! default then); `--bind-to none` leaves placement to the scheduler.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -27,6 +31,9 @@ pub struct RunOpts {
     pub grace: Duration,
     /// Use NCCL_COMM_ID=127.0.0.1:<port> instead of a rendezvous file.
     pub comm_id: bool,
+    /// `--bind-to`: `Some(true)` core, `Some(false)` none, `None` the default (core when
+    /// the ranks fit the CPUs).
+    pub bind: Option<bool>,
     /// Command and arguments.
     pub cmd: Vec<String>,
 }
@@ -42,6 +49,7 @@ pub fn parse_args<S: AsRef<str>>(argv: &[S]) -> Result<RunOpts, String> {
         tag: false,
         grace: Duration::from_secs(3),
         comm_id: false,
+        bind: None,
         cmd: Vec::new(),
     };
     let mut i = 0;
@@ -67,6 +75,15 @@ pub fn parse_args<S: AsRef<str>>(argv: &[S]) -> Result<RunOpts, String> {
             "--comm-id" => {
                 o.comm_id = true;
                 i += 1;
+            }
+            "--bind-to" => {
+                let v = value(i)?;
+                o.bind = Some(match v.as_str() {
+                    "core" => true,
+                    "none" => false,
+                    _ => return Err(format!("bad --bind-to {v:?} (core or none)")),
+                });
+                i += 2;
             }
             "--grace" => {
                 let v = value(i)?;
@@ -101,6 +118,21 @@ pub fn parse_args<S: AsRef<str>>(argv: &[S]) -> Result<RunOpts, String> {
         return Err("no command given".into());
     }
     Ok(o)
+}
+
+/// The CPUs this process may run on, in order (empty when unknown).
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is valid; sched_getaffinity fills it (size passed);
+    // CPU_ISSET reads inside it for indices below CPU_SETSIZE.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    }
 }
 
 /// The status a shell would report for a child.
@@ -213,8 +245,28 @@ pub fn run(o: &RunOpts) -> i32 {
     let mut children: Vec<Option<Child>> = Vec::new();
     let mut pumps = Vec::new();
     let mut pids = Vec::new();
+    let cpus = allowed_cpus();
+    let bind = o.bind.unwrap_or(o.n <= cpus.len()) && !cpus.is_empty();
     for rank in 0..o.n {
         let mut c = Command::new(&o.cmd[0]);
+        if bind {
+            let cpu = cpus[rank % cpus.len()];
+            // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET writes inside it (cpu is
+            // below CPU_SETSIZE: it came from CPU_ISSET over that range).
+            let set = unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(cpu, &mut set);
+                set
+            };
+            // SAFETY: the closure runs in the child between fork and exec and only makes
+            // the sched_setaffinity system call (async-signal-safe) on a set it owns.
+            unsafe {
+                c.pre_exec(move || {
+                    libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+                    Ok(())
+                });
+            }
+        }
         c.args(&o.cmd[1..])
             .env("RANK", rank.to_string())
             .env("WORLD_SIZE", o.n.to_string())
@@ -310,6 +362,10 @@ mod tests {
         assert!(o.tag);
         assert_eq!(o.cmd, vec!["all_reduce_perf", "-b", "8"]);
         let o = parse_args(&["--grace", "0.5", "-n", "2", "--", "-weird"]).unwrap();
+        assert_eq!(o.bind, None);
+        let b = parse_args(&["--bind-to", "none", "-n", "2", "x"]).unwrap();
+        assert_eq!(b.bind, Some(false));
+        assert!(parse_args(&["--bind-to", "socket", "-n", "2", "x"]).is_err());
         assert_eq!(o.grace, Duration::from_millis(500));
         assert_eq!(o.cmd, vec!["-weird"]);
         assert!(parse_args(&["all_reduce_perf"]).is_err());
@@ -326,6 +382,7 @@ mod tests {
             tag: false,
             grace: Duration::from_millis(200),
             comm_id: false,
+            bind: None,
             cmd: vec![
                 "sh".into(),
                 "-c".into(),

@@ -75,6 +75,43 @@ impl Doorbell {
         }
     }
 
+    /// Wakes the owner only if it announced that it may sleep ([`Doorbell::announce`]):
+    /// no write to the doorbell's line otherwise, so a producer that commits while its
+    /// consumer is still spinning moves no extra cache line. The caller must have published
+    /// the state the owner waits for before calling (the SeqCst fence here orders that
+    /// publication before the read of the sleeper count; the owner announces, then re-checks
+    /// its state, so one of the two sides always sees the other).
+    pub fn ring_if_waiting(&self) {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.sleepers().load(Ordering::SeqCst) != 0 {
+            self.seq().fetch_add(1, Ordering::SeqCst);
+            futex_wake(self.seq());
+        }
+    }
+
+    /// Announces that the owner may sleep, returning the value to pass to
+    /// [`Doorbell::wait_announced`]. Between the two calls the owner must re-check the state
+    /// it waits for (producers using [`Doorbell::ring_if_waiting`] ring only after an
+    /// announcement); it must call [`Doorbell::unannounce`] exactly once afterwards.
+    pub fn announce(&self) -> u32 {
+        self.sleepers().fetch_add(1, Ordering::SeqCst);
+        self.seq().load(Ordering::SeqCst)
+    }
+
+    /// Sleeps while the value is `seen` (from [`Doorbell::announce`]), at most `timeout`.
+    pub fn wait_announced(&self, seen: u32, timeout: Duration) {
+        if !timeout.is_zero() && self.seq().load(Ordering::SeqCst) == seen {
+            futex_wait(self.seq(), seen, timeout);
+        }
+        // Pair with the ringer's release (fetch_add SeqCst) for the caller's later reads.
+        std::sync::atomic::fence(Ordering::Acquire);
+    }
+
+    /// Withdraws an announcement.
+    pub fn unannounce(&self) {
+        self.sleepers().fetch_sub(1, Ordering::SeqCst);
+    }
+
     /// The current sequence value (Acquire: whatever the ringer wrote before ringing is
     /// visible once a changed value is seen).
     pub fn value(&self) -> u32 {
@@ -163,6 +200,10 @@ fn futex_wake(_word: &AtomicU32) {}
 #[derive(Clone, Debug)]
 pub struct Backoff {
     step: u32,
+    /// Spin phase of [`Backoff::pause`] by time: spin this long before yielding.
+    spin: std::time::Duration,
+    /// End of the current timed spin phase (set by the first pause after a reset).
+    spin_until: Option<std::time::Instant>,
 }
 
 impl Default for Backoff {
@@ -183,12 +224,28 @@ impl Backoff {
 
     /// A fresh back-off (starts spinning).
     pub fn new() -> Self {
-        Backoff { step: 0 }
+        Backoff {
+            step: 0,
+            spin: Duration::ZERO,
+            spin_until: None,
+        }
+    }
+
+    /// A back-off whose [`Backoff::pause`] spins for `spin` (wall-clock time) before the
+    /// yield phase, instead of [`Backoff::SPIN_STEPS`] short steps: for a waiter with a
+    /// core of its own, where the awaited peer is running and answers within
+    /// microseconds, and giving the core away costs a scheduler round trip.
+    pub fn with_spin(spin: Duration) -> Self {
+        Backoff {
+            spin,
+            ..Self::new()
+        }
     }
 
     /// Back to spinning; call after progress.
     pub fn reset(&mut self) {
         self.step = 0;
+        self.spin_until = None;
     }
 
     /// Whether the next `snooze` will sleep on the doorbell.
@@ -203,6 +260,32 @@ impl Backoff {
             .saturating_sub(Self::SPIN_STEPS + Self::YIELD_STEPS)
             .min(16);
         Self::MIN_PARK.saturating_mul(1 << k).min(Self::MAX_PARK)
+    }
+
+    /// The spin or yield phase of [`Backoff::snooze`] for callers that park themselves
+    /// (announce, re-check, [`Doorbell::wait_announced`]) once [`Backoff::is_parking`]:
+    /// spins or yields as `snooze` would, then counts the step (also when parking).
+    pub fn pause(&mut self) {
+        if !self.spin.is_zero() && self.step == 0 {
+            // Timed spin phase: stay at step 0 until the budget is spent.
+            for _ in 0..32 {
+                std::hint::spin_loop();
+            }
+            let now = std::time::Instant::now();
+            let until = *self.spin_until.get_or_insert(now + self.spin);
+            if now >= until {
+                self.step = Self::SPIN_STEPS;
+            }
+            return;
+        }
+        if self.step < Self::SPIN_STEPS {
+            for _ in 0..(1u32 << self.step) {
+                std::hint::spin_loop();
+            }
+        } else if self.step < Self::SPIN_STEPS + Self::YIELD_STEPS {
+            std::thread::yield_now();
+        }
+        self.step = self.step.saturating_add(1);
     }
 
     /// Waits a little: spins, then yields, then sleeps on `bell` while its value is `seen`
@@ -227,5 +310,71 @@ impl Backoff {
             bell.wait(seen, self.park_duration());
         }
         self.step = self.step.saturating_add(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bell() -> Doorbell {
+        Doorbell::new(Arc::new(ShmRegion::anonymous(64).unwrap()), 0).unwrap()
+    }
+
+    #[test]
+    fn ring_if_waiting_wakes_only_announced_owners() {
+        let b = bell();
+        let v0 = b.value();
+        b.ring_if_waiting();
+        assert_eq!(b.value(), v0, "nobody announced: no write");
+        let seen = b.announce();
+        assert_eq!(seen, v0);
+        b.ring_if_waiting();
+        assert_ne!(b.value(), seen, "announced owner is rung");
+        // The value moved, so the owner does not sleep (a 10 s timeout would hang here).
+        let t = std::time::Instant::now();
+        b.wait_announced(seen, Duration::from_secs(10));
+        assert!(t.elapsed() < Duration::from_secs(5));
+        b.unannounce();
+        let v1 = b.value();
+        b.ring_if_waiting();
+        assert_eq!(b.value(), v1, "announcement withdrawn");
+    }
+
+    #[test]
+    fn an_announced_owner_asleep_is_woken_by_a_producer() {
+        let b = Arc::new(bell());
+        let b2 = Arc::clone(&b);
+        let seen = b.announce();
+        let producer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            b2.ring_if_waiting();
+        });
+        let t = std::time::Instant::now();
+        b.wait_announced(seen, Duration::from_secs(20));
+        b.unannounce();
+        producer.join().unwrap();
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "woken, not timed out"
+        );
+        assert_ne!(b.value(), seen);
+    }
+
+    #[test]
+    fn timed_spin_ends_in_the_yield_phase() {
+        let mut b = Backoff::with_spin(Duration::from_micros(200));
+        let t = std::time::Instant::now();
+        while b.step == 0 {
+            b.pause();
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "spin phase never ends"
+            );
+        }
+        assert!(t.elapsed() >= Duration::from_micros(200));
+        assert!(!b.is_parking());
+        b.reset();
+        assert_eq!(b.step, 0);
     }
 }

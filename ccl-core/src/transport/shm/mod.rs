@@ -51,6 +51,7 @@
 mod doorbell;
 mod fifo;
 mod layout;
+mod ll;
 mod region;
 mod word;
 
@@ -60,6 +61,7 @@ pub use layout::{
     align_up, segment_name, segment_name_for_pid, validate_name, Carve, FifoLayout, CACHE_LINE,
     MAX_NAME_LEN, MAX_SLOTS, MAX_SLOT_BYTES,
 };
+pub use ll::{LlLayout, LlReceiver, LlSender};
 pub use region::{
     is_not_found, pid_alive, process_alive, remove_stale_segments, stale_candidate_pid, ShmRegion,
     NOT_FOUND_PREFIX, SHM_DIR,

@@ -35,6 +35,10 @@ pub(crate) enum ClaimKind {
     FifoSend(FifoLayout),
     /// The consumer end of the FIFO at this offset with this layout.
     FifoRecv(FifoLayout),
+    /// The producer end of the LL FIFO at this offset with this layout.
+    LlSend(super::ll::LlLayout),
+    /// The consumer end of the LL FIFO at this offset with this layout.
+    LlRecv(super::ll::LlLayout),
     /// Atomic words of `width` bytes (doorbells: 4, `atomic_u64`: 8); several handles to
     /// the same range with the same width are fine, mixed-size access is refused.
     Atomic { width: u8 },
@@ -60,6 +64,8 @@ fn compatible(old: &Claim, range: &Range<usize>, kind: ClaimKind) -> bool {
     match (old.kind, kind) {
         (ClaimKind::FifoSend(a), ClaimKind::FifoRecv(b))
         | (ClaimKind::FifoRecv(a), ClaimKind::FifoSend(b)) => old.range == *range && a == b,
+        (ClaimKind::LlSend(a), ClaimKind::LlRecv(b))
+        | (ClaimKind::LlRecv(a), ClaimKind::LlSend(b)) => old.range == *range && a == b,
         _ => false,
     }
 }

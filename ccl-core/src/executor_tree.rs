@@ -1,0 +1,412 @@
+//! The Tree AllReduce of the host executor ([`crate::tree`]: recursive doubling) over the
+//! Tree links of the partners (made at init, `crate::channel`), with the LL or the Simple
+//! protocol. Every message carries the collective's descriptor, which the receiver checks
+//! as on the ring; the probe counts every message on channel 0.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::{mem, ring_bell, CollOp, Tuning, WorkItem, Worker};
+use crate::error::{CclError, Result};
+use crate::hostalgo::{HostAlgo, HostProto, Selection};
+use crate::reduce::Reducer;
+use crate::schedule;
+use crate::transport::shm::{Backoff, Doorbell, FifoLayout};
+use crate::tree::{self, TreeStep};
+
+/// Everything the Tree steps of one operation share.
+pub(super) struct TreeOp<'a> {
+    pub proto: HostProto,
+    pub red: &'a Reducer,
+    pub sendbuf: usize,
+    pub recvbuf: usize,
+    pub bytes: usize,
+    pub elem: usize,
+    pub desc: [u64; FifoLayout::DESC_WORDS],
+    pub check: bool,
+    pub block: Option<usize>,
+    pub frame: &'a probe::Frame,
+    pub t_start: Instant,
+}
+
+/// Payload bytes of one Tree message with `proto` (whole elements of `elem` bytes).
+pub(super) fn message_bytes(proto: HostProto, slot_bytes: usize, elem: usize) -> usize {
+    let cap = match proto {
+        HostProto::Simple => slot_bytes,
+        HostProto::Ll => crate::channel::LL_LAYOUT.cap,
+    };
+    tree::chunk_elems(cap, elem) * elem
+}
+
+/// The wait state of one operation (see `Worker::run_lanes`: the same back-off, doorbell
+/// announcement, abort, poison and peer checks). Tree operations record no wait times:
+/// the analyzer reads those slots as waits on ring neighbours.
+struct Waiter {
+    backoff: Backoff,
+    bell: Arc<Doorbell>,
+    announced: Option<u32>,
+    next_check: Instant,
+    /// Whether the first wait checked for a peer on this rank's CPU.
+    spin_checked: bool,
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        if self.announced.take().is_some() {
+            self.bell.unannounce();
+        }
+    }
+}
+
+impl Worker {
+    /// Runs a Tree AllReduce (chunk by chunk).
+    pub(super) fn run_tree(&mut self, op: &TreeOp<'_>) -> Result<()> {
+        let steps = std::mem::take(&mut self.tree_steps);
+        let chunk = message_bytes(op.proto, self.shared.tuning.slot_bytes, op.elem);
+        let mut w = Waiter {
+            backoff: Backoff::with_spin(self.spin),
+            bell: Arc::clone(&self.t.bell),
+            announced: None,
+            next_check: op.t_start + self.shared.tuning.peer_check,
+            spin_checked: false,
+        };
+        let mut acc = std::mem::take(&mut self.scratch);
+        let mut tmp = std::mem::take(&mut self.scratch2);
+        acc.resize(chunk.min(op.bytes), 0);
+        let mut off = 0;
+        let mut r = Ok(());
+        while off < op.bytes && r.is_ok() {
+            let len = chunk.min(op.bytes - off);
+            r = self.tree_chunk(op, &steps, off, &mut acc[..len], &mut tmp, &mut w);
+            off += len;
+        }
+        self.scratch = acc;
+        self.scratch2 = tmp;
+        self.tree_steps = steps;
+        r
+    }
+
+    fn tree_chunk(
+        &mut self,
+        op: &TreeOp<'_>,
+        steps: &[TreeStep],
+        off: usize,
+        acc: &mut [u8],
+        tmp: &mut Vec<u8>,
+        w: &mut Waiter,
+    ) -> Result<()> {
+        let len = acc.len();
+        let rank = self.shared.rank;
+        // SAFETY: the chunk lies inside the send buffer (off + len <= count * elem size,
+        // enqueue contract); acc is our scratch, disjoint from user memory.
+        op.red.load(acc, unsafe { mem::src(op.sendbuf, off, len) });
+        let mut finished = false;
+        for &s in steps {
+            match s {
+                TreeStep::SendInput { to } => self.tree_send(op, to, acc, w)?,
+                TreeStep::RecvResult { from } => {
+                    // SAFETY: the chunk lies inside the receive buffer; no other live
+                    // reference to it (acc is scratch).
+                    let dst = unsafe { mem::dst(op.recvbuf, off, len) };
+                    return self.tree_recv(op, from, len, w, |inb| dst.copy_from_slice(inb));
+                }
+                TreeStep::FoldIn { from } => {
+                    self.tree_recv(op, from, len, w, |inb| op.red.merge_inplace(acc, inb))?
+                }
+                TreeStep::Exchange { peer } => {
+                    self.tree_send(op, peer, acc, w)?;
+                    if peer > rank {
+                        self.tree_recv(op, peer, len, w, |inb| op.red.merge_inplace(acc, inb))?;
+                    } else {
+                        tmp.resize(len, 0);
+                        self.tree_recv(op, peer, len, w, |inb| op.red.merge(tmp, inb, acc))?;
+                        acc.copy_from_slice(tmp);
+                    }
+                }
+                TreeStep::SendResult { to } => {
+                    if !finished {
+                        op.red.finish(acc);
+                        finished = true;
+                    }
+                    self.tree_send(op, to, acc, w)?;
+                }
+            }
+        }
+        if !finished {
+            op.red.finish(acc);
+        }
+        // SAFETY: as for RecvResult; the send-buffer slice of this chunk is dead.
+        unsafe { mem::dst(op.recvbuf, off, len) }.copy_from_slice(acc);
+        Ok(())
+    }
+
+    /// Sends `data` to `peer` as one message (waits for a free slot).
+    fn tree_send(
+        &mut self,
+        op: &TreeOp<'_>,
+        peer: usize,
+        data: &[u8],
+        w: &mut Waiter,
+    ) -> Result<()> {
+        let len = data.len();
+        self.tree_wait(op, peer, w, |me| {
+            let links =
+                me.t.tree
+                    .get_mut(&peer)
+                    .ok_or_else(|| CclError::Internal(format!("no Tree link to rank {peer}")))?;
+            match op.proto {
+                HostProto::Ll => {
+                    let tx = links
+                        .ll_tx
+                        .as_mut()
+                        .ok_or_else(|| CclError::Internal(format!("no LL link to rank {peer}")))?;
+                    let Some(buf) = tx.try_reserve() else {
+                        return Ok(None);
+                    };
+                    buf.get_mut(..len)
+                        .ok_or_else(|| CclError::Internal("LL message too long".into()))?
+                        .copy_from_slice(data);
+                    tx.commit_with_desc(len, if op.check { op.desc } else { [0; 3] })?;
+                }
+                HostProto::Simple => {
+                    let tx = links
+                        .tx
+                        .first_mut()
+                        .ok_or_else(|| CclError::Internal(format!("no link to rank {peer}")))?;
+                    let Some(slot) = tx.try_reserve() else {
+                        return Ok(None);
+                    };
+                    slot.get_mut(..len)
+                        .ok_or_else(|| CclError::Internal("Tree message too long".into()))?
+                        .copy_from_slice(data);
+                    if op.check {
+                        tx.commit_with_desc(len, op.desc);
+                    } else {
+                        tx.commit(len);
+                    }
+                }
+            }
+            ring_bell(&me.t.peer_bells, Some(peer));
+            if let Some(b) = op.block {
+                op.frame.add_send(b, 0, 1);
+            }
+            Ok(Some(()))
+        })
+    }
+
+    /// Receives one message of `len` bytes from `peer` and hands it to `f`.
+    fn tree_recv(
+        &mut self,
+        op: &TreeOp<'_>,
+        peer: usize,
+        len: usize,
+        w: &mut Waiter,
+        mut f: impl FnMut(&[u8]),
+    ) -> Result<()> {
+        self.tree_wait(op, peer, w, |me| {
+            let links =
+                me.t.tree
+                    .get_mut(&peer)
+                    .ok_or_else(|| CclError::Internal(format!("no Tree link to rank {peer}")))?;
+            let got = match op.proto {
+                HostProto::Ll => {
+                    let rx = links
+                        .ll_rx
+                        .as_mut()
+                        .ok_or_else(|| CclError::Internal(format!("no LL link to rank {peer}")))?;
+                    let Some((inb, d)) = rx.try_peek_with_desc()? else {
+                        return Ok(None);
+                    };
+                    if op.check && d != op.desc {
+                        Some(d)
+                    } else if inb.len() != len {
+                        return Err(wrong_len(inb.len(), len, peer));
+                    } else {
+                        f(inb);
+                        rx.release();
+                        None
+                    }
+                }
+                HostProto::Simple => {
+                    let rx = links
+                        .rx
+                        .first_mut()
+                        .ok_or_else(|| CclError::Internal(format!("no link to rank {peer}")))?;
+                    let peeked = if op.check {
+                        rx.try_peek_with_desc()?
+                    } else {
+                        rx.try_peek_checked()?.map(|s| (s, [0; 3]))
+                    };
+                    let Some((inb, d)) = peeked else {
+                        return Ok(None);
+                    };
+                    if op.check && d != op.desc {
+                        Some(d)
+                    } else if inb.len() != len {
+                        return Err(wrong_len(inb.len(), len, peer));
+                    } else {
+                        f(inb);
+                        rx.release();
+                        None
+                    }
+                }
+            };
+            if let Some(got) = got {
+                let m = crate::desc::Mismatch {
+                    peer,
+                    channel: 0,
+                    local: crate::desc::OpDesc::decode(op.desc)
+                        .ok_or_else(|| CclError::Internal("bad local descriptor".into()))?,
+                    remote: crate::desc::OpDesc::decode(got),
+                };
+                return Err(me.inconsistent(&m));
+            }
+            ring_bell(&me.t.peer_bells, Some(peer));
+            if let Some(b) = op.block {
+                op.frame.add_recv(b, 0, 1);
+            }
+            Ok(Some(()))
+        })
+    }
+
+    /// Polls `poll` until it returns `Some`, waiting like the ring executor between polls.
+    fn tree_wait<T>(
+        &mut self,
+        op: &TreeOp<'_>,
+        peer: usize,
+        w: &mut Waiter,
+        mut poll: impl FnMut(&mut Worker) -> Result<Option<T>>,
+    ) -> Result<T> {
+        loop {
+            if let Some(v) = poll(self)? {
+                if w.announced.take().is_some() {
+                    w.bell.unannounce();
+                }
+                w.backoff.reset();
+                return Ok(v);
+            }
+            if self.shared.abort.load(Ordering::Acquire) {
+                return Err(CclError::Aborted(format!(
+                    "rank {}: ncclCommAbort called while the operation was in flight",
+                    self.shared.rank
+                )));
+            }
+            self.check_poison()?;
+            if w.backoff.is_parking() {
+                self.check_partner(op, peer)?;
+            }
+            let now = Instant::now();
+            if now >= w.next_check {
+                self.check_peers()?;
+                w.next_check = now + self.shared.tuning.peer_check;
+            }
+            if !w.spin_checked {
+                // First wait of the operation: no spinning if a peer shares our CPU.
+                w.spin_checked = true;
+                if self.peer_on_my_cpu() {
+                    w.backoff = Backoff::new();
+                }
+            }
+            match w.announced.take() {
+                Some(seen) => {
+                    w.bell.wait_announced(seen, w.backoff.park_duration());
+                    w.bell.unannounce();
+                    w.backoff.pause();
+                }
+                None if w.backoff.is_parking() => w.announced = Some(w.bell.announce()),
+                None => w.backoff.pause(),
+            }
+        }
+    }
+}
+
+impl Worker {
+    /// A rank that waits long for `peer` compares the collective `peer` is running with its
+    /// own: the same sequence number with another descriptor is an inconsistent call
+    /// (which may run another algorithm, so that no message would ever show it).
+    fn check_partner(&mut self, op: &TreeOp<'_>, peer: usize) -> Result<()> {
+        let Some(Some(words)) = self.t.peer_current.get(peer) else {
+            return Ok(());
+        };
+        let Some(got) = super::read_current(words) else {
+            return Ok(());
+        };
+        if !op.check || got[0] != op.desc[0] || got == op.desc {
+            return Ok(());
+        }
+        let m = crate::desc::Mismatch {
+            peer,
+            channel: 0,
+            local: crate::desc::OpDesc::decode(op.desc)
+                .ok_or_else(|| CclError::Internal("bad local descriptor".into()))?,
+            remote: crate::desc::OpDesc::decode(got),
+        };
+        Err(self.inconsistent(&m))
+    }
+}
+
+fn wrong_len(got: usize, want: usize, peer: usize) -> CclError {
+    CclError::Remote(format!(
+        "Tree message of {got} bytes from rank {peer}, expected {want} (mismatched operations?)"
+    ))
+}
+
+/// Algorithm and protocol of `item` on a host communicator of `nranks` ranks with
+/// selection `sel`. Injected faults (`CCLD_INJECT`, `injecting`) act on ring schedules, so
+/// such runs keep to Ring/Simple.
+pub(crate) fn host_choice(
+    item: &WorkItem,
+    nranks: usize,
+    t: &Tuning,
+    sel: &Selection,
+    injecting: bool,
+) -> (HostAlgo, HostProto) {
+    match item {
+        WorkItem::Coll(c) if !injecting => {
+            sel.choose(c.kind, c.count * c.dtype.size(), nranks, t.min_channels)
+        }
+        _ => (HostAlgo::Ring, HostProto::Simple),
+    }
+}
+
+/// Per-channel message counts `item` is expected to make on `rank` (the probe's expected
+/// SendCount/RecvCount), for the algorithm [`host_choice`] picks with the process
+/// environment's `NCCL_ALGO`, `NCCL_PROTO` and `CCLD_INJECT`.
+pub(crate) fn expected_counts(
+    item: &WorkItem,
+    rank: usize,
+    nranks: usize,
+    t: &Tuning,
+) -> Result<Vec<schedule::ExpectedCounts>> {
+    let sel = Selection::parse(
+        crate::env::var(crate::hostalgo::ENV_ALGO)?.as_deref(),
+        crate::env::var(crate::device::proto::ENV_PROTO)?.as_deref(),
+    )?;
+    let injecting = crate::env::var("CCLD_INJECT")?.is_some();
+    match (host_choice(item, nranks, t, &sel, injecting), item) {
+        ((HostAlgo::Tree, proto), WorkItem::Coll(c)) => {
+            let (send, recv) = tree_counts(c, proto, rank, nranks, t);
+            Ok(vec![schedule::ExpectedCounts { send, recv }])
+        }
+        _ => Ok(super::plan_for(item, rank, nranks, t)?.expected_counts()),
+    }
+}
+
+/// Messages a Tree AllReduce sends and receives on `rank` (all on channel 0).
+pub(super) fn tree_counts(
+    c: &CollOp,
+    proto: HostProto,
+    rank: usize,
+    nranks: usize,
+    t: &Tuning,
+) -> (u64, u64) {
+    let es = c.dtype.size();
+    let msg = message_bytes(proto, t.slot_bytes, es);
+    let chunks = (c.count * es).div_ceil(msg) as u64;
+    let (send, recv) = crate::tree::steps(rank, nranks)
+        .iter()
+        .map(|s| s.messages())
+        .fold((0, 0), |(a, b), (s, r)| (a + s, b + r));
+    (send * chunks, recv * chunks)
+}

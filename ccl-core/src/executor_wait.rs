@@ -1,0 +1,133 @@
+//! Waiting in the host executor: the spin budget (`CCLD_SPIN_US`), the CPU check that
+//! turns spinning off while a peer shares this rank's CPU, and the current-collective
+//! words each rank publishes (descriptor and CPU).
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use probe::Frame;
+
+use super::Worker;
+use crate::error::Result;
+
+/// `CCLD_SPIN_US`: how long (microseconds) an executor waiting for a peer spins before it
+/// yields and then sleeps. Default: [`DEFAULT_SPIN_US`] when the communicator's ranks fit
+/// the cores this process may run on (each rank then has a core, and its peers answer
+/// within microseconds), 0 otherwise (oversubscribed: a spinning rank takes the core its
+/// peer needs, so it yields at once, after a few spin hints).
+pub(crate) const ENV_SPIN_US: &str = "CCLD_SPIN_US";
+
+/// Default of [`ENV_SPIN_US`] on a communicator whose ranks fit the cores.
+pub(crate) const DEFAULT_SPIN_US: u64 = 200;
+
+impl Worker {
+    /// Whether a peer published (at the start of its current operation) the CPU this rank
+    /// runs on: then the peer can only run when this rank gives the CPU up, and spinning
+    /// would delay it by the whole spin budget.
+    pub(super) fn peer_on_my_cpu(&self) -> bool {
+        // SAFETY: sched_getcpu takes no arguments and only reads per-thread state.
+        let me = unsafe { libc::sched_getcpu() };
+        if me < 0 {
+            return false;
+        }
+        self.t
+            .peer_current
+            .iter()
+            .flatten()
+            .any(|w| w[3].get().load(Ordering::Relaxed) == me as u64 + 1)
+    }
+}
+
+pub(super) fn spin_budget(nranks: usize) -> Result<Duration> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let default = if nranks <= cores { DEFAULT_SPIN_US } else { 0 };
+    let us = crate::env::u64_or(ENV_SPIN_US, default)?;
+    Ok(Duration::from_micros(us.min(10_000_000)))
+}
+
+/// Publishes the descriptor of the collective this rank starts (`None`: not a
+/// collective) in its current-collective words, seqlock style: word 0 is cleared, then
+/// words 1 and 2 written, then word 0 set to `seq + 1` (Release). See [`read_current`].
+pub(super) fn publish_current(
+    w: &[crate::transport::shm::SharedWord; 4],
+    d: Option<[u64; crate::transport::shm::FifoLayout::DESC_WORDS]>,
+) {
+    // SAFETY: sched_getcpu takes no arguments and only reads per-thread state.
+    let cpu = unsafe { libc::sched_getcpu() };
+    // Word 3: the CPU this rank runs on, plus one (0: unknown), for `peer_on_my_cpu`.
+    w[3].get()
+        .store(u64::try_from(cpu).map_or(0, |c| c + 1), Ordering::Relaxed);
+    w[0].get().store(0, Ordering::Relaxed);
+    std::sync::atomic::fence(Ordering::Release);
+    let d = d.unwrap_or([u64::MAX, 0, 0]);
+    w[1].get().store(d[1], Ordering::Relaxed);
+    w[2].get().store(d[2], Ordering::Relaxed);
+    w[0].get().store(d[0].wrapping_add(1), Ordering::Release);
+}
+
+/// A peer's published current-collective descriptor, `None` while it is being rewritten
+/// or when the peer runs no collective.
+pub(crate) fn read_current(
+    w: &[crate::transport::shm::SharedWord; 4],
+) -> Option<[u64; crate::transport::shm::FifoLayout::DESC_WORDS]> {
+    let s1 = w[0].get().load(Ordering::Acquire);
+    let (a, b) = (
+        w[1].get().load(Ordering::Relaxed),
+        w[2].get().load(Ordering::Relaxed),
+    );
+    std::sync::atomic::fence(Ordering::Acquire);
+    let s2 = w[0].get().load(Ordering::Relaxed);
+    (s1 != 0 && s1 == s2).then(|| [s1.wrapping_sub(1), a, b])
+}
+
+/// Outcome of one attempt to run a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Wait {
+    /// The step ran.
+    None,
+    /// No inbound message yet: waiting for the upstream peer.
+    Upstream,
+    /// No free outbound slot (or the link is throttled): waiting for the downstream peer.
+    Downstream,
+}
+
+/// Wait-time accounting of one operation (frame extension slots). A wait episode runs from
+/// the first snooze after progress to the next progress; it is timed from its SECOND snooze
+/// on (none for the one-spin waits of a streaming ring: what the diagnosis needs are the
+/// long waits behind a slow peer) and charged, when progress resumes, to the channels of
+/// the lanes blocked at the last snooze, by wait reason. One clock read per episode: its
+/// start is the time the executor read for its peer check just before the snooze.
+#[derive(Default)]
+pub(super) struct WaitEpisode {
+    snoozes: u32,
+    since: Option<Instant>,
+    blocked: Vec<(usize, Wait)>,
+}
+
+impl WaitEpisode {
+    /// Called before each snooze at `now` with the lanes' (channel, wait reason).
+    pub(super) fn snoozing(&mut self, now: Instant, lanes: impl Iterator<Item = (usize, Wait)>) {
+        self.snoozes += 1;
+        if self.snoozes == 2 {
+            self.since = Some(now);
+        }
+        if self.snoozes >= 2 {
+            self.blocked.clear();
+            self.blocked.extend(lanes.filter(|(_, w)| *w != Wait::None));
+        }
+    }
+
+    /// Progress resumed: adds the episode's time to the frame's wait slots of `block`.
+    pub(super) fn charge(&mut self, frame: &Frame, block: usize) {
+        self.snoozes = 0;
+        let Some(t0) = self.since.take() else { return };
+        let ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        for &(ch, w) in &self.blocked {
+            match w {
+                Wait::Upstream => frame.add_wait_upstream(block, ch, ns),
+                Wait::Downstream => frame.add_wait_downstream(block, ch, ns),
+                Wait::None => {}
+            }
+        }
+    }
+}
