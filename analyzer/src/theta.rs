@@ -140,10 +140,9 @@ impl ThetaConfig {
                 self.long_ratio
             ));
         }
-        if !(self.blame_quantile > 0.0 && self.blame_quantile < 1.0)
-            || !(self.blame_share > 0.0 && self.blame_share <= 1.0)
-            || self.blame_min_rounds == 0
-        {
+        let quantile_ok = self.blame_quantile > 0.0 && self.blame_quantile < 1.0;
+        let share_ok = self.blame_share > 0.0 && self.blame_share <= 1.0;
+        if !quantile_ok || !share_ok || self.blame_min_rounds == 0 {
             return Err(format!(
                 "theta: need 0 < blame_quantile ({}) < 1, 0 < blame_share ({}) <= 1, blame_min_rounds ({}) >= 1",
                 self.blame_quantile, self.blame_share, self.blame_min_rounds
