@@ -153,6 +153,8 @@ type Proc = (u32, String);
 struct ProcReport {
     /// Arrival of its first failure record.
     first_ns: u64,
+    /// Arrival of its latest failure record.
+    last_ns: u64,
     /// Processes it reported lost (`PEER_LOST`), in any communicator.
     saw_lost: BTreeSet<Proc>,
 }
@@ -272,8 +274,10 @@ impl Failures {
         }
         let p = self.procs.entry(key).or_insert_with(|| ProcReport {
             first_ns: now_ns,
+            last_ns: now_ns,
             saw_lost: BTreeSet::new(),
         });
+        p.last_ns = p.last_ns.max(now_ns);
         if rec.failure == FailureCause::PeerLost as i32 {
             if let Some(pl) = rec.peer_lost.as_ref().filter(|pl| pl.pid != 0) {
                 p.saw_lost.insert((pl.pid, pl.host.clone()));
@@ -511,7 +515,7 @@ struct LostRoot {
 
 /// The roots of a process-death episode (pure). A lost rank is a survivor, not a root,
 /// when it reported a failure itself: in this communicator, or (its process) in any
-/// communicator no later than its loss was seen here. When only survivors are lost, the
+/// communicator no later than its loss was seen here and at most [`FAILURE_QUIET`] before. When only survivors are lost, the
 /// roots are the ranks of this communicator whose processes the survivors reported lost
 /// elsewhere; failing that, the survivor seen lost first (nothing else remains).
 fn lost_roots(
@@ -523,9 +527,12 @@ fn lost_roots(
     let mut survivors = Vec::new();
     for (r, l) in &ep.lost {
         let (pid, host) = info(*r, l.pid, &l.host);
-        let reported_elsewhere = procs
-            .get(&(pid, host.clone()))
-            .is_some_and(|p| p.first_ns <= l.first_ns);
+        // Reported no later than its loss was seen, and recently (a pid reused by a later
+        // process must not inherit an old report).
+        let quiet = u64::try_from(FAILURE_QUIET.as_nanos()).unwrap_or(u64::MAX);
+        let reported_elsewhere = procs.get(&(pid, host.clone())).is_some_and(|p| {
+            p.first_ns <= l.first_ns && l.first_ns <= p.last_ns.saturating_add(quiet)
+        });
         let root = LostRoot {
             rank: *r,
             pid,

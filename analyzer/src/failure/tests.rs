@@ -485,3 +485,24 @@ fn a_failure_reported_after_the_loss_was_seen_does_not_make_a_survivor() {
     assert_eq!(d.len(), 1);
     assert_eq!(d[0].roots[0].rank, 2);
 }
+
+#[test]
+fn an_old_failure_report_of_a_reused_pid_does_not_make_a_survivor() {
+    let mut e = Engine::new(cfg());
+    let mut t = T0;
+    // Process 102 reported a failure in comm 41 long ago (then exited; its pid is reused).
+    e.ingest(&as_proc(lost(41, 0, 0, 2, 1), 2), t).unwrap();
+    e.tick(t + S);
+    t += 120 * S;
+    warm(&mut e, 40, 4, 3, &mut t);
+    // The new process with pid 102 is rank 2 of comm 40 and is killed.
+    e.ingest(&lost(40, 3, 0, 4, 2), t).unwrap();
+    let d: Vec<_> = e
+        .tick(t + S)
+        .into_iter()
+        .filter(|d| d.comm_id == 40)
+        .collect();
+    assert_eq!(d.len(), 1);
+    let roots: Vec<u32> = d[0].roots.iter().map(|r| r.rank).collect();
+    assert_eq!(roots, vec![2]);
+}
