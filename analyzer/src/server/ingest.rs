@@ -131,13 +131,28 @@ impl Service {
         &self,
         request: Request<Streaming<Batch>>,
     ) -> Result<Response<IngestReply>, Status> {
+        self.ingest_stream(request, |sh, b: &Batch, acc| {
+            sh.apply(&b.records, &b.heartbeats, acc);
+            Ok(())
+        })
+        .await
+    }
+
+    /// `Ingest` of either server: authenticates, applies every message of the stream with
+    /// `apply`, counts a broken stream as a bad request, and ticks when the client drives
+    /// the clock.
+    async fn ingest_stream<T>(
+        &self,
+        request: Request<Streaming<T>>,
+        apply: impl Fn(&Shared, &T, &mut IngestAcc) -> Result<(), Status>,
+    ) -> Result<Response<IngestReply>, Status> {
         self.sh.auth.check(&request)?;
         let driven = self.sh.drive_clock(&request);
         let mut s = request.into_inner();
         let mut acc = IngestAcc::default();
         loop {
             match s.message().await {
-                Ok(Some(b)) => self.sh.apply(&b.records, &b.heartbeats, &mut acc),
+                Ok(Some(m)) => apply(&self.sh, &m, &mut acc)?,
                 Ok(None) => break,
                 Err(e) => {
                     self.sh.metrics.bad_requests.add("Ingest", 1);
@@ -174,24 +189,10 @@ impl RawIngest for Service {
         &self,
         request: Request<Streaming<Bytes>>,
     ) -> Result<Response<IngestReply>, Status> {
-        self.sh.auth.check(&request)?;
-        let driven = self.sh.drive_clock(&request);
-        let mut s = request.into_inner();
-        let mut acc = IngestAcc::default();
-        loop {
-            match s.message().await {
-                Ok(Some(b)) => self.sh.apply_encoded(&b, &mut acc, "Ingest")?,
-                Ok(None) => break,
-                Err(e) => {
-                    self.sh.metrics.bad_requests.add("Ingest", 1);
-                    return Err(e);
-                }
-            }
-        }
-        if driven {
-            self.sh.tick();
-        }
-        Ok(Response::new(acc.into_reply()))
+        self.ingest_stream(request, |sh, b: &Bytes, acc| {
+            Ok(sh.apply_encoded(b, acc, "Ingest")?)
+        })
+        .await
     }
 
     async fn ingest_one_raw(
