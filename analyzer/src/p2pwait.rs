@@ -38,25 +38,21 @@ impl P2pWaits {
         let Some(local) = rec.trace.as_ref().map(|t| t.op_counter) else {
             return;
         };
-        let items: Vec<Item> = rec
+        let items = rec
             .p2p
             .iter()
             .filter(|p| p.peer < rec.nranks && p.peer != rec.rank)
-            .map(|p| (p.peer, p.send, p.seq))
-            .collect();
+            .map(|p| (p.peer, p.send, p.seq));
         let r = self.ranks.entry(rec.rank).or_default();
-        for &(peer, send, seq) in &items {
+        for (peer, send, seq) in items.clone() {
             let e = r.entered.entry((peer, send)).or_insert(seq);
             *e = (*e).max(seq);
         }
-        let newer = |cur: &Option<(u64, Vec<Item>)>| cur.as_ref().is_none_or(|(c, _)| local >= *c);
-        if rec.state == OpState::InFlight as i32 {
-            if newer(&r.inflight) {
-                r.inflight = Some((local, items));
-            }
-        } else if newer(&r.inflight) {
-            r.inflight = None;
+        if r.inflight.as_ref().is_some_and(|(c, _)| local < *c) {
+            return; // an older record: the newer group's state stands
         }
+        // Only an in-flight group is kept (the common completed record allocates nothing).
+        r.inflight = (rec.state == OpState::InFlight as i32).then(|| (local, items.collect()));
     }
 
     /// Rank `rank` is in flight in a Send/Recv group: (the pair sequence of its first
