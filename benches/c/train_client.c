@@ -2,7 +2,7 @@
  *
  * It forks N rank processes. Each inits the world communicator (DP), splits tensor-parallel
  * pairs with ncclCommSplit (color = rank / 2), and loops:
- *   compute (a CPU busy loop), AllReduce on DP, AllReduce on TP, pipeline Send/Recv
+ *   compute, AllReduce on DP, AllReduce on TP, pipeline Send/Recv
  *   between stage pairs (stage = TP pair; rank r sends to r + 2 and receives from r - 2 on
  *   DP), and every k iterations a barrier (a 4-byte AllReduce, as PyTorch's).
  * Every result value is verified. A wrong value or a failed call prints one line
@@ -21,6 +21,10 @@
  *   --skip-rank R                   rank R skips one DP AllReduce
  * Length: --iters I (exact), or --seconds S (rank 0 decides, announced through the barrier).
  * Sizes: --ranks N (2..64), --count C floats per AllReduce, --compute-us U, --barrier-every K.
+ * Compute: --compute-mode wait (default) sleeps U us, as the host thread of a rank whose
+ *   GPU computes (its CPU is idle in cudaStreamSynchronize or in the next enqueue); busy
+ *   spins a CPU loop for U us (CPU-bound training: ranks compete for cores, and on a host
+ *   with fewer cores than ranks the scheduler makes one rank or another late by itself).
  * --no-tp and --no-pipeline leave out the TP communicator and the pipeline traffic.
  *
  * Exit status: 0 when every rank ended cleanly; otherwise the first failing rank's. */
@@ -45,6 +49,7 @@ struct opts {
   double seconds;
   size_t count;
   long compute_us;
+  int compute_busy;
   int barrier_every;
   int tp;
   int pipeline;
@@ -117,11 +122,21 @@ static void say(const char *fmt, ...) {
   fflush(stdout);
 }
 
-/* A CPU busy loop of about `us` microseconds (not a sleep: real computation competes for
- * the CPU, and a stopped process does not advance it). */
+/* `us` microseconds of computation. wait: sleeps until the deadline (a host thread
+ * waiting for its GPU; a stopped process resumes late and is late). busy: a CPU loop. */
 static volatile uint64_t sink;
 static void compute(double us) {
   double end = mono_s() + us / 1e6;
+  if (!o.compute_busy) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    long long ns = (long long)ts.tv_nsec + (long long)(us * 1e3);
+    ts.tv_sec += (time_t)(ns / 1000000000LL);
+    ts.tv_nsec = (long)(ns % 1000000000LL);
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+    }
+    return;
+  }
   uint64_t x = 88172645463325252ULL;
   while (mono_s() < end) {
     for (int i = 0; i < 256; i++) {
@@ -271,7 +286,8 @@ static void usage(const char *why) {
   fprintf(stderr,
           "ccld-client: %s\n"
           "usage: train_client [--ranks N] [--iters I | --seconds S] [--count C]\n"
-          "  [--compute-us U] [--barrier-every K] [--no-tp] [--no-pipeline]\n"
+          "  [--compute-us U] [--compute-mode wait|busy] [--barrier-every K] [--no-tp]\n"
+          "  [--no-pipeline]\n"
           "  [--fault-after S] [--slow-rank R [--slow-factor F]] [--inconsistent-rank R]\n"
           "  [--skip-rank R]\n",
           why);
@@ -303,6 +319,11 @@ static void parse(int argc, char **argv) {
     else if (!strcmp(a, "--seconds")) o.seconds = num(a, v, 0, 86400);
     else if (!strcmp(a, "--count")) o.count = (size_t)num(a, v, 1, 1 << 26);
     else if (!strcmp(a, "--compute-us")) o.compute_us = (long)num(a, v, 0, 1e8);
+    else if (!strcmp(a, "--compute-mode")) {
+      if (v && !strcmp(v, "wait")) o.compute_busy = 0;
+      else if (v && !strcmp(v, "busy")) o.compute_busy = 1;
+      else usage("--compute-mode: want wait or busy");
+    }
     else if (!strcmp(a, "--barrier-every")) o.barrier_every = (int)num(a, v, 0, 1e6);
     else if (!strcmp(a, "--fault-after")) o.fault_after = num(a, v, 0, 86400);
     else if (!strcmp(a, "--slow-rank")) o.slow_rank = (int)num(a, v, 0, MAX_RANKS - 1);
