@@ -2598,6 +2598,10 @@ fn locate_slow(
         p,
         p_paper,
         computation_lateness_ns: lateness,
+        round_durations_ns: entries
+            .iter()
+            .map(|e| if e.state == ST_NONE { 0 } else { e.duration_ns })
+            .collect(),
         t_max_ns: t_max,
         t_min_ns: t_min,
         t_base_ns: t_base,

@@ -252,6 +252,23 @@ fn deadlock_root(view: &ProcView, cycle: &BTreeSet<Proc>) -> Option<(Proc, u64, 
     Some((p, m.comm_id, m.rank, reason))
 }
 
+/// Rank `r`'s duration in the deciding round of slow diagnosis `d`: from its detailed
+/// evidence when it is a root, else from the round's per-rank durations (0 there: the rank
+/// had not entered).
+fn round_duration(d: &Diagnosis, r: u32) -> Option<u64> {
+    let ev = d.evidence.as_ref()?;
+    ev.ranks
+        .iter()
+        .find(|e| e.rank == r)
+        .map(|e| e.duration_ns)
+        .or_else(|| {
+            ev.round_durations_ns
+                .get(r as usize)
+                .copied()
+                .filter(|&v| v > 0)
+        })
+}
+
 /// Where following one root ends: first causes (process, communicator, rank, reason).
 struct Walk<'a> {
     view: &'a ProcView,
@@ -324,12 +341,7 @@ impl Walk<'_> {
                         .iter()
                         .find(|m| m.comm_id == d.comm_id)
                         .map(|m| m.rank);
-                    let dur = |x: &Diagnosis, r: u32| {
-                        x.evidence
-                            .as_ref()
-                            .and_then(|e| e.ranks.iter().find(|e| e.rank == r))
-                            .map(|e| e.duration_ns)
-                    };
+                    let dur = round_duration;
                     let q = &d.roots[0];
                     let wait_b = pb
                         .and_then(|pb| dur(d, pb))
@@ -348,7 +360,14 @@ impl Walk<'_> {
                             .saturating_sub(dur(a, rank).unwrap_or(u64::MAX)),
                         _ => 0,
                     };
-                    if wait_b == 0 || wait_b <= wait_a {
+                    // And p's wait in B explains at least half of the lateness it caused
+                    // where it was named (a rank that hardly waited in B is slow itself).
+                    let caused_a = from
+                        .and_then(|a| a.evidence.as_ref())
+                        .and_then(|e| e.round_durations_ns.iter().max().copied())
+                        .zip(from.and_then(|a| dur(a, rank)))
+                        .map_or(0, |(max, own)| max.saturating_sub(own));
+                    if wait_b == 0 || wait_b <= wait_a || wait_b < caused_a / 2 {
                         continue;
                     }
                 }

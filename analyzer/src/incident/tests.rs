@@ -283,6 +283,60 @@ fn slow_tp_partner_named_in_dp_is_followed_to_the_slow_rank() {
     }
 }
 
+/// A slow diagnosis as the engine makes it: detailed evidence for the root only, and every
+/// rank's duration in the deciding round.
+fn slow_round(comm: u64, rank: u32, p: u32, at: u64, round: &[u64]) -> Diagnosis {
+    let mut d = slow_with(comm, rank, p, at, &[(rank, round[rank as usize])]);
+    if let Some(ev) = d.evidence.as_mut() {
+        ev.round_durations_ns = round.to_vec();
+    }
+    d
+}
+
+#[test]
+fn a_tp_rank_late_after_waiting_in_dp_for_the_slow_rank_is_its_victim() {
+    // Process 0 computes slowly: DP names it (everyone else waited ~7 ms for it). Leaving
+    // that DP AllReduce in ring order, process 2 enters its TP pair {2,3} ~1 ms after 3,
+    // and TP names process 2. Process 2 waited far longer in DP for process 0 than 3 waited
+    // for it in TP: one incident, root process 0, in either order within the hold.
+    for tp_first in [false, true] {
+        let w = Duration::from_secs(1);
+        let mut inc = Incidents::default();
+        let v = view();
+        let dp = slow_round(DP, 0, 0, T0, &[MS / 5, 7 * MS, 7 * MS, 7 * MS]);
+        let tp = slow_round(TP[1], 0, 2, T0 + S / 10, &[MS / 10, MS + MS / 10]);
+        if tp_first {
+            inc.add(std::slice::from_ref(&tp), &v, w);
+            inc.add(std::slice::from_ref(&dp), &v, w);
+        } else {
+            inc.add(std::slice::from_ref(&dp), &v, w);
+            inc.add(std::slice::from_ref(&tp), &v, w);
+        }
+        inc.flush(T0 + 10 * S);
+        let got = inc.take();
+        assert_eq!(got.len(), 1, "tp_first={tp_first}: {got:#?}");
+        assert_eq!(got[0].roots.len(), 1);
+        assert_eq!(got[0].roots[0].pid, pid(0));
+        assert_eq!(got[0].comm_id, DP);
+    }
+}
+
+#[test]
+fn a_tp_rank_that_waited_little_in_dp_stays_its_own_root() {
+    // The same shapes, but process 2 hardly waited in DP (0.3 ms) while 3 waited 5 ms for
+    // it in TP: process 2 is slow itself, a second incident.
+    let w = Duration::from_secs(1);
+    let mut inc = Incidents::default();
+    let v = view();
+    let dp = slow_round(DP, 0, 0, T0, &[MS / 5, 7 * MS, MS / 2, 7 * MS]);
+    let tp = slow_round(TP[1], 0, 2, T0 + S / 10, &[MS / 10, 5 * MS]);
+    inc.add(&[dp, tp], &v, w);
+    inc.flush(T0 + 10 * S);
+    let mut pids: Vec<u32> = inc.take().iter().map(|i| i.roots[0].pid).collect();
+    pids.sort_unstable();
+    assert_eq!(pids, vec![pid(0), pid(2)]);
+}
+
 #[test]
 fn unrelated_anomalies_stay_separate_incidents() {
     let mut inc = Incidents::default();
