@@ -1444,7 +1444,14 @@ impl Engine {
                 kind.calib.as_mut(),
                 es.iter().position(|e| e.duration_ns == t_min),
             ) {
-                c.observe(t_max, t_min, last);
+                // For the blame rule, in rounds late enough to count: does the last rank's
+                // own computation gap explain at least half of the others' wait?
+                let explained = c
+                    .blame_threshold_ns()
+                    .filter(|&x| (t_max - t_min) as f64 > x)
+                    .and_then(|_| round_lateness(es))
+                    .is_none_or(|l| 2 * l >= t_max - t_min);
+                c.observe_explained(t_max, t_min, last, explained);
             }
             let (t_base_now, _, _) = kind.baseline.current();
             if t_max > t_base_now {
