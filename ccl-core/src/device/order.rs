@@ -153,12 +153,29 @@ mod tests {
         let api: Arc<dyn DeviceApi> = d.clone();
         let (a, b) = (api.stream_create().unwrap(), api.stream_create().unwrap());
         let order = Order::new(Arc::clone(&api)).unwrap();
+        // Stream A waits for the gate, so that the kernel faults only after the event and
+        // B's wait are enqueued (a stream that already faulted refuses them).
+        let gate = Arc::new(AtomicBool::new(false));
+        {
+            let g = Arc::clone(&gate);
+            api.launch_host_fn(
+                a,
+                Box::new(move || {
+                    let t0 = Instant::now();
+                    while !g.load(Ordering::Acquire) && t0.elapsed() < Duration::from_secs(10) {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                }),
+            )
+            .unwrap();
+        }
         d.fault_next_kernel(7, "illegal memory access (test)");
         let plan = crate::device::emu::tests::empty_plan();
         // SAFETY: an empty plan (no arrays, no buffers).
         unsafe { api.launch_plan(&plan, a) }.unwrap();
         order.mark(a).unwrap();
         order.join(b).unwrap();
+        gate.store(true, Ordering::Release);
         let e = api.stream_synchronize(a).unwrap_err().to_string();
         assert!(e.contains("illegal memory access (test)"), "{e}");
         let e = api.event_query(order.event()).unwrap_err().to_string();
