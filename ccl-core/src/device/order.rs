@@ -79,7 +79,21 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
+    use crate::device::api::HostFn;
     use crate::device::emu;
+
+    /// Waits (at most 10 s) until `gate` opens; then runs `then`. For a host function that
+    /// holds a stream back.
+    fn after_gate(gate: &Arc<AtomicBool>, then: impl FnOnce() + Send + 'static) -> HostFn {
+        let g = Arc::clone(gate);
+        Box::new(move || {
+            let t0 = Instant::now();
+            while !g.load(Ordering::Acquire) && t0.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            then();
+        })
+    }
 
     #[test]
     fn only_a_change_of_stream_needs_a_wait() {
@@ -99,14 +113,10 @@ mod tests {
         let seq = Arc::new(AtomicUsize::new(0));
         let (first, second) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         {
-            let (g, s, f) = (Arc::clone(&gate), Arc::clone(&seq), Arc::clone(&first));
+            let (s, f) = (Arc::clone(&seq), Arc::clone(&first));
             api.launch_host_fn(
                 a,
-                Box::new(move || {
-                    let t0 = Instant::now();
-                    while !g.load(Ordering::Acquire) && t0.elapsed() < Duration::from_secs(10) {
-                        std::thread::sleep(Duration::from_millis(1));
-                    }
+                after_gate(&gate, move || {
                     f.store(s.fetch_add(1, Ordering::AcqRel) + 1, Ordering::Release);
                 }),
             )
@@ -156,19 +166,7 @@ mod tests {
         // Stream A waits for the gate, so that the kernel faults only after the event and
         // B's wait are enqueued (a stream that already faulted refuses them).
         let gate = Arc::new(AtomicBool::new(false));
-        {
-            let g = Arc::clone(&gate);
-            api.launch_host_fn(
-                a,
-                Box::new(move || {
-                    let t0 = Instant::now();
-                    while !g.load(Ordering::Acquire) && t0.elapsed() < Duration::from_secs(10) {
-                        std::thread::sleep(Duration::from_millis(1));
-                    }
-                }),
-            )
-            .unwrap();
-        }
+        api.launch_host_fn(a, after_gate(&gate, || {})).unwrap();
         d.fault_next_kernel(7, "illegal memory access (test)");
         let plan = crate::device::emu::tests::empty_plan();
         // SAFETY: an empty plan (no arrays, no buffers).
