@@ -908,6 +908,46 @@ fn self_calibration(cfg: &EngineConfig, nranks: u32) -> Option<CommThreshold> {
     CommThreshold::new(t, nranks as usize).ok()
 }
 
+/// The rank a self-calibrated window verdict is late with: location names it rather than
+/// the widest round's latecomer. The widest round of a window can belong to a victim (a
+/// rank whose Send was held up by the late rank, or whose other communicator waited for
+/// it), while the verdict counted the whole window's rounds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct JudgedRoot {
+    rank: u32,
+    /// Rounds of the window it entered last in.
+    last_in: usize,
+    rounds: usize,
+    /// Found by the blame rule (its extreme rounds), not by the window's medians.
+    blamed: bool,
+}
+
+impl JudgedRoot {
+    fn of(v: &WindowVerdict) -> Option<JudgedRoot> {
+        let rank = u32::try_from(v.root?).ok()?;
+        v.late.then_some(JudgedRoot {
+            rank,
+            last_in: v.root_last_in,
+            rounds: v.rounds,
+            blamed: v.blamed,
+        })
+    }
+
+    fn reason(&self) -> String {
+        if self.blamed {
+            format!(
+                "entered last in {} of the window's {} rounds, and in enough of its longest waits to hold at least half of the others' waiting (self-calibrated blame rule: an intermittently stopped or throttled rank)",
+                self.last_in, self.rounds
+            )
+        } else {
+            format!(
+                "entered last in {} of the window's {} rounds while the others' waiting stood above this communicator's own recent spread (self-calibrated threshold)",
+                self.last_in, self.rounds
+            )
+        }
+    }
+}
+
 /// Whether a closed window is slow: by the self-calibrated judgement once the kind's
 /// history can judge it (late or long), else by the paper's R > theta_slow.
 fn window_is_slow(r: f64, theta_slow: f64, calibrated: Option<&WindowVerdict>) -> bool {
@@ -1444,13 +1484,9 @@ impl Engine {
                 kind.calib.as_mut(),
                 es.iter().position(|e| e.duration_ns == t_min),
             ) {
-                // For the blame rule, in rounds late enough to count: does the last rank's
-                // own computation gap explain at least half of the others' wait?
-                let explained = c
-                    .blame_threshold_ns()
-                    .filter(|&x| (t_max - t_min) as f64 > x)
-                    .and_then(|_| round_lateness(es))
-                    .is_none_or(|l| 2 * l >= t_max - t_min);
+                // Does the last rank's own computation gap explain at least half of the
+                // others' wait? (Unknown gaps: assumed so.)
+                let explained = round_lateness(es).is_none_or(|l| 2 * l >= t_max - t_min);
                 c.observe_explained(t_max, t_min, last, explained);
             }
             let (t_base_now, _, _) = kind.baseline.current();
@@ -1496,7 +1532,7 @@ impl Engine {
         let end = comm.window_start_ns.saturating_add(window);
         let cfg = &self.cfg;
         // Evaluate each op kind's widest round; the slowest kind decides.
-        let mut worst: Option<(usize, f64)> = None;
+        let mut worst: Option<(usize, f64, Option<JudgedRoot>)> = None;
         let mut any = false;
         for (i, k) in comm.kinds.iter_mut().enumerate() {
             let calibrated = k.calib.as_mut().map(CommThreshold::close_window);
@@ -1504,6 +1540,7 @@ impl Engine {
                 any = true;
                 let r = detect::slowdown_ratio(*t_max, b.t_base_ns);
                 let slow = window_is_slow(r, cfg.theta_slow, calibrated.as_ref());
+                let judged = calibrated.as_ref().and_then(JudgedRoot::of);
                 if cfg.record_windows {
                     self.window_log.push(WindowEval {
                         comm_id,
@@ -1516,8 +1553,8 @@ impl Engine {
                         calibrated,
                     });
                 }
-                if slow && worst.is_none_or(|(_, w)| r > w) {
-                    worst = Some((i, r));
+                if slow && worst.is_none_or(|(_, w, _)| r > w) {
+                    worst = Some((i, r, judged));
                 }
             }
         }
@@ -1526,10 +1563,10 @@ impl Engine {
             comm.slow_onset_ns = comm.window_start_ns;
         }
         let fire = comm.streak.window(verdict, cfg.repeat_threshold);
-        if let (true, Some((ki, r))) = (fire, worst) {
+        if let (true, Some((ki, r, judged))) = (fire, worst) {
             let mut clock = clock;
             let start = clock.as_mut().map(|f| f());
-            let mut d = locate_slow(cfg, comm, ki, r, end, now_ns);
+            let mut d = locate_slow(cfg, comm, ki, r, judged, end, now_ns);
             if let (Some(s), Some(f)) = (start, clock.as_mut()) {
                 if let Some(ev) = d.evidence.as_mut() {
                     ev.location_cost_ns = f().saturating_sub(s);
@@ -2333,6 +2370,7 @@ fn locate_slow(
     comm: &Comm,
     ki: usize,
     r: f64,
+    judged: Option<JudgedRoot>,
     window_end: u64,
     now_ns: u64,
 ) -> wire::Diagnosis {
@@ -2368,7 +2406,7 @@ fn locate_slow(
     };
     // S1 candidates.
     let durations: Vec<Option<u64>> = entries.iter().map(|e| Some(e.duration_ns)).collect();
-    let s1 = locate::min_duration(&durations);
+    let mut s1 = locate::min_duration(&durations);
     // S2 candidates: wait metrics on ring channels, else rates.
     let mut links = Vec::new();
     let mut s2: Vec<u32> = Vec::new();
@@ -2453,6 +2491,17 @@ fn locate_slow(
             lockstep = ls;
         }
     }
+    // The self-calibrated verdict counted every round of the window; the widest round alone
+    // can belong to a victim. Its rank replaces both candidate sets.
+    if let Some(jr) = judged {
+        s1 = vec![jr.rank];
+        if kind_s != SlowKind::Computation {
+            s2 = vec![jr.rank];
+            links.clear();
+            (by_links, by_least_wait, by_latecomer, lockstep) = (false, false, false, false);
+        }
+    }
+    let by_starved = by_starved && judged.is_none();
     let fmt_pr = if (p - p_paper).abs() >= 0.005 {
         format!(
             "P = {p:.2} [the latecomers' own share of the window's slowdown; eq. 4 on the widest round: {p_paper:.2}], R = {r:.1}"
@@ -2470,7 +2519,20 @@ fn locate_slow(
             roots.push(root_cause(comm, rank, cls, reason, silent));
         }
     };
-    if kind_s != SlowKind::Communication {
+    if let Some(jr) = judged {
+        let (cls, reason) = match kind_s {
+            SlowKind::Computation => (AnomalyClass::S1ComputationSlow, jr.reason()),
+            SlowKind::Communication => (AnomalyClass::S2CommunicationSlow, jr.reason()),
+            SlowKind::Mixed => (
+                AnomalyClass::S3MixedSlow,
+                format!(
+                    "{}; the others also waited for it inside the operations",
+                    jr.reason()
+                ),
+            ),
+        };
+        add(jr.rank, cls, reason, &mut roots);
+    } else if kind_s != SlowKind::Communication {
         for &j in &s1 {
             let d = entries.get(j as usize).map_or(0, |e| e.duration_ns);
             add(
@@ -2485,7 +2547,7 @@ fn locate_slow(
             );
         }
     }
-    if kind_s != SlowKind::Computation {
+    if kind_s != SlowKind::Computation && judged.is_none() {
         for &j in &s2 {
             let reason = if by_starved {
                 let mut known: Vec<f64> = cpu_wait.iter().flatten().copied().collect();
@@ -2535,7 +2597,9 @@ fn locate_slow(
         }
     }
     let s1_phrase = ranks_phrase(comm, &s1);
-    let s2_phrase = if by_starved {
+    let s2_phrase = if judged.is_some() {
+        format!("{} holds the others back", ranks_phrase(comm, &s2))
+    } else if by_starved {
         format!(
             "{} is starved of CPU and holds the ring back",
             ranks_phrase(comm, &s2)

@@ -25,9 +25,12 @@
 //!   least 3 rounds and twice the expected count); a significant root needs only a window
 //!   lateness above `(1 + significant_floor) x med` (0.1), since its own improbability
 //!   replaces the robust z-term. Without such a rank the window is not late (contention
-//!   picks a different latecomer every round).
-//! * **blame** (`blame`, off by default: not yet right on the real job; an intermittently stopped rank, e.g. a SIGSTOP/SIGCONT duty cycle or a
-//!   cgroup CPU quota): an *extreme* round is one whose lateness exceeds the history's
+//!   picks a different latecomer every round). A round counts as a rank's last entry only
+//!   when that rank's own computation gap explains at least half of the others' wait (see
+//!   the blame rule below): a rank that entered late because its previous operation here
+//!   ended late is a victim.
+//! * **blame** (`blame`, on by default; an intermittently stopped rank, e.g. a SIGSTOP/SIGCONT
+//!   duty cycle or a cgroup CPU quota): an *extreme* round is one whose lateness exceeds the history's
 //!   `blame_quantile` (0.99) quantile. A window is also late when
 //!   one rank entered last in at least `blame_min_rounds` (4) extreme rounds and those
 //!   rounds hold at least `blame_share` (half) of the window's total lateness: the others
@@ -53,6 +56,9 @@
 //! rounds, a window is slow when it is late or long; before that the paper's rule alone
 //! decides (R of the window's widest round against T_base > theta_slow). So windows that
 //! look like the communicator's own recent past are never slow, whatever their widest R.
+//! When the window that fires is late, location names the verdict's root (`root`,
+//! `root_last_in`, `blamed`), not the latecomer of the window's widest round: that round
+//! alone can belong to a victim.
 //!
 //! Pure logic, no I/O; the engine and the simulator tests feed it per-round durations.
 
@@ -85,10 +91,8 @@ pub struct ThetaConfig {
     /// Quantile of the history's lateness that marks an *extreme* round (see the blame
     /// rule).
     pub blame_quantile: f64,
-    /// The blame rule at all. Off by default until it is right on the real job: under
-    /// STOP/CONT of the C client it finds the late windows, but location then names other
-    /// ranks of the widest round (docs/diagnosis.md §3a). Off, windows are judged as
-    /// without it (and the engine computes no gaps for it).
+    /// The blame rule at all (on by default). Off, windows are judged by their medians
+    /// alone.
     pub blame: bool,
     /// Extreme rounds one rank must cause in a window to be blamed.
     pub blame_min_rounds: usize,
@@ -108,7 +112,7 @@ impl Default for ThetaConfig {
             significant_floor: 0.1,
             long_ratio: 3.0,
             blame_quantile: 0.99,
-            blame: false,
+            blame: true,
             blame_min_rounds: 4,
             blame_share: 0.5,
         }
@@ -250,8 +254,14 @@ pub struct WindowVerdict {
     pub latecomer_ns: f64,
     /// T_base (windowed) at the close.
     pub t_base_ns: Option<u64>,
-    /// The rank that entered last in more than `root_share` of the rounds (set only when late).
+    /// The rank the window is late with (set only when late): the dominant or significant
+    /// latecomer, or the blamed rank (see `blamed`).
     pub root: Option<usize>,
+    /// Rounds of the window that `root` entered last in (0 without a root).
+    pub root_last_in: usize,
+    /// True: the window is late by the blame rule alone (its medians were not), `root` is the
+    /// blamed rank.
+    pub blamed: bool,
     /// True: computation-slow, `root` is the slow rank.
     pub late: bool,
     /// Median T_max of the window's rounds.
@@ -385,9 +395,6 @@ pub struct CommThreshold {
     /// The window's rounds: (T_max, T_min, last rank, whether the last rank's own
     /// computation explains the round's lateness; see [`CommThreshold::observe_explained`]).
     win: Vec<(u64, u64, usize, bool)>,
-    /// Lateness above which a round is extreme for the blame rule (from the history at the
-    /// last window close; `None` while the rule is off or the history short).
-    extreme_ns: Option<f64>,
 }
 
 impl CommThreshold {
@@ -408,7 +415,6 @@ impl CommThreshold {
             nranks,
             base,
             win: Vec::new(),
-            extreme_ns: None,
         })
     }
 
@@ -439,7 +445,8 @@ impl CommThreshold {
     /// [`CommThreshold::observe`], saying whether the last rank's own computation (its gap
     /// since its previous operation on the communicator, against the others') explains
     /// the round's lateness. A rank that entered late because its previous operation here
-    /// ended late (a Send blocked by a stopped peer) is not blamed for the round.
+    /// ended late (a Send blocked by a stopped peer) is neither blamed for the round nor
+    /// counted as its latecomer by the dominant and significant root rules.
     pub fn observe_explained(
         &mut self,
         t_max_ns: u64,
@@ -452,13 +459,6 @@ impl CommThreshold {
         }
         self.win.push((t_max_ns, t_min_ns, last_rank, explained));
         true
-    }
-
-    /// Lateness (T_max - T_min, ns) above which a round counts for the blame rule; `None`
-    /// while the rule is off or cannot judge yet. Whether the last rank's computation
-    /// explains a round matters only above it (the engine computes it only there).
-    pub fn blame_threshold_ns(&self) -> Option<f64> {
-        self.extreme_ns
     }
 
     /// Heap bytes held (for the engine's memory accounting).
@@ -483,7 +483,10 @@ impl CommThreshold {
         let lateness_ns = median(&lat).unwrap_or(0.0);
         let latecomer_ns = median(&own).unwrap_or(0.0);
         let mut counts = vec![0usize; self.nranks];
-        for r in &rounds {
+        // A round counts for its last rank only when that rank's own computation gap
+        // explains it: a rank that entered late because its previous operation here ended
+        // late (a Send held up by a stopped peer) is that peer's victim, not a latecomer.
+        for r in rounds.iter().filter(|r| r.3) {
             counts[r.2] += 1;
         }
         let dominant = counts
@@ -530,6 +533,7 @@ impl CommThreshold {
             && root.is_some();
         let late = by_median || blamed.root.is_some();
         let root = if by_median { root } else { blamed.root };
+        let root = if late { root } else { None };
         let long = t_max_threshold_ns.is_some_and(|t| t_max_ns > t);
         if !late && !long {
             for (i, (r, l)) in rounds.iter().zip(&lat).enumerate() {
@@ -546,19 +550,15 @@ impl CommThreshold {
                 self.hist_last[r.2] += 1;
             }
         }
-        self.extreme_ns = if self.cfg.blame && self.hist.len() >= self.cfg.min_history {
-            let h: Vec<f64> = self.hist.iter().map(|x| x.0).collect();
-            extreme_lateness(&h, self.cfg.blame_quantile)
-        } else {
-            None
-        };
         WindowVerdict {
             rounds: n,
             lateness_ns,
             threshold_ns,
             latecomer_ns,
             t_base_ns: self.base.t_base_ns(),
-            root: if late { root } else { None },
+            root,
+            root_last_in: root.map_or(0, |j| counts[j]),
+            blamed: late && !by_median,
             late,
             t_max_ns,
             t_max_threshold_ns,
@@ -901,6 +901,37 @@ mod tests {
             assert!(k.iter().all(|&r| r == Some(3)), "seed {seed}: {k:?}");
             // Without the gaps the victim takes the blame in some windows (9-13 of them).
             assert!(u.contains(&Some(1)), "seed {seed}: {u:?}");
+        }
+    }
+
+    /// A rank that enters last in every round of a window, 10 ms late, is the window's root
+    /// when its own computation gap explains the lateness, and nobody's when it does not
+    /// (it entered late because its previous operation on the communicator ended late).
+    #[test]
+    fn a_latecomer_whose_gap_does_not_explain_the_wait_is_no_root() {
+        for explained in [true, false] {
+            let mut rng = Rng(21);
+            let mut ct = CommThreshold::new(ThetaConfig::default(), 4).unwrap();
+            for _ in 0..10 {
+                for _ in 0..20 {
+                    ct.observe_round(&round(&mut rng, &[2.0; 4], 1.0, 0.3));
+                }
+                assert!(!ct.close_window().late);
+            }
+            for _ in 0..20 {
+                let d = round(&mut rng, &[2.0, 12.0, 2.0, 2.0], 0.2, 0.3);
+                let (t_max, t_min) = (*d.iter().max().unwrap(), *d.iter().min().unwrap());
+                let last = d.iter().position(|&x| x == t_min).unwrap();
+                assert_eq!(last, 1);
+                ct.observe_explained(t_max, t_min, last, explained);
+            }
+            let v = ct.close_window();
+            if explained {
+                assert!(v.late && v.root == Some(1), "{v:?}");
+                assert_eq!((v.root_last_in, v.rounds, v.blamed), (20, 20, false));
+            } else {
+                assert!(!v.late && v.root.is_none(), "{v:?}");
+            }
         }
     }
 

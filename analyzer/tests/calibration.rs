@@ -38,6 +38,11 @@ fn arrivals(c: u64) -> [u64; 4] {
 /// Feeds rounds 1..=`last` (the operation takes 10 ms after the last arrival) and ticks
 /// after each; returns the diagnoses with the round at which each came.
 fn run(cfg: EngineConfig, last: u64) -> Vec<(u64, Diagnosis)> {
+    run_with(cfg, last, arrivals)
+}
+
+/// [`run`] with other arrival offsets.
+fn run_with(cfg: EngineConfig, last: u64, arrivals: fn(u64) -> [u64; 4]) -> Vec<(u64, Diagnosis)> {
     let mut e = Engine::new(cfg);
     let mut out = Vec::new();
     for c in 1..=last {
@@ -107,4 +112,34 @@ fn noisy_widest_rounds_stay_quiet_and_a_steady_latecomer_is_named() {
     assert_eq!(d.class(), AnomalyClass::S1ComputationSlow, "{d:?}");
     let roots: Vec<u32> = d.roots.iter().map(|r| r.rank).collect();
     assert_eq!(roots, [LATE_RANK as u32], "{d:?}");
+}
+
+/// [`arrivals`], and from LATE_FROM on once per 13 rounds rank 0 is descheduled 60 ms: the
+/// window's widest round is then rank 0's, while rank 2 entered last in all the others.
+fn arrivals_with_a_spike(c: u64) -> [u64; 4] {
+    let mut a = arrivals(c);
+    if c >= LATE_FROM && c % 13 == 5 {
+        a[0] = 60;
+    }
+    a
+}
+
+#[test]
+fn the_windows_steady_latecomer_is_named_not_the_widest_rounds() {
+    let d = run_with(cfg(), LATE_FROM + 200, arrivals_with_a_spike);
+    let early: Vec<_> = d.iter().filter(|(c, _)| *c < LATE_FROM).collect();
+    assert!(early.is_empty(), "clean part raised {early:?}");
+    let (_, first) = d.first().expect("the latecomer was not named");
+    let roots: Vec<u32> = first.roots.iter().map(|r| r.rank).collect();
+    assert_eq!(roots, [LATE_RANK as u32], "{first:?}");
+    assert!(
+        first.roots[0].reason.contains("entered last in"),
+        "{}",
+        first.roots[0].reason
+    );
+    // Every later diagnosis agrees.
+    for (c, x) in &d {
+        let r: Vec<u32> = x.roots.iter().map(|r| r.rank).collect();
+        assert_eq!(r, [LATE_RANK as u32], "round {c}: {x:?}");
+    }
 }

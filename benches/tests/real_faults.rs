@@ -119,7 +119,7 @@ fn sigkill_8_root7_serve() {
 }
 
 #[test]
-#[ignore = "issue 17 pending: the throttled rank is found only by the blame rule, off by default; with it on, 2 runs in 5 name rank 1 or 2 (blocked in a Send to it, or its TP partner) (run with --run-ignored all)"]
+#[ignore = "issue 17 pending: named right in 5 of 6 runs, nothing in the sixth (three late windows in a row are not always reached); too flaky for CI (run with --run-ignored all)"]
 fn duty_cycle_4_root3_serve() {
     check(DUTY, 4, 3, Serve);
 }
