@@ -2501,7 +2501,19 @@ fn locate_slow(
             (by_links, by_least_wait, by_latecomer, lockstep) = (false, false, false, false);
         }
     }
+    // The scheduler's evidence says why the judged rank held the others back, when it was
+    // starved of CPU: keep it in the reason.
+    let judged_starved = by_starved && judged.is_some_and(|jr| s2 == [jr.rank]);
     let by_starved = by_starved && judged.is_none();
+    let starved_reason = |j: u32| {
+        let mut known: Vec<f64> = cpu_wait.iter().flatten().copied().collect();
+        let med = locate::median(&mut known);
+        format!(
+            "waited for a CPU {:.0}% of the window (runnable but not running; median of the ranks {:.0}%): CPU starvation (a competing process or thread on its cores), its peers waited for it inside the operations",
+            cpu_wait[j as usize].unwrap_or(0.0) * 100.0,
+            med * 100.0
+        )
+    };
     let fmt_pr = if (p - p_paper).abs() >= 0.005 {
         format!(
             "P = {p:.2} [the latecomers' own share of the window's slowdown; eq. 4 on the widest round: {p_paper:.2}], R = {r:.1}"
@@ -2520,15 +2532,21 @@ fn locate_slow(
         }
     };
     if let Some(jr) = judged {
+        let inside = if judged_starved {
+            starved_reason(jr.rank)
+        } else {
+            "the others also waited for it inside the operations".to_string()
+        };
         let (cls, reason) = match kind_s {
             SlowKind::Computation => (AnomalyClass::S1ComputationSlow, jr.reason()),
+            SlowKind::Communication if judged_starved => (
+                AnomalyClass::S2CommunicationSlow,
+                format!("{inside}; {}", jr.reason()),
+            ),
             SlowKind::Communication => (AnomalyClass::S2CommunicationSlow, jr.reason()),
             SlowKind::Mixed => (
                 AnomalyClass::S3MixedSlow,
-                format!(
-                    "{}; the others also waited for it inside the operations",
-                    jr.reason()
-                ),
+                format!("{}; {inside}", jr.reason()),
             ),
         };
         add(jr.rank, cls, reason, &mut roots);
@@ -2550,13 +2568,7 @@ fn locate_slow(
     if kind_s != SlowKind::Computation && judged.is_none() {
         for &j in &s2 {
             let reason = if by_starved {
-                let mut known: Vec<f64> = cpu_wait.iter().flatten().copied().collect();
-                let med = locate::median(&mut known);
-                format!(
-                    "waited for a CPU {:.0}% of the window (runnable but not running; median of the ranks {:.0}%): CPU starvation (a competing process or thread on its cores), its peers waited for it inside the operations",
-                    cpu_wait[j as usize].unwrap_or(0.0) * 100.0,
-                    med * 100.0
-                )
+                starved_reason(j)
             } else if by_links {
                 let mine: Vec<&locate::SlowLink> =
                     links.iter().filter(|l| l.from == j || l.to == j).collect();
@@ -2597,7 +2609,12 @@ fn locate_slow(
         }
     }
     let s1_phrase = ranks_phrase(comm, &s1);
-    let s2_phrase = if judged.is_some() {
+    let s2_phrase = if judged_starved {
+        format!(
+            "{} is starved of CPU and holds the others back",
+            ranks_phrase(comm, &s2)
+        )
+    } else if judged.is_some() {
         format!("{} holds the others back", ranks_phrase(comm, &s2))
     } else if by_starved {
         format!(

@@ -299,3 +299,63 @@ fn scratch_trims_after_a_huge_batch() {
     s.decode(&small.encode_to_vec()).unwrap();
     assert_eq!(s.records(), &small.records[..]);
 }
+
+/// Decodes `bytes` with the scratch and with prost (the reference): both succeed or both
+/// fail; on success they hold the same records and heartbeats, on failure the scratch
+/// holds nothing and its error says where.
+fn agrees_with_prost(s: &mut BatchScratch, bytes: &[u8]) -> Result<(), String> {
+    let ours = s.decode(bytes);
+    match (ours, Batch::decode(bytes)) {
+        (Ok(()), Ok(t)) if s.records() == &t.records[..] && s.heartbeats() == &t.heartbeats[..] => {
+            Ok(())
+        }
+        (Err(e), Err(_))
+            if s.records().is_empty()
+                && s.heartbeats().is_empty()
+                && e.len == bytes.len()
+                && (bytes.is_empty() || e.offset < bytes.len()) =>
+        {
+            Ok(())
+        }
+        (o, t) => Err(format!(
+            "scratch {o:?} vs prost {:?} on {bytes:02x?}",
+            t.map(|_| ())
+        )),
+    }
+}
+
+// Property tests (proptest's default 256 cases each; the longer run of issue 13 is
+// `PROPTEST_CASES=100000 cargo test -p analyzer --lib codec::tests::prop`).
+proptest::proptest! {
+    #[test]
+    fn prop_arbitrary_bytes_decode_exactly_as_prost_or_fail_cleanly(
+        bytes in proptest::collection::vec(proptest::arbitrary::any::<u8>(), 0..300)
+    ) {
+        let mut s = BatchScratch::new();
+        proptest::prop_assert_eq!(agrees_with_prost(&mut s, &bytes), Ok(()));
+    }
+
+    #[test]
+    fn prop_edited_and_truncated_batches_decode_exactly_as_prost(
+        seed in 1..u64::MAX,
+        edits in proptest::collection::vec(
+            (proptest::arbitrary::any::<usize>(), proptest::arbitrary::any::<u8>()), 0..4),
+        cut in proptest::arbitrary::any::<usize>(),
+    ) {
+        let mut g = Rng(seed);
+        let mut bytes = random_batch(&mut g, 4).encode_to_vec();
+        for (at, v) in edits {
+            if !bytes.is_empty() {
+                let i = at % bytes.len();
+                bytes[i] = v;
+            }
+        }
+        bytes.truncate(cut % (bytes.len() + 1));
+        let mut s = BatchScratch::new();
+        proptest::prop_assert_eq!(agrees_with_prost(&mut s, &bytes), Ok(()));
+        // The same scratch still decodes a good batch afterwards.
+        let good = random_batch(&mut g, 2);
+        s.decode(&good.encode_to_vec()).unwrap();
+        proptest::prop_assert_eq!(s.records(), &good.records[..]);
+    }
+}

@@ -232,9 +232,13 @@ pub fn parse_comm_id(value: &str) -> Result<SocketAddr> {
     let mut addrs = (host, port)
         .to_socket_addrs()
         .map_err(|e| bad(&format!("cannot resolve host {host:?}: {e}")))?;
-    addrs
-        .next()
-        .ok_or_else(|| bad(&format!("host {host:?} has no address")))
+    // A numeric form the resolver accepts but Rust does not parse ("0", "0x0") can still
+    // mean 0.0.0.0, which no rank can connect to.
+    addrs.find(|a| !a.ip().is_unspecified()).ok_or_else(|| {
+        bad(&format!(
+            "host {host:?} has no address (or only the unspecified 0.0.0.0 / ::)"
+        ))
+    })
 }
 
 /// 16 random bytes from the OS (`/dev/urandom`); falls back to hashing the std random

@@ -18,6 +18,8 @@
 mod id;
 pub mod ifaddr;
 mod net;
+#[cfg(test)]
+mod props;
 mod root;
 mod wire;
 
