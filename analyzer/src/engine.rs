@@ -2491,6 +2491,9 @@ fn locate_slow(
             lockstep = ls;
         }
     }
+    // The scheduler's evidence says why the judged rank held the others back, when it was
+    // starved of CPU: keep it in the reason. (Read before the candidates are replaced.)
+    let judged_starved = by_starved && judged.is_some_and(|jr| s2.contains(&jr.rank));
     // The self-calibrated verdict counted every round of the window; the widest round alone
     // can belong to a victim. Its rank replaces both candidate sets.
     if let Some(jr) = judged {
@@ -2501,9 +2504,6 @@ fn locate_slow(
             (by_links, by_least_wait, by_latecomer, lockstep) = (false, false, false, false);
         }
     }
-    // The scheduler's evidence says why the judged rank held the others back, when it was
-    // starved of CPU: keep it in the reason.
-    let judged_starved = by_starved && judged.is_some_and(|jr| s2 == [jr.rank]);
     let by_starved = by_starved && judged.is_none();
     let starved_reason = |j: u32| {
         let mut known: Vec<f64> = cpu_wait.iter().flatten().copied().collect();
