@@ -647,14 +647,42 @@ struct RankInfo {
     win_send_rate: f64,
     win_recv_rate: f64,
     win_ch: Vec<ChanAcc>,
-    /// (end of the operation on the rank's clock, cumulative CPU wait) of the last
-    /// completed operation before the window and of the newest one (`OpRecord.cpu_wait_ns`).
-    cpu_wait_from: Option<(u64, u64)>,
-    cpu_wait_to: Option<(u64, u64)>,
+    /// The rank's threads' CPU wait (`OpRecord.cpu_wait_ns`).
+    cpu_wait: WindowShare,
+    /// The time its process was frozen (`OpRecord.frozen_ns`).
+    frozen: WindowShare,
 }
 
-/// Shortest span over which a rank's CPU-wait share is computed.
-const CPU_WAIT_MIN_SPAN_NS: u64 = 100_000_000;
+/// Shortest span over which a rank's share of the window ([`WindowShare`]) is computed.
+const SHARE_MIN_SPAN_NS: u64 = 100_000_000;
+
+/// A cumulative time a rank's records carry (CPU wait, frozen time), read at the ends of
+/// its completed operations: (end on the rank's clock, total) of the last one before the
+/// window and of the newest one. Its growth over that span is the share of the window.
+#[derive(Clone, Copy, Debug, Default)]
+struct WindowShare {
+    from: Option<(u64, u64)>,
+    to: Option<(u64, u64)>,
+}
+
+impl WindowShare {
+    fn observe(&mut self, end_ns: u64, total: u64) {
+        self.to = Some((end_ns, total));
+        self.from.get_or_insert((end_ns, total));
+    }
+
+    /// A new window starts at the newest reading.
+    fn roll(&mut self) {
+        self.from = self.to;
+    }
+
+    /// The share, `None` when unknown or the span is shorter than [`SHARE_MIN_SPAN_NS`].
+    fn share(&self) -> Option<f64> {
+        let ((t0, w0), (t1, w1)) = (self.from?, self.to?);
+        let span = t1.checked_sub(t0)?;
+        (span >= SHARE_MIN_SPAN_NS).then(|| (w1.saturating_sub(w0) as f64 / span as f64).min(1.0))
+    }
+}
 
 impl RankInfo {
     fn new() -> Self {
@@ -686,18 +714,21 @@ impl RankInfo {
             win_send_rate: 0.0,
             win_recv_rate: 0.0,
             win_ch: Vec::new(),
-            cpu_wait_from: None,
-            cpu_wait_to: None,
+            cpu_wait: WindowShare::default(),
+            frozen: WindowShare::default(),
         }
     }
 
-    /// Share of the window this rank's threads waited for a CPU (runnable, not running),
-    /// from the growth of its cumulative CPU wait; `None` when unknown or the span is short.
+    /// Share of the window this rank's threads waited for a CPU (runnable, not running);
+    /// `None` when unknown or the span is short.
     fn win_cpu_wait(&self) -> Option<f64> {
-        let ((t0, w0), (t1, w1)) = (self.cpu_wait_from?, self.cpu_wait_to?);
-        let span = t1.checked_sub(t0)?;
-        (span >= CPU_WAIT_MIN_SPAN_NS)
-            .then(|| (w1.saturating_sub(w0) as f64 / span as f64).min(1.0))
+        self.cpu_wait.share()
+    }
+
+    /// Share of the window this rank's process was frozen; `None` when unknown or the span
+    /// is short.
+    fn win_frozen(&self) -> Option<f64> {
+        self.frozen.share()
     }
 
     fn silent(&self, now_ns: u64, silent_after_ns: u64) -> bool {
@@ -723,6 +754,10 @@ struct OpKind {
     best: detect::WindowBest<BestRound>,
     /// The window's adjusted P over all its rounds (reset with `best`).
     share: detect::LatenessShare,
+    /// The largest R of the window's rounds by their T_max alone (eq. 2 against the T_base
+    /// of the moment; reset with `best`): a round every rank spent long in, with no entry
+    /// skew, is not the widest round but shows a slowdown all the same.
+    longest_r: f64,
     /// The self-calibrated threshold (None when disabled or for 1-rank communicators).
     calib: Option<CommThreshold>,
 }
@@ -857,6 +892,7 @@ impl Comm {
             ),
             best: detect::WindowBest::new(),
             share: detect::LatenessShare::default(),
+            longest_r: f64::NEG_INFINITY,
             calib: self_calibration(cfg, self.nranks),
         });
         self.kinds.len() - 1
@@ -912,7 +948,7 @@ fn self_calibration(cfg: &EngineConfig, nranks: u32) -> Option<CommThreshold> {
 /// the widest round's latecomer. The widest round of a window can belong to a victim (a
 /// rank whose Send was held up by the late rank, or whose other communicator waited for
 /// it), while the verdict counted the whole window's rounds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 struct JudgedRoot {
     rank: u32,
     /// Rounds of the window it entered last in.
@@ -920,6 +956,9 @@ struct JudgedRoot {
     rounds: usize,
     /// Found by the blame rule (its extreme rounds), not by the window's medians.
     blamed: bool,
+    /// Found by its process's frozen time: (its share of the window, the median share of
+    /// the ranks).
+    frozen: Option<(f64, f64)>,
 }
 
 impl JudgedRoot {
@@ -930,11 +969,33 @@ impl JudgedRoot {
             last_in: v.root_last_in,
             rounds: v.rounds,
             blamed: v.blamed,
+            frozen: None,
+        })
+    }
+
+    /// The most frozen rank of `comm`'s window (see [`locate::frozen`]), if one stands out.
+    fn frozen_of(comm: &Comm) -> Option<JudgedRoot> {
+        let shares: Vec<Option<f64>> = comm.ranks.iter().map(RankInfo::win_frozen).collect();
+        let rank = *locate::frozen(&shares).first()?;
+        let mut known: Vec<f64> = shares.iter().flatten().copied().collect();
+        let med = locate::median(&mut known);
+        Some(JudgedRoot {
+            rank,
+            last_in: comm.ranks[rank as usize].win_last_in as usize,
+            rounds: 0,
+            blamed: false,
+            frozen: Some((shares[rank as usize].unwrap_or(0.0), med)),
         })
     }
 
     fn reason(&self) -> String {
-        if self.blamed {
+        if let Some((share, med)) = self.frozen {
+            format!(
+                "its process was frozen {:.0}% of the window (neither running nor waiting for a CPU; median of the ranks {:.0}%): stopped (SIGSTOP, a debugger, a cgroup freezer) or swapping, while its peers waited for it",
+                share * 100.0,
+                med * 100.0
+            )
+        } else if self.blamed {
             format!(
                 "entered last in {} of the window's {} rounds, and in enough of its longest waits to hold at least half of the others' waiting (self-calibrated blame rule: an intermittently stopped or throttled rank)",
                 self.last_in, self.rounds
@@ -1371,10 +1432,12 @@ impl Engine {
             info.done_ty = Some(tk);
             info.done_send = sums.send;
             info.done_recv = sums.recv;
+            let end = rec.start_ns.saturating_add(rec.duration_ns);
             if let Some(w) = rec.cpu_wait_ns {
-                let end = rec.start_ns.saturating_add(rec.duration_ns);
-                info.cpu_wait_to = Some((end, w));
-                info.cpu_wait_from.get_or_insert((end, w));
+                info.cpu_wait.observe(end, w);
+            }
+            if let Some(f) = rec.frozen_ns {
+                info.frozen.observe(end, f);
             }
             info.win_ops += 1;
             info.win_send_rate += f64::from(sums.send_rate);
@@ -1490,6 +1553,9 @@ impl Engine {
                 c.observe_explained(t_max, t_min, last, explained);
             }
             let (t_base_now, _, _) = kind.baseline.current();
+            kind.longest_r = kind
+                .longest_r
+                .max(detect::slowdown_ratio(t_max, t_base_now));
             if t_max > t_base_now {
                 let lateness = round_lateness(es);
                 kind.share.observe(t_max, t_min, t_base_now, lateness);
@@ -1533,6 +1599,7 @@ impl Engine {
         let cfg = &self.cfg;
         // Evaluate each op kind's widest round; the slowest kind decides.
         let mut worst: Option<(usize, f64, Option<JudgedRoot>)> = None;
+        let mut longest: Option<(usize, f64)> = None;
         let mut any = false;
         for (i, k) in comm.kinds.iter_mut().enumerate() {
             let calibrated = k.calib.as_mut().map(CommThreshold::close_window);
@@ -1556,6 +1623,17 @@ impl Engine {
                 if slow && worst.is_none_or(|(_, w, _)| r > w) {
                     worst = Some((i, r, judged));
                 }
+                if longest.is_none_or(|(_, l)| k.longest_r > l) {
+                    longest = Some((i, k.longest_r));
+                }
+            }
+        }
+        // A rank whose process was frozen a good share of the window is the cause of any
+        // slowdown the window shows (a round whose T_max alone has R > theta_slow), even
+        // when the stops fell inside operations and left no entry skew for the verdicts.
+        if let Some((li, lr)) = longest.filter(|&(_, r)| r > cfg.theta_slow) {
+            if let Some(jr) = JudgedRoot::frozen_of(comm) {
+                worst = Some((li, lr, Some(jr)));
             }
         }
         let verdict = if any { Some(worst.is_some()) } else { None };
@@ -1586,6 +1664,7 @@ impl Engine {
         let mut freed = Vec::new();
         for k in &mut comm.kinds {
             k.share = detect::LatenessShare::default();
+            k.longest_r = f64::NEG_INFINITY;
             if let Some((_, _, b)) = k.best.take() {
                 freed.push(b.entries);
             }
@@ -1596,7 +1675,8 @@ impl Engine {
         for r in &mut comm.ranks {
             r.win_ops = 0;
             r.win_last_in = 0;
-            r.cpu_wait_from = r.cpu_wait_to;
+            r.cpu_wait.roll();
+            r.frozen.roll();
             r.win_send_rate = 0.0;
             r.win_recv_rate = 0.0;
             for a in &mut r.win_ch {
@@ -2398,7 +2478,13 @@ fn locate_slow(
         .share()
         .or_else(|| detect::p_ratio_adjusted(t_max, t_min, t_base, lateness))
         .unwrap_or(0.0);
-    let kind_s = detect::classify_slow(p, cfg.alpha, cfg.beta);
+    let frozen_root = judged.filter(|jr| jr.frozen.is_some());
+    // A frozen process is slow itself, whatever the operations' timing says of its links.
+    let kind_s = if frozen_root.is_some() {
+        SlowKind::Computation
+    } else {
+        detect::classify_slow(p, cfg.alpha, cfg.beta)
+    };
     let class = match kind_s {
         SlowKind::Computation => AnomalyClass::S1ComputationSlow,
         SlowKind::Communication => AnomalyClass::S2CommunicationSlow,
@@ -2658,6 +2744,9 @@ fn locate_slow(
         ""
     };
     let summary = match kind_s {
+        SlowKind::Computation if frozen_root.is_some() => {
+            format!("{s1_phrase} was frozen (its process stopped) and the others waited for it in {coll_name} #{op_counter}: computation-slow ({fmt_pr}){phase}")
+        }
         SlowKind::Computation => {
             format!("{s1_phrase} enters {coll_name} #{op_counter} late: computation-slow ({fmt_pr}){phase}")
         }
@@ -2813,6 +2902,7 @@ mod tests {
             seq: c,
             device: -1,
             cpu_wait_ns: None,
+            frozen_ns: None,
             gap_ns: None,
             stride: 0,
             failure: 0,
@@ -3513,6 +3603,60 @@ mod tests {
         let d = e.tick(T0 + 121 * S);
         assert_eq!(d.len(), 1);
         assert!(!d[0].summary.contains("starved of CPU"), "{}", d[0].summary);
+    }
+
+    /// A 4-rank job whose rank 2 is stopped (SIGSTOP/SIGCONT) for 60 ms inside every 8th
+    /// operation from round 1500 on: every rank's duration grows in those rounds, nobody
+    /// enters late. `frozen(r)` is the frozen time rank r's record of a stopped round adds
+    /// (`None`: records without the field). Returns the diagnoses.
+    fn stopped_inside_operations(frozen: impl Fn(u32) -> Option<u64>) -> Vec<wire::Diagnosis> {
+        let mut e = Engine::new(EngineConfig {
+            detect_window: Duration::from_secs(1),
+            repeat_threshold: 3,
+            ..cfg()
+        });
+        let (mut t, mut totals, mut out) = (T0, [0u64; 4], Vec::new());
+        for c in 1..=2100u64 {
+            let stopped = c > 1500 && c % 8 == 0;
+            for r in 0..4u32 {
+                let jitter = ((c * 7 + u64::from(r) * 3) % 5) * 50_000;
+                let dur = MS + jitter + if stopped { 60 * MS } else { 0 };
+                let mut x = rec(9, c, r, 4, OpState::Completed, dur);
+                x.start_ns = t + MS;
+                if stopped {
+                    totals[r as usize] += frozen(r).unwrap_or(0);
+                }
+                x.frozen_ns = frozen(r).map(|_| totals[r as usize]);
+                e.ingest(&x, t + MS + dur).unwrap();
+            }
+            t += MS + MS + if stopped { 60 * MS } else { 0 };
+            out.extend(e.tick(t));
+        }
+        out
+    }
+
+    #[test]
+    fn a_process_stopped_inside_operations_is_named_by_its_frozen_time() {
+        let d = stopped_inside_operations(|r| Some(if r == 2 { 60 * MS } else { 0 }));
+        assert!(!d.is_empty(), "no diagnosis");
+        for x in &d {
+            assert_eq!(x.roots.len(), 1, "{}", x.summary);
+            assert_eq!(x.roots[0].rank, 2, "{}", x.summary);
+            assert!(
+                x.roots[0].reason.contains("frozen"),
+                "{}",
+                x.roots[0].reason
+            );
+            assert!(x.summary.contains("was frozen"), "{}", x.summary);
+            assert_eq!(x.class(), AnomalyClass::S1ComputationSlow, "{}", x.summary);
+        }
+        // Without the frozen time the window verdicts see no late or long window: the stops
+        // fall inside operations, one round in eight.
+        assert!(stopped_inside_operations(|_| None).is_empty());
+        // Every rank a thread of the stopped process: nobody stands out.
+        assert!(stopped_inside_operations(|_| Some(60 * MS))
+            .iter()
+            .all(|x| !x.roots.iter().any(|r| r.reason.contains("frozen"))));
     }
 
     #[test]

@@ -490,16 +490,39 @@ pub const STARVED_MARGIN: f64 = 0.2;
 /// [`STARVED_MIN`] and at least [`STARVED_MARGIN`] above the median of the known shares
 /// (at least two known), most starved first.
 pub fn cpu_starved(cpu_wait: &[Option<f64>]) -> Vec<u32> {
-    let mut known: Vec<f64> = cpu_wait.iter().flatten().copied().collect();
+    standing_out(cpu_wait, STARVED_MIN, STARVED_MARGIN)
+}
+
+/// Minimal share of the window a rank's process must have been frozen (neither running
+/// nor runnable: SIGSTOP, a debugger, a cgroup freezer) to be named for it.
+pub const FROZEN_MIN: f64 = 0.2;
+
+/// Minimal margin by which a frozen rank's share exceeds the median of all ranks (ranks
+/// that are threads of one process share one value and never stand out).
+pub const FROZEN_MARGIN: f64 = 0.15;
+
+/// The ranks whose process was frozen a share of the window (`frozen[rank]`, `None`:
+/// unknown) at or above [`FROZEN_MIN`] and at least [`FROZEN_MARGIN`] above the median of
+/// the known shares (at least two known), most frozen first. Such a rank holds back every
+/// peer that needs it while none of its own metrics move; short stops fall inside
+/// operations and show as no entry skew.
+pub fn frozen(frozen: &[Option<f64>]) -> Vec<u32> {
+    standing_out(frozen, FROZEN_MIN, FROZEN_MARGIN)
+}
+
+/// The ranks whose known share is at least `min` and `margin` above the median of the
+/// known shares (at least two known), largest first (ties by rank).
+fn standing_out(shares: &[Option<f64>], min: f64, margin: f64) -> Vec<u32> {
+    let mut known: Vec<f64> = shares.iter().flatten().copied().collect();
     if known.len() < 2 {
         return Vec::new();
     }
     let med = median(&mut known);
-    let mut hit: Vec<(u32, f64)> = cpu_wait
+    let mut hit: Vec<(u32, f64)> = shares
         .iter()
         .enumerate()
         .filter_map(|(r, w)| w.map(|w| (r as u32, w)))
-        .filter(|&(_, w)| w >= STARVED_MIN && w - med >= STARVED_MARGIN)
+        .filter(|&(_, w)| w >= min && w - med >= margin)
         .collect();
     hit.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     hit.into_iter().map(|(r, _)| r).collect()
@@ -769,6 +792,22 @@ mod tests {
         v[1] = Some(0.7);
         assert_eq!(cpu_starved(&v), vec![1, 5]);
         assert!(cpu_starved(&[]).is_empty());
+    }
+
+    #[test]
+    fn a_frozen_process_stands_out_and_one_shared_by_all_ranks_does_not() {
+        // A SIGSTOP/SIGCONT duty cycle of 60/20 ms on rank 5 of 8.
+        let mut v = vec![Some(0.0); 8];
+        v[5] = Some(0.7);
+        assert_eq!(frozen(&v), vec![5]);
+        // Below the minimum share, or every rank a thread of one stopped process.
+        v[5] = Some(0.15);
+        assert!(frozen(&v).is_empty());
+        assert!(frozen(&[Some(0.6); 4]).is_empty());
+        // A 2-rank communicator: the median is the mean of the two.
+        assert_eq!(frozen(&[Some(0.01), Some(0.5)]), vec![1]);
+        assert!(frozen(&[Some(0.1), Some(0.35)]).is_empty());
+        assert!(frozen(&[None, Some(0.9)]).is_empty());
     }
 
     #[test]

@@ -964,6 +964,7 @@ impl Sim {
             seq: g.seq[ju],
             device: -1,
             cpu_wait_ns: None,
+            frozen_ns: None,
             gap_ns: None,
             stride: 0,
             failure: 0,

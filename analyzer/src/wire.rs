@@ -87,6 +87,7 @@ mod tests {
             seq: 9,
             device: -1,
             cpu_wait_ns: None,
+            frozen_ns: None,
             gap_ns: None,
             stride: 0,
             failure: 0,

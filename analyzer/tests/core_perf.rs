@@ -47,6 +47,7 @@ fn rec(comm: u64, c: u64, rank: u32, n: u32, state: OpState, dur: u64) -> OpReco
         seq: c,
         device: -1,
         cpu_wait_ns: None,
+        frozen_ns: None,
         gap_ns: None,
         stride: 0,
         failure: 0,

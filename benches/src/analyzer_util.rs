@@ -174,6 +174,7 @@ impl RecordGen {
             seq: op,
             device: -1,
             cpu_wait_ns: None,
+            frozen_ns: None,
             gap_ns: None,
             stride: 0,
             failure: 0,

@@ -602,6 +602,8 @@ pub struct Sampler {
     seq: u64,
     /// Each host-backend rank's accumulated CPU wait (run-queue delay).
     cpu_wait: CpuWaitTracker,
+    /// The process's accumulated frozen time (measured by the diagnostic thread's parks).
+    frozen_ns: Option<u64>,
     /// See [`Sampler::busy`].
     busy: bool,
     /// See [`Sampler::base_period`].
@@ -635,6 +637,7 @@ impl Sampler {
             finished_ticks: HashMap::new(),
             seq: 0,
             cpu_wait: CpuWaitTracker::default(),
+            frozen_ns: None,
             busy: false,
             base: DEVICE_SAMPLE,
         }
@@ -703,6 +706,7 @@ impl Sampler {
             seq,
             device: s.ident.device,
             cpu_wait_ns: self.cpu_wait.total(s.id),
+            frozen_ns: self.frozen_ns,
             gap_ns: thinning.gap_ns,
             stride: thinning.stride,
             failure: 0,
@@ -923,6 +927,11 @@ impl Sampler {
             .map(|s| (s.id, s.exec_tid.load(Ordering::Relaxed)))
             .collect();
         self.cpu_wait.sample(&threads);
+    }
+
+    /// Sets the process's accumulated frozen time that the next records carry.
+    pub fn set_frozen_ns(&mut self, total: Option<u64>) {
+        self.frozen_ns = total;
     }
 
     /// The process heartbeat.
@@ -1152,6 +1161,7 @@ fn diag_loop(cfg: DiagConfig, rx: Receiver<Done>, btx: SyncSender<(wire::Batch, 
     let mut last_sched = Instant::now();
     let mut ticks = 0u64;
     let (mut period, mut quiet) = (DEVICE_SAMPLE, 0u32);
+    let mut frozen = crate::sched::FrozenClock::for_current_thread();
     loop {
         // Read before draining: every completion queued before the request is sent with it.
         let flush_req = FLUSH_REQ.load(Ordering::Acquire);
@@ -1203,8 +1213,12 @@ fn diag_loop(cfg: DiagConfig, rx: Receiver<Done>, btx: SyncSender<(wire::Batch, 
         if ticks % 16 == 0 {
             global().cpu_ns[0].store(thread_cpu_ns(), Ordering::Relaxed);
         }
-        // Parked rather than slept: `flush` wakes the thread early.
+        // Parked rather than slept: `flush` wakes the thread early. An overshoot of the park
+        // that scheduling does not explain is time the process was frozen.
+        frozen.before_park();
         std::thread::park_timeout(period);
+        frozen.after_park(period);
+        sampler.set_frozen_ns(frozen.total());
     }
 }
 

@@ -404,6 +404,7 @@ pub(crate) mod tests {
             seq: op * 4 + u64::from(rank),
             device: -1,
             cpu_wait_ns: None,
+            frozen_ns: None,
             gap_ns: None,
             stride: 0,
             failure: 0,

@@ -81,6 +81,7 @@ fn random_record(g: &mut Rng) -> OpRecord {
         seq: g.next(),
         device: g.below(9) as i32 - 1,
         cpu_wait_ns: g.chance(2).then(|| g.next()),
+        frozen_ns: g.chance(2).then(|| g.next()),
         gap_ns: g.chance(2).then(|| g.below(1 << 30)),
         stride: g.below(5) as u32,
         failure: g.below(7) as i32,

@@ -72,6 +72,7 @@ pub fn rec(comm: u64, op: u64, rank: u32, nranks: u32, dur_ns: u64) -> OpRecord 
         seq: op,
         device: -1,
         cpu_wait_ns: None,
+        frozen_ns: None,
         gap_ns: None,
         stride: 0,
         failure: 0,
