@@ -14,6 +14,9 @@
 //! accuracy table (`CCLD_REAL_FAULTS_FULL=1 cargo test --release -p benches --test
 //! real_faults full_matrix -- --nocapture`: longer than nextest's per-test limit);
 //! `cargo run --release -p benches --bin real-faults` does the same.
+//! `CCLD_REAL_FAULTS_ONLY=TEXT` keeps the cases whose name contains TEXT;
+//! `CCLD_REAL_FAULTS_KEEP=1` keeps each case's incidents file and client stderr (paths on
+//! stderr).
 //!
 //! Without gcc, pip or network for NVIDIA's header the cases fail when `CI=true` and skip
 //! loudly otherwise.

@@ -11,7 +11,9 @@
 //! cargo run --release -p benches --bin real-faults -- --only SIGSTOP --only 'n=4'
 //! ```
 //! `--only TEXT` (repeatable) keeps the cases whose name contains every TEXT;
-//! `--table FILE` also writes the table to FILE. Exit status 1 when a case fails.
+//! `--table FILE` also writes the table to FILE. Exit status 1 when a case fails. With
+//! `CCLD_REAL_FAULTS_KEEP=1` each case's incidents file (embedded analyzer) and the client's
+//! stderr stay in `target/*/real-faults-work/` for a post-mortem (paths on stderr).
 
 use std::process::ExitCode;
 

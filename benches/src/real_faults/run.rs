@@ -180,6 +180,14 @@ impl Job {
             })
     }
 
+    /// Copies the client's stderr next to it (`.kept`) before the drop removes it.
+    fn keep_stderr(&self, case: &Case) {
+        let kept = self.stderr.with_extension("kept");
+        if std::fs::copy(&self.stderr, &kept).is_ok() {
+            eprintln!("{}: kept {}", case.name(), kept.display());
+        }
+    }
+
     fn stderr_tail(&self) -> String {
         let s = std::fs::read_to_string(&self.stderr).unwrap_or_default();
         let lines: Vec<&str> = s.lines().collect();
@@ -361,9 +369,16 @@ fn run_inner(
     let mut job = Job::start(env, case, &extra, seconds)?;
     let r = observe(env, case, &mut job, &source, notes);
     *tail = job.stderr_tail();
+    if std::env::var_os("CCLD_REAL_FAULTS_KEEP").is_some() {
+        // For a post-mortem: the incidents as written, and the client's stderr.
+        eprintln!("{}: kept {}", case.name(), report.display());
+        job.keep_stderr(case);
+    }
     drop(job);
     drop(source);
-    let _ = std::fs::remove_file(&report);
+    if std::env::var_os("CCLD_REAL_FAULTS_KEEP").is_none() {
+        let _ = std::fs::remove_file(&report);
+    }
     r
 }
 
