@@ -570,6 +570,9 @@ pub trait Sink: Send {
     fn deliver(&mut self, batch: wire::Batch);
     /// Called every reporter loop (about every 20 ms) even without batches.
     fn idle(&mut self) {}
+    /// Waits, at most `timeout`, until every batch delivered so far has left the process
+    /// (sent, or spooled). A sink whose `deliver` returns only then needs nothing here.
+    fn settle(&mut self, _timeout: Duration) {}
 }
 
 /// Per-channel tick state of the operation in flight.
@@ -1019,6 +1022,7 @@ pub fn start_with(
                                 sink.deliver(b);
                             }
                             if flush > 0 {
+                                sink.settle(FLUSH_SETTLE);
                                 FLUSH_DONE.fetch_max(flush, Ordering::AcqRel);
                             }
                         }
@@ -1095,6 +1099,9 @@ static FLUSH_DONE: AtomicU64 = AtomicU64::new(0);
 static DIAG_THREAD: OnceLock<(std::thread::Thread, u32)> = OnceLock::new();
 /// Bound of the flush at process exit.
 const EXIT_FLUSH: Duration = Duration::from_millis(500);
+/// Longest wait of the reporter thread for a flushed batch to leave the process
+/// ([`Sink::settle`]; a hub that hangs must not hold the reporter for longer).
+const FLUSH_SETTLE: Duration = Duration::from_secs(1);
 
 /// Delivers every record of operations completed (or failed) before the call to the sink,
 /// waiting at most `timeout`; true when delivered (or when no diagnostic thread runs).

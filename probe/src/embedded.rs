@@ -344,6 +344,12 @@ impl Sink for EmbeddedSink {
         }
     }
 
+    fn settle(&mut self, timeout: Duration) {
+        if let Route::Hub(l) = &self.route {
+            l.settle(Instant::now() + timeout);
+        }
+    }
+
     fn idle(&mut self) {
         self.follow_hub();
         match &mut self.route {

@@ -10,7 +10,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use analyzer::wire;
 
@@ -25,6 +25,10 @@ pub const QUEUE_BATCHES: usize = 256;
 pub(crate) struct HubLink {
     tx: SyncSender<wire::Batch>,
     dropped: Arc<AtomicU64>,
+    /// Batches queued for the thread, and those it has handled (sent, or spooled when the
+    /// hub cannot be reached): see [`HubLink::settle`].
+    queued: AtomicU64,
+    handled: Arc<AtomicU64>,
     addr: String,
 }
 
@@ -33,11 +37,16 @@ impl HubLink {
     pub(crate) fn start(addr: String, spool: &SpoolSettings) -> Result<HubLink, String> {
         let mut sink = RemoteSink::new(vec![addr.clone()], spool.open()?)?;
         let (tx, rx) = sync_channel::<wire::Batch>(QUEUE_BATCHES);
+        let handled = Arc::new(AtomicU64::new(0));
+        let done = Arc::clone(&handled);
         std::thread::Builder::new()
             .name("ccld-hublink".into())
             .spawn(move || loop {
                 match rx.recv_timeout(Duration::from_millis(50)) {
-                    Ok(b) => sink.deliver(b),
+                    Ok(b) => {
+                        sink.deliver(b);
+                        done.fetch_add(1, Ordering::Release);
+                    }
                     Err(RecvTimeoutError::Timeout) => sink.idle(),
                     Err(RecvTimeoutError::Disconnected) => return,
                 }
@@ -46,14 +55,35 @@ impl HubLink {
         Ok(HubLink {
             tx,
             dropped: Arc::new(AtomicU64::new(0)),
+            queued: AtomicU64::new(0),
+            handled,
             addr,
         })
+    }
+
+    /// Waits until the thread has handled every batch queued so far (sent, or spooled), or
+    /// until `deadline`; true when it has. A flush must not count a batch as delivered
+    /// while it still sits in this queue: a process that exits right after its flush (a
+    /// survivor ending on its own error) would take its last records with it.
+    pub(crate) fn settle(&self, deadline: Instant) -> bool {
+        let want = self.queued.load(Ordering::Relaxed);
+        loop {
+            if self.handled.load(Ordering::Acquire) >= want {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// Queues a batch for the hub (never blocks).
     pub(crate) fn send(&self, b: wire::Batch) {
         match self.tx.try_send(b) {
-            Ok(()) => {}
+            Ok(()) => {
+                self.queued.fetch_add(1, Ordering::Relaxed);
+            }
             Err(TrySendError::Full(b)) | Err(TrySendError::Disconnected(b)) => {
                 let before = self.dropped.fetch_add(1, Ordering::Relaxed);
                 if before == 0 {
@@ -106,6 +136,11 @@ impl HubLinks {
         }
     }
 
+    /// [`HubLink::settle`] of every link, with one deadline; true when all settled.
+    pub(crate) fn settle(&self, deadline: Instant) -> bool {
+        self.links.iter().all(|l| l.settle(deadline))
+    }
+
     /// The links (primary first).
     #[cfg(test)]
     pub(crate) fn links(&self) -> &[HubLink] {
@@ -119,7 +154,6 @@ mod tests {
     use analyzer::client::{BlockingClient, ClientConfig};
     use analyzer::server::{ServerConfig, ShardProcess};
     use analyzer::EngineConfig;
-    use std::time::Instant;
 
     fn batch(op: u64) -> wire::Batch {
         wire::Batch {
@@ -152,6 +186,51 @@ mod tests {
             }],
             heartbeats: vec![],
         }
+    }
+
+    /// A flush counts a batch as delivered only once it left the process: after `settle`
+    /// the hub has it (no polling), and a hub that never answers bounds the wait.
+    #[test]
+    fn settle_returns_once_the_hub_has_the_batches_and_is_bounded() {
+        let hub = ShardProcess::spawn(
+            ServerConfig::single(EngineConfig::default()),
+            "127.0.0.1:0".parse().unwrap(),
+            None,
+            1,
+        )
+        .unwrap();
+        let dir = std::env::temp_dir().join(format!("ccld-hublink-s-{}", std::process::id()));
+        let spool = SpoolSettings {
+            dir: dir.clone(),
+            max_bytes: 1 << 20,
+        };
+        let link = HubLink::start(hub.addr.to_string(), &spool).unwrap();
+        let mut c = BlockingClient::new(ClientConfig::new([hub.addr.to_string()])).unwrap();
+        for op in 1..=30u64 {
+            link.send(batch(op));
+            assert!(link.settle(Instant::now() + Duration::from_secs(10)));
+            let s = c
+                .get_comm(wire::GetCommRequest {
+                    comm_id: 0x77,
+                    ..Default::default()
+                })
+                .unwrap();
+            assert_eq!(s.ranks.first().map(|r| r.last_op_counter), Some(op));
+        }
+        drop(link);
+        hub.kill();
+        // A hub that accepts and never answers: settle gives up at its deadline.
+        let black_hole = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let link = HubLink::start(black_hole.local_addr().unwrap().to_string(), &spool).unwrap();
+        link.send(batch(1));
+        let t0 = Instant::now();
+        assert!(!link.settle(t0 + Duration::from_millis(300)));
+        let took = t0.elapsed();
+        assert!(
+            took >= Duration::from_millis(300) && took < Duration::from_secs(2),
+            "{took:?}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// A primary that hangs (a listener that accepts connections and never answers, as a
