@@ -188,10 +188,8 @@ mod tests {
         }
     }
 
-    /// A flush counts a batch as delivered only once it left the process: after `settle`
-    /// the hub has it (no polling), and a hub that never answers bounds the wait.
-    #[test]
-    fn settle_returns_once_the_hub_has_the_batches_and_is_bounded() {
+    /// A hub shard on 127.0.0.1 and spool settings in a fresh directory named by `tag`.
+    fn hub_and_spool(tag: &str) -> (ShardProcess, SpoolSettings) {
         let hub = ShardProcess::spawn(
             ServerConfig::single(EngineConfig::default()),
             "127.0.0.1:0".parse().unwrap(),
@@ -199,11 +197,19 @@ mod tests {
             1,
         )
         .unwrap();
-        let dir = std::env::temp_dir().join(format!("ccld-hublink-s-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("ccld-hublink-{tag}-{}", std::process::id()));
         let spool = SpoolSettings {
-            dir: dir.clone(),
+            dir,
             max_bytes: 1 << 20,
         };
+        (hub, spool)
+    }
+
+    /// A flush counts a batch as delivered only once it left the process: after `settle`
+    /// the hub has it (no polling), and a hub that never answers bounds the wait.
+    #[test]
+    fn settle_returns_once_the_hub_has_the_batches_and_is_bounded() {
+        let (hub, spool) = hub_and_spool("settle");
         let link = HubLink::start(hub.addr.to_string(), &spool).unwrap();
         let mut c = BlockingClient::new(ClientConfig::new([hub.addr.to_string()])).unwrap();
         for op in 1..=30u64 {
@@ -230,7 +236,7 @@ mod tests {
             took >= Duration::from_millis(300) && took < Duration::from_secs(2),
             "{took:?}"
         );
-        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_dir_all(&spool.dir);
     }
 
     /// A primary that hangs (a listener that accepts connections and never answers, as a
@@ -239,18 +245,7 @@ mod tests {
     #[test]
     fn a_hanging_primary_does_not_delay_the_standby() {
         let black_hole = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let standby = ShardProcess::spawn(
-            ServerConfig::single(EngineConfig::default()),
-            "127.0.0.1:0".parse().unwrap(),
-            None,
-            1,
-        )
-        .unwrap();
-        let dir = std::env::temp_dir().join(format!("ccld-hublink-{}", std::process::id()));
-        let spool = SpoolSettings {
-            dir: dir.clone(),
-            max_bytes: 1 << 20,
-        };
+        let (standby, spool) = hub_and_spool("standby");
         let hubs = Hubs {
             primary: black_hole.local_addr().unwrap(),
             standby: Some(standby.addr),
@@ -294,6 +289,6 @@ mod tests {
         assert!(links.links()[0].dropped() > 0);
         drop(links);
         standby.kill();
-        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_dir_all(&spool.dir);
     }
 }
