@@ -951,25 +951,32 @@ fn self_calibration(cfg: &EngineConfig, nranks: u32) -> Option<CommThreshold> {
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct JudgedRoot {
     rank: u32,
-    /// Rounds of the window it entered last in.
-    last_in: usize,
-    rounds: usize,
-    /// Found by the blame rule (its extreme rounds), not by the window's medians.
-    blamed: bool,
-    /// Found by its process's frozen time: (its share of the window, the median share of
-    /// the ranks).
-    frozen: Option<(f64, f64)>,
+    by: JudgedBy,
+}
+
+/// What found a [`JudgedRoot`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum JudgedBy {
+    /// The window's medians (dominant or significant latecomer): it entered last in
+    /// `last_in` of the window's `rounds` rounds.
+    Median { last_in: usize, rounds: usize },
+    /// The blame rule (its extreme rounds), likewise counted.
+    Blame { last_in: usize, rounds: usize },
+    /// Its process's frozen time: its share of the window and the ranks' median share.
+    Frozen { share: f64, median: f64 },
 }
 
 impl JudgedRoot {
     fn of(v: &WindowVerdict) -> Option<JudgedRoot> {
         let rank = u32::try_from(v.root?).ok()?;
+        let (last_in, rounds) = (v.root_last_in, v.rounds);
         v.late.then_some(JudgedRoot {
             rank,
-            last_in: v.root_last_in,
-            rounds: v.rounds,
-            blamed: v.blamed,
-            frozen: None,
+            by: if v.blamed {
+                JudgedBy::Blame { last_in, rounds }
+            } else {
+                JudgedBy::Median { last_in, rounds }
+            },
         })
     }
 
@@ -978,33 +985,32 @@ impl JudgedRoot {
         let shares: Vec<Option<f64>> = comm.ranks.iter().map(RankInfo::win_frozen).collect();
         let rank = *locate::frozen(&shares).first()?;
         let mut known: Vec<f64> = shares.iter().flatten().copied().collect();
-        let med = locate::median(&mut known);
         Some(JudgedRoot {
             rank,
-            last_in: comm.ranks[rank as usize].win_last_in as usize,
-            rounds: 0,
-            blamed: false,
-            frozen: Some((shares[rank as usize].unwrap_or(0.0), med)),
+            by: JudgedBy::Frozen {
+                share: shares[rank as usize].unwrap_or(0.0),
+                median: locate::median(&mut known),
+            },
         })
     }
 
+    fn frozen(&self) -> bool {
+        matches!(self.by, JudgedBy::Frozen { .. })
+    }
+
     fn reason(&self) -> String {
-        if let Some((share, med)) = self.frozen {
-            format!(
+        match self.by {
+            JudgedBy::Frozen { share, median } => format!(
                 "its process was frozen {:.0}% of the window (neither running nor waiting for a CPU; median of the ranks {:.0}%): stopped (SIGSTOP, a debugger, a cgroup freezer) or swapping, while its peers waited for it",
                 share * 100.0,
-                med * 100.0
-            )
-        } else if self.blamed {
-            format!(
-                "entered last in {} of the window's {} rounds, and in enough of its longest waits to hold at least half of the others' waiting (self-calibrated blame rule: an intermittently stopped or throttled rank)",
-                self.last_in, self.rounds
-            )
-        } else {
-            format!(
-                "entered last in {} of the window's {} rounds while the others' waiting stood above this communicator's own recent spread (self-calibrated threshold)",
-                self.last_in, self.rounds
-            )
+                median * 100.0
+            ),
+            JudgedBy::Blame { last_in, rounds } => format!(
+                "entered last in {last_in} of the window's {rounds} rounds, and in enough of its longest waits to hold at least half of the others' waiting (self-calibrated blame rule: an intermittently stopped or throttled rank)"
+            ),
+            JudgedBy::Median { last_in, rounds } => format!(
+                "entered last in {last_in} of the window's {rounds} rounds while the others' waiting stood above this communicator's own recent spread (self-calibrated threshold)"
+            ),
         }
     }
 }
@@ -2478,7 +2484,7 @@ fn locate_slow(
         .share()
         .or_else(|| detect::p_ratio_adjusted(t_max, t_min, t_base, lateness))
         .unwrap_or(0.0);
-    let frozen_root = judged.filter(|jr| jr.frozen.is_some());
+    let frozen_root = judged.filter(JudgedRoot::frozen);
     // A frozen process is slow itself, whatever the operations' timing says of its links.
     let kind_s = if frozen_root.is_some() {
         SlowKind::Computation
