@@ -218,16 +218,22 @@ fn a_kernel_fault_reaches_async_error_and_the_next_call() {
             );
             ccl_core::enqueue(&cs[r], a).unwrap();
         }
-        group_end().unwrap();
+        group_end()
     };
-    round(&mut recv);
+    round(&mut recv).unwrap();
     for st in &s {
         d.stream_synchronize(*st).unwrap();
     }
     cs[0].async_error().unwrap();
     d.fault_next_kernel(0, "an illegal memory access was encountered (injected)");
     let t0 = Instant::now();
-    round(&mut recv);
+    // The kernel may fault before the rest of rank 0's operation (its completion function,
+    // the ordering event) is enqueued behind it: then this very call reports the fault, as
+    // CUDA's sticky errors make NCCL's do, with the error the watch reports.
+    if let Err(e) = round(&mut recv) {
+        assert_eq!(e.code(), ResultCode::InternalError, "{e}");
+        assert!(e.to_string().contains("illegal memory access"), "{e}");
+    }
     let err = loop {
         match cs[0].async_error() {
             Err(e) => break e,
@@ -264,6 +270,44 @@ fn a_kernel_fault_reaches_async_error_and_the_next_call() {
     let t1 = Instant::now();
     cs[0].destroy().unwrap();
     assert!(t1.elapsed() < Duration::from_secs(5), "{:?}", t1.elapsed());
+}
+
+/// Blocker 8, the other order: a call that runs into a faulted kernel before the watch
+/// saw the fault (here: the very next call, within a few ms of a 100 ms watch period)
+/// reports the same `ncclInternalError` as the watch, not the stream's own error.
+#[test]
+fn a_call_behind_a_faulted_kernel_reports_the_kernel_fault() {
+    let cs = comms(2);
+    let d = emu::global();
+    let count = 1024;
+    let send = bytes(&vec![1.0; count]);
+    let mut recv = vec![0u8; count * 4];
+    let s = d.stream_create().unwrap();
+    let args =
+        |recv: &mut Vec<u8>| sum_f32(send.as_ptr() as usize, recv.as_mut_ptr() as usize, count, s);
+    d.fault_next_kernel(0, "an illegal memory access was encountered (injected)");
+    // Rank 0 alone: its kernel faults as it starts, before it would wait for rank 1.
+    ccl_core::enqueue(&cs[0], args(&mut recv)).unwrap();
+    let synced = d.stream_synchronize(s).unwrap_err();
+    assert!(
+        synced.to_string().contains("illegal memory access"),
+        "{synced}"
+    );
+    let next = ccl_core::enqueue(&cs[0], args(&mut recv)).unwrap_err();
+    assert_eq!(next.code(), ResultCode::InternalError, "{next}");
+    assert!(
+        next.to_string().contains("device fault (a kernel failed)"),
+        "{next}"
+    );
+    assert!(next.to_string().contains("illegal memory access"), "{next}");
+    let later = cs[0].async_error().unwrap_err();
+    assert_eq!(later.code(), ResultCode::InternalError, "{later}");
+    // Destroy knows the communicator failed: it does not wait for the faulted operation's
+    // completion (which never comes) for the full drain limit.
+    let t = Instant::now();
+    cs[0].destroy().unwrap();
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    cs[1].destroy().unwrap();
 }
 
 /// A rank's main for the SIGKILL test: loops AllReduce until its communicator fails.

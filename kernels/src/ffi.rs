@@ -283,7 +283,7 @@ macro_rules! abi {
         // compile the same way in both builds.
         $(
             #[cfg(not(ccl_cuda))]
-            #[allow(unused_variables, clippy::missing_safety_doc)]
+            #[allow(unused_variables, clippy::missing_safety_doc, clippy::too_many_arguments)]
             pub unsafe fn $name ( $( $arg : $ty ),* ) -> $ret {
                 <$ret as Stub>::stub()
             }

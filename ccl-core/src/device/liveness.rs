@@ -64,6 +64,12 @@ pub enum Verdict {
     Failed(CclError, probe::Failure),
 }
 
+/// The error of a kernel fault (`detail`: what the device said), the same whether the
+/// watch saw it or an enqueue ran into it first.
+pub(crate) fn kernel_fault(detail: &str) -> CclError {
+    CclError::Internal(format!("device fault (a kernel failed): {detail}"))
+}
+
 /// The pure decision rules of the watch (see the module documentation).
 #[derive(Debug, Default)]
 pub struct Judge {
@@ -76,7 +82,7 @@ impl Judge {
     pub fn observe(&mut self, o: &Observation) -> Verdict {
         if let Some(f) = &o.fault {
             return Verdict::Failed(
-                CclError::Internal(format!("device fault (a kernel failed): {f}")),
+                kernel_fault(f),
                 probe::Failure::cause(probe::FailureCause::Internal),
             );
         }
@@ -140,6 +146,8 @@ struct Shared {
 pub(crate) struct Watch {
     sh: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// [`WatchCfg::kernel_abort`].
+    kernel_abort: usize,
 }
 
 /// What an operation's completion function holds of the watch.
@@ -171,6 +179,7 @@ impl Watch {
     pub(crate) fn start(cfg: WatchCfg) -> Result<Watch> {
         let sh = Arc::new(Shared::default());
         let me = Arc::clone(&sh);
+        let kernel_abort = cfg.kernel_abort;
         let h = std::thread::Builder::new()
             .name(format!("ccl-dev-watch-r{}", cfg.rank))
             .spawn(move || run(&me, &cfg))
@@ -178,7 +187,22 @@ impl Watch {
         Ok(Watch {
             sh,
             thread: Mutex::new(Some(h)),
+            kernel_abort,
         })
+    }
+
+    /// A call ran into a kernel fault before the watch saw it (the fault can precede the
+    /// record of the ordering event the watch queries): the communicator fails with it as
+    /// if the watch had seen it. The first failure stays.
+    pub(crate) fn kernel_faulted(&self, detail: &str) -> CclError {
+        let e = kernel_fault(detail);
+        fail(
+            &self.sh,
+            self.kernel_abort,
+            e.clone(),
+            probe::Failure::cause(probe::FailureCause::Internal),
+        );
+        self.error().unwrap_or(e)
     }
 
     /// An operation was enqueued.
@@ -249,14 +273,21 @@ fn run(sh: &Shared, cfg: &WatchCfg) {
             tracing::warn!(target: "nccl::NET", rank = cfg.rank,
                 "comm {:#018x} rank {}: device operation failed: {e}; aborting its kernels",
                 cfg.comm_id, cfg.rank);
-            *lock(&sh.failure) = Some((e, f));
-            // SAFETY: `kernel_abort` is the communicator's 64-byte abort flag in mapped
-            // memory, freed only after `Watch::stop` joined this thread (WatchCfg).
-            unsafe { AtomicU32::from_ptr(cfg.kernel_abort as *mut u32) }
-                .store(1, Ordering::Release);
+            fail(sh, cfg.kernel_abort, e, f);
             return;
         }
     }
+}
+
+/// Records the communicator's failure (unless one is recorded) and raises the abort flag
+/// of its kernels.
+fn fail(sh: &Shared, kernel_abort: usize, e: CclError, f: probe::Failure) {
+    lock(&sh.failure).get_or_insert((e, f));
+    // SAFETY: `kernel_abort` is the communicator's 64-byte abort flag in mapped memory,
+    // freed only after `Watch::stop` joined the watch thread (WatchCfg) and after destroy
+    // closed the communicator; its calls (which reach here through an enqueue) are
+    // serialized with destroy, as NCCL requires.
+    unsafe { AtomicU32::from_ptr(kernel_abort as *mut u32) }.store(1, Ordering::Release);
 }
 
 /// The peers of `rank` in other processes of this host: (rank, pid, host) from the

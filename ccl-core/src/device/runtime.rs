@@ -1451,7 +1451,16 @@ impl DeviceComm {
             lock(&self.spare).extend(frees);
         }
         let marked = self.order.mark(stream);
-        r.and(marked)
+        match r.and(marked) {
+            // An earlier kernel on this stream faulted (CUDA's errors of that kind are
+            // sticky) before the watch saw it: the same error as the watch reports, so that
+            // this call, `ncclCommGetAsyncError` and later calls agree.
+            Err(e) => match self.api.stream_query(stream) {
+                Err(fault) => Err(self.watch.kernel_faulted(&fault.to_string())),
+                Ok(_) => Err(e),
+            },
+            Ok(()) => Ok(()),
+        }
     }
 
     /// The error that broke the communicator on the device (a kernel fault, a dead
@@ -1761,7 +1770,9 @@ impl DeviceComm {
         }
         // After a kernel fault the completion functions never run (CUDA skips host
         // functions once the context faulted): wait briefly only.
-        let failed = self.watch.error().is_some();
+        // The watch may not have looked yet: the ordering event tells the same at once.
+        let failed =
+            self.watch.error().is_some() || self.api.event_query(self.order.event()).is_err();
         let limit = if failed {
             FAILED_DRAIN_LIMIT
         } else {
