@@ -286,8 +286,12 @@ fn a_call_behind_a_faulted_kernel_reports_the_kernel_fault() {
     let args =
         |recv: &mut Vec<u8>| sum_f32(send.as_ptr() as usize, recv.as_mut_ptr() as usize, count, s);
     d.fault_next_kernel(0, "an illegal memory access was encountered (injected)");
-    // Rank 0 alone: its kernel faults as it starts, before it would wait for rank 1.
-    ccl_core::enqueue(&cs[0], args(&mut recv)).unwrap();
+    // Rank 0 alone: its kernel faults as it starts, before it would wait for rank 1 (and
+    // may do so before this call enqueued the rest of the operation: then the call itself
+    // reports the fault).
+    if let Err(e) = ccl_core::enqueue(&cs[0], args(&mut recv)) {
+        assert_eq!(e.code(), ResultCode::InternalError, "{e}");
+    }
     let synced = d.stream_synchronize(s).unwrap_err();
     assert!(
         synced.to_string().contains("illegal memory access"),

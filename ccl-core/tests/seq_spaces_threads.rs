@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, Once, OnceLock};
 use std::time::{Duration, Instant};
 
 use analyzer::wire;
+use ccl_core::device::api::DeviceApi;
 use ccl_core::{enqueue, group_end, group_start, CollArgs, Comm, DataType};
 use probe::embedded::Embedded;
 use probe::CollKind;
@@ -53,7 +54,7 @@ fn setup() {
 
 const COUNT: usize = 256;
 
-fn args(kind: CollKind, send: &[f32], recv: &mut [f32], peer: i32) -> CollArgs {
+fn args(kind: CollKind, send: &[f32], recv: &mut [f32], peer: i32, stream: usize) -> CollArgs {
     CollArgs {
         kind,
         sendbuf: send.as_ptr() as usize,
@@ -62,7 +63,7 @@ fn args(kind: CollKind, send: &[f32], recv: &mut [f32], peer: i32) -> CollArgs {
         dtype: DataType::Float32 as i32,
         op: 0,
         root: peer,
-        stream: 0,
+        stream,
     }
 }
 
@@ -75,9 +76,20 @@ fn pipeline_rank(c: &Arc<Comm>, iters: usize, reps01: usize) -> Result<(), Strin
     let mut recv = vec![0f32; COUNT];
     let peer = (r ^ 1) as i32;
     let reps = if r < 2 { reps01 } else { 1 };
+    // On the (emulated) device a call returns before the work is done: wait for it.
+    let dev = c.is_device().then(ccl_core::device::emu::global);
+    let stream = match &dev {
+        Some(d) => d.stream_create().map_err(|e| e.to_string())?,
+        None => 0,
+    };
+    let done = || match &dev {
+        Some(d) => d.stream_synchronize(stream).map_err(|e| e.to_string()),
+        None => Ok(()),
+    };
     for i in 0..iters {
-        enqueue(c, args(CollKind::AllReduce, &send, &mut recv, -1))
+        enqueue(c, args(CollKind::AllReduce, &send, &mut recv, -1, stream))
             .map_err(|e| format!("rank {r} AllReduce {i}: {e}"))?;
+        done()?;
         if recv[0] != 10.0 {
             return Err(format!("rank {r} AllReduce {i}: got {}", recv[0]));
         }
@@ -87,8 +99,9 @@ fn pipeline_rank(c: &Arc<Comm>, iters: usize, reps01: usize) -> Result<(), Strin
             } else {
                 CollKind::Recv
             };
-            enqueue(c, args(kind, &send, &mut recv, peer))
+            enqueue(c, args(kind, &send, &mut recv, peer, stream))
                 .map_err(|e| format!("rank {r} {kind:?} {i}: {e}"))?;
+            done()?;
             if kind == CollKind::Recv && recv[0] != peer as f32 + 1.0 {
                 return Err(format!("rank {r} Recv {i}: got {}", recv[0]));
             }
@@ -146,8 +159,23 @@ fn latest_membership(comm_id: u64, rank: u32) -> Option<wire::RankMembership> {
 
 #[test]
 fn pipeline_records_count_collectives_and_pairs_in_their_own_spaces() {
+    pipeline_records(false);
+}
+
+/// The same on the device backend (emulated device).
+#[test]
+fn device_pipeline_records_count_collectives_and_pairs_in_their_own_spaces() {
+    pipeline_records(true);
+}
+
+fn pipeline_records(device: bool) {
     setup();
+    if device {
+        std::env::set_var("CCLD_DEVICE_EMULATION", "1");
+        std::env::set_var("CCLD_BOOTSTRAP_IP", "127.0.0.1");
+    }
     let comms = Comm::init_all(4, None).expect("init");
+    assert!(comms.iter().all(|c| c.is_device() == device));
     let id = comms[0].comm_id();
     let (iters, reps01) = (5usize, 2usize);
     run_pipeline(&comms, iters, reps01);
@@ -233,10 +261,10 @@ fn mixed_group_numbers_its_collective_and_its_p2p_apart() {
                     CollKind::Recv
                 };
                 group_start().unwrap();
-                enqueue(&c, args(CollKind::AllReduce, &send, &mut recv, -1)).unwrap();
-                enqueue(&c, args(kind, &send, &mut recv2, 1 - r)).unwrap();
+                enqueue(&c, args(CollKind::AllReduce, &send, &mut recv, -1, 0)).unwrap();
+                enqueue(&c, args(kind, &send, &mut recv2, 1 - r, 0)).unwrap();
                 group_end().unwrap();
-                enqueue(&c, args(CollKind::AllReduce, &send, &mut recv, -1)).unwrap();
+                enqueue(&c, args(CollKind::AllReduce, &send, &mut recv, -1, 0)).unwrap();
                 assert_eq!(recv[0], 2.0);
             })
         })
@@ -286,7 +314,7 @@ fn embedded_analyzer_quiet_on_the_pipeline_and_names_a_stopped_rank() {
             std::thread::spawn(move || {
                 let send = vec![1f32; COUNT];
                 let mut recv = vec![0f32; COUNT];
-                enqueue(&c, args(CollKind::AllReduce, &send, &mut recv, -1))
+                enqueue(&c, args(CollKind::AllReduce, &send, &mut recv, -1, 0))
             })
         })
         .collect();

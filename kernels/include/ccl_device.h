@@ -175,7 +175,29 @@ typedef struct ccl_dev_conn {
   uint64_t slot_bytes;
   uint32_t nslots;
   uint32_t ll_sync;
+  /* The descriptor check (see ccl_dev_plan_t.check): CCL_DESC_WORDS words per slot, the
+   * descriptor of the message in that slot, written by the sender before the message's
+   * data; NULL: this connection carries no descriptors. */
+  uint64_t *descs;
 } ccl_dev_conn_t;
+
+/* The descriptor check. Every message carries the descriptor of the operation it belongs
+ * to (ccl_core::desc: sequence number, kind, datatype, op, count, root; for Send/Recv the
+ * pair's sequence number): the sender stores ccl_dev_plan_t.desc[step's src_buf] into the
+ * slot's descriptor words before the data (so before the fence that precedes the tail
+ * store); the receiver, once the message is there (SIMPLE: tail observed, then a fence;
+ * LL: the flags, and for a mismatch also the tail), compares them with desc[dst_buf]. On a
+ * mismatch thread 0 of the block fills its channel's record in the check area and sets the
+ * area's stop word; every block of the communicator's kernels then stops (the stop word
+ * counts as an abort) and, before it returns, sends a poison descriptor
+ * (CCL_DESC_POISON_MARK, the sender's rank) as the next message on each of its outbound
+ * connections, so that the peers waiting for it fail too instead of hanging.
+ * Check area (mapped host memory, CCL_CHECK_BYTES): word 0 = stop; the record of channel c
+ * at byte CCL_CHECK_RECORD_OFFSET(c) = {1, connection index, got[3], want[3]}. */
+#define CCL_DESC_WORDS 3
+#define CCL_DESC_POISON_MARK 0xBDull
+#define CCL_CHECK_RECORD_OFFSET(c) (64u + 64u * (uint64_t)(c))
+#define CCL_CHECK_BYTES CCL_CHECK_RECORD_OFFSET(CCL_MAX_CHANNELS)
 
 typedef struct ccl_dev_lane {
   uint32_t channel;
@@ -242,6 +264,14 @@ typedef struct ccl_dev_plan {
   uint64_t throttle_gap_ns;
   uint32_t stall_channel; /* CCL_STALL_NONE, CCL_STALL_ALL or a channel */
   uint32_t stall_after;
+  /* The descriptor check (see CCL_DESC_WORDS): the check area (mapped host memory, device
+   * pointer; NULL: no descriptors are sent or checked), this rank (in poison descriptors),
+   * and the descriptor of each buffer index (a collective's one descriptor in every entry,
+   * a Send/Recv group's per call). */
+  uint64_t *check;
+  uint32_t rank;
+  uint32_t reserved2;
+  uint64_t desc[CCL_MAX_BUFS][CCL_DESC_WORDS];
 } ccl_dev_plan_t;
 
 /* ---- runtime ------------------------------------------------------------------------ */

@@ -444,8 +444,14 @@ __device__ inline uint32_t ccl_ld32(const uint32_t *p) { return *(const volatile
 __device__ inline uint64_t vload(const uint64_t *p) { return ccl_ld64(p); }
 __device__ inline void vstore(uint64_t *p, uint64_t v) { ccl_st64(p, v); }
 // The abort flag (mapped host memory the host sets; NULL: never aborts).
+// The check area's stop word: some block of this communicator's kernels saw a descriptor
+// mismatch (or a poison descriptor).
+__device__ inline bool check_stopped(const ccl_dev_plan_t &p) {
+  return p.check && ccl_ld64(p.check) != 0;
+}
+
 __device__ inline bool abort_requested(const ccl_dev_plan_t &p) {
-  return p.abort_flag && ccl_ld32(p.abort_flag) != 0;
+  return (p.abort_flag && ccl_ld32(p.abort_flag) != 0) || check_stopped(p);
 }
 
 __device__ inline bool step_sends(uint32_t k) {
@@ -545,6 +551,71 @@ __device__ void ll_scrub_block(const ccl_dev_conn_t &c) {
   __threadfence_system();
   __syncthreads();
   if (threadIdx.x == 0) vstore(c.head + 1, c.ll_sync);
+}
+
+// ---------------------------------------------------------------------------------------
+// The descriptor check (see CCL_DESC_WORDS in ccl_device.h); thread 0 only
+// ---------------------------------------------------------------------------------------
+
+__device__ inline uint64_t *desc_slot(const ccl_dev_conn_t &c, uint64_t k) {
+  return c.descs + (k % c.nslots) * CCL_DESC_WORDS;
+}
+
+__device__ inline bool desc_equal(const uint64_t *got, const uint64_t *want) {
+  for (int i = 0; i < CCL_DESC_WORDS; i++)
+    if (got[i] != want[i]) return false;
+  return true;
+}
+
+__device__ inline void desc_read(const ccl_dev_conn_t &c, uint64_t k, uint64_t *got) {
+  const uint64_t *d = desc_slot(c, k);
+  for (int i = 0; i < CCL_DESC_WORDS; i++) got[i] = ccl_ld64(&d[i]);
+}
+
+// Before message k's data: its descriptor.
+__device__ inline void desc_write(const ccl_dev_conn_t &c, uint64_t k, const uint64_t *w) {
+  uint64_t *d = desc_slot(c, k);
+  for (int i = 0; i < CCL_DESC_WORDS; i++) ccl_st64(&d[i], w[i]);
+}
+
+// Message k on c is there (after the acquire fence): 0 its descriptor matches `want`,
+// 1 not visible yet (LL only: the flags may be seen before the descriptor; the tail, stored
+// after a fence, settles it), 2 a mismatch (`got` holds what arrived).
+__device__ inline int desc_verdict(const ccl_dev_conn_t &c, uint64_t k, const uint64_t *want,
+                                   bool ll, uint64_t *got) {
+  desc_read(c, k, got);
+  if (desc_equal(got, want)) return 0;
+  if (ll) {
+    if (vload(c.tail) <= k) return 1;
+    __threadfence_system();
+    desc_read(c, k, got);
+    if (desc_equal(got, want)) return 0;
+  }
+  return 2;
+}
+
+// Fills channel ch's record of the check area and raises its stop word.
+__device__ void check_record(const ccl_dev_plan_t &p, uint32_t ch, int32_t conn,
+                             const uint64_t *got, const uint64_t *want) {
+  uint64_t *r = (uint64_t *)((char *)p.check + CCL_CHECK_RECORD_OFFSET(ch));
+  ccl_st64(&r[1], (uint64_t)(uint32_t)conn);
+  for (int i = 0; i < CCL_DESC_WORDS; i++) {
+    ccl_st64(&r[2 + i], got[i]);
+    ccl_st64(&r[2 + CCL_DESC_WORDS + i], want[i]);
+  }
+  __threadfence_system();
+  ccl_st64(&r[0], 1);
+  __threadfence_system();
+  ccl_st64(p.check, 1);
+}
+
+// The poison descriptor as message k on c (the tail after a fence makes it visible in both
+// protocols; see desc_verdict).
+__device__ void poison_conn(const ccl_dev_plan_t &p, const ccl_dev_conn_t &c, uint64_t k) {
+  uint64_t w[CCL_DESC_WORDS] = {~0ull, (CCL_DESC_POISON_MARK << 56) | p.rank, 0};
+  desc_write(c, k, w);
+  __threadfence_system();
+  vstore(c.tail, k + 1);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -697,15 +768,28 @@ __global__ void __launch_bounds__(CCL_THREADS) ccl_plan_kernel(ccl_dev_plan_t p)
         if (step_recvs(kind)) {
           const ccl_dev_conn_t &ci = p.conns[ln.conn_in];
           if (ll) {
-            // Peek the flags of the slot's first line instead of tail.
+            // Peek the flags of the slot's first line instead of tail (or the tail: a
+            // poison message has no lines).
             const uint64_t *l0 = ll_slot(ci, s.consumed);
-            if (!ll_line_has(ccl_ld64(&l0[0]), ccl_ld64(&l0[1]), ll_flag(s.consumed + 1))) {
+            if (!ll_line_has(ccl_ld64(&l0[0]), ccl_ld64(&l0[1]), ll_flag(s.consumed + 1)) &&
+                !(p.check && ci.descs && vload(ci.tail) > s.consumed)) {
               up = true;
               continue;
             }
           } else if (vload(ci.tail) <= s.consumed) {
             up = true;
             continue;
+          }
+          // A poison descriptor in a ready message fails this lane now, even when it could
+          // not run (its send side full: the poisoning rank will never drain it).
+          if (p.check && ci.descs && vload(ci.tail) > s.consumed &&
+              ccl_ld64(&desc_slot(ci, s.consumed)[1]) >> 56 == CCL_DESC_POISON_MARK) {
+            uint64_t got[CCL_DESC_WORDS];
+            desc_read(ci, s.consumed, got);
+            check_record(p, ch, ln.conn_in, got,
+                         p.desc[p.steps[ln.first_step + s.pos].dst_buf % CCL_MAX_BUFS]);
+            d.stop = 1;
+            break;
           }
         }
         bool throttled = false;
@@ -737,6 +821,28 @@ __global__ void __launch_bounds__(CCL_THREADS) ccl_plan_kernel(ccl_dev_plan_t p)
         cursor = k + 1;
         break;
       }
+      if (d.go >= 0) {
+        // Acquire: the data behind the observed tail/head is visible after this fence.
+        __threadfence_system();
+        if (p.check) {
+          // The descriptor check of the chosen step (see CCL_DESC_WORDS).
+          LaneState &s = st[d.go];
+          const ccl_dev_lane_t &ln = p.lanes[s.lane];
+          const ccl_dev_step_t &stp = p.steps[ln.first_step + s.pos];
+          if (step_recvs(stp.kind) && p.conns[ln.conn_in].descs) {
+            uint64_t got[CCL_DESC_WORDS];
+            const uint64_t *want = p.desc[stp.dst_buf % CCL_MAX_BUFS];
+            int v = desc_verdict(p.conns[ln.conn_in], s.consumed, want, ll, got);
+            if (v == 2) {
+              check_record(p, ch, ln.conn_in, got, want);
+              d.stop = 1;
+            }
+            if (v != 0) d.go = -1;
+          }
+          if (d.go >= 0 && step_sends(stp.kind) && p.conns[ln.conn_out].descs)
+            desc_write(p.conns[ln.conn_out], s.posted, p.desc[stp.src_buf % CCL_MAX_BUFS]);
+        }
+      }
       if (d.go < 0) {
         idle++;
         if (idle == 2) ep_start = ccl_now_ns();
@@ -749,8 +855,6 @@ __global__ void __launch_bounds__(CCL_THREADS) ccl_plan_kernel(ccl_dev_plan_t p)
         __nanosleep(100);
 #endif
       } else {
-        // Acquire: the data behind the observed tail/head is visible after this fence.
-        __threadfence_system();
         if (idle >= 2) {
           // A wait episode ended: charge it to the reasons of its last idle pass (absolute
           // values, one store per reason, after the system fence, like the counts).
@@ -828,6 +932,15 @@ __global__ void __launch_bounds__(CCL_THREADS) ccl_plan_kernel(ccl_dev_plan_t p)
     }
     __syncthreads();
     if (s.pos >= ln.n_steps) remaining--;
+  }
+  // Stopped by a descriptor mismatch of this communicator: poison the outbound
+  // connections (the peers waiting for our next message fail instead of hanging).
+  if (threadIdx.x == 0 && remaining > 0 && check_stopped(p)) {
+    for (uint32_t k = 0; k < n_mine; k++) {
+      const ccl_dev_lane_t &ln = p.lanes[st[k].lane];
+      if (ln.conn_out >= 0 && p.conns[ln.conn_out].descs)
+        poison_conn(p, p.conns[ln.conn_out], st[k].posted);
+    }
   }
 }
 

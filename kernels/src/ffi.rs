@@ -172,6 +172,8 @@ pub struct ccl_dev_conn_t {
     pub slot_bytes: u64,
     pub nslots: u32,
     pub ll_sync: u32,
+    /// Descriptor words per slot (`CCL_DESC_WORDS` each), null: no descriptors.
+    pub descs: *mut u64,
 }
 
 /// `ccl_dev_lane_t`.
@@ -236,7 +238,24 @@ pub struct ccl_dev_plan_t {
     pub throttle_gap_ns: u64,
     pub stall_channel: u32,
     pub stall_after: u32,
+    /// The check area (`CCL_CHECK_BYTES` of mapped memory), null: no descriptor check.
+    pub check: *mut u64,
+    pub rank: u32,
+    pub reserved2: u32,
+    /// The descriptor of each buffer index.
+    pub desc: [[u64; CCL_DESC_WORDS]; CCL_MAX_BUFS],
 }
+
+/// `CCL_DESC_WORDS`: words of one message descriptor.
+pub const CCL_DESC_WORDS: usize = 3;
+/// `CCL_DESC_POISON_MARK`: top byte of descriptor word 1 in a poison message.
+pub const CCL_DESC_POISON_MARK: u64 = 0xBD;
+/// `CCL_CHECK_RECORD_OFFSET(c)`: byte offset of channel `c`'s mismatch record.
+pub const fn ccl_check_record_offset(c: usize) -> usize {
+    64 + 64 * c
+}
+/// `CCL_CHECK_BYTES`: size of the check area.
+pub const CCL_CHECK_BYTES: usize = ccl_check_record_offset(CCL_MAX_CHANNELS);
 
 /// `ccl_ipc_handle_t`.
 #[repr(C)]

@@ -60,6 +60,7 @@ static const ccl_layout_entry_t ENTRIES[] = {
     OFF(ccl_dev_conn_t, slot_bytes),
     OFF(ccl_dev_conn_t, nslots),
     OFF(ccl_dev_conn_t, ll_sync),
+    OFF(ccl_dev_conn_t, descs),
     SZ(ccl_dev_ptr_info_t),
     OFF(ccl_dev_ptr_info_t, kind),
     OFF(ccl_dev_ptr_info_t, device),
@@ -104,6 +105,12 @@ static const ccl_layout_entry_t ENTRIES[] = {
     OFF(ccl_dev_plan_t, throttle_gap_ns),
     OFF(ccl_dev_plan_t, stall_channel),
     OFF(ccl_dev_plan_t, stall_after),
+    OFF(ccl_dev_plan_t, check),
+    OFF(ccl_dev_plan_t, rank),
+    OFF(ccl_dev_plan_t, desc),
+    {"CCL_CHECK_BYTES", CCL_CHECK_BYTES},
+    {"CCL_CHECK_RECORD_OFFSET(5)", CCL_CHECK_RECORD_OFFSET(5)},
+    {"CCL_DESC_WORDS", CCL_DESC_WORDS},
     SZ(ccl_ipc_handle_t),
 };
 

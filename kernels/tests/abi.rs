@@ -32,13 +32,13 @@ fn every_struct_of_the_header_has_the_c_compilers_layout() {
         ccl_frame_block8_t { trace, channels }
         ccl_probing_frame8_t { header, blocks }
         ccl_dev_step_t { kind, src_buf, dst_buf, src_off, dst_off, count }
-        ccl_dev_conn_t { slots, tail, head, slot_bytes, nslots, ll_sync }
+        ccl_dev_conn_t { slots, tail, head, slot_bytes, nslots, ll_sync, descs }
         ccl_dev_lane_t { channel, first_step, n_steps, conn_in, conn_out, flags }
         ccl_dev_local_t { kind, src_buf, dst_buf, src_off, dst_off, count }
         ccl_dev_plan_t { n_channels, n_lanes, n_locals, n_steps, n_conns, unit, dtype, op,
             reduce, avg_divisor, scalar_bits, scalar_dev, steps, lanes, locals, conns, bufs,
             frame, frame_capacity, frame_block, proto, abort_flag, throttle_gap_ns,
-            stall_channel, stall_after }
+            stall_channel, stall_after, check, rank, desc }
         ccl_ipc_handle_t { }
         ccl_dev_ptr_info_t { kind, device, device_ptr }
     );
@@ -66,7 +66,16 @@ fn every_struct_of_the_header_has_the_c_compilers_layout() {
     for s in [64, 200, 131072] {
         r.insert(format!("CCL_LL_CHUNK({s})"), ll_chunk(s));
     }
-    assert_eq!(c.len(), 90, "layout table size changed: update this test");
+    r.insert(
+        "CCL_CHECK_BYTES".into(),
+        kernels::ffi::CCL_CHECK_BYTES as u64,
+    );
+    r.insert(
+        "CCL_CHECK_RECORD_OFFSET(5)".into(),
+        kernels::ffi::ccl_check_record_offset(5) as u64,
+    );
+    r.insert("CCL_DESC_WORDS".into(), kernels::ffi::CCL_DESC_WORDS as u64);
+    assert_eq!(c.len(), 97, "layout table size changed: update this test");
     assert_eq!(r, c, "Rust mirror differs from the C layout");
 }
 

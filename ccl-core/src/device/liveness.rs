@@ -135,6 +135,8 @@ pub(crate) struct WatchCfg {
 #[derive(Debug, Default)]
 struct Shared {
     failure: Mutex<Option<(CclError, probe::Failure)>>,
+    /// [`WatchCfg::kernel_abort`].
+    kernel_abort: usize,
     inflight: AtomicUsize,
     completed: AtomicU64,
     stop: Mutex<bool>,
@@ -146,8 +148,6 @@ struct Shared {
 pub(crate) struct Watch {
     sh: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
-    /// [`WatchCfg::kernel_abort`].
-    kernel_abort: usize,
 }
 
 /// What an operation's completion function holds of the watch.
@@ -168,6 +168,12 @@ impl WatchHandle {
     pub(crate) fn failure(&self) -> Option<probe::Failure> {
         lock(&self.0.failure).as_ref().map(|(_, f)| f.clone())
     }
+
+    /// The communicator failed with `e` (a completion function saw it, e.g. the
+    /// kernels' descriptor check): as if the watch had seen it. The first failure stays.
+    pub(crate) fn fail(&self, e: CclError, f: probe::Failure) {
+        fail(&self.0, e, f);
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -177,9 +183,11 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Watch {
     /// Starts the watch thread.
     pub(crate) fn start(cfg: WatchCfg) -> Result<Watch> {
-        let sh = Arc::new(Shared::default());
+        let sh = Arc::new(Shared {
+            kernel_abort: cfg.kernel_abort,
+            ..Shared::default()
+        });
         let me = Arc::clone(&sh);
-        let kernel_abort = cfg.kernel_abort;
         let h = std::thread::Builder::new()
             .name(format!("ccl-dev-watch-r{}", cfg.rank))
             .spawn(move || run(&me, &cfg))
@@ -187,7 +195,6 @@ impl Watch {
         Ok(Watch {
             sh,
             thread: Mutex::new(Some(h)),
-            kernel_abort,
         })
     }
 
@@ -198,7 +205,6 @@ impl Watch {
         let e = kernel_fault(detail);
         fail(
             &self.sh,
-            self.kernel_abort,
             e.clone(),
             probe::Failure::cause(probe::FailureCause::Internal),
         );
@@ -273,7 +279,7 @@ fn run(sh: &Shared, cfg: &WatchCfg) {
             tracing::warn!(target: "nccl::NET", rank = cfg.rank,
                 "comm {:#018x} rank {}: device operation failed: {e}; aborting its kernels",
                 cfg.comm_id, cfg.rank);
-            fail(sh, cfg.kernel_abort, e, f);
+            fail(sh, e, f);
             return;
         }
     }
@@ -281,13 +287,13 @@ fn run(sh: &Shared, cfg: &WatchCfg) {
 
 /// Records the communicator's failure (unless one is recorded) and raises the abort flag
 /// of its kernels.
-fn fail(sh: &Shared, kernel_abort: usize, e: CclError, f: probe::Failure) {
+fn fail(sh: &Shared, e: CclError, f: probe::Failure) {
     lock(&sh.failure).get_or_insert((e, f));
-    // SAFETY: `kernel_abort` is the communicator's 64-byte abort flag in mapped memory,
-    // freed only after `Watch::stop` joined the watch thread (WatchCfg) and after destroy
-    // closed the communicator; its calls (which reach here through an enqueue) are
-    // serialized with destroy, as NCCL requires.
-    unsafe { AtomicU32::from_ptr(kernel_abort as *mut u32) }.store(1, Ordering::Release);
+    // SAFETY: `kernel_abort` is the communicator's abort flag (first word of its abort
+    // memory, mapped), freed by destroy only after `Watch::stop` joined the watch thread
+    // (WatchCfg) and after every operation's completion function ended (which may call
+    // this); the other callers, enqueues, are serialized with destroy, as NCCL requires.
+    unsafe { AtomicU32::from_ptr(sh.kernel_abort as *mut u32) }.store(1, Ordering::Release);
 }
 
 /// The peers of `rank` in other processes of this host: (rank, pid, host) from the

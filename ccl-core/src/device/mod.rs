@@ -10,6 +10,7 @@
 pub mod agree;
 pub mod api;
 pub mod capture;
+pub mod check;
 pub mod emu;
 pub mod emu_kernel;
 pub mod liveness;

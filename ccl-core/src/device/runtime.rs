@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use kernels::ffi::{
     ccl_dev_conn_t, ccl_dev_lane_t, ccl_dev_local_t, ccl_dev_plan_t, ccl_dev_step_t,
-    CCL_IPC_HANDLE_BYTES, CCL_MAX_BUFS,
+    CCL_CHECK_BYTES, CCL_DESC_WORDS, CCL_IPC_HANDLE_BYTES, CCL_MAX_BUFS,
 };
 use probe::{CollKind, Frame, OpLog};
 
@@ -81,6 +81,14 @@ const TAG_P2P: u32 = 0x6465_7602;
 /// Connection memory layout: tail at 0, head at 64, slots from 128.
 const HEAD_OFF: usize = 64;
 const SLOTS_OFF: usize = 128;
+/// Offset of the descriptor words (`CCL_DESC_WORDS` per slot) in a connection: after the
+/// slots, on their own cache line.
+fn descs_off(t: &Tuning) -> usize {
+    (SLOTS_OFF + t.nslots * t.slot_bytes).next_multiple_of(CACHE_LINE)
+}
+/// Offset of the check area ([`kernels::ffi::CCL_CHECK_BYTES`]) in the abort memory (the
+/// abort flag's cache line comes first).
+const CHECK_OFF: usize = 64;
 /// Source of the zeroed FIFO counters.
 static ZEROS: [u8; SLOTS_OFF] = [0; SLOTS_OFF];
 /// Descriptor kinds on the wire.
@@ -403,7 +411,8 @@ pub(crate) fn select(hint: Option<i32>, channels: usize, rank: usize) -> Result<
     api.preload_kernel()?;
     let bytes = Frame::total_bytes(channels);
     let m = api.host_alloc_mapped(bytes)?;
-    let abort = match api.host_alloc_mapped(64) {
+    // The abort flag, then the descriptor check's area.
+    let abort = match api.host_alloc_mapped(CHECK_OFF + CCL_CHECK_BYTES) {
         Ok(a) => a,
         Err(e) => {
             let _ = api.host_free(m.host);
@@ -449,7 +458,42 @@ impl ConnMem {
             slot_bytes: t.slot_bytes as u64,
             nslots: t.nslots as u32,
             ll_sync: 0,
+            descs: (self.base + descs_off(t)) as *mut u64,
         }
+    }
+}
+
+/// Where a completion function finds the kernels' descriptor check (see [`super::check`]).
+struct CheckArea {
+    /// Host address of the check area (`CCL_CHECK_BYTES` in the abort memory).
+    host: usize,
+    /// The operation's connections, by index.
+    conns: Vec<ConnKey>,
+    rank: usize,
+    comm_id: u64,
+}
+
+impl CheckArea {
+    /// The error and failure of a record left by the operation's kernel, if any. The
+    /// first record stays in the area: the communicator's later kernels stop at once
+    /// (its stop word) and their completions find the same record again, and the watch
+    /// keeps the first failure.
+    fn failure(&self) -> Option<(CclError, probe::Failure)> {
+        let mut words = [0u64; CCL_CHECK_BYTES / 8];
+        for (i, w) in words.iter_mut().enumerate() {
+            // SAFETY: the area is CCL_CHECK_BYTES of the communicator's mapped abort
+            // memory, 8-byte aligned, freed only after every completion function ran;
+            // kernels store to it with 8-byte stores (atomic loads see whole words).
+            *w = unsafe { AtomicU64::from_ptr((self.host + 8 * i) as *mut u64) }
+                .load(Ordering::Acquire);
+        }
+        let r = super::check::first_record(&words)?;
+        Some(super::check::failure_of(
+            &r,
+            &self.conns,
+            self.rank,
+            self.comm_id,
+        ))
     }
 }
 
@@ -637,6 +681,9 @@ pub(crate) struct DeviceComm {
     /// runs on the legacy default stream, asynchronously for device memory, and kernels on
     /// non-blocking streams are not ordered after it.
     setup: Stream,
+    /// Collective and per-pair p2p sequence numbers: the descriptors of the kernels'
+    /// check and the probe's sequence spaces (as on the host backend).
+    seqs: Mutex<crate::desc::SeqState>,
     /// Protocols `NCCL_PROTO` allows (parsed at init).
     proto: ProtoSet,
     /// Orders the operations across streams (blocker 4).
@@ -875,6 +922,7 @@ impl DeviceComm {
             inflight: Arc::new(Inflight::default()),
             spare: Arc::new(Mutex::new(Vec::new())),
             setup,
+            seqs: Mutex::new(crate::desc::SeqState::default()),
             proto: a.pre.proto,
             order,
             watch,
@@ -901,7 +949,7 @@ impl DeviceComm {
     }
 
     fn conn_bytes(&self) -> usize {
-        SLOTS_OFF + self.tuning.nslots * self.tuning.slot_bytes
+        descs_off(&self.tuning) + self.tuning.nslots * CCL_DESC_WORDS * 8
     }
 
     /// Makes our inbound FIFOs from `peer` (channels 0..n of `link`) by the path
@@ -1601,6 +1649,10 @@ impl DeviceComm {
             throttle_gap_ns: faults.throttle_gap_ns,
             stall_channel: faults.stall_channel,
             stall_after: faults.stall_after,
+            check: std::ptr::null_mut(),
+            rank: self.rank as u32,
+            reserved2: 0,
+            desc: [[0; CCL_DESC_WORDS]; CCL_MAX_BUFS],
         };
         for (d, b) in p.bufs.iter_mut().zip(&bufs) {
             *d = *b as *mut _;
@@ -1614,6 +1666,16 @@ impl DeviceComm {
             p.scalar_bits = rp.scalar_bits;
             if *scalar_dev != 0 {
                 p.scalar_dev = *scalar_dev as *const _;
+            }
+        }
+        // The descriptors of the kernels' check (by buffer index, as on the host backend)
+        // and the operation's sequence-space identity for the probe.
+        let (descs, seq_id) = lock(&self.seqs).descriptors(item);
+        let checking = crate::desc::check_on();
+        if checking {
+            p.check = (self.abort_mem.dev + CHECK_OFF) as *mut u64;
+            for (w, d) in p.desc.iter_mut().zip(&descs) {
+                *w = *d;
             }
         }
         let counter = self.op_counter.fetch_add(1, Ordering::AcqRel);
@@ -1665,9 +1727,16 @@ impl DeviceComm {
         let start = {
             let frame = Arc::clone(&self.frame);
             let op_log = Arc::clone(&self.op_log);
+            let source = self.source.clone();
             let (comm_id, n_ch) = (self.comm_id, plan.n_channels);
             move || {
                 if probing {
+                    // As the operation starts (not at enqueue: the heartbeats' latest
+                    // operation must not run ahead of it): its records and the heartbeats
+                    // number it in its sequence space (collective / p2p).
+                    if let Some(src) = &source {
+                        src.set_seq(counter, seq_id);
+                    }
                     let b = frame.begin_op(comm_id, counter, n_ch);
                     for (ch, s, r) in expected {
                         frame.add_expected(b, ch, s, r);
@@ -1716,8 +1785,19 @@ impl DeviceComm {
             let abort = Arc::clone(&self.abort);
             let watch = self.watch.handle();
             let starts = Arc::clone(&self.starts);
+            // The check area, and what names a record's peer (only while checking).
+            let check = checking.then(|| CheckArea {
+                host: self.abort_mem.host + CHECK_OFF,
+                conns: lp.conns.clone(),
+                rank: self.rank,
+                comm_id: self.comm_id,
+            });
             // No CUDA call in here (CUDA forbids them in host functions): only host state.
             move || {
+                if let Some((e, f)) = check.as_ref().and_then(CheckArea::failure) {
+                    tracing::warn!(target: "nccl::COLL", rank = check.as_ref().map_or(0, |c| c.rank), "{e}");
+                    watch.fail(e, f);
+                }
                 if probing {
                     let failure = watch.failure();
                     let ok = !abort.load(Ordering::Acquire) && failure.is_none();

@@ -229,6 +229,8 @@ pub fn run_case_proto(
                     slot_bytes: slot_bytes as u64,
                     nslots: NSLOTS,
                     ll_sync: u32::from(ll),
+                    // The self-test runs without the descriptor check.
+                    descs: std::ptr::null_mut(),
                 });
             }
         }
@@ -290,6 +292,10 @@ pub fn run_case_proto(
             throttle_gap_ns: 0,
             stall_channel: k::CCL_STALL_NONE,
             stall_after: 0,
+            check: std::ptr::null_mut(),
+            rank: r as u32,
+            reserved2: 0,
+            desc: [[0; k::CCL_DESC_WORDS]; k::CCL_MAX_BUFS],
         });
     }
     for _ in 0..n {

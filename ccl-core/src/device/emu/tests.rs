@@ -34,7 +34,8 @@ fn wait_idle(d: &EmuDevice, s: Stream, limit: Duration) -> bool {
 
 /// FIFO memory of one connection: tail at 0, head at 64, slots from 128.
 fn conn_mem(d: &EmuDevice, slot_bytes: usize) -> ccl_dev_conn_t {
-    let base = d.malloc(128 + SLOTS as usize * slot_bytes).unwrap();
+    let descs = 128 + SLOTS as usize * slot_bytes;
+    let base = d.malloc(descs + SLOTS as usize * 24).unwrap();
     // SAFETY: fresh allocation of that size.
     unsafe { d.memset(base, 0, 128).unwrap() };
     ccl_dev_conn_t {
@@ -44,6 +45,7 @@ fn conn_mem(d: &EmuDevice, slot_bytes: usize) -> ccl_dev_conn_t {
         slot_bytes: slot_bytes as u64,
         nslots: SLOTS,
         ll_sync: 0,
+        descs: (base + descs) as *mut u64,
     }
 }
 
@@ -75,6 +77,10 @@ pub(crate) fn empty_plan() -> ccl_dev_plan_t {
         throttle_gap_ns: 0,
         stall_channel: CCL_STALL_NONE,
         stall_after: 0,
+        check: std::ptr::null_mut(),
+        rank: 0,
+        reserved2: 0,
+        desc: [[0; CCL_DESC_WORDS]; CCL_MAX_BUFS],
     }
 }
 

@@ -1,0 +1,228 @@
+//! The descriptor check on the device backend (the emulated device runs the kernel source
+//! compiled for the CPU; no GPU needed): a rank whose call differs from its peers' (another
+//! collective, another count, on the Simple and the LL protocol) makes every rank of the
+//! communicator fail instead of moving shifted data. The ranks whose kernel receives a
+//! mismatched message report `ncclInvalidUsage` naming both ranks and both calls; the
+//! others, poisoned by them, `ncclRemoteError` naming the rank that failed first. The error
+//! is asynchronous, as every device failure: `ncclCommGetAsyncError` reports it and the
+//! next call fails. Consistent calls still succeed with the right result.
+//!
+//! Every test sets its environment at its start: nextest runs each test in its own process.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ccl_core::device::api::{DeviceApi, Stream};
+use ccl_core::device::emu;
+use ccl_core::{CollArgs, Comm, DataType, ResultCode};
+use probe::CollKind;
+
+fn comms(n: usize, proto: &str) -> Vec<Arc<Comm>> {
+    std::env::set_var("CCLD_DEVICE_EMULATION", "1");
+    std::env::set_var("CCLD_BOOTSTRAP_IP", "127.0.0.1");
+    std::env::set_var("NCCL_BUFFSIZE", "65536");
+    std::env::set_var("NCCL_PROTO", proto);
+    let c = Comm::init_all(n as i32, None).expect("init_all");
+    assert!(
+        c.iter().all(|c| c.is_device()),
+        "emulation picks the device"
+    );
+    c
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Call {
+    kind: CollKind,
+    count: usize,
+}
+
+fn ar(count: usize) -> Call {
+    Call {
+        kind: CollKind::AllReduce,
+        count,
+    }
+}
+
+fn ag(count: usize) -> Call {
+    Call {
+        kind: CollKind::AllGather,
+        count,
+    }
+}
+
+const ELEMS: usize = 1 << 14;
+
+struct Rank {
+    send: Vec<f32>,
+    recv: Vec<f32>,
+    stream: Stream,
+}
+
+/// Enqueues each rank's calls (device calls return at once), then waits until every
+/// rank's stream is idle (10 s at most: the check must never hang) and returns each
+/// rank's asynchronous error.
+fn run(cs: &[Arc<Comm>], calls: &[Vec<Call>], ranks: &mut [Rank]) -> Vec<ccl_core::Result<()>> {
+    let d = emu::global();
+    for (r, seq) in calls.iter().enumerate() {
+        for c in seq {
+            let x = &mut ranks[r];
+            ccl_core::enqueue(
+                &cs[r],
+                CollArgs {
+                    kind: c.kind,
+                    sendbuf: x.send.as_ptr() as usize,
+                    recvbuf: x.recv.as_mut_ptr() as usize,
+                    count: c.count,
+                    dtype: DataType::Float32 as i32,
+                    op: 0,
+                    root: -1,
+                    stream: x.stream,
+                },
+            )
+            .expect("enqueue returns before the kernel ran");
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for x in ranks.iter() {
+        while !matches!(d.stream_query(x.stream), Ok(true)) {
+            if Instant::now() > deadline {
+                for c in cs {
+                    let _ = c.abort();
+                }
+                panic!("a rank's kernel still runs 10 s after the calls");
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    // The completion function reports the check's verdict to the communicator; give the
+    // stream threads a moment to have run it.
+    std::thread::sleep(Duration::from_millis(50));
+    cs.iter().map(|c| c.async_error()).collect()
+}
+
+fn ranks(n: usize) -> Vec<Rank> {
+    let d = emu::global();
+    (0..n)
+        .map(|r| Rank {
+            send: (0..ELEMS).map(|i| (r * 3 + i % 5) as f32).collect(),
+            recv: vec![0.0; ELEMS * n],
+            stream: d.stream_create().unwrap(),
+        })
+        .collect()
+}
+
+/// `culprit` calls `bad` where the others call `good`, after two consistent AllReduces.
+fn mismatch(n: usize, proto: &str, culprit: usize, good: Call, bad: Call) {
+    let cs = comms(n, proto);
+    let mut rk = ranks(n);
+    // Consistent first: everyone succeeds with the exact sum.
+    let ok = run(&cs, &vec![vec![ar(ELEMS), ar(ELEMS)]; n], &mut rk);
+    assert!(ok.iter().all(|r| r.is_ok()), "{ok:?}");
+    for (r, x) in rk.iter().enumerate() {
+        for i in (0..ELEMS).step_by(997) {
+            let want: f32 = (0..n).map(|q| (q * 3 + i % 5) as f32).sum();
+            assert_eq!(x.recv[i], want, "rank {r} element {i}");
+        }
+    }
+    let calls: Vec<Vec<Call>> = (0..n)
+        .map(|r| vec![if r == culprit { bad } else { good }])
+        .collect();
+    let res = run(&cs, &calls, &mut rk);
+    let mut detectors = Vec::new();
+    for (r, e) in res.iter().enumerate() {
+        let e = match e {
+            Err(e) => e,
+            Ok(()) => panic!("rank {r}: the inconsistent call passed silently ({calls:?})"),
+        };
+        let t = e.to_string();
+        match e.code() {
+            ResultCode::InvalidUsage => {
+                assert!(t.contains("inconsistent call"), "rank {r}: {t}");
+                assert!(t.contains(&format!("rank {r} called")), "rank {r}: {t}");
+                let bad_text = format!("{} seq 2 count {}", bad.kind.name(), bad.count);
+                let good_text = format!("{} seq 2 count {}", good.kind.name(), good.count);
+                assert!(
+                    t.contains(&bad_text) && t.contains(&good_text),
+                    "rank {r}: {t}"
+                );
+                detectors.push(r);
+            }
+            ResultCode::RemoteError => {
+                assert!(t.contains("detected an inconsistent call"), "rank {r}: {t}")
+            }
+            other => panic!("rank {r}: {other:?} {t}"),
+        }
+    }
+    eprintln!("detectors {detectors:?}; {res:?}");
+    assert!(!detectors.is_empty(), "{res:?}");
+    // The culprit's successor receives the culprit's message: it always detects.
+    assert!(detectors.contains(&((culprit + 1) % n)), "{detectors:?}");
+    // The next call fails at once on every rank.
+    for (r, c) in cs.iter().enumerate() {
+        let x = &mut rk[r];
+        let e = ccl_core::enqueue(
+            c,
+            CollArgs {
+                kind: CollKind::AllReduce,
+                sendbuf: x.send.as_ptr() as usize,
+                recvbuf: x.recv.as_mut_ptr() as usize,
+                count: 8,
+                dtype: DataType::Float32 as i32,
+                op: 0,
+                root: -1,
+                stream: x.stream,
+            },
+        )
+        .unwrap_err();
+        assert!(
+            matches!(e.code(), ResultCode::InvalidUsage | ResultCode::RemoteError),
+            "rank {r}: {e}"
+        );
+    }
+    for c in &cs {
+        let t = Instant::now();
+        c.destroy().unwrap();
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    }
+}
+
+#[test]
+fn another_collective_fails_every_rank_simple() {
+    mismatch(3, "Simple", 1, ar(ELEMS), ag(ELEMS / 3));
+}
+
+#[test]
+fn another_collective_fails_every_rank_ll() {
+    mismatch(3, "LL", 1, ar(64), ag(21));
+}
+
+#[test]
+fn another_count_fails_every_rank() {
+    mismatch(4, "Simple", 2, ar(ELEMS), ar(ELEMS / 2));
+}
+
+#[test]
+fn another_count_fails_every_rank_ll_at_rank_0() {
+    mismatch(4, "LL", 0, ar(256), ar(255));
+}
+
+/// Many consistent operations of both protocols and changing sizes: the check never fires.
+#[test]
+fn consistent_calls_never_trip_the_check() {
+    let n = 3;
+    let cs = comms(n, "LL,Simple");
+    let mut rk = ranks(n);
+    let seq: Vec<Call> = (0..40)
+        .map(|i| match i % 4 {
+            0 => ar(ELEMS),
+            1 => ar(7),
+            2 => ag(ELEMS / n),
+            _ => ar(300 + i),
+        })
+        .collect();
+    let res = run(&cs, &vec![seq; n], &mut rk);
+    assert!(res.iter().all(|r| r.is_ok()), "{res:?}");
+    for c in &cs {
+        c.destroy().unwrap();
+    }
+}
