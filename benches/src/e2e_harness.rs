@@ -382,9 +382,74 @@ pub fn run_case_device(
     kind: CollKind,
     wait: Duration,
 ) -> Result<Vec<wire::Diagnosis>, String> {
+    let case = DeviceCase {
+        class,
+        n,
+        root,
+        kind,
+        wait,
+    };
+    device_case(api, device, &case, None)
+}
+
+/// One rank's real inconsistent call (no `CCLD_INJECT`): at its operation `at` (counted
+/// from 0, after the loop's start), rank `rank` passes half the count its peers pass.
+#[derive(Clone, Copy, Debug)]
+pub struct WrongCount {
+    pub rank: usize,
+    pub at: u64,
+}
+
+/// [`run_case_device`] where the anomaly is `wrong` (class H2, root `wrong.rank`): the
+/// kernels' descriptor check fails the operation and the analyzer must name the rank.
+pub fn run_case_device_wrong_count(
+    api: &Arc<dyn DeviceApi>,
+    device: i32,
+    n: usize,
+    kind: CollKind,
+    wait: Duration,
+    wrong: WrongCount,
+) -> Result<Vec<wire::Diagnosis>, String> {
+    let case = DeviceCase {
+        class: AnomalyClass::H2Inconsistent,
+        n,
+        root: wrong.rank,
+        kind,
+        wait,
+    };
+    device_case(api, device, &case, Some(wrong))
+}
+
+/// What [`device_case`] runs and waits for.
+#[derive(Clone, Copy)]
+struct DeviceCase {
+    class: AnomalyClass,
+    n: usize,
+    root: usize,
+    kind: CollKind,
+    wait: Duration,
+}
+
+fn device_case(
+    api: &Arc<dyn DeviceApi>,
+    device: i32,
+    case: &DeviceCase,
+    wrong: Option<WrongCount>,
+) -> Result<Vec<wire::Diagnosis>, String> {
+    let DeviceCase {
+        class,
+        n,
+        root,
+        kind,
+        wait,
+    } = *case;
     setup();
     let _g = RUN.lock().unwrap_or_else(|p| p.into_inner());
-    let s = spec(class, root, n, kind);
+    let s = if wrong.is_some() {
+        String::new()
+    } else {
+        spec(class, root, n, kind)
+    };
     if !s.is_empty() {
         std::env::set_var("CCLD_INJECT", &s);
     }
@@ -448,7 +513,9 @@ pub fn run_case_device(
                     if i % 50 == 49 && (!dev_op(&c, kind, &b, floats, n, true) || !b.drain(&stop)) {
                         break;
                     }
-                    if !dev_op(&c, kind, &b, floats, n, false) || !b.drain(&stop) {
+                    let half = wrong.is_some_and(|w| w.rank == r && w.at == i);
+                    let count = if half { floats / 2 } else { floats };
+                    if !dev_op(&c, kind, &b, count, n, false) || !b.drain(&stop) {
                         break;
                     }
                     i += 1;

@@ -12,11 +12,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use analyzer::wire::AnomalyClass;
-use benches::e2e_harness::{roots_ok, run_case_device};
+use benches::e2e_harness::{roots_ok, run_case_device, run_case_device_wrong_count, WrongCount};
 use ccl_core::device::api::DeviceApi;
 use probe::CollKind;
 
-fn check(class: AnomalyClass, root: usize) {
+fn env() {
     std::env::set_var("CCLD_DEVICE_EMULATION", "1");
     std::env::set_var("CCLD_BOOTSTRAP_IP", "127.0.0.1");
     // 16 KiB slots and Simple: one message per ring step and channel for the harness's
@@ -24,6 +24,10 @@ fn check(class: AnomalyClass, root: usize) {
     // sized for that); small FIFOs keep the emulated device memory small.
     std::env::set_var("NCCL_BUFFSIZE", "131072");
     std::env::set_var("NCCL_PROTO", "Simple");
+}
+
+fn check(class: AnomalyClass, root: usize) {
+    env();
     let api: Arc<dyn DeviceApi> = ccl_core::device::emu::global();
     let t = Instant::now();
     let n = 4;
@@ -82,4 +86,40 @@ fn s2_communication_slow() {
 #[test]
 fn s3_mixed_slow() {
     check(AnomalyClass::S3MixedSlow, 3);
+}
+
+/// A real inconsistent call, no injection: rank 2 passes half the count once. The kernels'
+/// descriptor check fails the operation (rank 2 and its ring successor see the mismatch,
+/// the others are poisoned) and the analyzer names rank 2 H2 from the probe's failure
+/// records.
+#[test]
+fn h2_a_real_wrong_count_is_named() {
+    env();
+    let api: Arc<dyn DeviceApi> = ccl_core::device::emu::global();
+    let t = Instant::now();
+    let wrong = WrongCount { rank: 2, at: 300 };
+    let ds = run_case_device_wrong_count(
+        &api,
+        0,
+        4,
+        CollKind::AllReduce,
+        Duration::from_secs(15),
+        wrong,
+    )
+    .expect("device ranks set up");
+    let d = ds
+        .first()
+        .unwrap_or_else(|| panic!("{wrong:?}: no diagnosis"));
+    let roots: Vec<u32> = d.roots.iter().map(|r| r.rank).collect();
+    let line = format!(
+        "{wrong:?}: got {:?} roots {roots:?} in {:.1} s: {}",
+        d.class(),
+        t.elapsed().as_secs_f64(),
+        probe::describe(d)
+    );
+    eprintln!("{line}");
+    assert!(
+        d.class() == AnomalyClass::H2Inconsistent && roots == [2],
+        "{line}"
+    );
 }
