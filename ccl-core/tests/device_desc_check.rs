@@ -226,3 +226,84 @@ fn consistent_calls_never_trip_the_check() {
         c.destroy().unwrap();
     }
 }
+
+/// A Send of 100 elements met by a Recv of 50: the receiver's kernel detects it. The
+/// sender's kernel completes (the FIFO took its message) and is on no connection of the
+/// failing kernel; its next call, an AllReduce that would wait for the receiver forever,
+/// fails through the communicator's poison board within a watch period or two.
+#[test]
+fn a_send_whose_receiver_rejected_it_fails_the_senders_next_call() {
+    std::env::set_var("CCLD_PEER_CHECK_MS", "100");
+    let cs = comms(2, "Simple");
+    let d = emu::global();
+    let hs: Vec<_> = (0..2)
+        .map(|r| {
+            let c = Arc::clone(&cs[r]);
+            std::thread::spawn(move || {
+                let d = emu::global();
+                let s = d.stream_create().unwrap();
+                let send = vec![1f32; 256];
+                let mut recv = vec![0f32; 256];
+                let call = |kind, count, peer| CollArgs {
+                    kind,
+                    sendbuf: send.as_ptr() as usize,
+                    recvbuf: recv.as_ptr() as usize,
+                    count,
+                    dtype: DataType::Float32 as i32,
+                    op: 0,
+                    root: peer,
+                    stream: s,
+                };
+                let first = if r == 0 {
+                    call(CollKind::Send, 100, 1)
+                } else {
+                    call(CollKind::Recv, 50, 0)
+                };
+                ccl_core::enqueue(&c, first).expect("the p2p call is enqueued");
+                let _ = d.stream_synchronize(s);
+                let t0 = Instant::now();
+                // The receiver's next call fails at once (its communicator failed); the
+                // sender's is enqueued and fails asynchronously.
+                let next = ccl_core::enqueue(&c, call(CollKind::AllReduce, 64, -1));
+                let err = loop {
+                    if let Err(e) = c.async_error() {
+                        break e;
+                    }
+                    if t0.elapsed() > Duration::from_secs(5) {
+                        let _ = c.abort();
+                        panic!("rank {r}: no error 5 s after the inconsistent Send/Recv");
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                };
+                let _ = d.stream_synchronize(s);
+                drop(recv);
+                (next.is_ok(), err, t0.elapsed())
+            })
+        })
+        .collect();
+    let out: Vec<_> = hs.into_iter().map(|h| h.join().expect("rank")).collect();
+    eprintln!("{out:?}");
+    let (_, e1, _) = &out[1];
+    assert_eq!(e1.code(), ResultCode::InvalidUsage, "{e1}");
+    assert!(
+        e1.to_string()
+            .contains("rank 1 called Send/Recv pair seq 0 count 50 datatype 7 but rank 0 called Send/Recv pair seq 0 count 100"),
+        "{e1}"
+    );
+    let (enqueued, e0, took) = &out[0];
+    assert!(
+        enqueued,
+        "the sender's AllReduce was enqueued (its communicator was fine)"
+    );
+    assert_eq!(e0.code(), ResultCode::RemoteError, "{e0}");
+    assert!(
+        e0.to_string()
+            .contains("rank 1 detected an inconsistent call"),
+        "{e0}"
+    );
+    assert!(*took < Duration::from_secs(2), "{took:?}");
+    let _ = d;
+    for c in &cs {
+        c.destroy().unwrap();
+    }
+}

@@ -51,6 +51,9 @@ pub struct Observation {
     pub dead: Option<PeerProc>,
     /// A device fault (the ordering event's query failed).
     pub fault: Option<String>,
+    /// The rank that poisoned the communicator's board: its descriptor check failed
+    /// (checked only while operations are in flight).
+    pub poisoned_by: Option<usize>,
 }
 
 /// The watch's decision after an observation.
@@ -84,6 +87,15 @@ impl Judge {
             return Verdict::Failed(
                 kernel_fault(f),
                 probe::Failure::cause(probe::FailureCause::Internal),
+            );
+        }
+        if let Some(by) = o.poisoned_by.filter(|_| o.inflight > 0) {
+            return Verdict::Failed(
+                CclError::Remote(format!(
+                    "rank {by} detected an inconsistent call and failed; this rank's \
+                     operations fail too: the communicator is unusable"
+                )),
+                probe::Failure::cause(probe::FailureCause::PeerFailed),
             );
         }
         let Some(p) = o.dead.as_ref().filter(|_| o.inflight > 0) else {
@@ -127,6 +139,8 @@ pub(crate) struct WatchCfg {
     /// Host address of the kernels' abort flag (a `u32` in mapped memory that outlives
     /// the watch: [`Watch::stop`] runs before it is freed).
     pub kernel_abort: usize,
+    /// The communicator's poison board (see [`super::board::Board`]), `None` with one rank.
+    pub board: Option<Arc<super::board::Board>>,
     pub period: Duration,
     pub rank: usize,
     pub comm_id: u64,
@@ -274,6 +288,7 @@ fn run(sh: &Shared, cfg: &WatchCfg) {
             completed: sh.completed.load(Ordering::Acquire),
             dead: first_dead(&cfg.peers),
             fault: cfg.api.event_query(cfg.event).err().map(|e| e.to_string()),
+            poisoned_by: cfg.board.as_ref().and_then(|b| b.poisoned_by()),
         };
         if let Verdict::Failed(e, f) = judge.observe(&o) {
             tracing::warn!(target: "nccl::NET", rank = cfg.rank,
@@ -347,13 +362,34 @@ mod tests {
     }
 
     #[test]
+    fn a_poisoned_board_fails_operations_in_flight_only() {
+        let mut j = Judge::default();
+        let idle = Observation {
+            poisoned_by: Some(3),
+            ..Default::default()
+        };
+        assert_eq!(j.observe(&idle), Verdict::Fine);
+        let busy = Observation {
+            inflight: 2,
+            ..idle.clone()
+        };
+        match j.observe(&busy) {
+            Verdict::Failed(CclError::Remote(m), f) => {
+                assert!(m.contains("rank 3 detected an inconsistent call"), "{m}");
+                assert_eq!(f.cause, probe::FailureCause::PeerFailed);
+            }
+            v => panic!("{v:?}"),
+        }
+    }
+
+    #[test]
     fn a_dead_peer_is_confirmed_only_without_progress() {
         let mut j = Judge::default();
         let dead = |completed| Observation {
             inflight: 1,
             completed,
             dead: Some(peer(2)),
-            fault: None,
+            ..Default::default()
         };
         assert_eq!(j.observe(&dead(5)), Verdict::Suspect);
         // An operation completed meanwhile: suspect again, not failed.
@@ -376,6 +412,7 @@ mod tests {
             completed: 3,
             dead: Some(peer(1)),
             fault: None,
+            poisoned_by: None,
         };
         assert_eq!(j.observe(&idle), Verdict::Fine);
         assert_eq!(j.observe(&idle), Verdict::Fine);

@@ -9,6 +9,7 @@
 
 pub mod agree;
 pub mod api;
+pub mod board;
 pub mod capture;
 pub mod check;
 pub mod emu;

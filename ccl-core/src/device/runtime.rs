@@ -45,6 +45,7 @@ use kernels::ffi::{
 use probe::{CollKind, Frame, OpLog};
 
 use super::api::{CudaApi, DeviceApi, IpcHandle, Mapped, PtrInfo, PtrKind, Stream};
+use super::board::Board;
 use super::liveness::{local_peers, Watch, WatchCfg};
 use super::lower::{apply_fault, halved, lower, red_params, ConnDir, ConnKey, LoweredPlan};
 use super::order::Order;
@@ -179,7 +180,7 @@ fn staging_name(comm: u64, receiver: usize, peer: usize, link: LinkKind, pid: u3
 }
 
 /// Removes staging segments of dead processes, once per process (before its first one).
-fn sweep_stale_staging() {
+pub(crate) fn sweep_stale_staging() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| match remove_stale_segments(STAGING_PREFIX) {
         Ok(0) => {}
@@ -471,6 +472,8 @@ struct CheckArea {
     conns: Vec<ConnKey>,
     rank: usize,
     comm_id: u64,
+    /// Where a mismatch poisons the other ranks.
+    board: Option<Arc<Board>>,
 }
 
 impl CheckArea {
@@ -488,6 +491,11 @@ impl CheckArea {
                 .load(Ordering::Acquire);
         }
         let r = super::check::first_record(&words)?;
+        if super::check::poisoned_by(&r.got).is_none() {
+            if let Some(b) = &self.board {
+                b.poison(self.rank);
+            }
+        }
         Some(super::check::failure_of(
             &r,
             &self.conns,
@@ -684,6 +692,8 @@ pub(crate) struct DeviceComm {
     /// Collective and per-pair p2p sequence numbers: the descriptors of the kernels'
     /// check and the probe's sequence spaces (as on the host backend).
     seqs: Mutex<crate::desc::SeqState>,
+    /// The poison board (see [`Board`]); `None` with one rank.
+    board: Option<Arc<Board>>,
     /// Protocols `NCCL_PROTO` allows (parsed at init).
     proto: ProtoSet,
     /// Orders the operations across streams (blocker 4).
@@ -880,12 +890,21 @@ impl DeviceComm {
         };
         let pids: Vec<u32> = (0..nranks).map(|r| boot.peer_pid(r)).collect();
         let hosts: Vec<String> = (0..nranks).map(|r| boot.peer_host(r).to_string()).collect();
+        let board = match Board::setup(&boot, boot.comm_hash()) {
+            Ok(b) => b.map(Arc::new),
+            Err(e) => {
+                let _ = order.destroy();
+                let _ = a.pre.api.stream_destroy(setup);
+                return Err(e);
+            }
+        };
         let watch = Watch::start(WatchCfg {
             api: Arc::clone(&a.pre.api),
             device: a.pre.device,
             event: order.event(),
             peers: local_peers(rank, &pids, &hosts),
             kernel_abort: a.pre.abort.host,
+            board: board.clone(),
             period: a.tuning.peer_check,
             rank,
             comm_id: boot.comm_hash(),
@@ -923,6 +942,7 @@ impl DeviceComm {
             spare: Arc::new(Mutex::new(Vec::new())),
             setup,
             seqs: Mutex::new(crate::desc::SeqState::default()),
+            board,
             proto: a.pre.proto,
             order,
             watch,
@@ -1791,6 +1811,7 @@ impl DeviceComm {
                 conns: lp.conns.clone(),
                 rank: self.rank,
                 comm_id: self.comm_id,
+                board: self.board.clone(),
             });
             // No CUDA call in here (CUDA forbids them in host functions): only host state.
             move || {
