@@ -244,10 +244,11 @@ fn a_send_whose_receiver_rejected_it_fails_the_senders_next_call() {
                 let s = d.stream_create().unwrap();
                 let send = vec![1f32; 256];
                 let mut recv = vec![0f32; 256];
+                let recvbuf = recv.as_mut_ptr() as usize;
                 let call = |kind, count, peer| CollArgs {
                     kind,
                     sendbuf: send.as_ptr() as usize,
-                    recvbuf: recv.as_ptr() as usize,
+                    recvbuf,
                     count,
                     dtype: DataType::Float32 as i32,
                     op: 0,
