@@ -11,7 +11,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use analyzer::wire::AnomalyClass;
+use analyzer::wire::{self, AnomalyClass};
 use benches::e2e_harness::{roots_ok, run_case_device, run_case_device_wrong_count, WrongCount};
 use ccl_core::device::api::DeviceApi;
 use probe::CollKind;
@@ -41,21 +41,23 @@ fn check(class: AnomalyClass, root: usize) {
         Duration::from_secs(15),
     )
     .expect("device ranks set up");
-    let d = ds
-        .first()
-        .unwrap_or_else(|| panic!("{class:?} n={n} root={root}: no diagnosis"));
+    let (got, roots, line) = first(&ds, &format!("{class:?} n={n} root={root}"), t);
+    assert!(got == class && roots_ok(class, root, &roots), "{line}");
+}
+
+/// The first diagnosis of a case: its class, its root ranks and a line for the log
+/// (printed) and the assertion.
+fn first(ds: &[wire::Diagnosis], case: &str, t: Instant) -> (AnomalyClass, Vec<u32>, String) {
+    let d = ds.first().unwrap_or_else(|| panic!("{case}: no diagnosis"));
     let roots: Vec<u32> = d.roots.iter().map(|r| r.rank).collect();
     let line = format!(
-        "{class:?} n={n} root={root}: got {:?} roots {roots:?} in {:.1} s: {}",
+        "{case}: got {:?} roots {roots:?} in {:.1} s: {}",
         d.class(),
         t.elapsed().as_secs_f64(),
         probe::describe(d)
     );
     eprintln!("{line}");
-    assert!(
-        d.class() == class && roots_ok(class, root, &roots),
-        "{line}"
-    );
+    (d.class(), roots, line)
 }
 
 #[test]
@@ -107,19 +109,9 @@ fn h2_a_real_wrong_count_is_named() {
         wrong,
     )
     .expect("device ranks set up");
-    let d = ds
-        .first()
-        .unwrap_or_else(|| panic!("{wrong:?}: no diagnosis"));
-    let roots: Vec<u32> = d.roots.iter().map(|r| r.rank).collect();
-    let line = format!(
-        "{wrong:?}: got {:?} roots {roots:?} in {:.1} s: {}",
-        d.class(),
-        t.elapsed().as_secs_f64(),
-        probe::describe(d)
-    );
-    eprintln!("{line}");
+    let (got, roots, line) = first(&ds, &format!("{wrong:?}"), t);
     assert!(
-        d.class() == AnomalyClass::H2Inconsistent && roots == [2],
+        got == AnomalyClass::H2Inconsistent && roots == [2],
         "{line}"
     );
 }
