@@ -443,13 +443,14 @@ __device__ inline uint32_t ccl_ld32(const uint32_t *p) { return *(const volatile
 #endif
 __device__ inline uint64_t vload(const uint64_t *p) { return ccl_ld64(p); }
 __device__ inline void vstore(uint64_t *p, uint64_t v) { ccl_st64(p, v); }
-// The abort flag (mapped host memory the host sets; NULL: never aborts).
 // The check area's stop word: some block of this communicator's kernels saw a descriptor
 // mismatch (or a poison descriptor).
 __device__ inline bool check_stopped(const ccl_dev_plan_t &p) {
   return p.check && ccl_ld64(p.check) != 0;
 }
 
+// The abort flag (mapped host memory the host sets; NULL: never aborts), or the check's
+// stop word.
 __device__ inline bool abort_requested(const ccl_dev_plan_t &p) {
   return (p.abort_flag && ccl_ld32(p.abort_flag) != 0) || check_stopped(p);
 }

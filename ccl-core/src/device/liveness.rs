@@ -12,7 +12,13 @@
 //!   operation of the communicator completed during one more period (an operation that no
 //!   longer needed the peer finishes in that time), then reported as `ncclRemoteError`
 //!   `"rank N (pid P, host H) exited"`: within 2 x `CCLD_PEER_CHECK_MS` plus one period of
-//!   the thread's wake-up after the death.
+//!   the thread's wake-up after the death;
+//! - it reads the communicator's poison board ([`super::board`]): another rank's
+//!   descriptor check failed, reported as `ncclRemoteError` naming that rank.
+//!
+//! Calls and completion functions that find a failure first (a kernel fault met by an
+//! enqueue, a descriptor mismatch) record it the same way ([`Watch::kernel_faulted`],
+//! [`WatchHandle::fail`]); the first failure stays.
 //!
 //! On a failure the watch stores the error (the communicator's async error; the next call
 //! returns it), sets the kernels' abort flag so that kernels spinning on the dead peer end
@@ -184,9 +190,10 @@ impl WatchHandle {
     }
 
     /// The communicator failed with `e` (a completion function saw it, e.g. the
-    /// kernels' descriptor check): as if the watch had seen it. The first failure stays.
-    pub(crate) fn fail(&self, e: CclError, f: probe::Failure) {
-        fail(&self.0, e, f);
+    /// kernels' descriptor check): as if the watch had seen it. The first failure stays;
+    /// returns whether this was it.
+    pub(crate) fn fail(&self, e: CclError, f: probe::Failure) -> bool {
+        fail(&self.0, e, f)
     }
 }
 
@@ -288,7 +295,12 @@ fn run(sh: &Shared, cfg: &WatchCfg) {
             completed: sh.completed.load(Ordering::Acquire),
             dead: first_dead(&cfg.peers),
             fault: cfg.api.event_query(cfg.event).err().map(|e| e.to_string()),
-            poisoned_by: cfg.board.as_ref().and_then(|b| b.poisoned_by()),
+            // Our own poison: this rank's failure is recorded already.
+            poisoned_by: cfg
+                .board
+                .as_ref()
+                .and_then(|b| b.poisoned_by())
+                .filter(|by| *by != cfg.rank),
         };
         if let Verdict::Failed(e, f) = judge.observe(&o) {
             tracing::warn!(target: "nccl::NET", rank = cfg.rank,
@@ -300,15 +312,21 @@ fn run(sh: &Shared, cfg: &WatchCfg) {
     }
 }
 
-/// Records the communicator's failure (unless one is recorded) and raises the abort flag
-/// of its kernels.
-fn fail(sh: &Shared, e: CclError, f: probe::Failure) {
-    lock(&sh.failure).get_or_insert((e, f));
+/// Records the communicator's failure (unless one is recorded; returns whether this was the
+/// first) and raises the abort flag of its kernels.
+fn fail(sh: &Shared, e: CclError, f: probe::Failure) -> bool {
+    let first = {
+        let mut g = lock(&sh.failure);
+        let first = g.is_none();
+        g.get_or_insert((e, f));
+        first
+    };
     // SAFETY: `kernel_abort` is the communicator's abort flag (first word of its abort
     // memory, mapped), freed by destroy only after `Watch::stop` joined the watch thread
     // (WatchCfg) and after every operation's completion function ended (which may call
     // this); the other callers, enqueues, are serialized with destroy, as NCCL requires.
     unsafe { AtomicU32::from_ptr(sh.kernel_abort as *mut u32) }.store(1, Ordering::Release);
+    first
 }
 
 /// The peers of `rank` in other processes of this host: (rank, pid, host) from the

@@ -1815,9 +1815,14 @@ impl DeviceComm {
             });
             // No CUDA call in here (CUDA forbids them in host functions): only host state.
             move || {
-                if let Some((e, f)) = check.as_ref().and_then(CheckArea::failure) {
-                    tracing::warn!(target: "nccl::COLL", rank = check.as_ref().map_or(0, |c| c.rank), "{e}");
-                    watch.fail(e, f);
+                if let Some(c) = &check {
+                    if let Some((e, f)) = c.failure() {
+                        // Once: later completions of the failed communicator find the
+                        // same record.
+                        if watch.fail(e.clone(), f) {
+                            tracing::warn!(target: "nccl::COLL", rank = c.rank, "{e}");
+                        }
+                    }
                 }
                 if probing {
                     let failure = watch.failure();
