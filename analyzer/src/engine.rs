@@ -1037,6 +1037,14 @@ pub struct Engine {
     /// Clock (nanoseconds) measuring the location step's CPU cost where no clock is passed
     /// in: windows closed by a record in `ingest`, and `tick`.
     cost_clock: Option<fn() -> u64>,
+    /// Hang checks wait until this time after [`Engine::note_pause`] (0: they do not).
+    hang_blind_until_ns: u64,
+}
+
+/// Whether a gap of `gap` between two ticks meant to come every `every` means the ticking
+/// process did not run (it was stopped, or starved of CPU): ten periods, and at least 1 s.
+pub fn is_pause(gap: Duration, every: Duration) -> bool {
+    gap >= every.saturating_mul(10).max(Duration::from_secs(1))
 }
 
 /// Per-record aggregates over the channels.
@@ -1116,6 +1124,7 @@ impl Engine {
             failures: crate::failure::Failures::default(),
             window_log: Vec::new(),
             cost_clock: None,
+            hang_blind_until_ns: 0,
         }
     }
 
@@ -1729,6 +1738,16 @@ impl Engine {
         }
     }
 
+    /// The caller's ticks stopped for a while ([`is_pause`]: its process was stopped or
+    /// starved). What the engine holds is as old as the pause: an operation that every rank
+    /// finished during it looks hung (some ranks' ends arrived, others' not yet), which
+    /// would name a rank that only finished first. Hang checks wait one hang threshold from
+    /// `now_ns`; the records that arrive meanwhile bring the state up to date, and a hang
+    /// that lasts is named after the wait.
+    pub fn note_pause(&mut self, now_ns: u64) {
+        self.hang_blind_until_ns = now_ns.saturating_add(dur_ns(self.cfg.hang_threshold));
+    }
+
     /// Runs detection and location at `now_ns`; returns the NEW diagnoses only (one per
     /// anomaly episode), ordered by communicator id.
     pub fn tick(&mut self, now_ns: u64) -> Vec<wire::Diagnosis> {
@@ -1779,7 +1798,11 @@ impl Engine {
                 None => self.roll_windows(id, now_ns, None),
             }
             let start = clock.as_mut().map(|f| f());
-            let hang = self.check_hang(id, now_ns);
+            let hang = if now_ns < self.hang_blind_until_ns {
+                None
+            } else {
+                self.check_hang(id, now_ns)
+            };
             // A failure episode of this communicator already names (or is about to name)
             // the cause: its hang is the same incident.
             let hang = hang.filter(|_| !self.failures.holds_back(id, now_ns));
@@ -3195,6 +3218,50 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn after_a_pause_of_the_ticking_process_hang_checks_wait_one_threshold() {
+        // Rank 3 finished op 8, ranks 0-2 are still in flight in the engine's view (their
+        // ends have not arrived): past the threshold that is a hang naming rank 3.
+        let start = |e: &mut Engine| {
+            for r in 0..3 {
+                e.ingest(&rec(9, 8, r, 4, OpState::InFlight, 0), T0)
+                    .unwrap();
+            }
+            e.ingest(&rec(9, 8, 3, 4, OpState::Completed, S), T0 + S)
+                .unwrap();
+        };
+        let t = T0 + 310 * S;
+        let mut e = Engine::new(cfg());
+        start(&mut e);
+        assert_eq!(e.tick(t).len(), 1, "the engine's stale view is a hang");
+        // The same after a pause: nothing while the ends arrive, nothing after.
+        let mut e = Engine::new(cfg());
+        start(&mut e);
+        e.note_pause(t);
+        assert!(e.tick(t).is_empty());
+        for r in 0..3 {
+            e.ingest(&rec(9, 8, r, 4, OpState::Completed, 311 * S), t + S)
+                .unwrap();
+        }
+        assert!(e.tick(t + 2 * S).is_empty());
+        assert!(e.tick(t + 301 * S).is_empty());
+        // A hang that lasts is named once the wait is over.
+        let mut e = Engine::new(cfg());
+        start(&mut e);
+        e.note_pause(t);
+        assert!(e.tick(t + 299 * S).is_empty());
+        assert_eq!(e.tick(t + 301 * S).len(), 1);
+    }
+
+    #[test]
+    fn a_pause_is_ten_tick_periods_and_at_least_a_second() {
+        let ms = Duration::from_millis;
+        assert!(!is_pause(ms(500), ms(50)));
+        assert!(is_pause(ms(1000), ms(50)));
+        assert!(!is_pause(ms(1500), ms(200)));
+        assert!(is_pause(ms(2000), ms(200)));
     }
 
     #[test]

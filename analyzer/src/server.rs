@@ -296,6 +296,14 @@ impl Shared {
         self.engine.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The tick loop did not run for a while: see [`Engine::note_pause`].
+    fn note_pause(&self) {
+        let now = self.now();
+        tracing::info!(target: "ccld::tick",
+            "the analyzer's ticks paused (its process stopped or starved): hang checks wait one hang threshold");
+        self.engine().note_pause(now);
+    }
+
     /// One engine tick: diagnose, persist, publish. Returns the new diagnoses.
     fn tick(&self) -> Vec<Diagnosis> {
         let now = self.now();
@@ -1099,14 +1107,25 @@ pub async fn start(
         }
         let mut iv = tokio::time::interval(tick_every);
         iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last = Instant::now();
         loop {
             tokio::select! {
                 _ = tick_stop.recv() => break,
                 _ = iv.tick() => {
                     let s = tick_sh.clone();
+                    // This process did not run for a while (stopped, starved): the engine's
+                    // view is stale (`Engine::note_pause`).
+                    let paused = crate::engine::is_pause(last.elapsed(), tick_every);
+                    last = Instant::now();
                     // The tick may take milliseconds on big communicators: keep it off
                     // the async workers.
-                    if let Err(e) = tokio::task::spawn_blocking(move || { s.tick(); }).await {
+                    let tick = move || {
+                        if paused {
+                            s.note_pause();
+                        }
+                        s.tick();
+                    };
+                    if let Err(e) = tokio::task::spawn_blocking(tick).await {
                         tracing::error!(target: "ccld::tick", "engine tick failed: {e}");
                     }
                 }

@@ -157,6 +157,12 @@ impl Embedded {
         }
     }
 
+    /// The caller's ticks paused (its process stopped or starved): see
+    /// `analyzer::Engine::note_pause`.
+    pub fn note_pause(&self, now: u64) {
+        lock(&self.engine).note_pause(now);
+    }
+
     /// Runs detection at `now`; returns (and keeps) the new diagnoses of communicators whose
     /// ranks all report to this process.
     pub fn tick(&self, now: u64) -> Vec<wire::Diagnosis> {
@@ -240,6 +246,8 @@ impl HubSource {
 
 /// Incidents held by a standby hub before it takes over (the oldest go first).
 const HELD_INCIDENTS: usize = 1024;
+/// How often the embedded analyzer ticks where this process has no hub to report to.
+const LOCAL_TICK: Duration = Duration::from_millis(100);
 
 /// The sink of `CCLD_ANALYZER=embedded`: feeds the local engine (ticking it every 100 ms)
 /// until this process learns the job's hubs, then forwards every batch to them. The
@@ -355,8 +363,13 @@ impl Sink for EmbeddedSink {
         match &mut self.route {
             Route::Hub(_) => self.drain_hub(),
             Route::Local | Route::HubUnusable => {
-                if self.last_tick.elapsed() >= Duration::from_millis(100) {
+                let gap = self.last_tick.elapsed();
+                if gap >= LOCAL_TICK {
                     self.last_tick = Instant::now();
+                    if analyzer::engine::is_pause(gap, LOCAL_TICK) {
+                        // This process did not run for a while: see `Engine::note_pause`.
+                        self.e.note_pause(now_ns());
+                    }
                     self.e.tick(now_ns());
                     for inc in self.e.take_incidents() {
                         self.report.report(&inc);
