@@ -610,6 +610,11 @@ __device__ void check_record(const ccl_dev_plan_t &p, uint32_t ch, int32_t conn,
   ccl_st64(p.check, 1);
 }
 
+// Message k on c (there: the caller saw it) is a poison descriptor.
+__device__ inline bool poison_waits(const ccl_dev_conn_t &c, uint64_t k) {
+  return c.descs && ccl_ld64(&desc_slot(c, k)[1]) >> 56 == CCL_DESC_POISON_MARK;
+}
+
 // The poison descriptor as message k on c (the tail after a fence makes it visible in both
 // protocols; see desc_verdict).
 __device__ void poison_conn(const ccl_dev_plan_t &p, const ccl_dev_conn_t &c, uint64_t k) {
@@ -781,37 +786,38 @@ __global__ void __launch_bounds__(CCL_THREADS) ccl_plan_kernel(ccl_dev_plan_t p)
             up = true;
             continue;
           }
-          // A poison descriptor in a ready message fails this lane now, even when it could
-          // not run (its send side full: the poisoning rank will never drain it).
-          if (p.check && ci.descs && vload(ci.tail) > s.consumed &&
-              ccl_ld64(&desc_slot(ci, s.consumed)[1]) >> 56 == CCL_DESC_POISON_MARK) {
+        }
+        bool throttled = false;
+        bool blocked = false;  // its send side waits for the receiver
+        if (step_sends(kind)) {
+          const ccl_dev_conn_t &co = p.conns[ln.conn_out];
+          if (s.posted - vload(co.head) >= co.nslots) {
+            blocked = true;
+          } else if (!s.synced && vload(co.head + 1) != co.ll_sync) {
+            blocked = true;
+          } else {
+            s.synced = 1;
+            throttled = (ln.flags & CCL_LANE_THROTTLED) && p.throttle_gap_ns != 0;
+            if (throttled && have_next && ccl_now_ns() < next_send) {
+              down = true;
+              continue;
+            }
+          }
+        }
+        if (blocked) {
+          // A poison waiting on the receive side of a lane whose send side is blocked
+          // fails the lane now: the poisoning rank will never drain the send side. (A lane
+          // that can run meets a poison in its step's descriptor check.)
+          if (p.check && step_recvs(kind) && poison_waits(p.conns[ln.conn_in], s.consumed)) {
             uint64_t got[CCL_DESC_WORDS];
-            desc_read(ci, s.consumed, got);
+            desc_read(p.conns[ln.conn_in], s.consumed, got);
             check_record(p, ch, ln.conn_in, got,
                          p.desc[p.steps[ln.first_step + s.pos].dst_buf % CCL_MAX_BUFS]);
             d.stop = 1;
             break;
           }
-        }
-        bool throttled = false;
-        if (step_sends(kind)) {
-          const ccl_dev_conn_t &co = p.conns[ln.conn_out];
-          if (s.posted - vload(co.head) >= co.nslots) {
-            down = true;
-            continue;
-          }
-          if (!s.synced) {
-            if (vload(co.head + 1) != co.ll_sync) {
-              down = true;
-              continue;
-            }
-            s.synced = 1;
-          }
-          throttled = (ln.flags & CCL_LANE_THROTTLED) && p.throttle_gap_ns != 0;
-          if (throttled && have_next && ccl_now_ns() < next_send) {
-            down = true;
-            continue;
-          }
+          down = true;
+          continue;
         }
         if (throttled) {
           // The gap starts now; the channel's next throttled send waits for it.

@@ -52,6 +52,15 @@ pub fn poisoned_by(got: &[u64; CCL_DESC_WORDS]) -> Option<usize> {
     (got[1] >> 56 == CCL_DESC_POISON_MARK).then_some((got[1] & 0xFF_FFFF) as usize)
 }
 
+/// The error of a rank (`who`) that fails because rank `by`'s descriptor check failed
+/// (a poison message or the poison board).
+pub fn poisoned_error(by: usize, who: &str) -> CclError {
+    CclError::Remote(format!(
+        "rank {by} detected an inconsistent call and failed; {who} fails too: the \
+         communicator is unusable"
+    ))
+}
+
 /// The operation's error and the probe's failure for record `r` of `rank` (`conns`: the
 /// plan's connections, to name the peer):
 /// - a mismatch: `ncclInvalidUsage` with the host backend's text (both ranks, both
@@ -60,12 +69,12 @@ pub fn poisoned_by(got: &[u64; CCL_DESC_WORDS]) -> Option<usize> {
 pub fn failure_of(r: &Record, conns: &[ConnKey], rank: usize, comm_id: u64) -> (CclError, Failure) {
     let peer = conns.get(r.conn).map_or(usize::MAX, |k| k.peer);
     if let Some(by) = poisoned_by(&r.got) {
+        let who = format!(
+            "rank {rank} (poison from rank {peer}, channel {})",
+            r.channel
+        );
         return (
-            CclError::Remote(format!(
-                "rank {by} detected an inconsistent call and failed; rank {rank} fails too \
-                 (poison from rank {peer}, channel {}): the communicator is unusable",
-                r.channel
-            )),
+            poisoned_error(by, &who),
             Failure::cause(FailureCause::PeerFailed),
         );
     }

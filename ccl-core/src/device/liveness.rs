@@ -97,10 +97,7 @@ impl Judge {
         }
         if let Some(by) = o.poisoned_by.filter(|_| o.inflight > 0) {
             return Verdict::Failed(
-                CclError::Remote(format!(
-                    "rank {by} detected an inconsistent call and failed; this rank's \
-                     operations fail too: the communicator is unusable"
-                )),
+                super::check::poisoned_error(by, "this rank"),
                 probe::Failure::cause(probe::FailureCause::PeerFailed),
             );
         }
