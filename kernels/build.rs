@@ -2,8 +2,9 @@
 //! be found, and always builds the small C layout probe used by the tests.
 //!
 //! nvcc is looked up in this order: `$NVCC`, `nvcc` on `PATH`, `$CUDA_HOME/bin/nvcc`
-//! (`$CUDA_PATH` too), the `nvidia-cuda-nvcc` PyPI wheel of `python3`
-//! (`site-packages/nvidia/cu13/bin/nvcc`, see scripts/install-toolchains.sh), then
+//! (`$CUDA_PATH` too), the `nvidia-cuda-nvcc` PyPI wheel of the project's venv
+//! `.cache/venv` or else of `python3` (`site-packages/nvidia/cu13/bin/nvcc`, see
+//! scripts/install-toolchains.sh), then
 //! `/usr/local/cuda/bin/nvcc`. `CCLD_NO_NVCC=1` skips the search. Without nvcc the crate builds the host backend only
 //! (`kernels::cuda_built() == false`) and says so with a cargo warning; with the `cuda`
 //! feature a missing nvcc is an error.
@@ -169,7 +170,7 @@ fn build_host_kernel() {
 /// python3's `site-packages/nvidia` where it exists, else the site-packages directory
 /// (cargo scans a watched directory recursively; pip creates `nvidia/` in it).
 fn watch_wheel_dirs() {
-    let out = Command::new("python3")
+    let out = Command::new(python())
         .args([
             "-c",
             "import site
@@ -185,6 +186,17 @@ for p in site.getsitepackages() + [site.getusersitepackages()]: print(p)",
         } else if site.is_dir() {
             println!("cargo:rerun-if-changed={}", site.display());
         }
+    }
+}
+
+/// The project's own Python (`.cache/venv`, made by scripts/python-env.sh, where
+/// scripts/install-toolchains.sh puts the nvcc wheel) where it exists, else `python3`.
+fn python() -> PathBuf {
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.cache/venv/bin/python3");
+    if is_file(&venv) {
+        venv
+    } else {
+        PathBuf::from("python3")
     }
 }
 
@@ -228,7 +240,7 @@ fn find_nvcc() -> Option<PathBuf> {
 
 /// nvcc of the `nvidia-cuda-nvcc` wheel installed for `python3` (nvidia/cu13/bin/nvcc).
 fn wheel_nvcc() -> Option<PathBuf> {
-    let out = Command::new("python3")
+    let out = Command::new(python())
         .args([
             "-c",
             "import nvidia, os\nfor p in nvidia.__path__: print(p)",

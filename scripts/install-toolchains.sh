@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the pinned device toolchains the CI compiles the kernels with (no GPU needed):
-#   * nvcc 13.0 (+ cudart, crt, cccl headers of the 13.0 line) from NVIDIA's PyPI wheels (into the current python3's site-packages,
-#     under nvidia/cu13/{bin,lib,include}); kernels/build.rs finds it there by itself;
+#   * nvcc 13.0 (+ cudart, crt, cccl headers of the 13.0 line) from NVIDIA's PyPI wheels, into
+#     the project's own venv .cache/venv (scripts/python-env.sh; never the system Python),
+#     under site-packages/nvidia/cu13/{bin,lib,include}; kernels/build.rs finds it there;
 #   * hipcc 5.2 (Debian 12 packages) for the ROCm build (scripts/build-rocm.sh).
 # Usage: scripts/install-toolchains.sh [--cuda-only|--hip-only]
 # Idempotent: reinstalling the same pinned versions is a no-op for pip and apt.
@@ -26,13 +27,15 @@ case "${1:-}" in
 esac
 
 if [ "$want_cuda" = 1 ]; then
-  python3 -m pip install --disable-pip-version-check --no-input \
+  # shellcheck source=python-env.sh
+  source "$(dirname "$0")/python-env.sh"
+  "$CCLD_PYTHON" -m pip install --disable-pip-version-check --no-input \
     "nvidia-cuda-nvcc==${NVCC_VERSION}" \
     "nvidia-cuda-runtime==${CUDART_VERSION}" \
     "nvidia-cuda-crt==${CRT_VERSION}" \
     "nvidia-cuda-cccl==${CCCL_VERSION}" \
     "nvidia-nvvm==${NVVM_VERSION}"
-  cu13=$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13"))')
+  cu13=$("$CCLD_PYTHON" -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13"))')
   echo "nvcc: ${cu13}/bin/nvcc"
   "${cu13}/bin/nvcc" --version | tail -2
 fi

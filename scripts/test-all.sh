@@ -12,6 +12,15 @@ export CCLD_BOOTSTRAP_IP=127.0.0.1
 export CCL_TEST_FULL_MATRIX=1
 
 scripts/install-toolchains.sh
+# cargo-nextest, pinned, into .cache/cargo when this machine has none (a stock Debian 12).
+NEXTEST_VERSION=0.9.143
+if ! cargo nextest --version >/dev/null 2>&1; then
+  if [ ! -x .cache/cargo/bin/cargo-nextest ]; then
+    echo "test-all: no cargo-nextest; installing ${NEXTEST_VERSION} into .cache/cargo (a few minutes, once)"
+    cargo install --locked --root .cache/cargo --version "${NEXTEST_VERSION}" cargo-nextest
+  fi
+  export PATH="$PWD/.cache/cargo/bin:$PATH"
+fi
 # Device builds (CUDA kernels, ROCm librccl.so.1) and their GPU-free tests.
 scripts/gpu/ci-device-build.sh --no-install
 # Everything else. The dev profile optimises dependencies (Cargo.toml), which is enough

@@ -1,5 +1,5 @@
 //! Incidents: the first cause of an anomaly across communicators, with the per-communicator
-//! diagnoses as evidence (see `Incident` in `proto/ccld.proto`; Holmes §4.3-4.4).
+//! diagnoses as evidence (see `Incident` in `ccld-wire/proto/ccld.proto`; Holmes §4.3-4.4).
 //!
 //! Pure; the engine hands every new diagnosis to [`Incidents::add`] with a [`ProcView`]
 //! (every process's memberships and what it is doing in each communicator), and the

@@ -1,15 +1,18 @@
-//! The CCL-D analyzer: wire format, ingest, slow/hang detection, root-cause location,
-//! sharding, query API and the `ccld` command line.
+//! The CCL-D analyzer: slow/hang detection and root-cause location, pure.
 //!
-//! The core is pure (no I/O, no clocks): [`engine::Engine`] takes records and the current
-//! time and returns diagnoses; [`detect`] holds the detection formulas (CCL-D section 4.2.1),
-//! [`locate`] the decision tree (Figure 7), [`p2pwait`] the Send/Recv waits of a rank, [`sim`] a deterministic rank simulator and
-//! [`calibrate`] the statistical choice of `theta_slow`, [`theta`] the per-communicator
-//! robust threshold and windowed baseline.
+//! No I/O, no clocks, no threads: [`engine::Engine`] takes records and the current time
+//! and returns diagnoses; [`detect`] holds the detection formulas (CCL-D section 4.2.1),
+//! [`locate`] the decision tree (Figure 7), [`p2pwait`] the Send/Recv waits of a rank,
+//! [`failure`] the diagnoses of failed operations, [`incident`] the one root per incident
+//! across communicators, [`report`] its plain and JSON lines, [`sim`] a deterministic rank
+//! simulator, [`calibrate`] the statistical choice of `theta_slow` and [`theta`] the
+//! per-communicator robust threshold and windowed baseline.
 //!
-//! The service around it: [`server`] (one gRPC shard), [`client`] (routing, failover,
-//! queries), [`shard`] (rendezvous hashing), [`store`] (SQLite history), [`metrics`]
-//! (Prometheus), [`auth`] (token, TLS) and [`cli`] (`ccld`).
+//! The crates around it (see `docs/architecture.md`): `ccld-wire` (the record format,
+//! re-exported here as [`wire`]), `analyzer-net` (the gRPC shard, its client, sharding,
+//! metrics, auth) and `ccld` (the command line and the SQLite history).
+
+pub use ccld_wire as wire;
 
 pub mod calibrate;
 pub mod detect;
@@ -21,15 +24,5 @@ pub mod p2pwait;
 pub mod report;
 pub mod sim;
 pub mod theta;
-pub mod wire;
-
-pub mod auth;
-pub mod cli;
-pub mod client;
-pub mod codec;
-pub mod metrics;
-pub mod server;
-pub mod shard;
-pub mod store;
 
 pub use engine::{Engine, EngineConfig, Reject};

@@ -18,8 +18,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use analyzer::wire::AnomalyClass;
 use benches::e2e_harness::{roots_ok, run_case_device};
+use ccld_wire::AnomalyClass;
 use probe::CollKind;
 
 fn class_of(s: &str) -> Option<AnomalyClass> {

@@ -1,6 +1,6 @@
 //! Helpers shared by the analyzer benchmarks: synthetic valid record streams, statistics.
 
-use analyzer::wire::{self, ChannelStat, OpRecord, OpState, OpTypeSet, TraceId};
+use ccld_wire::{self as wire, ChannelStat, OpRecord, OpState, OpTypeSet, TraceId};
 
 /// SplitMix64 finaliser (distinct inputs give distinct ids).
 fn mix64(mut z: u64) -> u64 {

@@ -9,9 +9,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant};
 
-use analyzer::wire::{self, AnomalyClass};
 use ccl_core::device::api::{DeviceApi, Stream};
 use ccl_core::{enqueue, CollArgs, Comm, CommConfig, DataType};
+use ccld_wire::{self as wire, AnomalyClass};
 use probe::CollKind;
 
 /// First operation of an injected anomaly: after the baseline. The engine's dynamic

@@ -11,9 +11,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use analyzer::wire::{self, AnomalyClass};
 use benches::e2e_harness::{roots_ok, run_case_device, run_case_device_wrong_count, WrongCount};
 use ccl_core::device::api::DeviceApi;
+use ccld_wire::{self as wire, AnomalyClass};
 use probe::CollKind;
 
 fn env() {

@@ -23,13 +23,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use analyzer::client::{BlockingClient, ClientConfig};
-use analyzer::server::{class_name, ServerConfig, ShardProcess};
-use analyzer::wire::{self, AnomalyClass};
 use analyzer::EngineConfig;
+use analyzer_net::client::{BlockingClient, ClientConfig};
+use analyzer_net::server::{class_name, ServerConfig, ShardProcess};
 use benches::e2e_harness::{barrier, full_cases, op, roots_ok, spec, WINDOW_ENV};
 use ccl_core::bootstrap::get_unique_id;
 use ccl_core::{Comm, CommConfig, UniqueId};
+use ccld_wire::{self as wire, AnomalyClass};
 use probe::CollKind;
 
 const ENV_UID: &str = "CCLD_E2E_UID";

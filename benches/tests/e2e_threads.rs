@@ -9,8 +9,8 @@
 
 use std::time::{Duration, Instant};
 
-use analyzer::wire::AnomalyClass;
 use benches::e2e_harness::{full_cases, roots_ok, run_case, run_fast_case, COLLS};
+use ccld_wire::AnomalyClass;
 use probe::CollKind;
 
 fn check(class: AnomalyClass, n: usize, root: usize, kind: CollKind) -> Result<(), String> {
@@ -26,7 +26,7 @@ fn verdict(
     n: usize,
     root: usize,
     kind: CollKind,
-    ds: &[analyzer::wire::Diagnosis],
+    ds: &[ccld_wire::Diagnosis],
     t: Instant,
     extra: &str,
 ) -> Result<(), String> {
@@ -155,7 +155,7 @@ fn clean_run_with_jitter_raises_nothing() -> Result<(), String> {
 
 /// `Ok` without diagnoses; else the diagnoses as the error, so that they are the last lines
 /// a failing run prints.
-fn none_raised(ds: &[analyzer::wire::Diagnosis]) -> Result<(), String> {
+fn none_raised(ds: &[ccld_wire::Diagnosis]) -> Result<(), String> {
     if ds.is_empty() {
         return Ok(());
     }

@@ -210,9 +210,9 @@ fn smoke_rank() {
 struct PrintFailed;
 
 impl probe::diag::Sink for PrintFailed {
-    fn deliver(&mut self, batch: analyzer::wire::Batch) {
+    fn deliver(&mut self, batch: ccld_wire::Batch) {
         for r in batch.records {
-            if r.state == analyzer::wire::OpState::Failed as i32 {
+            if r.state == ccld_wire::OpState::Failed as i32 {
                 let p = r.peer_lost.clone().unwrap_or_default();
                 println!(
                     "@@REC {} {:?} {} {} {}",

@@ -9,8 +9,8 @@
 use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant};
 
-use analyzer::wire;
 use ccl_core::{enqueue, group_end, group_start, CollArgs, Comm, DataType, ResultCode};
+use ccld_wire as wire;
 use probe::CollKind;
 
 static RECORDS: Mutex<Vec<wire::OpRecord>> = Mutex::new(Vec::new());

@@ -8,9 +8,9 @@
 use std::sync::{Arc, Mutex, Once, OnceLock};
 use std::time::{Duration, Instant};
 
-use analyzer::wire;
 use ccl_core::device::api::DeviceApi;
 use ccl_core::{enqueue, group_end, group_start, CollArgs, Comm, DataType};
+use ccld_wire as wire;
 use probe::embedded::Embedded;
 use probe::CollKind;
 

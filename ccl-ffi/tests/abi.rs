@@ -111,7 +111,7 @@ if missing or "nccl_device/core.h" not in found:
     sys.exit("wheel lacks " + ", ".join(sorted(missing)) + " or nccl_device/core.h")
 "#;
     let (ok, log) = run_bounded(
-        Command::new("python3")
+        Command::new(python())
             .arg("-c")
             .arg(script)
             .arg(wheel)
@@ -180,7 +180,7 @@ fn fetch_into(cache: &Path) -> Result<(), String> {
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(|e| e.to_string())?;
     let (ok, log) = run_bounded(
-        Command::new("python3")
+        Command::new(python())
             .args([
                 "-m",
                 "pip",
@@ -748,5 +748,19 @@ fn one_and_three_processes_run_collectives() {
             log.contains(&format!("collectives ok on {n} ranks")),
             "{log}"
         );
+    }
+}
+
+/// The project's Python (`.cache/venv`, made by scripts/python-env.sh; Debian 12's system
+/// Python refuses pip installs and may lack pip) where it exists, else `python3`.
+fn python() -> std::path::PathBuf {
+    let venv = std::path::Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../.cache/venv/bin/python3"
+    ));
+    if venv.is_file() {
+        venv.to_path_buf()
+    } else {
+        "python3".into()
     }
 }

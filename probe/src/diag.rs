@@ -31,7 +31,7 @@ use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-use analyzer::wire;
+use ccld_wire as wire;
 
 use crate::frame::Frame;
 use crate::optype::{OpLog, OpSnapshot, OpState};

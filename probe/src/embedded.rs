@@ -27,9 +27,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use analyzer::server::{DiagnosisFeed, IncidentFeed};
-use analyzer::wire;
 use analyzer::{Engine, EngineConfig};
+use analyzer_net::server::{DiagnosisFeed, IncidentFeed};
+use ccld_wire as wire;
 
 use crate::diag::{env_f64, env_u64, now_ns, EnvGet, Sink};
 use crate::hub::{Gate, Hubs};
@@ -448,8 +448,8 @@ pub(crate) mod tests {
             max_bytes: 1 << 20,
         };
         // A hub of this test's own (the process-wide one is crate::hub's, tested there).
-        let shard = analyzer::server::ShardProcess::spawn(
-            analyzer::server::ServerConfig::single(engine),
+        let shard = analyzer_net::server::ShardProcess::spawn(
+            analyzer_net::server::ServerConfig::single(engine),
             "127.0.0.1:0".parse().unwrap(),
             None,
             1,

@@ -1,7 +1,7 @@
 //! Why an operation failed, as the runtime tells the probe ([`crate::Source::op_failed`]),
 //! and its wire form (`OpRecord.failure`, `peer_lost`, `mismatch`).
 
-use analyzer::wire as w;
+use ccld_wire as w;
 
 use crate::CollKind;
 

@@ -12,7 +12,7 @@
 //!    (normally rank 0) starts the *primary* hub and the lowest wanting rank of ANOTHER
 //!    process starts the *standby* ([`Plan::Elect`]); both announce their `ip:port` in a
 //!    second allgather; nobody wanting a hub means nothing to do ([`Plan::Nothing`]).
-//! 3. A starter runs an analyzer shard ([`analyzer::server`], in-memory store, one worker
+//! 3. A starter runs an analyzer shard ([`analyzer_net::server`], in-memory store, one worker
 //!    thread) bound to its bootstrap listen IP, port 0 ([`start`]).
 //!
 //! A process keeps the first hubs it learns ([`adopt`]): sub-communicators of the world
@@ -34,10 +34,10 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use analyzer::client::{BlockingClient, ClientConfig};
-use analyzer::server::{DiagnosisFeed, IncidentFeed, ServerConfig, ShardProcess};
-use analyzer::wire;
 use analyzer::EngineConfig;
+use analyzer_net::client::{BlockingClient, ClientConfig};
+use analyzer_net::server::{DiagnosisFeed, IncidentFeed, ServerConfig, ShardProcess};
+use ccld_wire as wire;
 
 pub use crate::standby::Gate;
 pub use crate::standby::Hubs;
@@ -217,7 +217,7 @@ fn take_role(hubs: Hubs) {
     } else if Some(l.shard.addr) == hubs.standby {
         l.role = Some(Role::Standby);
         let w = Arc::new(Mutex::new(Watch::new(
-            analyzer::server::now_ns(),
+            analyzer_net::server::now_ns(),
             standby::TAKEOVER_AFTER,
         )));
         l.watch = Some(Arc::clone(&w));
@@ -265,7 +265,7 @@ pub fn watch_primary(primary: SocketAddr, w: Arc<Mutex<Watch>>) {
     loop {
         let t = std::time::Instant::now();
         let ok = probe_hub(&mut c);
-        let d = lock(&w).observe(ok, analyzer::server::now_ns());
+        let d = lock(&w).observe(ok, analyzer_net::server::now_ns());
         match d {
             Decision::Wait => {}
             Decision::TakeOver | Decision::Active => {
@@ -536,7 +536,7 @@ mod tests {
         let mut c = prober(shard.addr).unwrap();
         assert!(probe_hub(&mut c), "a live hub answers");
         let w = Arc::new(Mutex::new(Watch::new(
-            analyzer::server::now_ns(),
+            analyzer_net::server::now_ns(),
             standby::TAKEOVER_AFTER,
         )));
         let (addr, w2) = (shard.addr, Arc::clone(&w));

@@ -12,7 +12,7 @@ use std::sync::mpsc::{sync_channel, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use analyzer::wire;
+use ccld_wire as wire;
 
 use crate::diag::Sink;
 use crate::reporter::{RemoteSink, SpoolSettings};
@@ -151,9 +151,9 @@ impl HubLinks {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use analyzer::client::{BlockingClient, ClientConfig};
-    use analyzer::server::{ServerConfig, ShardProcess};
     use analyzer::EngineConfig;
+    use analyzer_net::client::{BlockingClient, ClientConfig};
+    use analyzer_net::server::{ServerConfig, ShardProcess};
 
     fn batch(op: u64) -> wire::Batch {
         wire::Batch {

@@ -4,9 +4,12 @@
 //! ([`diag`]) and the delivery of its records to an analyzer ([`embedded`], [`hub`] for the
 //! embedded analyzer of a multi-process job, [`reporter`]).
 //!
-//! Dependency direction: `ccl-core -> probe -> analyzer`. This crate must not depend on
-//! `ccl-core` (the runtime registers its communicators here); it depends on `analyzer` for
-//! the wire types, the engine (embedded mode) and the client library (remote mode).
+//! Dependency direction: `ccl-core -> probe -> {ccld-wire, analyzer, analyzer-net}`. This
+//! crate must not depend on `ccl-core` (the runtime registers its communicators here); it
+//! depends on `ccld-wire` for the record format, on `analyzer` for the pure engine
+//! (embedded mode) and on `analyzer-net` for the client library (remote mode) and the hub's
+//! shard. It must not reach `ccld` (the command line and its SQLite history): see
+//! `docs/architecture.md`.
 
 pub mod diag;
 pub mod embedded;
@@ -33,7 +36,7 @@ pub use frame::{
 pub use optype::{Algo, CollKind, OpLog, OpSnapshot, OpState, OpTypeSet, Proto};
 pub use seqspace::{OpSeq, PeerSeq, SeqLog, SeqSpace};
 
-use analyzer::wire::{self as w, AnomalyClass};
+use ccld_wire::{self as w, AnomalyClass};
 
 /// True when the environment turns probing off (`CCLD_DISABLE=1`).
 ///

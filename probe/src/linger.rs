@@ -13,7 +13,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use analyzer::wire;
+use ccld_wire as wire;
 
 /// Longest wait at exit.
 pub const AT_EXIT: Duration = Duration::from_millis(3000);

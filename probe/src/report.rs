@@ -14,7 +14,7 @@ use std::collections::HashSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use analyzer::wire;
+use ccld_wire as wire;
 
 /// Where incidents go (`CCLD_REPORT`).
 #[derive(Clone, Debug, PartialEq, Eq)]

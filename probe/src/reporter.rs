@@ -1,6 +1,6 @@
 //! Remote delivery (`CCLD_ANALYZER=host:port[,host:port...]`): batches go to the shard that
 //! owns each communicator through the analyzer's client library
-//! ([`analyzer::client::BlockingClient`]: rendezvous hashing, failover to the next shard in
+//! ([`analyzer_net::client::BlockingClient`]: rendezvous hashing, failover to the next shard in
 //! hash order, reconnect with doubling back-off). While no shard is reachable, batches are
 //! spooled to `CCLD_SPOOL_DIR` (default `$TMPDIR/ccld-spool`), file
 //! `spool-<pid>-<start>.bin` (`<start>`: the process's start time from `/proc`, so a later
@@ -13,8 +13,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use analyzer::client::{BlockingClient, ClientConfig};
-use analyzer::wire;
+use analyzer_net::client::{BlockingClient, ClientConfig};
+use ccld_wire as wire;
 use prost::Message;
 
 use crate::diag::{count_drop, env_u64, EnvGet, Sink};

@@ -1,11 +1,11 @@
-//! Conversions from the probe's types to the analyzer's wire types (`analyzer::wire`).
+//! Conversions from the probe's types to the analyzer's wire types (`ccld_wire`).
 //!
 //! The dependency points from `probe` to `analyzer`: the reporter needs the wire types and
 //! the analyzer's client library, and `analyzer` knows nothing of the probe. The enum values
 //! are identical by construction (`#[repr(u8)]` here, the proto's numbers there); the tests
 //! below check every one.
 
-use analyzer::wire as w;
+use ccld_wire as w;
 
 use crate::{Algo, CollKind, OpState, OpTypeSet, Proto, TraceId};
 

@@ -63,9 +63,12 @@ fi
 [ -n "$lib" ] && [ -e "$lib" ] || fail "our libnccl.so.2 not found (cargo build -p ccl-ffi, or --lib)"
 lib=$(readlink -f "$lib")
 
+# The project's Python (.cache/venv, see scripts/python-env.sh) where it exists.
+py=python3
+[ -x "$root/.cache/venv/bin/python3" ] && py=$root/.cache/venv/bin/python3
 # The pinned nvcc wheel.
-cu13=$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13"))' 2>/dev/null) ||
-  fail "no nvidia/cu13 wheel in python3's site-packages (run scripts/install-toolchains.sh --cuda-only)"
+cu13=$("$py" -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13"))' 2>/dev/null) ||
+  fail "no nvidia/cu13 wheel in $py's site-packages (run scripts/install-toolchains.sh --cuda-only)"
 [ -x "$cu13/bin/nvcc" ] || fail "$cu13/bin/nvcc missing (run scripts/install-toolchains.sh --cuda-only)"
 [ -f "$cu13/lib/libcudart_static.a" ] || fail "$cu13/lib/libcudart_static.a missing"
 
@@ -73,10 +76,10 @@ cu13=$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0
 hdr=$root/.cache/nvidia-nccl-2.30.7/include
 if [ ! -f "$hdr/nccl_device.h" ] || [ ! -f "$hdr/nccl.h" ]; then
   tmp=$(mktemp -d)
-  python3 -m pip download --disable-pip-version-check --no-deps --quiet \
+  "$py" -m pip download --disable-pip-version-check --no-deps --quiet \
     "nvidia-nccl-cu13==2.30.7" -d "$tmp" || fail "pip download nvidia-nccl-cu13==2.30.7"
   mkdir -p "$hdr.tmp"
-  python3 - "$tmp"/*.whl "$hdr.tmp" <<'EOF'
+  "$py" - "$tmp"/*.whl "$hdr.tmp" <<'EOF'
 import os, sys, zipfile
 wheel, dest = sys.argv[1], sys.argv[2]
 with zipfile.ZipFile(wheel) as z:

@@ -9,7 +9,7 @@
 //!    clients:
 //!    - `raw`: records kept and updated in place each round, encoded once per round with
 //!      `codec::encode_batch` and sent as pre-encoded bytes (`codec::PreEncodedCodec`);
-//!    - `lib`: the same records through `analyzer::client::Client::ingest_ref_at` (routing,
+//!    - `lib`: the same records through `analyzer_net::client::Client::ingest_ref_at` (routing,
 //!      failover bookkeeping, encoding: what the probe's reporter runs);
 //!    - `prost`: records generated afresh each round and sent through the generated prost
 //!      client (the client path before the codec).
@@ -33,15 +33,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use analyzer::client::{Client, ClientConfig};
-use analyzer::codec::{encode_batch, BatchScratch, PreEncodedCodec, INGEST_ONE_PATH};
 use analyzer::engine::EngineConfig;
-use analyzer::server::{ServerConfig, ShardProcess};
-use analyzer::shard::ShardMap;
-use analyzer::wire::analyzer_client::AnalyzerClient;
-use analyzer::wire::{Batch, OpRecord};
 use analyzer::Engine;
+use analyzer_net::client::{Client, ClientConfig};
+use analyzer_net::codec::{encode_batch, BatchScratch, PreEncodedCodec, INGEST_ONE_PATH};
+use analyzer_net::grpc::analyzer_client::AnalyzerClient;
+use analyzer_net::server::{ServerConfig, ShardProcess};
+use analyzer_net::shard::ShardMap;
 use benches::analyzer_util::{cpu_seconds, cpu_seconds_of_threads, RecordGen};
+use ccld_wire::{Batch, OpRecord};
 use prost::Message;
 
 const RANKS: u32 = 64;
@@ -305,7 +305,7 @@ async fn client_loop(st: Stream) {
     } = st;
     let mut g = RecordGen::new(1000 + c as u64, comms, RANKS, 2);
     let owners: Vec<usize> = g.comm_ids().iter().map(|&id| map.owner(id)).collect();
-    let count = |rep: analyzer::wire::IngestReply| {
+    let count = |rep: ccld_wire::IngestReply| {
         accepted.fetch_add(rep.accepted, Ordering::Relaxed);
         if rep.rejected > 0 && rejected.fetch_add(rep.rejected, Ordering::Relaxed) == 0 {
             eprintln!("first reject: {:?}", rep.reasons.first());
@@ -314,7 +314,8 @@ async fn client_loop(st: Stream) {
     let channels: Vec<_> = names
         .iter()
         .map(|n| {
-            analyzer::server::lazy_channel(n, None, Duration::from_secs(2)).expect("valid address")
+            analyzer_net::server::lazy_channel(n, None, Duration::from_secs(2))
+                .expect("valid address")
         })
         .collect();
     match mode {
@@ -407,7 +408,7 @@ async fn client_loop(st: Stream) {
                 advance(&mut batch.records, op);
                 op += 1;
                 match client.ingest_ref_at(&batch, None).await {
-                    Ok(out) => count(analyzer::wire::IngestReply {
+                    Ok(out) => count(ccld_wire::IngestReply {
                         accepted: out.accepted,
                         rejected: out.rejected,
                         reasons: out.reasons,

@@ -19,9 +19,9 @@
 use std::time::Instant;
 
 use analyzer::sim::{H2Variant, Injection, Sim, SimAlgo, SimConfig};
-use analyzer::wire::{class_code, AnomalyClass};
 use analyzer::{Engine, EngineConfig};
 use benches::analyzer_util::{linear_fit, median};
+use ccld_wire::{class_code, AnomalyClass};
 
 struct Sample {
     /// Ingest of the decisive batch plus the tick.

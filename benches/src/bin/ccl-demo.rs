@@ -22,8 +22,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use analyzer::wire::{self, AnomalyClass};
 use ccl_core::{enqueue, CollArgs, Comm, CommConfig, DataType};
+use ccld_wire::{self as wire, AnomalyClass};
 use probe::CollKind;
 
 struct Opts {
@@ -287,7 +287,7 @@ fn main() {
             .collect();
         println!(
             "DIAGNOSIS [{} {}, {groups} communicator {:#018x}, detected after {:.1} s, location latency {:.1} ms]:\n  {}\n  root cause = {}",
-            analyzer::wire::class_code(d.class()),
+            ccld_wire::class_code(d.class()),
             class_word(d.class()),
             d.comm_id,
             t0.elapsed().as_secs_f64(),

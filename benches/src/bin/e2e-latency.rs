@@ -13,8 +13,8 @@
 
 use std::time::Duration;
 
-use analyzer::wire::{self, AnomalyClass};
 use benches::e2e_harness::run_case;
+use ccld_wire::{self as wire, AnomalyClass};
 use probe::CollKind;
 
 fn main() {

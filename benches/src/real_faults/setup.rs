@@ -154,7 +154,7 @@ fn fetch_header(cache: &Path) -> Result<(), String> {
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(|e| e.to_string())?;
     let (ok, log) = run_bounded(
-        Command::new("python3")
+        Command::new(python())
             .args([
                 "-m",
                 "pip",
@@ -174,7 +174,7 @@ fn fetch_header(cache: &Path) -> Result<(), String> {
                       n = [x for x in z.namelist() if x.endswith('/include/nccl.h')][0]\n\
                       open(sys.argv[1] + '/nccl.h', 'wb').write(z.read(n))\n";
         let (ok, log) = run_bounded(
-            Command::new("python3").arg("-c").arg(script).arg(&tmp),
+            Command::new(python()).arg("-c").arg(script).arg(&tmp),
             Duration::from_secs(120),
         );
         if ok {
@@ -222,7 +222,7 @@ pub fn client_source() -> PathBuf {
 pub fn prepare() -> Result<Env, String> {
     let lib_dir = profile_dir()?;
     cargo_build(&lib_dir, &["-p", "ccl-ffi", "--lib"])?;
-    cargo_build(&lib_dir, &["-p", "analyzer", "--bin", "ccld"])?;
+    cargo_build(&lib_dir, &["-p", "ccld", "--bin", "ccld"])?;
     let ccld = lib_dir.join("ccld");
     if !lib_dir.join("libnccl.so.2").exists() || !ccld.is_file() {
         return Err(format!(
@@ -271,4 +271,18 @@ pub fn prepare() -> Result<Env, String> {
         client,
         work,
     })
+}
+
+/// The project's Python (`.cache/venv`, made by scripts/python-env.sh; Debian 12's system
+/// Python refuses pip installs and may lack pip) where it exists, else `python3`.
+fn python() -> std::path::PathBuf {
+    let venv = std::path::Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../.cache/venv/bin/python3"
+    ));
+    if venv.is_file() {
+        venv.to_path_buf()
+    } else {
+        "python3".into()
+    }
 }
