@@ -274,8 +274,16 @@ impl Frame {
     }
 
     fn ext_word(&self, block: usize, channel: usize) -> usize {
-        frame_bytes(self.n_channels) / 8
-            + (block * self.n_channels + channel) * EXT_WORDS_PER_CHANNEL
+        self.view().ext_word(block, channel)
+    }
+
+    /// The protocol's view of this frame's words.
+    #[inline(always)]
+    fn view(&self) -> View<'_, AtomicU64> {
+        View {
+            words: &self.words,
+            n_channels: self.n_channels,
+        }
     }
 
     /// Adds `ns` of waiting for upstream data to `channel` of `block` (extension slot).
@@ -334,14 +342,6 @@ impl Frame {
         }
     }
 
-    fn block_word(&self, block: usize) -> usize {
-        HEADER_WORDS + block * (block_bytes(self.n_channels) / 8)
-    }
-
-    fn count_word(&self, block: usize, channel: usize) -> usize {
-        self.block_word(block) + 2 + 2 * channel
-    }
-
     /// Turns measurement on or off (the header's mode flag). Safe to call while another
     /// thread starts operations: both update their half of the word atomically.
     pub fn set_mode(&self, on: bool) {
@@ -364,6 +364,104 @@ impl Frame {
     ///
     /// Channels beyond the frame's capacity are clamped (their progress is not recorded).
     pub fn begin_op(&self, comm_id: u64, op_counter: u64, n_channels: usize) -> usize {
+        self.view().begin_op(comm_id, op_counter, n_channels)
+    }
+
+    /// Adds `n` completed send steps to `channel` of `block`.
+    #[inline]
+    pub fn add_send(&self, block: usize, channel: usize, n: u64) {
+        self.view().add_count(block, channel, 0, n)
+    }
+
+    /// Adds `n` completed receive steps to `channel` of `block`.
+    #[inline]
+    pub fn add_recv(&self, block: usize, channel: usize, n: u64) {
+        self.view().add_count(block, channel, 1, n)
+    }
+
+    /// Reads the header.
+    pub fn header(&self) -> FrameHeaderSnapshot {
+        self.view().header()
+    }
+
+    /// Reads the Trace ID stored in `block`.
+    pub fn trace(&self, block: usize) -> TraceId {
+        self.view().trace(block)
+    }
+
+    /// Reads one channel's counters in `block`.
+    pub fn counts(&self, block: usize, channel: usize) -> ChannelCounts {
+        self.view().counts(block, channel)
+    }
+
+    /// The base frame as raw little-endian bytes, in the `ProbingFrame` layout (without the
+    /// extension slots).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        self.words[..frame_bytes(self.n_channels) / 8]
+            .iter()
+            .flat_map(|w| w.load(Ordering::Acquire).to_le_bytes())
+            .collect()
+    }
+}
+
+/// One word of a frame: `AtomicU64` in the library, loom's atomics in the models.
+pub(crate) trait FrameWord {
+    fn load(&self, order: Ordering) -> u64;
+    fn store(&self, v: u64, order: Ordering);
+    /// Replaces the high 32 bits (the kernel index), keeping the low half (the mode flag,
+    /// which `set_mode` may switch concurrently), with `order` on success.
+    fn set_high_half(&self, hi: u32, order: Ordering);
+}
+
+impl FrameWord for AtomicU64 {
+    #[inline(always)]
+    fn load(&self, order: Ordering) -> u64 {
+        AtomicU64::load(self, order)
+    }
+    #[inline(always)]
+    fn store(&self, v: u64, order: Ordering) {
+        AtomicU64::store(self, v, order)
+    }
+    #[inline(always)]
+    fn set_high_half(&self, hi: u32, order: Ordering) {
+        let _ = self.fetch_update(order, Ordering::Relaxed, |w| {
+            Some((w & 0xffff_ffff) | (u64::from(hi) << 32))
+        });
+    }
+}
+
+/// The frame's single-writer / many-readers protocol over any word type.
+///
+/// The writer (the executor, one thread per communicator rank) starts an operation by
+/// zeroing its block's counters and writing its Trace ID (Relaxed), then publishing the
+/// header with Release stores, the operation counter last; it bumps a counter with a
+/// load and a Release store (it is the only writer). A reader (the diagnostic thread) that
+/// Acquires the operation counter `c` sees block `c % FRAME_BLOCKS` reset and labelled for
+/// `c` or a later operation that reused the block, and each counter only grows while the
+/// block belongs to one operation. `loom_tests` checks this with loom's atomics.
+struct View<'a, W> {
+    words: &'a [W],
+    n_channels: usize,
+}
+
+impl<W: FrameWord> View<'_, W> {
+    #[inline(always)]
+    fn block_word(&self, block: usize) -> usize {
+        HEADER_WORDS + block * (block_bytes(self.n_channels) / 8)
+    }
+
+    #[inline(always)]
+    fn count_word(&self, block: usize, channel: usize) -> usize {
+        self.block_word(block) + 2 + 2 * channel
+    }
+
+    #[inline(always)]
+    fn ext_word(&self, block: usize, channel: usize) -> usize {
+        frame_bytes(self.n_channels) / 8
+            + (block * self.n_channels + channel) * EXT_WORDS_PER_CHANNEL
+    }
+
+    fn begin_op(&self, comm_id: u64, op_counter: u64, n_channels: usize) -> usize {
         let block = (op_counter % FRAME_BLOCKS as u64) as usize;
         let base = self.block_word(block);
         for ch in 0..self.n_channels {
@@ -380,33 +478,21 @@ impl Frame {
         let n_ch = n_channels.min(self.n_channels) as u64;
         self.words[W_NCHANNELS].store(n_ch, Ordering::Relaxed);
         // The kernel index half only: the mode half may be switched concurrently.
-        let _ = self.words[W_MODE_KINDEX].fetch_update(Ordering::Release, Ordering::Relaxed, |w| {
-            Some((w & 0xffff_ffff) | ((block as u64) << 32))
-        });
+        self.words[W_MODE_KINDEX].set_high_half(block as u32, Ordering::Release);
         self.words[W_OP_COUNTER].store(op_counter, Ordering::Release);
         block
     }
 
-    /// Adds `n` completed send steps to `channel` of `block`.
-    #[inline]
-    pub fn add_send(&self, block: usize, channel: usize, n: u64) {
+    /// Adds `n` to the send (`which` 0) or receive (1) counter of `channel` in `block`.
+    #[inline(always)]
+    fn add_count(&self, block: usize, channel: usize, which: usize, n: u64) {
         if channel < self.n_channels {
-            let w = &self.words[self.count_word(block, channel)];
+            let w = &self.words[self.count_word(block, channel) + which];
             w.store(w.load(Ordering::Relaxed) + n, Ordering::Release);
         }
     }
 
-    /// Adds `n` completed receive steps to `channel` of `block`.
-    #[inline]
-    pub fn add_recv(&self, block: usize, channel: usize, n: u64) {
-        if channel < self.n_channels {
-            let w = &self.words[self.count_word(block, channel) + 1];
-            w.store(w.load(Ordering::Relaxed) + n, Ordering::Release);
-        }
-    }
-
-    /// Reads the header.
-    pub fn header(&self) -> FrameHeaderSnapshot {
+    fn header(&self) -> FrameHeaderSnapshot {
         let op_counter = self.words[W_OP_COUNTER].load(Ordering::Acquire);
         let mk = self.words[W_MODE_KINDEX].load(Ordering::Acquire);
         let nch = self.words[W_NCHANNELS].load(Ordering::Acquire);
@@ -418,8 +504,7 @@ impl Frame {
         }
     }
 
-    /// Reads the Trace ID stored in `block`.
-    pub fn trace(&self, block: usize) -> TraceId {
+    fn trace(&self, block: usize) -> TraceId {
         let base = self.block_word(block);
         let w1 = self.words[base + 1].load(Ordering::Acquire);
         TraceId {
@@ -429,8 +514,7 @@ impl Frame {
         }
     }
 
-    /// Reads one channel's counters in `block`.
-    pub fn counts(&self, block: usize, channel: usize) -> ChannelCounts {
+    fn counts(&self, block: usize, channel: usize) -> ChannelCounts {
         if channel >= self.n_channels {
             return ChannelCounts::default();
         }
@@ -439,15 +523,6 @@ impl Frame {
             send_count: self.words[w].load(Ordering::Acquire),
             recv_count: self.words[w + 1].load(Ordering::Acquire),
         }
-    }
-
-    /// The base frame as raw little-endian bytes, in the `ProbingFrame` layout (without the
-    /// extension slots).
-    pub fn to_bytes(&self) -> Vec<u8> {
-        self.words[..frame_bytes(self.n_channels) / 8]
-            .iter()
-            .flat_map(|w| w.load(Ordering::Acquire).to_le_bytes())
-            .collect()
     }
 }
 
@@ -650,5 +725,79 @@ mod tests {
         }
         reader.join().unwrap();
         assert_eq!(f.counts(block, 0).send_count, 100_000);
+    }
+}
+
+/// Loom model of the frame's writer / diagnostic-thread reader protocol ([`View`]): a
+/// 1-channel frame whose block 0 is used by operation 0 (two sends) and then reused by
+/// operation 8 (one send), against a reader sampling the header, the Trace ID and the
+/// counts, in every interleaving and reordering the memory model allows.
+#[cfg(test)]
+mod loom_tests {
+    use super::*;
+    use loom::sync::atomic::AtomicU64 as LoomU64;
+    use loom::sync::Arc;
+
+    impl FrameWord for LoomU64 {
+        fn load(&self, order: Ordering) -> u64 {
+            LoomU64::load(self, order)
+        }
+        fn store(&self, v: u64, order: Ordering) {
+            LoomU64::store(self, v, order)
+        }
+        fn set_high_half(&self, hi: u32, order: Ordering) {
+            let _ = self.fetch_update(order, Ordering::Relaxed, |w| {
+                Some((w & 0xffff_ffff) | (u64::from(hi) << 32))
+            });
+        }
+    }
+
+    const COMM: u64 = 0xc0;
+
+    #[test]
+    fn a_reader_never_sees_a_published_operation_with_stale_trace_or_counts() {
+        // Every interleaving with at most 3 preemptions (the full space takes minutes):
+        // enough to put the reader between any two stores of the writer.
+        let mut b = loom::model::Builder::new();
+        b.preemption_bound = Some(3);
+        b.check(|| {
+            let words: Arc<Vec<LoomU64>> = Arc::new(
+                (0..Frame::total_bytes(1) / 8)
+                    .map(|_| LoomU64::new(0))
+                    .collect(),
+            );
+            let w2 = Arc::clone(&words);
+            let writer = loom::thread::spawn(move || {
+                let v = View {
+                    words: &w2[..],
+                    n_channels: 1,
+                };
+                let b = v.begin_op(COMM, 0, 1);
+                v.add_count(b, 0, 0, 1);
+                v.add_count(b, 0, 0, 1);
+                let b8 = v.begin_op(COMM, 8, 1);
+                assert_eq!(b8, b, "operation 8 reuses block 0");
+                v.add_count(b8, 0, 0, 1);
+            });
+            let v = View {
+                words: &words[..],
+                n_channels: 1,
+            };
+            let h = v.header();
+            let t = v.trace(0);
+            let c1 = v.counts(0, 0).send_count;
+            let c2 = v.counts(0, 0).send_count;
+            if h.op_counter == 8 {
+                // Published after the reset and the new label: nothing of operation 0.
+                assert_eq!((t.comm_id, t.op_counter, h.kernel_index), (COMM, 8, 0));
+                assert!(
+                    c1 <= 1 && c1 <= c2,
+                    "counts {c1}, {c2} after operation 8 started"
+                );
+            }
+            writer.join().unwrap();
+            let end = v.header();
+            assert_eq!((end.op_counter, v.counts(0, 0).send_count), (8, 1));
+        });
     }
 }

@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::bell;
 use super::region::{ClaimKind, ShmRegion};
 use crate::error::Result;
 
@@ -66,27 +67,15 @@ impl Doorbell {
 
     /// Bumps the word and wakes sleepers; no syscall unless a sleeper announced itself.
     pub fn ring(&self) {
-        // SeqCst on both sides (bump here then read the sleeper count; announce in `wait`
-        // then compare the word in the kernel) means either we see the sleeper or the
-        // sleeper's FUTEX_WAIT sees the new value and does not sleep.
-        self.seq().fetch_add(1, Ordering::SeqCst);
-        if self.sleepers().load(Ordering::SeqCst) != 0 {
-            futex_wake(self.seq());
-        }
+        bell::ring(self)
     }
 
     /// Wakes the owner only if it announced that it may sleep ([`Doorbell::announce`]):
     /// no write to the doorbell's line otherwise, so a producer that commits while its
     /// consumer is still spinning moves no extra cache line. The caller must have published
-    /// the state the owner waits for before calling (the SeqCst fence here orders that
-    /// publication before the read of the sleeper count; the owner announces, then re-checks
-    /// its state, so one of the two sides always sees the other).
+    /// the state the owner waits for before calling (see `bell::ring_if_waiting`).
     pub fn ring_if_waiting(&self) {
-        std::sync::atomic::fence(Ordering::SeqCst);
-        if self.sleepers().load(Ordering::SeqCst) != 0 {
-            self.seq().fetch_add(1, Ordering::SeqCst);
-            futex_wake(self.seq());
-        }
+        bell::ring_if_waiting(self)
     }
 
     /// Announces that the owner may sleep, returning the value to pass to
@@ -94,43 +83,56 @@ impl Doorbell {
     /// it waits for (producers using [`Doorbell::ring_if_waiting`] ring only after an
     /// announcement); it must call [`Doorbell::unannounce`] exactly once afterwards.
     pub fn announce(&self) -> u32 {
-        self.sleepers().fetch_add(1, Ordering::SeqCst);
-        self.seq().load(Ordering::SeqCst)
+        bell::announce(self)
     }
 
     /// Sleeps while the value is `seen` (from [`Doorbell::announce`]), at most `timeout`.
     pub fn wait_announced(&self, seen: u32, timeout: Duration) {
-        if !timeout.is_zero() && self.seq().load(Ordering::SeqCst) == seen {
-            futex_wait(self.seq(), seen, timeout);
-        }
-        // Pair with the ringer's release (fetch_add SeqCst) for the caller's later reads.
-        std::sync::atomic::fence(Ordering::Acquire);
+        bell::wait_announced(self, seen, timeout)
     }
 
     /// Withdraws an announcement.
     pub fn unannounce(&self) {
-        self.sleepers().fetch_sub(1, Ordering::SeqCst);
+        bell::unannounce(self)
     }
 
     /// The current sequence value (Acquire: whatever the ringer wrote before ringing is
     /// visible once a changed value is seen).
     pub fn value(&self) -> u32 {
-        self.seq().load(Ordering::Acquire)
+        bell::value(self)
     }
 
     /// Sleeps while `value() == seen`, at most `timeout` (shared futex, usable across
     /// processes). May return early (spurious wake, signal); callers re-check their state.
     pub fn wait(&self, seen: u32, timeout: Duration) {
-        if timeout.is_zero() {
-            return;
-        }
-        self.sleepers().fetch_add(1, Ordering::SeqCst);
-        if self.seq().load(Ordering::SeqCst) == seen {
-            futex_wait(self.seq(), seen, timeout);
-        }
-        self.sleepers().fetch_sub(1, Ordering::SeqCst);
-        // Pair with the ringer's release (fetch_add SeqCst) for the caller's later reads.
-        std::sync::atomic::fence(Ordering::Acquire);
+        bell::wait(self, seen, timeout)
+    }
+}
+
+impl bell::BellWords for Doorbell {
+    type W = AtomicU32;
+
+    #[inline]
+    fn seq(&self) -> &AtomicU32 {
+        Doorbell::seq(self)
+    }
+
+    #[inline]
+    fn sleepers(&self) -> &AtomicU32 {
+        Doorbell::sleepers(self)
+    }
+
+    #[inline]
+    fn fence(order: Ordering) {
+        std::sync::atomic::fence(order)
+    }
+
+    fn futex_wait(&self, seen: u32, timeout: Duration) {
+        futex_wait(Doorbell::seq(self), seen, timeout)
+    }
+
+    fn futex_wake(&self) {
+        futex_wake(Doorbell::seq(self))
     }
 }
 

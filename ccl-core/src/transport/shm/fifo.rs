@@ -1,21 +1,18 @@
 //! Single-producer / single-consumer FIFO of fixed-size slots in a shared-memory region.
 //!
-//! Protocol (all counters are monotonically increasing `u64`; slot `i` is `count % nslots`):
-//! - producer: sees a free slot when `head - tail < nslots` (`tail` loaded with Acquire, so
-//!   the consumer's reads of that slot happened before it is overwritten), writes the data
-//!   and the slot's length word, then stores `head + 1` with Release;
-//! - consumer: sees a committed slot when `tail < head` (`head` loaded with Acquire, so the
-//!   data and length are visible), reads it, then stores `tail + 1` with Release.
-//!
-//! Each side keeps its own counter locally and caches the other's, touching the shared line
-//! of the other side only when the cache says full/empty.
+//! The head/tail protocol itself, and its loom models, are in `spsc.rs`; this file places
+//! its words in a mapping, hands out the slots' bytes and turns what a corrupt peer wrote
+//! into errors.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::layout::{FifoLayout, CACHE_LINE};
 use super::region::{ClaimKind, ShmRegion};
+use super::spsc::{self, Consumer, Corrupt, FifoWords, Producer};
 use crate::error::{CclError, Result};
+
+const _: () = assert!(FifoLayout::DESC_WORDS == spsc::DESC_WORDS);
 
 /// Shared part of both ends: where the FIFO lives.
 struct FifoRef {
@@ -64,29 +61,6 @@ impl FifoRef {
         unsafe { AtomicU64::from_ptr(self.base.add(off).cast::<u64>()) }
     }
 
-    fn head(&self) -> &AtomicU64 {
-        self.word(FifoLayout::HEAD_OFFSET)
-    }
-
-    fn tail(&self) -> &AtomicU64 {
-        self.word(FifoLayout::TAIL_OFFSET)
-    }
-
-    fn len_word(&self, slot: usize) -> &AtomicU64 {
-        debug_assert!(slot < self.layout.nslots);
-        self.word(self.layout.len_word_offset(slot))
-    }
-
-    fn desc_word(&self, slot: usize, w: usize) -> &AtomicU64 {
-        debug_assert!(slot < self.layout.nslots && w < FifoLayout::DESC_WORDS);
-        self.word(self.layout.desc_word_offset(slot, w))
-    }
-
-    fn slot_index(&self, count: u64) -> usize {
-        // nslots <= MAX_SLOTS fits u64, and the remainder is < nslots, which fits usize.
-        (count % self.layout.nslots as u64) as usize
-    }
-
     fn slot_ptr(&self, slot: usize) -> *mut u8 {
         debug_assert!(slot < self.layout.nslots);
         // SAFETY: header + slot * stride + slot_bytes <= layout.bytes() (FifoLayout math,
@@ -117,6 +91,59 @@ impl FifoRef {
     }
 }
 
+impl FifoWords for FifoRef {
+    type W = AtomicU64;
+
+    #[inline]
+    fn head(&self) -> &AtomicU64 {
+        self.word(FifoLayout::HEAD_OFFSET)
+    }
+
+    #[inline]
+    fn tail(&self) -> &AtomicU64 {
+        self.word(FifoLayout::TAIL_OFFSET)
+    }
+
+    #[inline]
+    fn len_word(&self, slot: usize) -> &AtomicU64 {
+        debug_assert!(slot < self.layout.nslots);
+        self.word(self.layout.len_word_offset(slot))
+    }
+
+    #[inline]
+    fn desc_word(&self, slot: usize, w: usize) -> &AtomicU64 {
+        debug_assert!(slot < self.layout.nslots && w < FifoLayout::DESC_WORDS);
+        self.word(self.layout.desc_word_offset(slot, w))
+    }
+
+    #[inline]
+    fn nslots(&self) -> usize {
+        self.layout.nslots
+    }
+
+    #[inline]
+    fn slot_bytes(&self) -> usize {
+        self.layout.slot_bytes
+    }
+}
+
+impl FifoRef {
+    /// The error for what a corrupt peer wrote.
+    fn corrupt(&self, c: Corrupt) -> CclError {
+        let at = format!("FIFO at {}+{} is corrupt", self.region.name(), self.offset);
+        CclError::Remote(match c {
+            Corrupt::Tail { head, tail } => format!("{at}: tail {tail}, head {head}"),
+            Corrupt::Head { head, seen, tail } => {
+                format!("{at}: head {head} after {seen}, tail {tail}")
+            }
+            Corrupt::Len { slot, len } => format!(
+                "{at}: slot {slot} claims {len} bytes of {}",
+                self.layout.slot_bytes
+            ),
+        })
+    }
+}
+
 impl Drop for FifoRef {
     fn drop(&mut self) {
         self.region
@@ -131,11 +158,7 @@ impl Drop for FifoRef {
 /// layout, whose position is then resumed.
 pub struct FifoSender {
     f: FifoRef,
-    /// Slots committed (our copy of `head`).
-    head: u64,
-    /// Last `tail` seen.
-    tail_cache: u64,
-    reserved: bool,
+    p: Producer,
 }
 
 impl std::fmt::Debug for FifoSender {
@@ -144,8 +167,8 @@ impl std::fmt::Debug for FifoSender {
             .field("region", &self.f.region.name())
             .field("offset", &self.f.offset)
             .field("layout", &self.f.layout)
-            .field("head", &self.head)
-            .field("tail_cache", &self.tail_cache)
+            .field("head", &self.p.head)
+            .field("tail_cache", &self.p.tail_cache)
             .finish()
     }
 }
@@ -159,9 +182,7 @@ impl FifoSender {
         let (head, tail) = f.check_counters()?;
         Ok(FifoSender {
             f,
-            head,
-            tail_cache: tail,
-            reserved: false,
+            p: Producer::new(head, tail),
         })
     }
 
@@ -170,32 +191,19 @@ impl FifoSender {
         self.f.layout
     }
 
-    /// Whether a slot is free right now (refreshes the consumer's position when needed).
-    fn has_room(&mut self) -> bool {
-        let n = self.f.layout.nslots as u64;
-        if self.head - self.tail_cache < n {
-            return true;
-        }
-        // Acquire: the consumer's reads of the slot we are about to reuse happened before.
-        let tail = self.f.tail().load(Ordering::Acquire);
-        if tail > self.head || tail < self.tail_cache {
-            // A peer wrote nonsense: never go backwards or past what we published.
-            tracing::error!(target: "nccl::SHM", region = self.f.region.name(), offset = self.f.offset,
-                head = self.head, tail, "FIFO tail is corrupt; treating the FIFO as full");
-            return false;
-        }
-        self.tail_cache = tail;
-        self.head - tail < n
-    }
-
     /// The next free slot (`slot_bytes` long, its previous contents unspecified), or `None`
-    /// while the FIFO is full. Calling it again before `commit` returns the same slot.
+    /// while the FIFO is full. Calling it again before `commit` returns the same slot. A
+    /// corrupt tail (a peer wrote nonsense) is logged and reads as full.
     pub fn try_reserve(&mut self) -> Option<&mut [u8]> {
-        if !self.reserved && !self.has_room() {
-            return None;
-        }
-        self.reserved = true;
-        let p = self.f.slot_ptr(self.f.slot_index(self.head));
+        let slot = match self.p.reserve(&self.f) {
+            Ok(s) => s?,
+            Err(c) => {
+                tracing::error!(target: "nccl::SHM", error = %self.f.corrupt(c),
+                    "treating the FIFO as full");
+                return None;
+            }
+        };
+        let p = self.f.slot_ptr(slot);
         // SAFETY: the slot at `head % nslots` is free (head - tail < nslots, with tail loaded
         // Acquire), so the consumer no longer reads it and will not until we publish head+1;
         // this process holds the only producer claim on the FIFO, and the returned borrow of
@@ -213,8 +221,8 @@ impl FifoSender {
         if let Err(e) = self.try_commit(len) {
             tracing::error!(target: "nccl::SHM", error = %e, "FIFO commit misuse");
             debug_assert!(false, "{e}");
-            if self.reserved {
-                self.publish(self.f.layout.slot_bytes);
+            if self.p.reserved {
+                self.p.publish(&self.f, self.f.layout.slot_bytes);
             }
         }
     }
@@ -223,20 +231,14 @@ impl FifoSender {
     /// descriptor (`desc`, opaque to the FIFO), which the consumer reads with
     /// [`FifoReceiver::peeked_desc`]. Misuse is handled as in [`FifoSender::commit`].
     pub fn commit_with_desc(&mut self, len: usize, desc: [u64; FifoLayout::DESC_WORDS]) {
-        if self.reserved {
-            let slot = self.f.slot_index(self.head);
-            for (w, v) in desc.iter().enumerate() {
-                // Relaxed: published by the Release store of head in `publish`.
-                self.f.desc_word(slot, w).store(*v, Ordering::Relaxed);
-            }
-        }
+        self.p.write_desc(&self.f, desc);
         self.commit(len);
     }
 
     /// [`FifoSender::commit`] returning `InvalidUsage` when no slot is reserved or `len`
     /// exceeds `slot_bytes` (nothing is published then).
     pub fn try_commit(&mut self, len: usize) -> Result<()> {
-        if !self.reserved {
+        if !self.p.reserved {
             return Err(CclError::usage("FIFO commit without a reserved slot"));
         }
         if len > self.f.layout.slot_bytes {
@@ -245,40 +247,25 @@ impl FifoSender {
                 self.f.layout.slot_bytes
             )));
         }
-        self.publish(len);
+        self.p.publish(&self.f, len);
         Ok(())
-    }
-
-    fn publish(&mut self, len: usize) {
-        let slot = self.f.slot_index(self.head);
-        self.f.len_word(slot).store(len as u64, Ordering::Relaxed);
-        self.head += 1;
-        self.reserved = false;
-        // Release: the slot data and length word are visible to whoever Acquires this head.
-        self.f.head().store(self.head, Ordering::Release);
     }
 
     /// Slots committed but not yet released by the receiver (refreshes its position).
     pub fn in_flight(&self) -> usize {
-        let tail = self.f.tail().load(Ordering::Acquire);
-        // A corrupt tail (beyond head) counts as nothing in flight; never underflows.
-        self.head.saturating_sub(tail.max(self.tail_cache)) as usize
+        self.p.in_flight(&self.f) as usize
     }
 
     /// Total slots committed since the FIFO was created.
     pub fn committed(&self) -> u64 {
-        self.head
+        self.p.head
     }
 }
 
 /// Single-consumer end of a FIFO placed at `offset` in `region`.
 pub struct FifoReceiver {
     f: FifoRef,
-    /// Slots released (our copy of `tail`).
-    tail: u64,
-    /// Last `head` seen.
-    head_cache: u64,
-    peeked: bool,
+    c: Consumer,
 }
 
 impl std::fmt::Debug for FifoReceiver {
@@ -287,8 +274,8 @@ impl std::fmt::Debug for FifoReceiver {
             .field("region", &self.f.region.name())
             .field("offset", &self.f.offset)
             .field("layout", &self.f.layout)
-            .field("tail", &self.tail)
-            .field("head_cache", &self.head_cache)
+            .field("tail", &self.c.tail)
+            .field("head_cache", &self.c.head_cache)
             .finish()
     }
 }
@@ -300,9 +287,7 @@ impl FifoReceiver {
         let (head, tail) = f.check_counters()?;
         Ok(FifoReceiver {
             f,
-            tail,
-            head_cache: head,
-            peeked: false,
+            c: Consumer::new(head, tail),
         })
     }
 
@@ -343,39 +328,7 @@ impl FifoReceiver {
 
     /// `(slot, len)` of the next committed slot, `Ok(None)` while empty.
     fn peek_slot(&mut self) -> Result<Option<(usize, usize)>> {
-        if self.tail == self.head_cache {
-            // Acquire: the slot data and length the producer wrote before this head are
-            // visible.
-            let head = self.f.head().load(Ordering::Acquire);
-            if head < self.head_cache || head - self.tail > self.f.layout.nslots as u64 {
-                return Err(CclError::Remote(format!(
-                    "FIFO at {}+{} is corrupt: head {head} after {}, tail {}",
-                    self.f.region.name(),
-                    self.f.offset,
-                    self.head_cache,
-                    self.tail
-                )));
-            }
-            self.head_cache = head;
-            if head == self.tail {
-                return Ok(None);
-            }
-        }
-        let slot = self.f.slot_index(self.tail);
-        let len = self.f.len_word(slot).load(Ordering::Relaxed);
-        let slot_bytes = self.f.layout.slot_bytes;
-        let len = match usize::try_from(len) {
-            Ok(l) if l <= slot_bytes => l,
-            _ => {
-                return Err(CclError::Remote(format!(
-                    "FIFO at {}+{} is corrupt: slot {slot} claims {len} bytes of {slot_bytes}",
-                    self.f.region.name(),
-                    self.f.offset
-                )))
-            }
-        };
-        self.peeked = true;
-        Ok(Some((slot, len)))
+        self.c.peek(&self.f).map_err(|c| self.f.corrupt(c))
     }
 
     /// The next committed slot's `len` bytes (Acquire), `None` if empty. A corrupt FIFO
@@ -395,39 +348,25 @@ impl FifoReceiver {
     /// the producer used plain `commit` on a fresh FIFO). Call between a successful peek and
     /// `release`; without a peeked slot it returns zeros.
     pub fn peeked_desc(&self) -> [u64; FifoLayout::DESC_WORDS] {
-        let mut d = [0u64; FifoLayout::DESC_WORDS];
-        if self.peeked {
-            let slot = self.f.slot_index(self.tail);
-            for (w, v) in d.iter_mut().enumerate() {
-                // Relaxed: ordered by the Acquire load of head that made the slot visible.
-                *v = self.f.desc_word(slot, w).load(Ordering::Relaxed);
-            }
-        }
-        d
+        self.c.desc(&self.f)
     }
 
     /// Frees the peeked slot for the producer (Release). Without a successful peek since the
     /// last release this does nothing (and panics in debug builds).
     pub fn release(&mut self) {
-        if !self.peeked {
+        if !self.c.release(&self.f) {
             tracing::error!(target: "nccl::SHM", "FIFO release without a peeked slot");
             debug_assert!(false, "FIFO release without a peeked slot");
-            return;
         }
-        self.peeked = false;
-        self.tail += 1;
-        // Release: our reads of the slot happen before the producer reuses it.
-        self.f.tail().store(self.tail, Ordering::Release);
     }
 
     /// Committed slots waiting to be consumed (refreshes the producer's position).
     pub fn pending(&self) -> usize {
-        let head = self.f.head().load(Ordering::Acquire);
-        head.saturating_sub(self.tail) as usize
+        self.c.pending(&self.f) as usize
     }
 
     /// Total slots released since the FIFO was created.
     pub fn released(&self) -> u64 {
-        self.tail
+        self.c.tail
     }
 }

@@ -48,11 +48,13 @@
 //! All `unsafe` of the shared-memory path (mapping arithmetic, futex syscalls) is in this
 //! module, each block with its `SAFETY` argument.
 
+mod bell;
 mod doorbell;
 mod fifo;
 mod layout;
 mod ll;
 mod region;
+mod spsc;
 mod word;
 
 pub use doorbell::{Backoff, Doorbell};
