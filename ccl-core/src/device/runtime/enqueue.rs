@@ -1,0 +1,615 @@
+//! Running operations: the memory pool (spare device and mapped blocks), uploading a
+//! lowered plan, and `enqueue` (launch, completion, probe records).
+
+use super::*;
+
+impl DeviceComm {
+    /// A spare device block of at least `bytes` (the smallest that fits), else a new one.
+    pub(super) fn take_device(&self, bytes: usize) -> Result<(usize, usize)> {
+        {
+            let mut sp = lock(&self.spare);
+            let best = sp
+                .iter()
+                .enumerate()
+                .filter_map(|(i, f)| match f {
+                    Freed::Device { bytes: b, .. } if *b >= bytes => Some((i, *b)),
+                    _ => None,
+                })
+                .min_by_key(|(_, b)| *b);
+            if let Some((i, _)) = best {
+                if let Freed::Device { ptr, bytes } = sp.swap_remove(i) {
+                    return Ok((ptr, bytes));
+                }
+            }
+        }
+        Ok((self.api.malloc(bytes)?, bytes))
+    }
+
+    /// A spare mapped block of at least `bytes` (the smallest that fits), else a new one.
+    pub(super) fn take_mapped(&self, bytes: usize) -> Result<(Mapped, usize)> {
+        {
+            let mut sp = lock(&self.spare);
+            let best = sp
+                .iter()
+                .enumerate()
+                .filter_map(|(i, f)| match f {
+                    Freed::Mapped { bytes: b, .. } if *b >= bytes => Some((i, *b)),
+                    _ => None,
+                })
+                .min_by_key(|(_, b)| *b);
+            if let Some((i, _)) = best {
+                if let Freed::Mapped { m, bytes } = sp.swap_remove(i) {
+                    return Ok((m, bytes));
+                }
+            }
+        }
+        Ok((self.api.host_alloc_mapped(bytes)?, bytes))
+    }
+
+    /// Frees the spare blocks (destroy, after every operation completed).
+    pub(super) fn free_spares(&self) -> Vec<Result<()>> {
+        let v = std::mem::take(&mut *lock(&self.spare));
+        v.into_iter()
+            .map(|f| match f {
+                Freed::Device { ptr, .. } => self.api.free(ptr),
+                Freed::Mapped { m, .. } => self.api.host_free(m.host),
+            })
+            .collect()
+    }
+
+    /// Checks that a user buffer is device memory (CUDA; the emulator takes any pointer).
+    /// The address this communicator's kernels use for the user buffer `p` (see
+    /// [`kernel_address`]); a buffer they cannot reach is `ncclInvalidArgument`. The
+    /// emulator takes any pointer (its device addresses are host addresses).
+    pub(super) fn kernel_buffer(&self, what: &str, label: &str, p: usize) -> Result<usize> {
+        if p == 0 || self.api.is_emulated() {
+            return Ok(p);
+        }
+        let info = self.api.pointer_info(p)?;
+        kernel_address(info, p, self.device)
+            .map_err(|why| CclError::arg(format!("{label}: {what} {p:#x} {why}")))
+    }
+
+    pub(super) fn reducer(&self, spec: &RedSpec, dtype: DataType) -> Result<(Reducer, usize)> {
+        let n = self.nranks;
+        Ok(match spec {
+            RedSpec::Builtin(k) => (Reducer::new(dtype, *k, None, n)?, 0),
+            RedSpec::PreMul(ScalarArg::HostImmediate(v)) => {
+                (Reducer::new(dtype, RedOpKind::PreMulSum, Some(v), n)?, 0)
+            }
+            RedSpec::PreMul(ScalarArg::Device(addr)) => {
+                // The kernel reads the scalar from device memory when it runs.
+                let zero = [0u8; 8];
+                (
+                    Reducer::new(dtype, RedOpKind::PreMulSum, Some(&zero[..dtype.size()]), n)?,
+                    *addr,
+                )
+            }
+        })
+    }
+
+    pub(super) fn upload(
+        &self,
+        st: &mut State,
+        lp: &LoweredPlan,
+        conns: &[ccl_dev_conn_t],
+        proto: Proto,
+        stream: Stream,
+    ) -> Result<(u64, Uploaded, bool)> {
+        // Connections that need an LL scrub make a one-off array (rare: the first LL
+        // operation after Simple ones); the cache holds arrays without scrubs only.
+        let cacheable = conns.iter().all(|c| c.ll_sync == 0);
+        let mut h = DefaultHasher::new();
+        (proto, lp.n_channels, lp.unit, &lp.conns).hash(&mut h);
+        for s in &lp.steps {
+            (s.kind, s.src_buf, s.dst_buf, s.src_off, s.dst_off, s.count).hash(&mut h);
+        }
+        for l in &lp.lanes {
+            (
+                l.channel,
+                l.first_step,
+                l.n_steps,
+                l.conn_in,
+                l.conn_out,
+                l.flags,
+            )
+                .hash(&mut h);
+        }
+        for l in &lp.locals {
+            (l.kind, l.src_buf, l.dst_buf, l.src_off, l.dst_off, l.count).hash(&mut h);
+        }
+        let key = h.finish();
+        if let (true, Some(v)) = (cacheable, st.cache.get(&key)) {
+            if let Some((_, u)) = v.iter().find(|(p, _)| p == lp) {
+                return Ok((key, *u, true));
+            }
+        }
+        let align = |x: usize| x.div_ceil(64) * 64;
+        let steps = 0;
+        let lanes = align(steps + lp.steps.len() * std::mem::size_of::<ccl_dev_step_t>());
+        let locals = align(lanes + lp.lanes.len() * std::mem::size_of::<ccl_dev_lane_t>());
+        let cn = align(locals + lp.locals.len() * std::mem::size_of::<ccl_dev_local_t>());
+        let total = cn + std::mem::size_of_val(conns);
+        let (m, bytes) = self.take_mapped(total.max(64))?;
+        // SAFETY: `m.host` is fresh mapped memory of `total` bytes, at least 64-byte aligned
+        // (cudaHostAlloc: page; emulator: 256), so every typed destination is aligned and
+        // in bounds; the sources are live vectors of those lengths.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                lp.steps.as_ptr(),
+                (m.host + steps) as *mut ccl_dev_step_t,
+                lp.steps.len(),
+            );
+            std::ptr::copy_nonoverlapping(
+                lp.lanes.as_ptr(),
+                (m.host + lanes) as *mut ccl_dev_lane_t,
+                lp.lanes.len(),
+            );
+            std::ptr::copy_nonoverlapping(
+                lp.locals.as_ptr(),
+                (m.host + locals) as *mut ccl_dev_local_t,
+                lp.locals.len(),
+            );
+            std::ptr::copy_nonoverlapping(
+                conns.as_ptr(),
+                (m.host + cn) as *mut ccl_dev_conn_t,
+                conns.len(),
+            );
+        }
+        let (ddev, dbytes) = match self.plan_mem {
+            PlanMem::Mapped => (0, 0),
+            PlanMem::Device => {
+                let copied = self.take_device(total.max(64)).and_then(|(d, b)| {
+                    // SAFETY: `d` has at least `total` bytes; the mapped source lives until
+                    // the operation completed (cached: until destroy; else handed back by
+                    // the completion function), after this copy ran on `stream`.
+                    match unsafe { self.api.memcpy_async(d, m.host, total, stream) } {
+                        Ok(()) => Ok((d, b)),
+                        Err(e) => {
+                            lock(&self.spare).push(Freed::Device { ptr: d, bytes: b });
+                            Err(e)
+                        }
+                    }
+                });
+                match copied {
+                    Ok(v) => v,
+                    Err(e) => {
+                        lock(&self.spare).push(Freed::Mapped { m, bytes });
+                        return Err(e);
+                    }
+                }
+            }
+        };
+        let u = Uploaded {
+            host: m.host,
+            dev: m.dev,
+            ddev,
+            dbytes,
+            steps,
+            lanes,
+            locals,
+            conns: cn,
+            bytes,
+        };
+        if cacheable && st.cached < PLAN_CACHE {
+            st.cached += 1;
+            st.cache.entry(key).or_default().push((lp.clone(), u));
+            return Ok((key, u, true));
+        }
+        Ok((key, u, false))
+    }
+
+    /// The protocol `item` runs with on this communicator (`NCCL_PROTO`, the operation's
+    /// size; the same on every rank).
+    pub(crate) fn protocol_of(&self, item: &WorkItem) -> Proto {
+        let shape = match item {
+            WorkItem::Coll(c) => {
+                let per_rank_in = matches!(
+                    c.kind,
+                    CollKind::ReduceScatter | CollKind::AlltoAll | CollKind::Scatter
+                );
+                let bytes = c.count.saturating_mul(c.dtype.size());
+                OpShape::Coll {
+                    bytes: if per_rank_in {
+                        bytes.saturating_mul(self.nranks)
+                    } else {
+                        bytes
+                    },
+                }
+            }
+            WorkItem::P2p(_) => OpShape::P2pGroup,
+        };
+        self.proto.choose(shape)
+    }
+
+    /// The tuning an operation of protocol `p` is planned with: LL messages carry at most
+    /// `ll_chunk_bytes(slot_bytes)` payload bytes (the FIFOs themselves are the same).
+    pub(crate) fn plan_tuning(&self, p: Proto) -> Tuning {
+        match p {
+            Proto::Simple => self.tuning,
+            Proto::Ll => Tuning {
+                slot_bytes: proto::ll_chunk_bytes(self.tuning.slot_bytes),
+                ..self.tuning
+            },
+        }
+    }
+
+    /// Enqueues one work item on `stream` (0 = default stream) and returns.
+    pub(crate) fn enqueue(&self, item: &WorkItem, stream: Stream) -> Result<()> {
+        if lock(&self.state).closed {
+            return Err(CclError::usage("communicator was destroyed"));
+        }
+        // A kernel fault or a dead peer broke the communicator (blocker 8).
+        if let Some(e) = self.watch.error() {
+            return Err(e);
+        }
+        let _dev = DeviceGuard::new(&*self.api, self.device)?;
+        let stream = if stream == 0 {
+            self.api.default_stream(self.device)?
+        } else {
+            stream
+        };
+        // Graph capture would replay one-shot host callbacks: refused before anything is
+        // enqueued (issue 15 blocker 3).
+        if self.api.stream_capturing(stream)? {
+            return Err(crate::device::capture::refusal(&item.label(), stream));
+        }
+        // After the previous operation of this communicator, whatever its stream.
+        self.order.join(stream)?;
+        let mut frees: Vec<Freed> = Vec::new();
+        let r = self.enqueue_inner(item, stream, &mut frees);
+        if r.is_err() && !frees.is_empty() {
+            // Nothing was enqueued that uses them (or the completion function owns them).
+            lock(&self.spare).extend(frees);
+        }
+        let marked = self.order.mark(stream);
+        match r.and(marked) {
+            // An earlier kernel on this stream faulted (CUDA's errors of that kind are
+            // sticky) before the watch saw it: the same error as the watch reports, so that
+            // this call, `ncclCommGetAsyncError` and later calls agree.
+            Err(e) => match self.api.stream_query(stream) {
+                Err(fault) => Err(self.watch.kernel_faulted(&fault.to_string())),
+                Ok(_) => Err(e),
+            },
+            Ok(()) => Ok(()),
+        }
+    }
+
+    /// The error that broke the communicator on the device (a kernel fault, a dead
+    /// peer), for `ncclCommGetAsyncError`.
+    pub(crate) fn async_error(&self) -> Option<CclError> {
+        self.watch.error()
+    }
+
+    pub(super) fn enqueue_inner(
+        &self,
+        item: &WorkItem,
+        stream: Stream,
+        frees: &mut Vec<Freed>,
+    ) -> Result<()> {
+        let label = item.label();
+        let proto = self.protocol_of(item);
+        let plan = executor::plan_for(item, self.rank, self.nranks, &self.plan_tuning(proto))?;
+        // CCLD_INJECT: the faults of the operation this call becomes (its counter is taken
+        // below; calls on one communicator are serialized, as NCCL requires), applied with
+        // the host executor's rules (see `inject`).
+        let mut fault = match &self.inject {
+            Some(inj) => inj.for_op(
+                self.rank,
+                self.nranks,
+                self.op_counter.load(Ordering::Acquire),
+            ),
+            None => crate::inject::OpFault::default(),
+        };
+        if self.diverged.load(Ordering::Acquire) {
+            fault.not_enter = true;
+        }
+        // h2: the rank runs the first half of every lane (its op type set says half the
+        // count); the expected counts stay the schedule's.
+        let run_plan = if fault.halve && !fault.not_enter {
+            halved(&plan)
+        } else {
+            plan.clone()
+        };
+        let (mut bufs, red, dtype_bytes): (Vec<usize>, Option<(Reducer, usize)>, usize) = match item
+        {
+            WorkItem::Coll(c) => {
+                let send = self.kernel_buffer("sendbuff", &label, c.sendbuf)?;
+                let recv = self.kernel_buffer("recvbuff", &label, c.recvbuf)?;
+                let red = match &c.red {
+                    Some(spec) => Some(self.reducer(spec, c.dtype)?),
+                    None => None,
+                };
+                (vec![send, recv], red, c.count * c.dtype.size())
+            }
+            WorkItem::P2p(calls) => (
+                calls
+                    .iter()
+                    .map(|c| self.kernel_buffer("buff", &c.label, c.buf))
+                    .collect::<Result<Vec<usize>>>()?,
+                None,
+                0,
+            ),
+        };
+        if let WorkItem::Coll(c) = item {
+            let total = dtype_bytes * self.nranks;
+            if c.kind == CollKind::AlltoAll
+                && total > 0
+                && c.sendbuf < c.recvbuf + total
+                && c.recvbuf < c.sendbuf + total
+            {
+                // In-place AlltoAll: stage the input (ordered on the stream).
+                let (scratch, bytes) = self.take_device(total)?;
+                frees.push(Freed::Device {
+                    ptr: scratch,
+                    bytes,
+                });
+                // SAFETY: scratch has `total` bytes; sendbuf is valid for `total` bytes
+                // until the operation completed (enqueue contract); ordered on `stream`.
+                unsafe { self.api.memcpy_async(scratch, bufs[0], total, stream)? };
+                bufs[0] = scratch;
+            }
+        }
+        if bufs.len() > CCL_MAX_BUFS {
+            return Err(CclError::usage(format!(
+                "the device backend runs at most {CCL_MAX_BUFS} buffers per operation"
+            )));
+        }
+        let mut lp = lower(&run_plan, bufs.len())?;
+        let faults = apply_fault(&mut lp, &fault);
+        let mut st = lock(&self.state);
+        let mut conns: Vec<ccl_dev_conn_t> = lp
+            .conns
+            .iter()
+            .map(|k| {
+                st.conns.get(k).map(|c| c.abi(&self.tuning)).ok_or_else(|| {
+                    CclError::Internal(format!("{label}: device connection {k:?} is not set up"))
+                })
+            })
+            .collect::<Result<_>>()?;
+        // Every connection of the plan carries messages (lowering gives a lane a
+        // connection only when it has steps that use it).
+        for (c, k) in conns.iter_mut().zip(&lp.conns) {
+            c.ll_sync = st.ll.entry(*k).or_default().use_for(proto);
+        }
+        let (_, up, cached) = self.upload(&mut st, &lp, &conns, proto, stream)?;
+        drop(st);
+        if !cached {
+            frees.push(Freed::Mapped {
+                m: Mapped {
+                    host: up.host,
+                    dev: up.dev,
+                },
+                bytes: up.bytes,
+            });
+            if up.ddev != 0 {
+                frees.push(Freed::Device {
+                    ptr: up.ddev,
+                    bytes: up.dbytes,
+                });
+            }
+        }
+        // Where the kernel reads the arrays (blocker 9, `plans`).
+        let base = if up.ddev != 0 { up.ddev } else { up.dev };
+        let mut p = ccl_dev_plan_t {
+            n_channels: lp.n_channels,
+            n_lanes: lp.lanes.len() as u32,
+            n_locals: lp.locals.len() as u32,
+            n_steps: lp.steps.len() as u32,
+            n_conns: conns.len() as u32,
+            unit: lp.unit,
+            dtype: 0,
+            op: 0,
+            reduce: 0,
+            avg_divisor: 0,
+            scalar_bits: 0,
+            scalar_dev: std::ptr::null(),
+            steps: (base + up.steps) as *const _,
+            lanes: (base + up.lanes) as *const _,
+            locals: (base + up.locals) as *const _,
+            conns: (base + up.conns) as *const _,
+            bufs: [std::ptr::null_mut(); CCL_MAX_BUFS],
+            frame: std::ptr::null_mut(),
+            frame_capacity: 0,
+            frame_block: 0,
+            proto: proto.abi(),
+            reserved: 0,
+            abort_flag: self.abort_mem.dev as *const u32,
+            throttle_gap_ns: faults.throttle_gap_ns,
+            stall_channel: faults.stall_channel,
+            stall_after: faults.stall_after,
+            check: std::ptr::null_mut(),
+            rank: self.rank as u32,
+            reserved2: 0,
+            desc: [[0; CCL_DESC_WORDS]; CCL_MAX_BUFS],
+        };
+        for (d, b) in p.bufs.iter_mut().zip(&bufs) {
+            *d = *b as *mut _;
+        }
+        if let Some((r, scalar_dev)) = &red {
+            let rp = red_params(r, self.nranks)?;
+            p.reduce = 1;
+            p.dtype = rp.dtype;
+            p.op = rp.op;
+            p.avg_divisor = rp.avg_divisor;
+            p.scalar_bits = rp.scalar_bits;
+            if *scalar_dev != 0 {
+                p.scalar_dev = *scalar_dev as *const _;
+            }
+        }
+        // The descriptors of the kernels' check (by buffer index, as on the host backend)
+        // and the operation's sequence-space identity for the probe.
+        let (descs, seq_id) = lock(&self.seqs).descriptors(item);
+        let checking = crate::desc::check_on();
+        if checking {
+            p.check = (self.abort_mem.dev + CHECK_OFF) as *mut u64;
+            for (w, d) in p.desc.iter_mut().zip(&descs) {
+                *w = *d;
+            }
+        }
+        let counter = self.op_counter.fetch_add(1, Ordering::AcqRel);
+        let block = (counter % probe::FRAME_BLOCKS as u64) as usize;
+        // Probing can be paused at run time (`Comm::set_probing`): decided once per operation.
+        let probing = self.probe_on && self.frame.is_measuring();
+        if probing {
+            p.frame = self.frame_dev as *mut u64;
+            p.frame_capacity = self.frame.channel_capacity() as u32;
+            p.frame_block = block as u32;
+        }
+        let mut info = executor::type_set(item, self.nranks, &plan);
+        info.proto = match proto {
+            Proto::Simple => probe::Proto::Simple,
+            Proto::Ll => probe::Proto::Ll,
+        };
+        if fault.halve && !fault.not_enter {
+            info.count /= 2;
+            info.bytes /= 2;
+            tracing::warn!(target: "nccl::COLL", rank = self.rank,
+                "CCLD_INJECT: operation {counter} runs half its steps; no further operation is \
+                 issued on this communicator");
+            self.diverged.store(true, Ordering::Release);
+        }
+        if fault.throttle.is_some() || fault.stall.is_some() {
+            tracing::warn!(target: "nccl::COLL", rank = self.rank,
+                "CCLD_INJECT: operation {counter}: throttle {:?}, stall {:?}",
+                fault.throttle, fault.stall);
+        }
+        let expected: Vec<(usize, u64, u64)> = plan
+            .lanes
+            .iter()
+            .map(|l| {
+                let (s, r) = l.step_counts();
+                (l.channel, s, r)
+            })
+            .collect();
+        executor::log_call(
+            item,
+            &info,
+            self.rank,
+            self.nranks,
+            self.comm_id,
+            counter,
+            Some(stream),
+        );
+        // The operation's start in the probe (blocker 10: off the kernel's critical path,
+        // see `starts`).
+        let start = {
+            let frame = Arc::clone(&self.frame);
+            let op_log = Arc::clone(&self.op_log);
+            let source = self.source.clone();
+            let (comm_id, n_ch) = (self.comm_id, plan.n_channels);
+            move || {
+                if probing {
+                    // As the operation starts (not at enqueue: the heartbeats' latest
+                    // operation must not run ahead of it): its records and the heartbeats
+                    // number it in its sequence space (collective / p2p).
+                    if let Some(src) = &source {
+                        src.set_seq(counter, seq_id);
+                    }
+                    let b = frame.begin_op(comm_id, counter, n_ch);
+                    for (ch, s, r) in expected {
+                        frame.add_expected(b, ch, s, r);
+                    }
+                    op_log.start(counter, &info, executor::now_ns());
+                }
+            }
+        };
+        self.inflight.add();
+        self.watch.begin();
+        if fault.not_enter || fault.delay.is_some() {
+            // CCLD_INJECT: a host function before the kernel holds it back, and the
+            // operation must not look started before it let go.
+            let abort = Arc::clone(&self.abort);
+            let rank = self.rank;
+            let before = move || {
+                if fault.not_enter {
+                    tracing::warn!(target: "nccl::COLL", rank = rank,
+                        "CCLD_INJECT: not entering operation {counter} (blocked until abort)");
+                    while !abort.load(Ordering::Acquire) {
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                }
+                if let Some(d) = fault.delay {
+                    std::thread::sleep(d);
+                }
+                start();
+            };
+            if let Err(e) = self.api.launch_host_fn(stream, Box::new(before)) {
+                self.inflight.done();
+                self.watch.handle().end();
+                return Err(e);
+            }
+            if let Some(noop) = self.starts.submit(Box::new(|| {})) {
+                noop();
+            }
+        } else if let Some(now) = self.starts.submit(Box::new(start)) {
+            now();
+        }
+        let after = {
+            let op_log = Arc::clone(&self.op_log);
+            let source = self.source.clone();
+            let inflight = Arc::clone(&self.inflight);
+            let spare = Arc::clone(&self.spare);
+            let frees = std::mem::take(frees);
+            let abort = Arc::clone(&self.abort);
+            let watch = self.watch.handle();
+            let starts = Arc::clone(&self.starts);
+            // The check area, and what names a record's peer (only while checking).
+            let check = checking.then(|| CheckArea {
+                host: self.abort_mem.host + CHECK_OFF,
+                conns: lp.conns.clone(),
+                rank: self.rank,
+                comm_id: self.comm_id,
+                board: self.board.clone(),
+            });
+            // No CUDA call in here (CUDA forbids them in host functions): only host state.
+            move || {
+                if let Some(c) = &check {
+                    if let Some((e, f)) = c.failure() {
+                        // Once: later completions of the failed communicator find the
+                        // same record.
+                        if watch.fail(e.clone(), f) {
+                            tracing::warn!(target: "nccl::COLL", rank = c.rank, "{e}");
+                        }
+                    }
+                }
+                if probing {
+                    let failure = watch.failure();
+                    let ok = !abort.load(Ordering::Acquire) && failure.is_none();
+                    let fin = op_log.finish(counter, executor::now_ns(), ok);
+                    match (&source, fin, failure) {
+                        (Some(s), Some(fin), None) => s.op_done(&fin),
+                        (Some(s), Some(fin), Some(f)) => {
+                            s.op_failed(&fin, f);
+                            probe::diag::flush(FAILURE_FLUSH);
+                        }
+                        _ => {}
+                    }
+                }
+                lock(&spare).extend(frees);
+                // The next operation's start, if it is already enqueued (`starts`).
+                if let Some(next) = starts.complete() {
+                    next();
+                }
+                watch.end();
+                inflight.done();
+            }
+        };
+        // SAFETY: the arrays live in mapped memory handed back for reuse only by the
+        // completion host function and freed at shutdown after all operations); the
+        // FIFOs, frame and abort flag live until shutdown; user buffers are valid until
+        // completion (the enqueue contract).
+        let launched = unsafe { self.api.launch_plan(&p, stream) };
+        // The completion function runs even when the launch failed (it releases memory and
+        // the in-flight count).
+        if let Err(e) = self.api.launch_host_fn(stream, Box::new(after)) {
+            // It will never run (a faulted device): settle its counts here so that destroy
+            // does not wait for it and no later start waits for its completion.
+            let _ = self.starts.complete();
+            self.watch.handle().end();
+            self.inflight.done();
+            return Err(e);
+        }
+        launched.map_err(|e| executor::with_context(e, &label))
+    }
+}
