@@ -1,0 +1,118 @@
+//! The diagnostic thread's configuration from the environment (`CCLD_SAMPLE_US`, ...).
+
+use super::*;
+
+/// Default sampling period of a process whose communicators all run on the host backend:
+/// there communication is CPU work on every core, and each wake-up of the diagnostic
+/// thread is taken from a rank (27 us of CPU on the 2-core development VM: 2.7 % of a
+/// core at 1 kHz, 0.3 % at 100 Hz).
+pub const HOST_SAMPLE: Duration = Duration::from_millis(10);
+
+/// Default sampling period of a process with a device communicator (the paper's 1 ms:
+/// the host CPU is mostly idle while the GPU works).
+pub const DEVICE_SAMPLE: Duration = Duration::from_millis(1);
+
+/// Settings of the diagnostic thread (from the environment).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DiagConfig {
+    /// Sampling period (`CCLD_SAMPLE_US`); `None`: [`HOST_SAMPLE`] or [`DEVICE_SAMPLE`]
+    /// by the communicators registered ([`DiagConfig::sample_period`]).
+    pub sample: Option<Duration>,
+    /// In-flight snapshot period (`CCLD_INFLIGHT_MS`).
+    pub inflight: Duration,
+    /// Heartbeat period (`CCLD_HEARTBEAT_MS`).
+    pub heartbeat: Duration,
+    /// Longest time records wait before a batch is sent; also the longest sampling period
+    /// while no operation in flight is older than `sample` (see [`next_period`]).
+    pub flush: Duration,
+    /// Target interval between a rank's reported completions of one communicator
+    /// (`CCLD_RECORD_US`, read again at every registration; zero: every completion, see
+    /// [`thin`]).
+    pub record: Duration,
+}
+
+impl Default for DiagConfig {
+    fn default() -> Self {
+        DiagConfig {
+            sample: None,
+            inflight: Duration::from_millis(1000),
+            heartbeat: Duration::from_millis(1000),
+            flush: Duration::from_millis(50),
+            record: Duration::from_nanos(thin::DEFAULT_RECORD_NS),
+        }
+    }
+}
+
+/// Looks an environment variable up; `None` when unset or empty.
+pub type EnvGet<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+pub(crate) fn env_u64(
+    get: EnvGet<'_>,
+    name: &str,
+    min: u64,
+    max: u64,
+) -> Result<Option<u64>, String> {
+    match get(name) {
+        None => Ok(None),
+        Some(v) => match v.trim().parse::<u64>() {
+            Ok(n) if (min..=max).contains(&n) => Ok(Some(n)),
+            _ => Err(format!(
+                "{name}={v:?} must be an integer between {min} and {max}"
+            )),
+        },
+    }
+}
+
+pub(crate) fn env_f64(
+    get: EnvGet<'_>,
+    name: &str,
+    min: f64,
+    max: f64,
+) -> Result<Option<f64>, String> {
+    match get(name) {
+        None => Ok(None),
+        Some(v) => match v.trim().parse::<f64>() {
+            Ok(n) if n.is_finite() && n >= min && n <= max => Ok(Some(n)),
+            _ => Err(format!(
+                "{name}={v:?} must be a number between {min} and {max}"
+            )),
+        },
+    }
+}
+
+/// The process environment as an [`EnvGet`].
+pub fn process_env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+impl DiagConfig {
+    /// The sampling period while `sources` are registered: `CCLD_SAMPLE_US` when set,
+    /// else [`DEVICE_SAMPLE`] if one of them is a device communicator, else
+    /// [`HOST_SAMPLE`].
+    pub fn sample_period(&self, sources: &[Arc<Source>]) -> Duration {
+        self.sample.unwrap_or_else(|| {
+            if sources.iter().any(|s| s.ident.device >= 0) {
+                DEVICE_SAMPLE
+            } else {
+                HOST_SAMPLE
+            }
+        })
+    }
+
+    /// Pure resolution from `get` (strict: a malformed value is an error naming it).
+    pub fn resolve(get: EnvGet<'_>) -> Result<DiagConfig, String> {
+        let d = DiagConfig::default();
+        Ok(DiagConfig {
+            sample: env_u64(get, "CCLD_SAMPLE_US", 10, 10_000_000)?
+                .map(Duration::from_micros)
+                .or(d.sample),
+            inflight: env_u64(get, "CCLD_INFLIGHT_MS", 1, 3_600_000)?
+                .map_or(d.inflight, Duration::from_millis),
+            heartbeat: env_u64(get, "CCLD_HEARTBEAT_MS", 1, 3_600_000)?
+                .map_or(d.heartbeat, Duration::from_millis),
+            flush: d.flush,
+            record: env_u64(get, "CCLD_RECORD_US", 0, 60_000_000)?
+                .map_or(d.record, Duration::from_micros),
+        })
+    }
+}

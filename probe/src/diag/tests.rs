@@ -1,0 +1,431 @@
+use super::*;
+use crate::{Algo, CollKind, OpTypeSet, Proto};
+
+fn info() -> OpTypeSet {
+    OpTypeSet {
+        coll: CollKind::AllReduce,
+        algo: Algo::Ring,
+        proto: Proto::Simple,
+        dtype: 7,
+        redop: 0,
+        count: 1024,
+        bytes: 4096,
+        root: -1,
+        peer: -1,
+        n_channels: 2,
+    }
+}
+
+fn src(rank: u32) -> Arc<Source> {
+    register(
+        Identity {
+            comm_id: 0xabc,
+            rank,
+            nranks: 4,
+            device: -1,
+            ring_prev: (rank + 3) % 4,
+            ring_next: (rank + 1) % 4,
+        },
+        Arc::new(Frame::new(2)),
+        Arc::new(OpLog::new()),
+    )
+}
+
+#[test]
+fn rates_are_reciprocal_change_ticks_and_completion_makes_a_record() {
+    let s = src(1);
+    let mut sm = Sampler::new(DiagConfig::default());
+    let b = s.frame.begin_op(0xabc, 5, 2);
+    s.op_log.start(5, &info(), 1_000);
+    // Channel 0 changes in 4 ticks, channel 1 in 1 tick.
+    for t in 0..4u64 {
+        s.frame.add_send(b, 0, 2);
+        if t == 0 {
+            s.frame.add_recv(b, 1, 8);
+        }
+        assert!(sm.sample(std::slice::from_ref(&s), 2_000 + t).is_empty());
+    }
+    s.frame.add_wait_upstream(b, 0, 300);
+    let fin = s.op_log.finish(5, 1_000 + 2_000_000_000, true).unwrap();
+    let d = Done {
+        source: s.id,
+        counter: 5,
+        snap: fin,
+        chans: DoneChans::Heap(Sampler::live_chans(&s, 5)),
+        thinning: Thinning::default(),
+        failure: None,
+        id: None,
+    };
+    let r = sm.complete(&s, &d, 0);
+    assert_eq!(r.trace.unwrap().op_counter, 5);
+    assert_eq!((r.rank, r.nranks, r.duration_ns), (1, 4, 2_000_000_000));
+    assert_eq!(r.state, wire::OpState::Completed as i32);
+    let c0 = &r.channels[0];
+    assert_eq!((c0.send_count, c0.send_rate, c0.recv_rate), (8, 0.25, 0.0));
+    assert!((c0.send_per_sec - 4.0).abs() < 1e-9);
+    assert_eq!(
+        (c0.wait_upstream_ns, c0.ring_prev, c0.ring_next),
+        (Some(300), Some(0), Some(2))
+    );
+    let c1 = &r.channels[1];
+    assert_eq!((c1.recv_count, c1.recv_rate), (8, 1.0));
+    assert_eq!(r.op.unwrap().bytes, 4096);
+}
+
+#[test]
+fn records_carry_the_cpu_wait_of_the_thread_that_ran_the_operations() {
+    if std::fs::metadata("/proc/self/schedstat").is_err() {
+        eprintln!("skipped: no schedstat on this kernel");
+        return;
+    }
+    let s = src(3);
+    let mut sm = Sampler::new(DiagConfig::default());
+    let op = |c: u64| {
+        let b = s.frame.begin_op(0xabc, c, 2);
+        s.frame.add_send(b, 0, 1);
+        s.op_log.start(c, &info(), 1_000);
+        let fin = s.op_log.finish(c, 2_000, true).unwrap();
+        // This thread completes the operation: it is the one whose CPU wait counts.
+        s.op_done(&fin);
+        Done {
+            source: s.id,
+            counter: c,
+            snap: fin,
+            chans: DoneChans::Heap(Sampler::live_chans(&s, c)),
+            thinning: Thinning::default(),
+            failure: None,
+            id: None,
+        }
+    };
+    // Before any reading the metric is unknown.
+    let d = op(1);
+    assert_eq!(sm.complete(&s, &d, 0).cpu_wait_ns, None);
+    assert_eq!(
+        s.exec_tid.load(Ordering::Relaxed),
+        crate::sched::current_tid()
+    );
+    sm.sample_cpu_wait(std::slice::from_ref(&s));
+    let d = op(2);
+    assert_eq!(sm.complete(&s, &d, 0).cpu_wait_ns, Some(0), "first reading");
+    sm.sample_cpu_wait(std::slice::from_ref(&s));
+    let d = op(3);
+    assert!(sm.complete(&s, &d, 0).cpu_wait_ns.is_some());
+}
+
+#[test]
+fn a_long_operation_gets_periodic_in_flight_snapshots_and_a_heartbeat() {
+    let s = src(2);
+    let cfg = DiagConfig {
+        inflight: Duration::from_millis(10),
+        ..DiagConfig::default()
+    };
+    let ms = 1_000_000;
+    let mut sm = Sampler::new(cfg);
+    s.frame.begin_op(0xabc, 0, 2);
+    s.op_log.start(0, &info(), 0);
+    let one = std::slice::from_ref(&s);
+    assert!(sm.sample(one, 5 * ms).is_empty(), "too young");
+    let r = sm.sample(one, 10 * ms);
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].state, wire::OpState::InFlight as i32);
+    assert_eq!(r[0].duration_ns, 10 * ms);
+    assert!(sm.sample(one, 15 * ms).is_empty(), "not yet due again");
+    assert_eq!(sm.sample(one, 20 * ms).len(), 1);
+    let hb = sm.heartbeat(one, 21 * ms);
+    assert_eq!(hb.ranks.len(), 1);
+    assert_eq!(hb.ranks[0].last_op_counter, Some(0));
+    assert_eq!((hb.ranks[0].rank, hb.ranks[0].nranks), (2, 4));
+    // No op started yet on a fresh source: no counter in the heartbeat.
+    let fresh = src(3);
+    assert_eq!(sm.heartbeat(&[fresh], 0).ranks[0].last_op_counter, None);
+}
+
+#[test]
+fn env_is_strict() {
+    let get = |v: &'static str| move |n: &str| (n == "CCLD_SAMPLE_US").then(|| v.to_string());
+    let set = DiagConfig::resolve(&get("250")).unwrap();
+    assert_eq!(set.sample, Some(Duration::from_micros(250)));
+    for bad in ["0", "x", "-1", "1e3"] {
+        let e = DiagConfig::resolve(&get(bad)).unwrap_err();
+        assert!(e.contains("CCLD_SAMPLE_US"), "{e}");
+    }
+    let unset = DiagConfig::resolve(&|_| None).unwrap();
+    assert_eq!(unset, DiagConfig::default());
+    // Unset: 10 ms while only host-backend communicators are registered, 1 ms with a
+    // device communicator; a value set applies to both.
+    let host = src(0);
+    let dev = register(
+        Identity {
+            device: 0,
+            ..host.identity().clone()
+        },
+        Arc::new(Frame::new(2)),
+        Arc::new(OpLog::new()),
+    );
+    assert_eq!(
+        unset.sample_period(std::slice::from_ref(&host)),
+        HOST_SAMPLE
+    );
+    assert_eq!(
+        unset.sample_period(&[host.clone(), dev.clone()]),
+        DEVICE_SAMPLE
+    );
+    assert_eq!(set.sample_period(&[host, dev]), Duration::from_micros(250));
+}
+
+#[test]
+fn completions_of_fast_operations_keep_their_records() {
+    // 3 x FRAME_BLOCKS operations finish before the diagnostic thread looks at any of
+    // them (operations shorter than a tick): the op log and the frame have long been
+    // reused, yet every completion must become a record with its own times and counts.
+    let s = src(2);
+    let mut sm = Sampler::new(DiagConfig::default());
+    let n_ops = 3 * crate::FRAME_BLOCKS as u64;
+    let msgs: Vec<Done> = (0..n_ops)
+        .map(|k| {
+            let b = s.frame.begin_op(0xabc, k, 2);
+            s.op_log.start(k, &info(), 1_000 * k);
+            s.frame.add_send(b, 0, k + 1);
+            s.frame.add_recv(b, 1, 2 * k + 1);
+            let fin = s.op_log.finish(k, 1_000 * k + 10 * (k + 1), true).unwrap();
+            s.done_message(&fin, Thinning::default())
+        })
+        .collect();
+    for (k, d) in (0..n_ops).zip(&msgs) {
+        let r = sm.complete(&s, d, 10_000_000);
+        assert_eq!(r.trace.unwrap().op_counter, k);
+        assert_eq!((r.start_ns, r.duration_ns), (1_000 * k, 10 * (k + 1)));
+        assert_eq!(r.channels[0].send_count, k + 1);
+        assert_eq!(r.channels[1].recv_count, 2 * k + 1);
+        assert_eq!(r.state, wire::OpState::Completed as i32);
+    }
+}
+
+#[test]
+fn thread_cpu_clock_counts_this_threads_work_only() {
+    let t0 = thread_cpu_ns();
+    assert!(t0 > 0, "CLOCK_THREAD_CPUTIME_ID unavailable");
+    // Sleeping uses no CPU; spinning does (bounded in wall time for a loaded machine).
+    std::thread::sleep(Duration::from_millis(30));
+    let t1 = thread_cpu_ns();
+    assert!(
+        t1 - t0 < 10_000_000,
+        "slept 30 ms, clock advanced {} ns",
+        t1 - t0
+    );
+    let spin = Instant::now();
+    let mut x = 0u64;
+    while thread_cpu_ns() - t1 < 5_000_000 {
+        x = std::hint::black_box(x.wrapping_add(1));
+        assert!(
+            spin.elapsed() < Duration::from_secs(10),
+            "10 s of spinning did not advance the thread clock by 5 ms"
+        );
+    }
+}
+
+/// Runs operation `c` on `s` from `start` to `end` (ns) and returns what thinning
+/// decides for its completion.
+fn finish_op(s: &Source, c: u64, start: u64, end: u64) -> Option<Thinning> {
+    let b = s.frame.begin_op(0xabc, c, 2);
+    s.frame.add_send(b, 0, 1);
+    s.op_log.start(c, &info(), start);
+    let fin = s.op_log.finish(c, end, true).unwrap();
+    s.thin_completion(&fin)
+}
+
+#[test]
+fn fast_ranks_report_the_same_thinned_rounds_with_their_gaps() {
+    // Two ranks of one communicator run 2000 operations of 50 us, one every 60 us,
+    // rank 1 entering 7 us later than rank 0 (default target: one report per 5 ms, so
+    // 83 operations per report: stride 64).
+    let (a, b) = (src(0), src(1));
+    let mut reported = [Vec::new(), Vec::new()];
+    let mut strides = [Vec::new(), Vec::new()];
+    for c in 0..2000u64 {
+        for (k, s) in [&a, &b].into_iter().enumerate() {
+            let start = 1_000_000 + c * 60_000 + 7_000 * k as u64;
+            if let Some(t) = finish_op(s, c, start, start + 50_000) {
+                reported[k].push(c);
+                strides[k].push(t.stride);
+                if c > 0 {
+                    assert_eq!(t.gap_ns, Some(10_000), "op {c}: 60 - 50 us");
+                } else {
+                    assert_eq!(t.gap_ns, None, "nothing before the first operation");
+                }
+            }
+        }
+    }
+    assert_eq!(
+        reported[0], reported[1],
+        "both ranks report the same rounds"
+    );
+    // The first epoch is complete (the baseline), then about one round in 32.
+    assert!(reported[0].starts_with(&(0..thin::EPOCH_OPS).collect::<Vec<_>>()));
+    let later = reported[0].iter().filter(|&&c| c >= 64).count();
+    assert!((10..80).contains(&later), "{later} of 1936 reported");
+    assert_eq!(*strides[0].last().unwrap(), 64);
+    for &c in reported[0].iter().filter(|&&c| c >= 64) {
+        assert!(thin::selected(0xabc, c, 64), "round {c} not in the sample");
+    }
+    let (rep, skip) = a.thinning_counts();
+    assert_eq!(rep + skip, 2000);
+    assert_eq!(rep as usize, reported[0].len());
+    // Target zero (CCLD_RECORD_US=0): every completion.
+    let all = register_with_target(
+        a.identity().clone(),
+        Arc::new(Frame::new(2)),
+        Arc::new(OpLog::new()),
+        Duration::ZERO,
+    );
+    for c in 0..2000u64 {
+        let t = finish_op(&all, c, c * 60_000, c * 60_000 + 50_000).unwrap();
+        assert_eq!(t.stride, 1);
+    }
+}
+
+#[test]
+fn slow_operations_and_snapshotted_ones_are_always_reported() {
+    let s = src(2);
+    // 32 fast operations raise the stride ...
+    for c in 0..=32u64 {
+        finish_op(&s, c, c * 10_000, c * 10_000 + 5_000);
+    }
+    let stride = s.thin.stride.load(Ordering::Relaxed);
+    assert!(stride >= 64, "{stride}");
+    // ... rounds outside the sample are left out (at least 8 in a row here) ...
+    let c = (41..)
+        .find(|&c| (c - 8..=c).all(|k| !thin::selected(0xabc, k, stride)))
+        .unwrap();
+    let mut skipped = Vec::new();
+    for k in 33..c {
+        if finish_op(&s, k, k * 10_000, k * 10_000 + 5_000).is_none() {
+            skipped.push(k);
+        }
+    }
+    assert!(
+        skipped.ends_with(&(c - 8..c).collect::<Vec<_>>()),
+        "{c} {stride} {skipped:?}"
+    );
+    // ... unless it got an in-flight snapshot: then its completion closes it.
+    let cfg = DiagConfig {
+        inflight: Duration::from_millis(10),
+        ..DiagConfig::default()
+    };
+    let mut sm = Sampler::new(cfg);
+    let start = c * 10_000;
+    s.frame.begin_op(0xabc, c, 2);
+    s.op_log.start(c, &info(), start);
+    let snaps = sm.sample(std::slice::from_ref(&s), start + 20_000_000);
+    assert!(sm.busy(), "an operation in flight for 20 ms");
+    // The suspected hang brings the completions of the 7 operations before it that
+    // thinning left out (the analyzer compares the ranks' last rounds), with their
+    // counts and gaps, then the snapshot.
+    assert_eq!(snaps.len(), 8);
+    for (r, k) in snaps.iter().zip(c - 7..c) {
+        assert_eq!(r.trace.unwrap().op_counter, k);
+        assert_eq!(r.state, wire::OpState::Completed as i32);
+        assert_eq!((r.start_ns, r.duration_ns), (k * 10_000, 5_000));
+        // (The op log no longer holds the end of the operation before the first.)
+        let gap = (k > c - 7).then_some(5_000);
+        assert_eq!(r.gap_ns, gap);
+        assert_eq!(r.channels[0].send_count, 1);
+    }
+    let snap = &snaps[7];
+    assert_eq!(snap.state, wire::OpState::InFlight as i32);
+    assert_eq!(snap.stride, stride);
+    // Later snapshots of the same operation bring nothing again.
+    let again = sm.sample(std::slice::from_ref(&s), start + 40_000_000);
+    assert_eq!(again.len(), 1);
+    let fin = s.op_log.finish(c, start + 2_000_000_000, true).unwrap();
+    assert!(s.thin_completion(&fin).is_some(), "snapshotted round {c}");
+    // The next unselected round without a snapshot is left out; a failed one is not.
+    let d = (c + 1..)
+        .find(|&k| !thin::selected(0xabc, k, stride) && k % thin::EPOCH_OPS != 0)
+        .unwrap();
+    for k in c + 1..d {
+        finish_op(
+            &s,
+            k,
+            start + 2_001_000_000 + k,
+            start + 2_001_000_000 + k + 1,
+        );
+    }
+    let t0 = start + 2_010_000_000;
+    s.frame.begin_op(0xabc, d, 2);
+    s.op_log.start(d, &info(), t0);
+    let fin = s.op_log.finish(d, t0 + 1_000, true).unwrap();
+    assert!(s.thin_completion(&fin).is_none(), "round {d} left out");
+    s.frame.begin_op(0xabc, d + 1, 2);
+    s.op_log.start(d + 1, &info(), t0 + 2_000);
+    let fin = s.op_log.finish(d + 1, t0 + 3_000, false).unwrap();
+    let failed = s.thin_completion(&fin);
+    assert_eq!(
+        failed.map(|t| t.gap_ns),
+        Some(Some(1_000)),
+        "failed: reported"
+    );
+}
+
+#[test]
+fn a_rank_idle_after_thinned_operations_reports_its_last_ones() {
+    // Fast operations (stride well above 1), then the rank stops issuing (it does not
+    // enter the next operation, or waits before it): after an in-flight period, the
+    // thinned completions among its last 8 operations go out, once.
+    let s = src(1);
+    let mut left_out = Vec::new();
+    for c in 0..200u64 {
+        if finish_op(&s, c, c * 10_000, c * 10_000 + 5_000).is_none() {
+            left_out.push(c);
+        }
+    }
+    let last_end = 199 * 10_000 + 5_000;
+    let cfg = DiagConfig {
+        inflight: Duration::from_millis(10),
+        ..DiagConfig::default()
+    };
+    let mut sm = Sampler::new(cfg);
+    let one = std::slice::from_ref(&s);
+    assert!(
+        sm.sample(one, last_end + 5_000_000).is_empty(),
+        "idle 5 ms: not yet"
+    );
+    let got: Vec<u64> = sm
+        .sample(one, last_end + 10_000_000)
+        .iter()
+        .map(|r| r.trace.unwrap().op_counter)
+        .collect();
+    let want: Vec<u64> = left_out.into_iter().filter(|&c| c >= 192).collect();
+    assert!(!want.is_empty());
+    assert_eq!(got, want);
+    assert!(!sm.busy());
+    assert!(sm.sample(one, last_end + 30_000_000).is_empty(), "once");
+}
+
+#[test]
+fn sampling_period_backs_off_while_nothing_runs_long() {
+    let (base, max) = (Duration::from_millis(1), Duration::from_millis(50));
+    let (mut p, mut q) = (base, 0);
+    let mut seen = Vec::new();
+    for _ in 0..40 {
+        (p, q) = next_period(p, q, false, base, max);
+        seen.push(p.as_millis());
+    }
+    // Doubles every QUIET_TICKS ticks: 1 (x3), 2 (x4), 4, ... up to 50.
+    assert_eq!(&seen[..8], &[1, 1, 1, 2, 2, 2, 2, 4]);
+    assert_eq!(*seen.last().unwrap(), 50);
+    // One busy tick: straight back to the base period.
+    assert_eq!(next_period(p, q, true, base, max), (base, 0));
+    // A base period above the cap is kept.
+    let long = Duration::from_millis(200);
+    assert_eq!(next_period(long, 3, false, long, max).0, long);
+}
+
+#[test]
+fn dropped_sources_unregister() {
+    let s = src(0);
+    let id = s.id;
+    assert!(live_sources().iter().any(|x| x.id == id));
+    drop(s);
+    assert!(!live_sources().iter().any(|x| x.id == id));
+}
