@@ -47,11 +47,11 @@ fn main() {
         "NVCC",
         "CUDA_HOME",
         "CUDA_PATH",
-        "CCLD_NO_NVCC",
+        ccl_params::CCLD_NO_NVCC.name,
         "PATH",
-        "CCLD_SIM_THREADS",
-        "CCLD_KERNEL_TSAN",
-        "CCLD_KERNEL_COVERAGE",
+        ccl_params::CCLD_SIM_THREADS.name,
+        ccl_params::CCLD_KERNEL_TSAN.name,
+        ccl_params::CCLD_KERNEL_COVERAGE.name,
     ] {
         println!("cargo:rerun-if-env-changed={v}");
     }
@@ -69,7 +69,7 @@ fn main() {
     let required = env::var_os("CARGO_FEATURE_CUDA").is_some();
     // CCLD_NO_NVCC=1: build the host-only variant even where nvcc exists (checks that
     // variant in CI; saves the nvcc time on machines that never run kernels).
-    let skip = env::var("CCLD_NO_NVCC").is_ok_and(|v| v == "1");
+    let skip = env::var(ccl_params::CCLD_NO_NVCC.name).is_ok_and(|v| v == "1");
     match if skip { None } else { find_nvcc() } {
         Some(nvcc) => {
             println!("cargo:rerun-if-changed={}", nvcc.display());
@@ -102,7 +102,7 @@ fn main() {
 
 /// Threads per block of the host build of the kernel (`CCLD_SIM_THREADS`, default 2).
 fn sim_threads() -> u32 {
-    match env::var("CCLD_SIM_THREADS") {
+    match env::var(ccl_params::CCLD_SIM_THREADS.name) {
         Ok(v) => match v.trim().parse::<u32>() {
             Ok(n) if (1..=1024).contains(&n) => n,
             _ => panic!("kernels: CCLD_SIM_THREADS={v:?} is not a thread count in 1..=1024"),
@@ -128,7 +128,10 @@ fn gcc_lib_dir(file: &str) -> PathBuf {
 /// The device part of the kernels for the host CPU (include/ccl_sim.h).
 fn build_host_kernel() {
     let on = |v: &str| env::var(v).is_ok_and(|x| x == "1");
-    let (tsan, cov) = (on("CCLD_KERNEL_TSAN"), on("CCLD_KERNEL_COVERAGE"));
+    let (tsan, cov) = (
+        on(ccl_params::CCLD_KERNEL_TSAN.name),
+        on(ccl_params::CCLD_KERNEL_COVERAGE.name),
+    );
     let threads = sim_threads();
     let mut b = cc::Build::new();
     b.cpp(true)

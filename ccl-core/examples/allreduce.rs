@@ -30,10 +30,20 @@ struct Opts {
     warmup: usize,
 }
 
+/// A byte count with an optional K/M/G (1024-based) suffix.
 fn parse_size(s: &str) -> std::result::Result<usize, String> {
-    ccl_core::env::parse_u64("size", s)
-        .map(|v| v as usize)
-        .map_err(|e| e.to_string())
+    let t = s.trim();
+    let (digits, shift) = match t.char_indices().last() {
+        Some((i, 'K' | 'k')) => (&t[..i], 10),
+        Some((i, 'M' | 'm')) => (&t[..i], 20),
+        Some((i, 'G' | 'g')) => (&t[..i], 30),
+        _ => (t, 0),
+    };
+    digits
+        .parse::<usize>()
+        .ok()
+        .and_then(|v| v.checked_mul(1 << shift))
+        .ok_or_else(|| format!("size {s:?} is not a byte count (digits, optional K/M/G)"))
 }
 
 fn usage() -> String {

@@ -95,6 +95,11 @@ pub const DEFAULT_MAX_CHANNELS: usize = 4;
 pub const P2P_MAX_CHANNELS: usize = 2;
 /// Slots per FIFO (`NCCL_STEPS`).
 pub const FIFO_SLOTS: usize = 8;
+// NCCL_BUFFSIZE's declared minimum is one 64-byte line per slot.
+const _: () = match ccl_params::NCCL_BUFFSIZE.kind {
+    ccl_params::Kind::Int { min, .. } => assert!(min == (FIFO_SLOTS * 64) as u64),
+    _ => panic!("NCCL_BUFFSIZE is declared as an integer"),
+};
 /// Default of `CCLD_PEER_CHECK_MS`.
 pub const DEFAULT_PEER_CHECK_MS: u64 = 200;
 
@@ -172,11 +177,11 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Looks an environment variable up (`Ok(None)` when unset or empty).
-type EnvGet<'a> = &'a dyn Fn(&str) -> Result<Option<String>>;
+/// Looks a declared environment variable up (`Ok(None)` when unset or empty).
+type EnvGet<'a> = &'a dyn Fn(&env::Param) -> Result<Option<String>>;
 
-fn env_u64(get: EnvGet<'_>, name: &str) -> Result<Option<u64>> {
-    get(name)?.map(|v| env::parse_u64(name, &v)).transpose()
+fn env_u64(get: EnvGet<'_>, p: &env::Param) -> Result<Option<u64>> {
+    get(p)?.map(|v| env::parse_u64(p, &v)).transpose()
 }
 
 impl Tuning {
@@ -191,31 +196,34 @@ impl Tuning {
     /// clamped to 1..=32 with min <= max; `NCCL_BUFFSIZE` (512 B..=1 GiB, default 1 MiB);
     /// `CCLD_PEER_CHECK_MS` (>= 1, default 200).
     fn resolve(cfg: &CommConfig, get: EnvGet<'_>) -> Result<Tuning> {
-        let pick = |ctas: &str, nch: &str, c: Option<u32>| -> Result<Option<u64>> {
+        let pick = |ctas: &env::Param, nch: &env::Param, c: Option<u32>| -> Result<Option<u64>> {
             Ok(match env_u64(get, ctas)? {
                 Some(v) => Some(v),
                 None => env_u64(get, nch)?.or(c.map(u64::from)),
             })
         };
-        let min = pick("NCCL_MIN_CTAS", "NCCL_MIN_NCHANNELS", cfg.min_ctas)?.unwrap_or(1);
-        let max = pick("NCCL_MAX_CTAS", "NCCL_MAX_NCHANNELS", cfg.max_ctas)?
-            .unwrap_or(DEFAULT_MAX_CHANNELS as u64);
+        let min = pick(
+            &ccl_params::NCCL_MIN_CTAS,
+            &ccl_params::NCCL_MIN_NCHANNELS,
+            cfg.min_ctas,
+        )?
+        .unwrap_or(1);
+        let max = pick(
+            &ccl_params::NCCL_MAX_CTAS,
+            &ccl_params::NCCL_MAX_NCHANNELS,
+            cfg.max_ctas,
+        )?
+        .unwrap_or(DEFAULT_MAX_CHANNELS as u64);
         let max = (max.clamp(1, MAX_CHANNELS as u64)) as usize;
         let min = (min.clamp(1, MAX_CHANNELS as u64) as usize).min(max);
-        let buffsize = env_u64(get, "NCCL_BUFFSIZE")?.unwrap_or(DEFAULT_BUFFSIZE as u64);
-        let layout_min = (FIFO_SLOTS * 64) as u64;
-        if !(layout_min..=(1 << 30)).contains(&buffsize) {
-            return Err(CclError::arg(format!(
-                "NCCL_BUFFSIZE={buffsize} must be between {layout_min} and 1 GiB"
-            )));
-        }
+        // Bounds (512 B = 8 slots of one cache line, .. 1 GiB) checked by the declaration.
+        let buffsize = env_u64(get, &ccl_params::NCCL_BUFFSIZE)?.unwrap_or(DEFAULT_BUFFSIZE as u64);
         let buffsize = buffsize as usize;
         let layout = FifoLayout::for_buffer(buffsize, FIFO_SLOTS)
             .map_err(|e| executor::with_context(e, "NCCL_BUFFSIZE"))?;
-        let peer_check_ms = env_u64(get, "CCLD_PEER_CHECK_MS")?.unwrap_or(DEFAULT_PEER_CHECK_MS);
-        if peer_check_ms == 0 {
-            return Err(CclError::arg("CCLD_PEER_CHECK_MS must be at least 1"));
-        }
+        // At least 1 (the declaration's bound).
+        let peer_check_ms =
+            env_u64(get, &ccl_params::CCLD_PEER_CHECK_MS)?.unwrap_or(DEFAULT_PEER_CHECK_MS);
         Ok(Tuning {
             min_channels: min,
             max_channels: max,
@@ -279,7 +287,7 @@ fn blocking(cfg: &CommConfig) -> Result<bool> {
     // config.blocking wins over NCCL_COMM_BLOCKING.
     match cfg.blocking {
         Some(b) => Ok(b),
-        None => env::bool_or("NCCL_COMM_BLOCKING", true),
+        None => env::bool_or(&ccl_params::NCCL_COMM_BLOCKING, true),
     }
 }
 
@@ -1218,8 +1226,11 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        Tuning::resolve(cfg, &move |name: &str| {
-            Ok(vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()))
+        Tuning::resolve(cfg, &move |p: &env::Param| {
+            Ok(vars
+                .iter()
+                .find(|(k, _)| *k == p.name)
+                .map(|(_, v)| v.clone()))
         })
     }
 

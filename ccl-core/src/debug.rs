@@ -282,7 +282,9 @@ fn host_name() -> String {
     }
 }
 
-fn env_str(name: &str) -> Result<Option<String>, String> {
+/// The raw (untrimmed) value of the declared variable `p`.
+fn env_str(p: &ccl_params::Param) -> Result<Option<String>, String> {
+    let name = p.name;
     match std::env::var(name) {
         Ok(v) => Ok(Some(v)),
         Err(std::env::VarError::NotPresent) => Ok(None),
@@ -293,14 +295,14 @@ fn env_str(name: &str) -> Result<Option<String>, String> {
 /// Reads the variables; returns the settings, the sink and the warnings to print.
 fn read_env(host: &str, pid: u32) -> (Settings, Sink, Vec<String>) {
     let mut warnings = Vec::new();
-    let level = match env_str("NCCL_DEBUG").and_then(|v| parse_level(v.as_deref())) {
+    let level = match env_str(&ccl_params::NCCL_DEBUG).and_then(|v| parse_level(v.as_deref())) {
         Ok(l) => l,
         Err(w) => {
             warnings.push(w);
             DebugLevel::Warn
         }
     };
-    let mask = match env_str("NCCL_DEBUG_SUBSYS") {
+    let mask = match env_str(&ccl_params::NCCL_DEBUG_SUBSYS) {
         Ok(v) => {
             let (m, w) = parse_subsys(v.as_deref());
             warnings.extend(w);
@@ -311,7 +313,7 @@ fn read_env(host: &str, pid: u32) -> (Settings, Sink, Vec<String>) {
             SubsysMask::default_mask()
         }
     };
-    let sink = match env_str("NCCL_DEBUG_FILE") {
+    let sink = match env_str(&ccl_params::NCCL_DEBUG_FILE) {
         Ok(Some(p)) if !p.trim().is_empty() && level > DebugLevel::None => {
             let path = expand_file_pattern(p.trim(), host, pid);
             match std::fs::File::create(&path) {

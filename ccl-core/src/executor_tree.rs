@@ -383,7 +383,7 @@ pub(crate) fn expected_counts(
         crate::env::var(crate::hostalgo::ENV_ALGO)?.as_deref(),
         crate::env::var(crate::device::proto::ENV_PROTO)?.as_deref(),
     )?;
-    let injecting = crate::env::var("CCLD_INJECT")?.is_some();
+    let injecting = crate::env::var(&ccl_params::CCLD_INJECT)?.is_some();
     match (host_choice(item, nranks, t, &sel, injecting), item) {
         ((HostAlgo::Tree, proto), WorkItem::Coll(c)) => {
             let (send, recv) = tree_counts(c, proto, rank, nranks, t);

@@ -15,7 +15,7 @@ use crate::error::Result;
 /// the cores this process may run on (each rank then has a core, and its peers answer
 /// within microseconds), 0 otherwise (oversubscribed: a spinning rank takes the core its
 /// peer needs, so it yields at once, after a few spin hints).
-pub(crate) const ENV_SPIN_US: &str = "CCLD_SPIN_US";
+pub(crate) const ENV_SPIN_US: &ccl_params::Param = &ccl_params::CCLD_SPIN_US;
 
 /// Default of [`ENV_SPIN_US`] on a communicator whose ranks fit the cores.
 pub(crate) const DEFAULT_SPIN_US: u64 = 200;

@@ -22,7 +22,7 @@ use crate::device::proto::ProtoSet;
 use crate::error::{CclError, Result};
 
 /// The variable.
-pub const ENV_ALGO: &str = "NCCL_ALGO";
+pub const ENV_ALGO: &ccl_params::Param = &ccl_params::NCCL_ALGO;
 
 /// AllReduce operations of at most this many bytes per rank run Tree when the choice is
 /// automatic (measured on the 2-core reference VM: docs/performance.md).
@@ -222,7 +222,7 @@ mod tests {
         assert_eq!(parse_algo(Some("^Ring,Tree")).unwrap(), AlgoSet::ALL);
         for bad in ["Rong", "^", "Ring,,Tree", "Ring;Tree"] {
             let e = parse_algo(Some(bad)).unwrap_err();
-            assert!(e.to_string().contains(ENV_ALGO), "{bad}: {e}");
+            assert!(e.to_string().contains(ENV_ALGO.name), "{bad}: {e}");
         }
         assert!(describe_fallback(Some("NVLS")).is_some());
         assert!(describe_fallback(Some("Ring")).is_none());

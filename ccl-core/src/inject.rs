@@ -121,7 +121,7 @@ impl OpFault {
 impl Injection {
     /// Reads and parses `CCLD_INJECT` (`None` when unset).
     pub fn from_env() -> Result<Option<Injection>> {
-        match crate::env::var("CCLD_INJECT")? {
+        match crate::env::var(&ccl_params::CCLD_INJECT)? {
             None => Ok(None),
             Some(v) => parse(&v).map(Some),
         }

@@ -107,7 +107,7 @@ unsafe fn c_str(p: *const c_char) -> Option<String> {
 
 /// `NCCL_COMM_BLOCKING`.
 fn env_blocking() -> Result<Option<bool>> {
-    config::parse_env_blocking(ccl_core::env::var("NCCL_COMM_BLOCKING")?.as_deref())
+    config::parse_env_blocking(ccl_core::env::var(&ccl_params::NCCL_COMM_BLOCKING)?.as_deref())
 }
 
 /// Reads a caller's `ncclConfig_t` by its size/magic/version. `None` (null pointer) gives

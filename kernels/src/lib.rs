@@ -106,7 +106,7 @@ mod tests {
     fn ci_gets_the_cuda_build_it_expects() {
         // CI sets CCLD_EXPECT_CUDA=1 after installing nvcc (scripts/gpu/ci-device-build.sh):
         // a build that silently fell back to host-only must fail there. Unset: no claim.
-        if std::env::var("CCLD_EXPECT_CUDA").is_ok_and(|v| v == "1") {
+        if std::env::var(ccl_params::CCLD_EXPECT_CUDA.name).is_ok_and(|v| v == "1") {
             assert!(
                 cuda_built(),
                 "CCLD_EXPECT_CUDA=1 but the kernels were built without nvcc"

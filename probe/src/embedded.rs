@@ -31,7 +31,7 @@ use analyzer::{Engine, EngineConfig};
 use analyzer_net::server::{DiagnosisFeed, IncidentFeed};
 use ccld_wire as wire;
 
-use crate::diag::{env_f64, env_u64, now_ns, EnvGet, Sink};
+use crate::diag::{env_f64, env_flag, env_u64, now_ns, EnvGet, Sink};
 use crate::hub::{Gate, Hubs};
 use crate::hublink::HubLinks;
 use crate::report::Reporter;
@@ -47,28 +47,28 @@ use crate::standby::Outbox;
 pub fn engine_config(get: EnvGet<'_>) -> Result<EngineConfig, String> {
     let mut c = EngineConfig::default();
     let secs = |v: f64| Duration::from_secs_f64(v);
-    if let Some(v) = env_f64(get, "CCLD_HANG_TIMEOUT_S", 0.01, 1e6)? {
+    if let Some(v) = env_f64(get, &ccl_params::CCLD_HANG_TIMEOUT_S)? {
         c.hang_threshold = secs(v);
     }
-    if let Some(v) = env_f64(get, "CCLD_SLOW_WINDOW_S", 0.01, 1e6)? {
+    if let Some(v) = env_f64(get, &ccl_params::CCLD_SLOW_WINDOW_S)? {
         c.detect_window = secs(v);
     }
-    if let Some(v) = env_f64(get, "CCLD_SLOW_THETA", 0.01, 1e6)? {
+    if let Some(v) = env_f64(get, &ccl_params::CCLD_SLOW_THETA)? {
         c.theta_slow = v;
     }
-    if let Some(v) = env_u64(get, "CCLD_SLOW_REPEAT", 1, 1000)? {
+    if let Some(v) = env_u64(get, &ccl_params::CCLD_SLOW_REPEAT)? {
         c.repeat_threshold = v as u32;
     }
-    if env_u64(get, "CCLD_SLOW_CALIBRATE", 0, 1)? == Some(0) {
+    if env_flag(get, &ccl_params::CCLD_SLOW_CALIBRATE)? == Some(false) {
         c.self_calibration = None;
     }
-    if let Some(v) = env_u64(get, "CCLD_T_BASE_INIT_MS", 1, 86_400_000)? {
+    if let Some(v) = env_u64(get, &ccl_params::CCLD_T_BASE_INIT_MS)? {
         c.t_base_init = Duration::from_millis(v);
     }
-    if let Some(v) = env_f64(get, "CCLD_BASELINE_S", 0.01, 1e6)? {
+    if let Some(v) = env_f64(get, &ccl_params::CCLD_BASELINE_S)? {
         c.baseline_span = secs(v);
     }
-    if let Some(v) = env_f64(get, "CCLD_SILENT_S", 0.01, 1e6)? {
+    if let Some(v) = env_f64(get, &ccl_params::CCLD_SILENT_S)? {
         c.silent_after = secs(v);
     }
     c.validate().map_err(|e| e.to_string())?;

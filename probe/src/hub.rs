@@ -302,7 +302,7 @@ pub fn wanted() -> Result<bool, String> {
         return Ok(false);
     }
     Ok(
-        crate::parse_analyzer(crate::diag::process_env("CCLD_ANALYZER").as_deref())?
+        crate::parse_analyzer(crate::diag::process_env(ccl_params::CCLD_ANALYZER.name).as_deref())?
             == crate::AnalyzerTarget::Embedded,
     )
 }

@@ -43,14 +43,10 @@ use ccld_wire::{self as w, AnomalyClass};
 /// Any value other than `0`, `1` or empty is rejected so that a typo is not silently read
 /// as "enabled".
 pub fn disabled_from_env() -> Result<bool, String> {
-    match std::env::var("CCLD_DISABLE") {
-        Err(_) => Ok(false),
-        Ok(v) => match v.trim() {
-            "" | "0" => Ok(false),
-            "1" => Ok(true),
-            other => Err(format!("CCLD_DISABLE must be 0 or 1, got {other:?}")),
-        },
-    }
+    Ok(ccl_params::CCLD_DISABLE
+        .flag()
+        .map_err(|e| e.0)?
+        .unwrap_or(false))
 }
 
 /// Where the records go (`CCLD_ANALYZER`).
@@ -97,7 +93,7 @@ pub fn start() -> Result<bool, String> {
     }
     let get = &diag::process_env;
     let cfg = diag::DiagConfig::resolve(get)?;
-    match parse_analyzer(diag::process_env("CCLD_ANALYZER").as_deref())? {
+    match parse_analyzer(diag::process_env(ccl_params::CCLD_ANALYZER.name).as_deref())? {
         AnalyzerTarget::Off => Ok(false),
         AnalyzerTarget::Embedded => {
             let ecfg = embedded::engine_config(get)?;

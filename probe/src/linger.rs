@@ -147,7 +147,7 @@ mod tests {
         use crate::report::{ReportTarget, Reporter};
         use crate::reporter::SpoolSettings;
         use std::sync::Arc;
-        let Ok(mode) = std::env::var("CCLD_LINGER_TEST") else {
+        let Ok(mode) = std::env::var(ccl_params::CCLD_LINGER_TEST.name) else {
             return;
         };
         let engine = analyzer::EngineConfig {

@@ -165,7 +165,7 @@ impl SpoolSettings {
     pub fn from_env(get: EnvGet<'_>) -> Result<SpoolSettings, String> {
         let dir = get("CCLD_SPOOL_DIR")
             .map_or_else(|| std::env::temp_dir().join("ccld-spool"), PathBuf::from);
-        let mb = env_u64(get, "CCLD_SPOOL_MAX_MB", 1, 1 << 20)?.unwrap_or(64);
+        let mb = env_u64(get, &ccl_params::CCLD_SPOOL_MAX_MB)?.unwrap_or(64);
         Ok(SpoolSettings {
             dir,
             max_bytes: mb << 20,

@@ -312,7 +312,7 @@ mod tests {
     #[test]
     #[ignore = "child process of a_stopped_process_measures_its_frozen_time"]
     fn frozen_clock_child() {
-        let Some(ms) = std::env::var("CCLD_TEST_FROZEN_CHILD_MS")
+        let Some(ms) = std::env::var(ccl_params::CCLD_TEST_FROZEN_CHILD_MS.name)
             .ok()
             .and_then(|v| v.parse::<u64>().ok())
         else {

@@ -44,9 +44,9 @@ use wire::{
 const T: &str = "nccl::BOOTSTRAP";
 
 /// Env var: default bootstrap timeout in seconds (connect, registration, each recv).
-pub const TIMEOUT_ENV: &str = "CCLD_BOOTSTRAP_TIMEOUT_S";
+pub const TIMEOUT_ENV: &ccl_params::Param = &ccl_params::CCLD_BOOTSTRAP_TIMEOUT_S;
 /// Env var: IP address the root listener of `ncclGetUniqueId` binds and advertises.
-pub const ADDR_ENV: &str = "CCLD_BOOTSTRAP_IP";
+pub const ADDR_ENV: &ccl_params::Param = &ccl_params::CCLD_BOOTSTRAP_IP;
 /// Default of [`TIMEOUT_ENV`].
 pub const DEFAULT_TIMEOUT_S: u64 = 120;
 /// Largest communicator size accepted.
@@ -63,12 +63,8 @@ const KIND_BARRIER: u32 = 2;
 
 /// `CCLD_BOOTSTRAP_TIMEOUT_S` (default 120 s); 0 or junk is an error naming the variable.
 pub fn default_timeout() -> Result<Duration> {
+    // At least 1 (the declaration's bound).
     let s = crate::env::u64_or(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)?;
-    if s == 0 {
-        return Err(CclError::arg(format!(
-            "{TIMEOUT_ENV}=0: the timeout must be at least 1 second"
-        )));
-    }
     Ok(Duration::from_secs(s))
 }
 
@@ -90,8 +86,8 @@ pub fn advertise_ip() -> Result<IpAddr> {
         }
         return Ok(ip);
     }
-    let ifname = crate::env::var("NCCL_SOCKET_IFNAME")?;
-    let family = crate::env::var("NCCL_SOCKET_FAMILY")?;
+    let ifname = crate::env::var(&ccl_params::NCCL_SOCKET_IFNAME)?;
+    let family = crate::env::var(&ccl_params::NCCL_SOCKET_FAMILY)?;
     let ifaces = match ifaddr::list_interfaces() {
         Ok(l) => l,
         Err(e) if ifname.is_none() && family.is_none() => {
@@ -124,7 +120,7 @@ fn conn_magic(id: &UniqueId) -> u64 {
 /// [`advertise_ip`], starts the root thread (which exits once one communicator formed, or
 /// after [`default_timeout`] without a new registration) and returns its id.
 pub fn get_unique_id() -> Result<UniqueId> {
-    if let Some(v) = crate::env::var("NCCL_COMM_ID")? {
+    if let Some(v) = crate::env::var(&ccl_params::NCCL_COMM_ID)? {
         return unique_id_from_comm_id(&v);
     }
     let idle = default_timeout()?;
@@ -638,7 +634,7 @@ mod tests {
     #[test]
     fn default_timeout_reads_env_default() {
         // The test environment does not set the variable.
-        if std::env::var(TIMEOUT_ENV).is_err() {
+        if std::env::var(TIMEOUT_ENV.name).is_err() {
             assert_eq!(
                 default_timeout().unwrap(),
                 Duration::from_secs(DEFAULT_TIMEOUT_S)

@@ -34,7 +34,7 @@ pub fn parse_emu_kernel(v: Option<&str>) -> Result<EmuKernel> {
 /// The implementation selected by `CCLD_EMU_KERNEL` now (read at every launch, so that a
 /// test process can switch it).
 pub fn emu_kernel() -> Result<EmuKernel> {
-    parse_emu_kernel(std::env::var("CCLD_EMU_KERNEL").ok().as_deref())
+    parse_emu_kernel(ccl_params::CCLD_EMU_KERNEL.raw().ok().flatten().as_deref())
 }
 
 /// A plan for the compiled kernel: the launch parameters with the arrays copied (the

@@ -14,7 +14,7 @@
 use crate::error::{CclError, Result};
 
 /// `CCLD_DEVICE_PLANS`: `device` (default) or `mapped`.
-pub const ENV_DEVICE_PLANS: &str = "CCLD_DEVICE_PLANS";
+pub const ENV_DEVICE_PLANS: &ccl_params::Param = &ccl_params::CCLD_DEVICE_PLANS;
 
 /// Where the kernel reads its plan arrays.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,6 +53,9 @@ mod tests {
         assert_eq!(parse_plan_mem(Some(" Device ")).unwrap(), PlanMem::Device);
         assert_eq!(parse_plan_mem(Some("mapped")).unwrap(), PlanMem::Mapped);
         let e = parse_plan_mem(Some("gpu")).unwrap_err().to_string();
-        assert!(e.contains(ENV_DEVICE_PLANS) && e.contains("mapped"), "{e}");
+        assert!(
+            e.contains(ENV_DEVICE_PLANS.name) && e.contains("mapped"),
+            "{e}"
+        );
     }
 }

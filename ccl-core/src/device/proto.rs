@@ -13,7 +13,7 @@
 use crate::error::{CclError, Result};
 
 /// The variable.
-pub const ENV_PROTO: &str = "NCCL_PROTO";
+pub const ENV_PROTO: &ccl_params::Param = &ccl_params::NCCL_PROTO;
 
 /// Operations whose per-rank size (bytes of each rank's send buffer) is at most this use
 /// LL when it is allowed (and Simple otherwise): LL's latency is lower, its bandwidth
@@ -262,7 +262,7 @@ mod tests {
         ] {
             let e = parse(Some(bad)).unwrap_err();
             assert!(
-                matches!(e, CclError::InvalidArgument(_)) && e.to_string().contains(ENV_PROTO),
+                matches!(e, CclError::InvalidArgument(_)) && e.to_string().contains(ENV_PROTO.name),
                 "{bad:?}: {e}"
             );
         }
@@ -272,7 +272,7 @@ mod tests {
     fn a_set_without_simple_or_ll_cannot_run() {
         for bad in ["LL128", "^LL,Simple", "^LL,LL128,Simple"] {
             let e = parse(Some(bad)).unwrap().check_runnable().unwrap_err();
-            assert!(e.to_string().contains(ENV_PROTO), "{bad}: {e}");
+            assert!(e.to_string().contains(ENV_PROTO.name), "{bad}: {e}");
             assert!(e.to_string().contains("LL128 is not implemented"), "{e}");
         }
         for ok in ["LL", "Simple", "LL128,LL", "^LL", "^Simple"] {

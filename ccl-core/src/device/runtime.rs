@@ -80,13 +80,13 @@ pub use select::{decide, device_api, parse_backend, ApiOnDevice, BackendEnv, Dec
 pub(crate) use select::{select, DevicePre};
 
 /// `CCLD_BACKEND`: which backend communicators use.
-pub const ENV_BACKEND: &str = "CCLD_BACKEND";
+pub const ENV_BACKEND: &ccl_params::Param = &ccl_params::CCLD_BACKEND;
 /// `CCLD_DEVICE_EMULATION`: 1 = the CPU emulator stands in for the device (testing aid).
-pub const ENV_EMULATION: &str = "CCLD_DEVICE_EMULATION";
+pub const ENV_EMULATION: &ccl_params::Param = &ccl_params::CCLD_DEVICE_EMULATION;
 /// `NCCL_P2P_DISABLE` (NVIDIA's meaning: no peer-to-peer access between GPUs): 1 = the
 /// device backend never uses CUDA IPC; ranks of other processes are reached through
 /// host-staged shared memory.
-pub const ENV_P2P_DISABLE: &str = "NCCL_P2P_DISABLE";
+pub const ENV_P2P_DISABLE: &ccl_params::Param = &ccl_params::NCCL_P2P_DISABLE;
 /// Prefix of host-staged FIFO segments in `/dev/shm` (distinct from the host transport's
 /// `ccld-`, so neither sweeps the other's files).
 pub const STAGING_PREFIX: &str = "ccldev";

@@ -46,38 +46,19 @@ impl Default for DiagConfig {
 /// Looks an environment variable up; `None` when unset or empty.
 pub type EnvGet<'a> = &'a dyn Fn(&str) -> Option<String>;
 
-pub(crate) fn env_u64(
-    get: EnvGet<'_>,
-    name: &str,
-    min: u64,
-    max: u64,
-) -> Result<Option<u64>, String> {
-    match get(name) {
-        None => Ok(None),
-        Some(v) => match v.trim().parse::<u64>() {
-            Ok(n) if (min..=max).contains(&n) => Ok(Some(n)),
-            _ => Err(format!(
-                "{name}={v:?} must be an integer between {min} and {max}"
-            )),
-        },
-    }
+/// The declared integer variable `p` from `get` (`None`: unset); the error names it.
+pub(crate) fn env_u64(get: EnvGet<'_>, p: &ccl_params::Param) -> Result<Option<u64>, String> {
+    p.int_in(get).map_err(|e| e.0)
 }
 
-pub(crate) fn env_f64(
-    get: EnvGet<'_>,
-    name: &str,
-    min: f64,
-    max: f64,
-) -> Result<Option<f64>, String> {
-    match get(name) {
-        None => Ok(None),
-        Some(v) => match v.trim().parse::<f64>() {
-            Ok(n) if n.is_finite() && n >= min && n <= max => Ok(Some(n)),
-            _ => Err(format!(
-                "{name}={v:?} must be a number between {min} and {max}"
-            )),
-        },
-    }
+/// The declared real-valued variable `p` from `get` (`None`: unset).
+pub(crate) fn env_f64(get: EnvGet<'_>, p: &ccl_params::Param) -> Result<Option<f64>, String> {
+    p.real_in(get).map_err(|e| e.0)
+}
+
+/// The declared flag `p` from `get` (`None`: unset).
+pub(crate) fn env_flag(get: EnvGet<'_>, p: &ccl_params::Param) -> Result<Option<bool>, String> {
+    p.flag_in(get).map_err(|e| e.0)
 }
 
 /// The process environment as an [`EnvGet`].
@@ -103,15 +84,15 @@ impl DiagConfig {
     pub fn resolve(get: EnvGet<'_>) -> Result<DiagConfig, String> {
         let d = DiagConfig::default();
         Ok(DiagConfig {
-            sample: env_u64(get, "CCLD_SAMPLE_US", 10, 10_000_000)?
+            sample: env_u64(get, &ccl_params::CCLD_SAMPLE_US)?
                 .map(Duration::from_micros)
                 .or(d.sample),
-            inflight: env_u64(get, "CCLD_INFLIGHT_MS", 1, 3_600_000)?
+            inflight: env_u64(get, &ccl_params::CCLD_INFLIGHT_MS)?
                 .map_or(d.inflight, Duration::from_millis),
-            heartbeat: env_u64(get, "CCLD_HEARTBEAT_MS", 1, 3_600_000)?
+            heartbeat: env_u64(get, &ccl_params::CCLD_HEARTBEAT_MS)?
                 .map_or(d.heartbeat, Duration::from_millis),
             flush: d.flush,
-            record: env_u64(get, "CCLD_RECORD_US", 0, 60_000_000)?
+            record: env_u64(get, &ccl_params::CCLD_RECORD_US)?
                 .map_or(d.record, Duration::from_micros),
         })
     }

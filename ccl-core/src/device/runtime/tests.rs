@@ -8,7 +8,7 @@ fn backend_variable_parses_strictly() {
     assert_eq!(parse_backend(Some("Device")).unwrap(), BackendEnv::Device);
     assert_eq!(parse_backend(Some("host")).unwrap(), BackendEnv::Host);
     let e = parse_backend(Some("gpu")).unwrap_err();
-    assert!(e.to_string().contains(ENV_BACKEND), "{e}");
+    assert!(e.to_string().contains(ENV_BACKEND.name), "{e}");
 }
 
 #[test]
@@ -38,7 +38,7 @@ fn decision_covers_variables_and_probe_outcomes() {
     ));
     let e = decide(BackendEnv::Device, false, None, &none, &no_gpu).unwrap_err();
     assert!(
-        e.to_string().contains(ENV_BACKEND) && e.to_string().contains("driver missing"),
+        e.to_string().contains(ENV_BACKEND.name) && e.to_string().contains("driver missing"),
         "{e}"
     );
     assert_eq!(
@@ -104,7 +104,10 @@ fn user_buffers_map_to_kernel_addresses_or_a_reason() {
     let e = kernel_address(info(PtrKind::HostPinned, -1, 0), p, 1).unwrap_err();
     assert!(e.contains("not mapped"), "{e}");
     let e = kernel_address(info(PtrKind::Host, -1, 0), p, 1).unwrap_err();
-    assert!(e.contains("host memory") && e.contains(ENV_BACKEND), "{e}");
+    assert!(
+        e.contains("host memory") && e.contains(ENV_BACKEND.name),
+        "{e}"
+    );
 }
 
 #[test]
