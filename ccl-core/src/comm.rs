@@ -24,9 +24,10 @@
 //!   several processes agrees at init on one analyzer hub in the process of its rank 0
 //!   (see `probe::hub`).
 
+use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -169,12 +170,6 @@ pub struct Comm {
     /// This rank's registration with the diagnostic thread (probing on). Weak: the
     /// runtime's reference is the one that keeps it registered until destroy.
     probe_source: OnceLock<std::sync::Weak<probe::Source>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // A poisoned lock only means another thread panicked while holding it; the data
-    // (plain state) is still usable.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Looks a declared environment variable up (`Ok(None)` when unset or empty).
@@ -356,7 +351,7 @@ impl Comm {
         note_algo_proto_env()?;
         self.check_same_tuning(&boot)?;
         self.check_same_backend(&boot)?;
-        let pre = lock(&self.dev_pre).take();
+        let pre = self.dev_pre.lock().take();
         if let Some(pre) = pre {
             return self.attach_device(boot, pre);
         }
@@ -585,7 +580,7 @@ impl Comm {
     /// Every rank must have chosen the same backend (issue 15, blocker 2): one allgather.
     fn check_same_backend(&self, boot: &Bootstrap) -> Result<()> {
         use crate::device::agree::{check_agreement, BackendCode};
-        let code = match &*lock(&self.dev_pre) {
+        let code = match &*self.dev_pre.lock() {
             None => BackendCode::Host,
             Some(p) if p.api.is_emulated() => BackendCode::Emulated,
             Some(_) => BackendCode::Cuda,
@@ -594,7 +589,7 @@ impl Comm {
     }
 
     fn set_life(&self, l: Life) {
-        *lock(&self.life) = l;
+        *self.life.lock() = l;
         self.life_cv.notify_all();
     }
 
@@ -602,11 +597,11 @@ impl Comm {
         match r {
             Ok(()) => {
                 {
-                    let mut reg = lock(registry());
+                    let mut reg = registry().lock();
                     reg.retain(|w| w.strong_count() > 0);
                     reg.push(Arc::downgrade(self));
                 }
-                let mut g = lock(&self.life);
+                let mut g = self.life.lock();
                 if matches!(*g, Life::Initializing) {
                     *g = Life::Ready;
                 }
@@ -641,7 +636,7 @@ impl Comm {
                     let _ = me.finish_init(r);
                 })
                 .map_err(|e| CclError::sys("spawning the init thread", e))?;
-            *lock(&self.init_thread) = Some(h);
+            *self.init_thread.lock() = Some(h);
             Ok(())
         }
     }
@@ -672,7 +667,7 @@ impl Comm {
     /// Waits until init finished (successfully or not) and returns its outcome.
     pub(crate) fn wait_init_result(&self) -> Result<()> {
         self.wait_init();
-        match &*lock(&self.life) {
+        match &*self.life.lock() {
             Life::Failed(e) => Err(e.clone()),
             _ => Ok(()),
         }
@@ -847,7 +842,7 @@ impl Comm {
     pub fn finalize(&self) -> Result<()> {
         self.wait_init();
         self.async_error()?;
-        let mut g = lock(&self.life);
+        let mut g = self.life.lock();
         match &*g {
             Life::Ready => {
                 *g = Life::Finalized;
@@ -859,15 +854,15 @@ impl Comm {
     }
 
     fn wait_init(&self) {
-        let mut g = lock(&self.life);
+        let mut g = self.life.lock();
         while matches!(*g, Life::Initializing) {
-            g = self.life_cv.wait(g).unwrap_or_else(|p| p.into_inner());
+            self.life_cv.wait(&mut g);
         }
     }
 
     fn stop_worker(&self) {
         if let Some(rt) = self.rt.get() {
-            let w = lock(&rt.worker).take();
+            let w = rt.worker.lock().take();
             if let Some(mut w) = w {
                 w.shutdown();
             }
@@ -878,7 +873,7 @@ impl Comm {
     }
 
     fn join_init_thread(&self) {
-        let h = lock(&self.init_thread).take();
+        let h = self.init_thread.lock().take();
         if let Some(h) = h {
             if h.thread().id() != std::thread::current().id() && h.join().is_err() {
                 tracing::error!(target: "nccl::INIT", rank = self.rank, "init thread panicked");
@@ -890,7 +885,7 @@ impl Comm {
     pub fn destroy(&self) -> Result<()> {
         self.wait_init();
         {
-            let g = lock(&self.life);
+            let g = self.life.lock();
             if matches!(*g, Life::Destroyed) {
                 return Err(CclError::usage("communicator already destroyed"));
             }
@@ -930,7 +925,7 @@ impl Comm {
     /// `ncclCommGetAsyncError`: `Ok(())`, `Err(InProgress)` while initialising, or the error
     /// that broke the communicator.
     pub fn async_error(&self) -> Result<()> {
-        if let Some(e) = lock(&self.broken).clone() {
+        if let Some(e) = self.broken.lock().clone() {
             return Err(e);
         }
         // Device path: a kernel fault or a dead peer seen by the device watch.
@@ -949,7 +944,7 @@ impl Comm {
             self.mark_broken(&e);
             return Err(e);
         }
-        match &*lock(&self.life) {
+        match &*self.life.lock() {
             Life::Initializing => Err(CclError::InProgress),
             Life::Failed(e) => Err(e.clone()),
             Life::Aborted => Err(CclError::Aborted("communicator was aborted".into())),
@@ -985,7 +980,7 @@ impl Comm {
 
     /// Message of the last error on this communicator, for `ncclGetLastError`.
     pub fn last_error(&self) -> Option<String> {
-        lock(&self.last_error).clone()
+        self.last_error.lock().clone()
     }
 
     /// `ncclCommRegister`: returns an opaque non-zero handle.
@@ -998,14 +993,14 @@ impl Comm {
             return self.fail(CclError::arg("ncclCommRegister: buffer range overflows"));
         }
         let h = self.next_reg.fetch_add(1, Ordering::AcqRel);
-        lock(&self.regs).insert(h, (ptr, size));
+        self.regs.lock().insert(h, (ptr, size));
         Ok(h)
     }
 
     /// `ncclCommDeregister`.
     pub fn deregister(&self, handle: usize) -> Result<()> {
         self.usable()?;
-        if lock(&self.regs).remove(&handle).is_none() {
+        if self.regs.lock().remove(&handle).is_none() {
             return self.fail(CclError::arg(format!(
                 "ncclCommDeregister: unknown handle {handle:#x}"
             )));
@@ -1029,7 +1024,7 @@ impl Comm {
             }
             _ => {}
         }
-        let mut t = lock(&self.user_ops);
+        let mut t = self.user_ops.lock();
         if t.len() >= MAX_USER_OPS {
             drop(t);
             return self.fail(CclError::usage(format!(
@@ -1055,7 +1050,7 @@ impl Comm {
                 "ncclRedOpDestroy: op {op} is a built-in operator"
             )));
         }
-        if lock(&self.user_ops).remove(&op).is_none() {
+        if self.user_ops.lock().remove(&op).is_none() {
             return self.fail(CclError::arg(format!(
                 "ncclRedOpDestroy: op {op} was not created on this communicator (or already destroyed)"
             )));
@@ -1066,7 +1061,7 @@ impl Comm {
     // ----- crate-internal -----
 
     pub(crate) fn record_error(&self, e: &CclError) {
-        *lock(&self.last_error) = Some(e.to_string());
+        *self.last_error.lock() = Some(e.to_string());
     }
 
     fn fail<T>(&self, e: CclError) -> Result<T> {
@@ -1075,14 +1070,14 @@ impl Comm {
     }
 
     pub(crate) fn mark_broken(&self, e: &CclError) {
-        let mut b = lock(&self.broken);
+        let mut b = self.broken.lock();
         if b.is_none() {
             *b = Some(e.clone());
         }
     }
 
     pub(crate) fn user_op(&self, op: i32) -> Option<UserOp> {
-        lock(&self.user_ops).get(&op).cloned()
+        self.user_ops.lock().get(&op).cloned()
     }
 
     pub(crate) fn tuning(&self) -> &Tuning {
@@ -1091,8 +1086,8 @@ impl Comm {
 
     /// Ok when operations may be issued.
     pub(crate) fn usable(&self) -> Result<()> {
-        let broken = lock(&self.broken).clone();
-        match &*lock(&self.life) {
+        let broken = self.broken.lock().clone();
+        match &*self.life.lock() {
             Life::Ready => broken.map_or(Ok(()), Err),
             Life::Initializing => Err(CclError::usage(
                 "communicator initialization is still in progress (poll ncclCommGetAsyncError)",
@@ -1116,7 +1111,7 @@ impl Comm {
     /// Runs a job on the calling thread (a batch involving only this communicator).
     pub(crate) fn run_inline(&self, items: Vec<executor::WorkItem>) -> Result<()> {
         let rt = self.ready_runtime()?;
-        let state = match &*lock(&rt.worker) {
+        let state = match &*rt.worker.lock() {
             Some(w) => w.inline(),
             None => return Err(CclError::usage("communicator was destroyed")),
         };
@@ -1137,7 +1132,7 @@ impl Comm {
     /// Submits a job to this communicator's worker.
     pub(crate) fn submit(&self, job: Job) -> Result<()> {
         let rt = self.ready_runtime()?;
-        match &*lock(&rt.worker) {
+        match &*rt.worker.lock() {
             Some(w) => w.submit(job),
             None => Err(CclError::usage("communicator was destroyed")),
         }
@@ -1148,7 +1143,7 @@ impl Comm {
     /// Every communicator of this process that completed init and is still referenced
     /// (for the diagnostic thread, which samples all frames of the process).
     pub fn live() -> Vec<Arc<Comm>> {
-        let mut reg = lock(registry());
+        let mut reg = registry().lock();
         reg.retain(|w| w.strong_count() > 0);
         reg.iter().filter_map(std::sync::Weak::upgrade).collect()
     }

@@ -18,9 +18,10 @@
 //! call); [`reload`] re-reads the variables. Setting logging up never fails: a malformed
 //! value is reported as a warning line that names the variable and a default is used.
 
+use parking_lot::{Mutex, RwLock};
 use std::fmt::Write as _;
 use std::io::Write as _;
-use std::sync::{Arc, Mutex, Once, OnceLock, RwLock};
+use std::sync::{Arc, Once, OnceLock};
 
 use tracing::field::{Field, Visit};
 use tracing::span;
@@ -352,12 +353,8 @@ impl Logger {
 
     fn reload(&self) {
         let (settings, sink, warnings) = read_env(&self.host, self.pid);
-        if let Ok(mut s) = self.settings.write() {
-            *s = settings;
-        }
-        if let Ok(mut k) = self.sink.lock() {
-            *k = sink;
-        }
+        *self.settings.write() = settings;
+        *self.sink.lock() = sink;
         self.print_warnings(&warnings);
     }
 
@@ -365,31 +362,21 @@ impl Logger {
     fn print_warnings(&self, warnings: &[String]) {
         for w in warnings {
             let line = format_line(&self.host, self.pid, thread_id(), 0, "WARN", w);
-            match self.sink.lock() {
-                Ok(mut s) => s.write_line(&line),
-                Err(_) => eprint!("{line}"),
-            }
+            self.sink.lock().write_line(&line);
         }
     }
 
     fn level(&self) -> DebugLevel {
-        self.settings
-            .read()
-            .map(|s| s.level)
-            .unwrap_or(DebugLevel::Warn)
+        self.settings.read().level
     }
 
     fn allows(&self, level: Level, subsys: &str) -> bool {
-        match self.settings.read() {
-            Ok(s) => should_log(s.level, s.mask, level, subsys),
-            Err(_) => false,
-        }
+        let s = self.settings.read();
+        should_log(s.level, s.mask, level, subsys)
     }
 
     fn write(&self, line: &str) {
-        if let Ok(mut s) = self.sink.lock() {
-            s.write_line(line);
-        }
+        self.sink.lock().write_line(line);
     }
 }
 
@@ -650,9 +637,9 @@ mod tests {
             fn event(&self, e: &Event<'_>) {
                 let mut f = Fields::default();
                 e.record(&mut f);
-                if let Ok(mut v) = self.0.lock() {
-                    v.push((f.rank, format!("{}{}", f.message, f.extra)));
-                }
+                self.0
+                    .lock()
+                    .push((f.rank, format!("{}{}", f.message, f.extra)));
             }
             fn enter(&self, _: &span::Id) {}
             fn exit(&self, _: &span::Id) {}
@@ -662,7 +649,7 @@ mod tests {
             tracing::info!(target: "nccl::INIT", rank = 5, peers = 3, "connected {}", "ring");
             tracing::warn!(target: "nccl::NET", "no rank here");
         });
-        let v = seen.lock().unwrap();
+        let v = seen.lock();
         assert_eq!(v[0], (Some(5), "connected ring peers=3".to_string()));
         assert_eq!(v[1], (None, "no rank here".to_string()));
     }

@@ -17,8 +17,9 @@
 //! (default 200 ms): a dead peer fails the operation with
 //! `Remote("rank N (pid P) exited")` within `CCLD_PEER_CHECK_MS + 5 ms`.
 
+use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -107,7 +108,7 @@ pub(crate) struct Completion {
 impl Completion {
     /// Records the result (the first one wins).
     fn set(&self, r: Result<()>) {
-        let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.state.lock();
         if !g.0 {
             *g = (true, Some(r));
             self.cv.notify_all();
@@ -116,12 +117,12 @@ impl Completion {
 
     /// Blocks until the job finished.
     pub fn wait(&self) -> Result<()> {
-        let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.state.lock();
         loop {
             if g.0 {
                 return g.1.take().unwrap_or(Ok(()));
             }
-            g = self.cv.wait(g).unwrap_or_else(|p| p.into_inner());
+            self.cv.wait(&mut g);
         }
     }
 }
@@ -175,7 +176,7 @@ pub(crate) struct WorkerHandle {
 /// Runs `items` on `w`; a panic (a bug) becomes an internal error and breaks the comm,
 /// instead of leaving `group_end` waiting or unwinding into the caller.
 fn run_guarded(w: &Mutex<Worker>, items: Vec<WorkItem>) -> Result<()> {
-    let mut g = w.lock().unwrap_or_else(|p| p.into_inner());
+    let mut g = w.lock();
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| g.run_job(items))).unwrap_or_else(
         |_| {
             let e = CclError::Internal("communicator executor panicked".into());

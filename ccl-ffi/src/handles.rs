@@ -8,7 +8,9 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::{Arc, LazyLock, RwLock};
+use std::sync::{Arc, LazyLock};
+
+use parking_lot::RwLock;
 
 use ccl_core::{CclError, Comm, Result};
 
@@ -21,9 +23,7 @@ static LIVE: LazyLock<RwLock<HashMap<usize, Arc<Comm>>>> =
 /// Makes a handle for `comm` (idempotent for the same communicator).
 pub fn register(comm: Arc<Comm>) -> CommHandle {
     let key = Arc::as_ptr(&comm) as usize;
-    LIVE.write()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(key, comm);
+    LIVE.write().insert(key, comm);
     key as CommHandle
 }
 
@@ -33,7 +33,6 @@ pub fn get(h: CommHandle) -> Result<Arc<Comm>> {
         return Err(CclError::arg("comm is NULL"));
     }
     LIVE.read()
-        .unwrap_or_else(|e| e.into_inner())
         .get(&(h as usize))
         .cloned()
         .ok_or_else(|| not_live(h))
@@ -45,7 +44,6 @@ pub fn remove(h: CommHandle) -> Result<Arc<Comm>> {
         return Err(CclError::arg("comm is NULL"));
     }
     LIVE.write()
-        .unwrap_or_else(|e| e.into_inner())
         .remove(&(h as usize))
         .ok_or_else(|| not_live(h))
 }
@@ -58,5 +56,5 @@ fn not_live(h: CommHandle) -> CclError {
 
 /// Number of live handles (for tests and diagnostics).
 pub fn live_count() -> usize {
-    LIVE.read().unwrap_or_else(|e| e.into_inner()).len()
+    LIVE.read().len()
 }

@@ -8,7 +8,9 @@
 
 use std::alloc::Layout;
 use std::collections::HashMap;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, LazyLock};
+
+use parking_lot::Mutex;
 
 use ccl_core::device::api::DeviceApi;
 use ccl_core::device::runtime::device_api;
@@ -55,7 +57,7 @@ pub fn alloc(size: usize) -> Result<Allocation> {
             })?;
             tracing::debug!(target: "nccl::ALLOC",
                 "ncclMemAlloc {rounded} bytes of {} device {device} memory at {p:#x}", api.name());
-            lock().insert(p, Alloc::Device(api));
+            ALLOCS.lock().insert(p, Alloc::Device(api));
             Ok(Allocation {
                 ptr: p,
                 device: Some(device),
@@ -66,10 +68,6 @@ pub fn alloc(size: usize) -> Result<Allocation> {
             device: None,
         }),
     }
-}
-
-fn lock() -> std::sync::MutexGuard<'static, HashMap<usize, Alloc>> {
-    ALLOCS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn round(size: usize) -> Result<usize> {
@@ -98,7 +96,7 @@ pub fn alloc_host(size: usize) -> Result<usize> {
             "cannot allocate {rounded} bytes of host memory"
         )));
     }
-    lock().insert(p as usize, Alloc::Host(layout));
+    ALLOCS.lock().insert(p as usize, Alloc::Host(layout));
     Ok(p as usize)
 }
 
@@ -108,7 +106,7 @@ pub fn free(ptr: usize) -> Result<()> {
     if ptr == 0 {
         return Ok(());
     }
-    let a = lock().remove(&ptr).ok_or_else(|| {
+    let a = ALLOCS.lock().remove(&ptr).ok_or_else(|| {
         CclError::arg(format!(
             "pointer {ptr:#x} was not returned by ncclMemAlloc (or was already freed)"
         ))

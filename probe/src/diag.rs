@@ -31,10 +31,11 @@
 //! [`Sampler`] that reads frames into records; `diag/thread.rs`: the diagnostic and
 //! reporter threads, batching and [`flush`].
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{fence, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use ccld_wire as wire;
@@ -249,11 +250,6 @@ fn global() -> &'static Global {
     })
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // A poisoned lock only means a panic elsewhere; the plain data is still usable.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// Records and batches lost by the probe so far (queue full, sink down without spool).
 pub fn dropped() -> u64 {
     global().dropped.load(Ordering::Relaxed)
@@ -459,7 +455,7 @@ pub fn register_with_target(
         record_ns: u64::try_from(record.as_nanos()).unwrap_or(u64::MAX),
         seqs: SeqLog::new(),
     });
-    let mut v = lock(&g.sources);
+    let mut v = g.sources.lock();
     v.retain(|(_, w)| w.strong_count() > 0);
     v.push((id, Arc::downgrade(&s)));
     s

@@ -23,8 +23,9 @@
 //!
 //! Diagnoses are logged as warnings (target `nccl::COLL`) and kept for [`Embedded::diagnoses`].
 
+use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use analyzer::{Engine, EngineConfig};
@@ -83,11 +84,6 @@ pub struct Embedded {
     suppressed: Mutex<u64>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Poisoning only means a panic elsewhere; the data is still usable.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 static EMBEDDED: OnceLock<Arc<Embedded>> = OnceLock::new();
 
 /// The embedded analyzer of this process, if `CCLD_ANALYZER=embedded` started one.
@@ -116,23 +112,23 @@ impl Embedded {
 
     /// Every diagnosis made so far, oldest first.
     pub fn diagnoses(&self) -> Vec<wire::Diagnosis> {
-        lock(&self.diagnoses).clone()
+        self.diagnoses.lock().clone()
     }
 
     /// Diagnoses suppressed because the communicator has ranks in other processes.
     pub fn suppressed(&self) -> u64 {
-        *lock(&self.suppressed)
+        *self.suppressed.lock()
     }
 
     /// The engine's view of one communicator.
     pub fn comm_state(&self, comm_id: u64) -> Option<wire::CommState> {
-        lock(&self.engine).comm_state(comm_id, now_ns())
+        self.engine.lock().comm_state(comm_id, now_ns())
     }
 
     /// Feeds one batch at process time `now`.
     pub fn ingest(&self, b: &wire::Batch, now: u64) {
         {
-            let mut seen = lock(&self.ranks_seen);
+            let mut seen = self.ranks_seen.lock();
             for r in &b.records {
                 if let Some(t) = &r.trace {
                     let e = seen.entry(t.comm_id).or_insert((r.nranks, HashSet::new()));
@@ -146,7 +142,7 @@ impl Embedded {
                 }
             }
         }
-        let mut eng = lock(&self.engine);
+        let mut eng = self.engine.lock();
         for hb in &b.heartbeats {
             eng.heartbeat(hb, now);
         }
@@ -160,17 +156,17 @@ impl Embedded {
     /// The caller's ticks paused (its process stopped or starved): see
     /// `analyzer::Engine::note_pause`.
     pub fn note_pause(&self, now: u64) {
-        lock(&self.engine).note_pause(now);
+        self.engine.lock().note_pause(now);
     }
 
     /// Runs detection at `now`; returns (and keeps) the new diagnoses of communicators whose
     /// ranks all report to this process.
     pub fn tick(&self, now: u64) -> Vec<wire::Diagnosis> {
-        let new = lock(&self.engine).tick_with_clock(now, &mut now_ns);
+        let new = self.engine.lock().tick_with_clock(now, &mut now_ns);
         if new.is_empty() {
             return new;
         }
-        let seen = lock(&self.ranks_seen);
+        let seen = self.ranks_seen.lock();
         let (keep, drop): (Vec<_>, Vec<_>) = new.into_iter().partition(|d| {
             seen.get(&d.comm_id)
                 .is_some_and(|(n, set)| set.len() as u32 == *n)
@@ -179,7 +175,7 @@ impl Embedded {
         for d in &keep {
             tracing::warn!(target: "nccl::COLL", "CCL-D diagnosis: {}", crate::describe(d));
         }
-        lock(&self.diagnoses).extend(keep.iter().cloned());
+        self.diagnoses.lock().extend(keep.iter().cloned());
         keep
     }
 }
@@ -189,11 +185,11 @@ impl Embedded {
     /// ranks all report to this process (the others are counted in [`Self::suppressed`]
     /// through their diagnoses).
     pub fn take_incidents(&self) -> Vec<wire::Incident> {
-        let new = lock(&self.engine).take_incidents();
+        let new = self.engine.lock().take_incidents();
         if new.is_empty() {
             return new;
         }
-        let seen = lock(&self.ranks_seen);
+        let seen = self.ranks_seen.lock();
         new.into_iter()
             .filter(|i| {
                 seen.get(&i.comm_id)
@@ -205,12 +201,12 @@ impl Embedded {
     /// Logs and keeps a diagnosis made by the job's hub running in this process.
     pub(crate) fn surface(&self, d: wire::Diagnosis) {
         tracing::warn!(target: "nccl::COLL", "CCL-D diagnosis: {}", crate::describe(&d));
-        lock(&self.diagnoses).push(d);
+        self.diagnoses.lock().push(d);
     }
 }
 
 fn drop_count(m: &Mutex<u64>, n: usize) {
-    *lock(m) += n as u64;
+    *m.lock() += n as u64;
 }
 
 /// Where the embedded sink sends batches.
@@ -461,9 +457,9 @@ pub(crate) mod tests {
         let incs = Arc::new(Mutex::new(Some(shard.subscribe_incidents())));
         let (k, f, i) = (Arc::clone(&known), Arc::clone(&feed), Arc::clone(&incs));
         let hub = HubSource {
-            known: Box::new(move || *lock(&k)),
-            take_feed: Box::new(move || lock(&f).take()),
-            take_incidents: Box::new(move || lock(&i).take()),
+            known: Box::new(move || *k.lock()),
+            take_feed: Box::new(move || f.lock().take()),
+            take_incidents: Box::new(move || i.lock().take()),
             gate: Box::new(|| Gate::Primary),
         };
         let out = crate::report::tests_support::Buf::default();
@@ -477,7 +473,7 @@ pub(crate) mod tests {
             e.comm_state(0x4242).is_some(),
             "local engine fed before a hub is known"
         );
-        *lock(&known) = Some(Hubs {
+        *known.lock() = Some(Hubs {
             primary: addr,
             standby: None,
         });
@@ -519,7 +515,7 @@ pub(crate) mod tests {
             "{local:?}"
         );
         assert_eq!(e.suppressed(), 0);
-        assert!(lock(&feed).is_none(), "the sink took the hub's feed");
+        assert!(feed.lock().is_none(), "the sink took the hub's feed");
         // The hub's process (primary) printed the incident once, with where to query.
         for _ in 0..5 {
             sink.idle();

@@ -30,8 +30,9 @@
 //! report). A hub that cannot be started (bind failure) leaves the job on the other hub, or
 //! on the local engines when neither starts.
 
+use parking_lot::Mutex;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use analyzer::EngineConfig;
@@ -168,13 +169,9 @@ struct Local {
 static HUB: OnceLock<Hubs> = OnceLock::new();
 static LOCAL: Mutex<Option<Local>> = Mutex::new(None);
 
-fn lock_local() -> std::sync::MutexGuard<'static, Option<Local>> {
+fn lock_local() -> parking_lot::MutexGuard<'static, Option<Local>> {
     // Poisoning only means a panic elsewhere; the plain state is still usable.
-    LOCAL.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+    LOCAL.lock()
 }
 
 /// The hubs this process reports to, once it learnt them.
@@ -265,7 +262,7 @@ pub fn watch_primary(primary: SocketAddr, w: Arc<Mutex<Watch>>) {
     loop {
         let t = std::time::Instant::now();
         let ok = probe_hub(&mut c);
-        let d = lock(&w).observe(ok, analyzer_net::server::now_ns());
+        let d = w.lock().observe(ok, analyzer_net::server::now_ns());
         match d {
             Decision::Wait => {}
             Decision::TakeOver | Decision::Active => {
@@ -285,7 +282,7 @@ pub fn gate() -> Gate {
     match g.as_ref().map(|l| (l.role, l.watch.as_ref())) {
         Some((Some(Role::Primary), _)) => Gate::Primary,
         Some((Some(Role::Standby), Some(w))) => {
-            let w = lock(w);
+            let w = w.lock();
             Gate::Standby {
                 active: w.active(),
                 last_ok_ns: w.last_ok_ns(),
@@ -542,12 +539,12 @@ mod tests {
         let (addr, w2) = (shard.addr, Arc::clone(&w));
         let t = std::thread::spawn(move || watch_primary(addr, w2));
         std::thread::sleep(Duration::from_millis(1500));
-        assert!(!lock(&w).active(), "no take-over while the primary answers");
+        assert!(!w.lock().active(), "no take-over while the primary answers");
         let killed = std::time::Instant::now();
         shard.kill();
         t.join().unwrap();
         let took = killed.elapsed();
-        assert!(lock(&w).active());
+        assert!(w.lock().active());
         assert!(
             took >= standby::TAKEOVER_AFTER && took < Duration::from_secs(3),
             "took over after {took:?}"

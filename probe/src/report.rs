@@ -137,15 +137,16 @@ pub fn from_env(get: crate::diag::EnvGet<'_>) -> Result<Reporter, String> {
 /// Test helpers shared with other modules' tests.
 #[cfg(test)]
 pub(crate) mod tests_support {
+    use parking_lot::Mutex;
     use std::io::Write;
-    use std::sync::{Arc, Mutex};
+    use std::sync::Arc;
 
     /// A shared in-memory writer.
     #[derive(Clone, Default)]
     pub(crate) struct Buf(Arc<Mutex<Vec<u8>>>);
     impl Write for Buf {
         fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(b);
+            self.0.lock().extend_from_slice(b);
             Ok(b.len())
         }
         fn flush(&mut self) -> std::io::Result<()> {
@@ -155,7 +156,7 @@ pub(crate) mod tests_support {
     impl Buf {
         /// Everything written so far.
         pub(crate) fn text(&self) -> String {
-            String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+            String::from_utf8(self.0.lock().clone()).unwrap()
         }
     }
 }

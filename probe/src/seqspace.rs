@@ -18,8 +18,8 @@
 //! log; the executor writes it before it starts the operation, the diagnostic thread reads
 //! it when it builds a record.
 
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 
 use crate::FRAME_BLOCKS;
 
@@ -76,10 +76,6 @@ impl Default for SeqLog {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl SeqLog {
     /// An empty log.
     pub fn new() -> Self {
@@ -98,19 +94,19 @@ impl SeqLog {
             SeqSpace::P2p => self.p2p_groups.store(id.number + 1, Ordering::Relaxed),
         }
         let slot = &self.slots[(local % FRAME_BLOCKS as u64) as usize];
-        *lock(slot) = (local + 1, id);
+        *slot.lock() = (local + 1, id);
     }
 
     /// The identity of local operation `local`, if its slot still holds it.
     pub fn get(&self, local: u64) -> Option<OpSeq> {
-        let slot = lock(&self.slots[(local % FRAME_BLOCKS as u64) as usize]);
+        let slot = (self.slots[(local % FRAME_BLOCKS as u64) as usize]).lock();
         (slot.0 == local + 1).then(|| slot.1.clone())
     }
 
     /// The selection key of local operation `local` for record thinning: its collective
     /// number (the same on every rank), or the local counter when unknown or p2p.
     pub fn thin_key(&self, local: u64) -> u64 {
-        let slot = lock(&self.slots[(local % FRAME_BLOCKS as u64) as usize]);
+        let slot = (self.slots[(local % FRAME_BLOCKS as u64) as usize]).lock();
         match &*slot {
             (
                 l,

@@ -6,7 +6,9 @@
 use std::collections::{HashMap, VecDeque};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::wire::{
@@ -45,9 +47,7 @@ pub(crate) struct Shared {
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Mailbox> {
-        // A poisoned lock only means another thread panicked while holding it; the mailbox
-        // itself stays consistent (every update is a single insert/remove).
-        self.mailbox.lock().unwrap_or_else(|p| p.into_inner())
+        self.mailbox.lock()
     }
 
     fn deliver(&self, key: Key, data: Vec<u8>) {
@@ -127,7 +127,7 @@ impl Network {
             .ok_or_else(|| CclError::Internal(format!("bootstrap: no slot for rank {peer}")))?;
         // One lock per peer: senders to the same peer serialise (frames never interleave) and
         // at most one connection per (sender, receiver) pair exists, keeping frames in order.
-        let mut guard = slot.lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = slot.lock();
         if guard.is_none() {
             *guard = Some(self.connect(peer, addr, stop)?);
         }
@@ -200,12 +200,7 @@ impl Network {
                 }));
             }
             stop.check()?;
-            mb = self
-                .shared
-                .cv
-                .wait_timeout(mb, WAIT_SLICE)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            self.shared.cv.wait_for(&mut mb, WAIT_SLICE);
         }
     }
 }

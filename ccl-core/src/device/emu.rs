@@ -38,9 +38,10 @@
 //!   waited for every kernel on a real device (a deadlock when the kernels wait for this
 //!   thread's next launch). Tests assert the runtime makes none.
 
+use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use kernels::ffi::{ccl_dev_plan_t, CCL_MAX_CHANNELS};
 
@@ -133,11 +134,6 @@ impl std::fmt::Debug for EmuStream {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // A poisoned lock only means a thread panicked holding it; the queue state is plain.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 fn faulted(what: &str, id: usize, m: &str) -> CclError {
     CclError::System(format!(
         "emulated device: {what} on stream {id:#x}: an earlier kernel faulted: {m}"
@@ -162,7 +158,7 @@ impl EmuStream {
     fn run(&self) {
         loop {
             let (cmd, fault) = {
-                let mut g = lock(&self.q);
+                let mut g = self.q.lock();
                 loop {
                     if let Some(c) = g.cmds.pop_front() {
                         kernels::sim::hb_acquire(self.hb());
@@ -171,7 +167,7 @@ impl EmuStream {
                     if g.stop {
                         return;
                     }
-                    g = self.cv.wait(g).unwrap_or_else(|p| p.into_inner());
+                    self.cv.wait(&mut g);
                 }
             };
             let new_fault = match (cmd, fault) {
@@ -201,7 +197,7 @@ impl EmuStream {
                 }
                 (Cmd::Wait(ev, gen), None) => ev.wait(gen).err(),
             };
-            let mut g = lock(&self.q);
+            let mut g = self.q.lock();
             if let Some(m) = new_fault {
                 tracing::warn!(target: "nccl::COLL",
                     "emulated device: stream {:#x} faulted: {m}", self.id);
@@ -214,7 +210,7 @@ impl EmuStream {
     }
 
     fn push(&self, cmd: Cmd) -> Result<()> {
-        let mut g = lock(&self.q);
+        let mut g = self.q.lock();
         if g.stop {
             return Err(CclError::usage("emulated device: stream was destroyed"));
         }
@@ -234,7 +230,7 @@ impl EmuStream {
 
     /// Whether the stream's work is done (an error after a fault).
     fn query(&self) -> Result<bool> {
-        let g = lock(&self.q);
+        let g = self.q.lock();
         if let Some(m) = &g.fault {
             return Err(faulted("query", self.id, m));
         }
@@ -251,9 +247,9 @@ impl EmuStream {
     }
 
     fn sync(&self) -> Result<()> {
-        let mut g = lock(&self.q);
+        let mut g = self.q.lock();
         while g.pending > 0 {
-            g = self.cv.wait(g).unwrap_or_else(|p| p.into_inner());
+            self.cv.wait(&mut g);
         }
         if let Some(m) = &g.fault {
             return Err(faulted("synchronize", self.id, m));
@@ -270,7 +266,7 @@ impl EmuStream {
     }
 
     fn stop(&self) {
-        lock(&self.q).stop = true;
+        self.q.lock().stop = true;
         self.cv.notify_all();
     }
 }
@@ -295,30 +291,30 @@ struct EventState {
 
 impl EmuEvent {
     fn next_record(&self) -> u64 {
-        let mut g = lock(&self.st);
+        let mut g = self.st.lock();
         g.recorded += 1;
         g.recorded
     }
 
     fn last_record(&self) -> u64 {
-        lock(&self.st).recorded
+        self.st.lock().recorded
     }
 
     fn complete(&self, gen: u64) {
-        let mut g = lock(&self.st);
+        let mut g = self.st.lock();
         g.done = g.done.max(gen);
         kernels::sim::hb_release(self as *const EmuEvent as usize);
         self.cv.notify_all();
     }
 
     fn fail(&self, _gen: u64, m: &str) {
-        lock(&self.st).fault.get_or_insert_with(|| m.to_string());
+        self.st.lock().fault.get_or_insert_with(|| m.to_string());
         self.cv.notify_all();
     }
 
     /// Blocks until record `gen` completed; the fault when the stream behind it faulted.
     fn wait(&self, gen: u64) -> std::result::Result<(), String> {
-        let mut g = lock(&self.st);
+        let mut g = self.st.lock();
         loop {
             if let Some(m) = &g.fault {
                 return Err(format!("waited for an event behind a fault: {m}"));
@@ -328,12 +324,12 @@ impl EmuEvent {
                 kernels::sim::hb_acquire(self as *const EmuEvent as usize);
                 return Ok(());
             }
-            g = self.cv.wait(g).unwrap_or_else(|p| p.into_inner());
+            self.cv.wait(&mut g);
         }
     }
 
     fn query(&self) -> Result<bool> {
-        let g = lock(&self.st);
+        let g = self.st.lock();
         if let Some(m) = &g.fault {
             return Err(CclError::System(format!(
                 "emulated device: event query: a kernel before the event faulted: {m}"
@@ -384,7 +380,7 @@ impl EmuDevice {
             )));
         }
         ALLOCS.with(|c| c.set(c.get() + 1));
-        lock(&self.allocs).insert(
+        self.allocs.lock().insert(
             p as usize,
             Alloc {
                 len: bytes.max(1),
@@ -399,10 +395,10 @@ impl EmuDevice {
         if p == 0 {
             return Ok(());
         }
-        if lock(&self.streams).values().any(|s| !s.idle()) {
+        if self.streams.lock().values().any(|s| !s.idle()) {
             BUSY_FREES.with(|c| c.set(c.get() + 1));
         }
-        let mut g = lock(&self.allocs);
+        let mut g = self.allocs.lock();
         match g.get(&p) {
             Some(a) if a.mapped == mapped => {
                 let a = *a;
@@ -427,7 +423,8 @@ impl EmuDevice {
         } else {
             s
         };
-        lock(&self.streams)
+        self.streams
+            .lock()
             .get(&s)
             .cloned()
             .ok_or_else(|| CclError::arg(format!("emulated device: unknown stream {s:#x}")))
@@ -435,18 +432,18 @@ impl EmuDevice {
 
     /// Bytes allocated and not freed (device + mapped), for leak checks in tests.
     pub fn live_allocations(&self) -> usize {
-        lock(&self.allocs).len()
+        self.allocs.lock().len()
     }
 
     /// Host ranges registered ([`DeviceApi::host_register`]) and not unregistered, for leak
     /// checks in tests.
     pub fn live_registrations(&self) -> usize {
-        lock(&self.registered).len()
+        self.registered.lock().len()
     }
 
     /// How many times the plan kernel was preloaded on `device` (communicator inits).
     pub fn preloads(&self, device: i32) -> usize {
-        lock(&self.preloaded).get(&device).copied().unwrap_or(0)
+        self.preloaded.lock().get(&device).copied().unwrap_or(0)
     }
 
     /// Kernels launched on a device whose kernel was never preloaded (on CUDA with lazy
@@ -458,7 +455,7 @@ impl EmuDevice {
     /// Testing aid: the next kernel launched on `device` faults with `message` (like an
     /// illegal memory access: the stream stops, queries report the fault).
     pub fn fault_next_kernel(&self, device: i32, message: &str) {
-        lock(&self.faults).insert(device, message.to_string());
+        self.faults.lock().insert(device, message.to_string());
     }
 
     /// Kernels launched whose plan arrays were in mapped host memory (on a GPU: read over
@@ -469,7 +466,8 @@ impl EmuDevice {
 
     /// Whether `p` lies in an allocation of this device of the kind (mapped or device).
     fn in_alloc(&self, p: usize, mapped: bool) -> bool {
-        lock(&self.allocs)
+        self.allocs
+            .lock()
             .range(..=p)
             .next_back()
             .is_some_and(|(base, a)| p < base + a.len && a.mapped == mapped)
@@ -477,11 +475,12 @@ impl EmuDevice {
 
     /// Events created and not destroyed, for leak checks in tests.
     pub fn live_events(&self) -> usize {
-        lock(&self.events).len()
+        self.events.lock().len()
     }
 
     fn event(&self, e: Event) -> Result<Arc<EmuEvent>> {
-        lock(&self.events)
+        self.events
+            .lock()
             .get(&e)
             .cloned()
             .ok_or_else(|| CclError::arg(format!("emulated device: unknown event {e:#x}")))
@@ -490,7 +489,7 @@ impl EmuDevice {
     /// Whether kernels on `device` were allowed to reach `peer`'s memory
     /// ([`DeviceApi::enable_peer_access`]).
     pub fn peer_access_enabled(&self, device: i32, peer: i32) -> bool {
-        lock(&self.peer_access).contains(&(device, peer))
+        self.peer_access.lock().contains(&(device, peer))
     }
 }
 
@@ -521,14 +520,14 @@ impl DeviceApi for EmuDevice {
 
     fn pointer_info(&self, p: usize) -> Result<PtrInfo> {
         let alloc = {
-            let g = lock(&self.allocs);
+            let g = self.allocs.lock();
             g.range(..=p)
                 .next_back()
                 .filter(|(base, a)| p < *base + a.len)
                 .map(|(_, a)| *a)
         };
         let registered = {
-            let g = lock(&self.registered);
+            let g = self.registered.lock();
             g.range(..=p)
                 .next_back()
                 .is_some_and(|(base, len)| p < base + len)
@@ -574,7 +573,7 @@ impl DeviceApi for EmuDevice {
                 "emulated device: enable_peer_access({peer}) from device {dev}"
             )));
         }
-        lock(&self.peer_access).insert((dev, peer));
+        self.peer_access.lock().insert((dev, peer));
         Ok(())
     }
 
@@ -647,7 +646,7 @@ impl DeviceApi for EmuDevice {
                 "emulated device: host_register({host:#x}, {bytes}): range overflows"
             ))
         })?;
-        let mut g = lock(&self.registered);
+        let mut g = self.registered.lock();
         let before = g.range(..end).next_back();
         if let Some((b, l)) = before.filter(|(b, l)| **b + **l > host) {
             return Err(CclError::arg(format!(
@@ -660,7 +659,7 @@ impl DeviceApi for EmuDevice {
     }
 
     fn host_unregister(&self, host: usize) -> Result<()> {
-        match lock(&self.registered).remove(&host) {
+        match self.registered.lock().remove(&host) {
             Some(_) => Ok(()),
             None => Err(CclError::arg(format!(
                 "emulated device: host_unregister({host:#x}): not registered \
@@ -670,7 +669,7 @@ impl DeviceApi for EmuDevice {
     }
 
     fn default_stream(&self, device: i32) -> Result<Stream> {
-        let mut d = lock(&self.defaults);
+        let mut d = self.defaults.lock();
         if let Some(s) = d.get(&device) {
             return Ok(*s);
         }
@@ -683,17 +682,19 @@ impl DeviceApi for EmuDevice {
         // Handles look like (non-null, aligned) pointers.
         let id = 0x1000 + 0x10 * self.next_stream.fetch_add(1, Ordering::Relaxed);
         let s = EmuStream::start(id)?;
-        lock(&self.streams).insert(id, s);
+        self.streams.lock().insert(id, s);
         Ok(id)
     }
 
     fn stream_destroy(&self, s: Stream) -> Result<()> {
-        if lock(&self.defaults).values().any(|d| *d == s) {
+        if self.defaults.lock().values().any(|d| *d == s) {
             return Err(CclError::arg(
                 "emulated device: a default stream cannot be destroyed",
             ));
         }
-        let st = lock(&self.streams)
+        let st = self
+            .streams
+            .lock()
             .remove(&s)
             .ok_or_else(|| CclError::arg(format!("emulated device: unknown stream {s:#x}")))?;
         // Like cudaStreamDestroy: returns at once; queued work still runs.
@@ -717,13 +718,14 @@ impl DeviceApi for EmuDevice {
 
     fn event_create(&self) -> Result<Event> {
         let id = 0x10_0000 + 0x10 * self.next_event.fetch_add(1, Ordering::Relaxed);
-        lock(&self.events).insert(id, Arc::new(EmuEvent::default()));
+        self.events.lock().insert(id, Arc::new(EmuEvent::default()));
         Ok(id)
     }
 
     fn event_destroy(&self, e: Event) -> Result<()> {
         // Like cudaEventDestroy: pending records still complete (the commands hold it).
-        lock(&self.events)
+        self.events
+            .lock()
             .remove(&e)
             .map(|_| ())
             .ok_or_else(|| CclError::arg(format!("emulated device: unknown event {e:#x}")))
@@ -751,7 +753,9 @@ impl DeviceApi for EmuDevice {
     }
 
     fn preload_kernel(&self) -> Result<()> {
-        *lock(&self.preloaded)
+        *self
+            .preloaded
+            .lock()
             .entry(CURRENT.with(|c| c.get()))
             .or_default() += 1;
         Ok(())
@@ -760,12 +764,12 @@ impl DeviceApi for EmuDevice {
     unsafe fn launch_plan(&self, plan: &ccl_dev_plan_t, s: Stream) -> Result<()> {
         let which = emu_kernel()?;
         let device = CURRENT.with(|c| c.get());
-        if !lock(&self.preloaded).contains_key(&device) {
+        if !self.preloaded.lock().contains_key(&device) {
             self.unloaded_launches.fetch_add(1, Ordering::AcqRel);
         }
         let ll = plan.proto == kernels::ffi::CCL_PROTO_LL;
         type KernelFn = Box<dyn FnOnce() -> std::result::Result<(), String> + Send>;
-        let fault = lock(&self.faults).remove(&device);
+        let fault = self.faults.lock().remove(&device);
         if self.in_alloc(plan.steps as usize, true) || self.in_alloc(plan.conns as usize, true) {
             self.mapped_plan_launches.fetch_add(1, Ordering::AcqRel);
         }

@@ -25,9 +25,10 @@
 //! (no hang; the operations' completion functions then run and record them as failed in
 //! the probe with the cause), and logs a WARN line. The [`Judge`] is the pure part.
 
+use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -183,7 +184,7 @@ impl WatchHandle {
 
     /// The failure record of the communicator, if it failed.
     pub(crate) fn failure(&self) -> Option<probe::Failure> {
-        lock(&self.0.failure).as_ref().map(|(_, f)| f.clone())
+        self.0.failure.lock().as_ref().map(|(_, f)| f.clone())
     }
 
     /// The communicator failed with `e` (a completion function saw it, e.g. the
@@ -192,10 +193,6 @@ impl WatchHandle {
     pub(crate) fn fail(&self, e: CclError, f: probe::Failure) -> bool {
         fail(&self.0, e, f)
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Watch {
@@ -241,14 +238,14 @@ impl Watch {
 
     /// The communicator's asynchronous error, if it failed.
     pub(crate) fn error(&self) -> Option<CclError> {
-        lock(&self.sh.failure).as_ref().map(|(e, _)| e.clone())
+        self.sh.failure.lock().as_ref().map(|(e, _)| e.clone())
     }
 
     /// Stops and joins the thread (idempotent).
     pub(crate) fn stop(&self) {
-        *lock(&self.sh.stop) = true;
+        *self.sh.stop.lock() = true;
         self.sh.cv.notify_all();
-        if let Some(h) = lock(&self.thread).take() {
+        if let Some(h) = self.thread.lock().take() {
             if h.join().is_err() {
                 tracing::error!(target: "nccl::INIT", "the device watch thread panicked");
             }
@@ -273,11 +270,8 @@ fn run(sh: &Shared, cfg: &WatchCfg) {
     let mut judge = Judge::default();
     loop {
         {
-            let g = lock(&sh.stop);
-            let (g, _) = sh
-                .cv
-                .wait_timeout_while(g, cfg.period, |stop| !*stop)
-                .unwrap_or_else(|p| p.into_inner());
+            let mut g = sh.stop.lock();
+            sh.cv.wait_while_for(&mut g, |stop| !*stop, cfg.period);
             if *g {
                 return;
             }
@@ -313,7 +307,7 @@ fn run(sh: &Shared, cfg: &WatchCfg) {
 /// first) and raises the abort flag of its kernels.
 fn fail(sh: &Shared, e: CclError, f: probe::Failure) -> bool {
     let first = {
-        let mut g = lock(&sh.failure);
+        let mut g = sh.failure.lock();
         let first = g.is_none();
         g.get_or_insert((e, f));
         first

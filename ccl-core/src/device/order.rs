@@ -10,7 +10,8 @@
 //! stream need no wait: the stream orders them. The same event tells the liveness watch
 //! ([`super::liveness`]) whether the last operation is done or faulted.
 
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 
 use super::api::{DeviceApi, Event, Stream};
 use crate::error::Result;
@@ -49,7 +50,7 @@ impl Order {
     /// "default"): waits for the previous operation when it ran on another stream.
     /// Returns whether a wait was enqueued.
     pub(crate) fn join(&self, s: Stream) -> Result<bool> {
-        let last = *self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let last = *self.last.lock();
         if needs_wait(last, s) {
             self.api.stream_wait_event(s, self.event)?;
             return Ok(true);
@@ -61,7 +62,7 @@ impl Order {
     /// was enqueued, including a wait from [`Self::join`], stays ordered): records the
     /// event on `s`.
     pub(crate) fn mark(&self, s: Stream) -> Result<()> {
-        let mut g = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.last.lock();
         self.api.event_record(self.event, s)?;
         *g = Some(s);
         Ok(())

@@ -36,11 +36,12 @@
 //! the FIFO descriptor codec and `attach`; `runtime/enqueue.rs` the memory pool, plan upload
 //! and `enqueue`.
 
+use parking_lot::{Condvar, Mutex};
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kernels::ffi::{
@@ -248,34 +249,25 @@ struct Inflight {
 
 impl Inflight {
     fn add(&self) {
-        *lock(&self.n) += 1;
+        *self.n.lock() += 1;
     }
     fn done(&self) {
-        let mut g = lock(&self.n);
+        let mut g = self.n.lock();
         *g = g.saturating_sub(1);
         self.cv.notify_all();
     }
     fn wait_zero(&self, limit: Duration) -> bool {
         let t0 = Instant::now();
-        let mut g = lock(&self.n);
+        let mut g = self.n.lock();
         while *g > 0 {
             let left = limit.saturating_sub(t0.elapsed());
             if left.is_zero() {
                 return false;
             }
-            g = self
-                .cv
-                .wait_timeout(g, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            self.cv.wait_for(&mut g, left);
         }
         true
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // A poisoned lock only means another thread panicked holding it; the state is plain.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[derive(Debug, Default)]
@@ -403,7 +395,7 @@ impl DeviceComm {
     /// the abort flag. Later enqueues fail.
     pub(crate) fn shutdown(&self) {
         {
-            let mut st = lock(&self.state);
+            let mut st = self.state.lock();
             if st.closed {
                 return;
             }
@@ -431,7 +423,7 @@ impl DeviceComm {
             .map_err(|e| tracing::warn!(target: "nccl::INIT", rank = self.rank, "{e}"))
             .ok();
         let mut errs = self.free_spares();
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         for p in st.opened.drain(..) {
             errs.push(self.api.ipc_close(p));
         }

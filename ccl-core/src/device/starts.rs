@@ -21,8 +21,8 @@
 //! a count of operations in flight and the queue of starts not run yet, behind one lock,
 //! so that a start is run exactly once, by exactly one of the two places.
 
+use parking_lot::Mutex;
 use std::collections::VecDeque;
-use std::sync::Mutex;
 
 /// An operation's start bookkeeping (runs on a host thread, never calls the device).
 pub type StartFn = Box<dyn FnOnce() + Send + 'static>;
@@ -41,7 +41,7 @@ pub struct Starts {
 
 impl std::fmt::Debug for Starts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let g = self.q.lock().unwrap_or_else(|p| p.into_inner());
+        let g = self.q.lock();
         write!(
             f,
             "Starts(inflight {}, queued {})",
@@ -56,7 +56,7 @@ impl Starts {
     /// [`Self::complete`] exactly once). Returns its start when the caller must run it
     /// now (nothing in flight), `None` when a completion will run it.
     pub fn submit(&self, start: StartFn) -> Option<StartFn> {
-        let mut g = self.q.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.q.lock();
         g.inflight += 1;
         if g.inflight == 1 {
             Some(start)
@@ -69,7 +69,7 @@ impl Starts {
     /// An operation completed: returns the start of the next one to run now, if one was
     /// enqueued meanwhile.
     pub fn complete(&self) -> Option<StartFn> {
-        let mut g = self.q.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.q.lock();
         g.inflight = g.inflight.saturating_sub(1);
         g.queued.pop_front()
     }
@@ -77,13 +77,14 @@ impl Starts {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
+    use parking_lot::Mutex;
+    use std::sync::Arc;
 
     use super::*;
 
     fn rec(log: &Arc<Mutex<Vec<usize>>>, i: usize) -> StartFn {
         let l = Arc::clone(log);
-        Box::new(move || l.lock().unwrap().push(i))
+        Box::new(move || l.lock().push(i))
     }
 
     #[test]
@@ -93,14 +94,14 @@ mod tests {
         s.submit(rec(&log, 1)).expect("idle: run now")();
         assert!(s.submit(rec(&log, 2)).is_none());
         assert!(s.submit(rec(&log, 3)).is_none());
-        assert_eq!(*log.lock().unwrap(), [1]);
+        assert_eq!(*log.lock(), [1]);
         s.complete().expect("op 2 starts when op 1 completes")();
-        assert_eq!(*log.lock().unwrap(), [1, 2]);
+        assert_eq!(*log.lock(), [1, 2]);
         s.complete().expect("op 3 starts when op 2 completes")();
         assert!(s.complete().is_none(), "op 3 completes: nothing queued");
         s.submit(rec(&log, 4)).expect("idle again")();
         assert!(s.complete().is_none());
-        assert_eq!(*log.lock().unwrap(), [1, 2, 3, 4]);
+        assert_eq!(*log.lock(), [1, 2, 3, 4]);
     }
 
     #[test]
@@ -126,7 +127,7 @@ mod tests {
         }
         drop(tx);
         completer.join().unwrap();
-        let got = log.lock().unwrap().clone();
+        let got = log.lock().clone();
         assert_eq!(got, (0..2000).collect::<Vec<_>>(), "in order, each once");
     }
 }

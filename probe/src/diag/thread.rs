@@ -3,7 +3,7 @@
 use super::*;
 
 pub(super) fn live_sources() -> Vec<Arc<Source>> {
-    let mut v = lock(&global().sources);
+    let mut v = global().sources.lock();
     v.retain(|(_, w)| w.strong_count() > 0);
     v.iter().filter_map(|(_, w)| w.upgrade()).collect()
 }
@@ -20,7 +20,9 @@ pub fn start_with(
     let g = global();
     g.started
         .get_or_init(|| {
-            let rx = lock(&g.done_rx)
+            let rx = g
+                .done_rx
+                .lock()
                 .take()
                 .ok_or_else(|| "diagnostic thread already started".to_string())?;
             let mut sink = make_sink()?;

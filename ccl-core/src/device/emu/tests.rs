@@ -376,15 +376,15 @@ fn streams_run_in_order_and_query_tells_pending_work() {
     .unwrap();
     for i in 0..3 {
         let l = Arc::clone(&log);
-        d.launch_host_fn(s, Box::new(move || lock(&l).push(i)))
+        d.launch_host_fn(s, Box::new(move || l.lock().push(i)))
             .unwrap();
     }
     assert!(!d.stream_query(s).unwrap());
-    assert!(lock(&log).is_empty());
+    assert!(log.lock().is_empty());
     gate.store(1, Ordering::Release);
     d.stream_synchronize(s).unwrap();
     assert!(d.stream_query(s).unwrap());
-    assert_eq!(*lock(&log), vec![0, 1, 2]);
+    assert_eq!(*log.lock(), vec![0, 1, 2]);
     // Stream 0 is the current device's default stream.
     d.set_device(3).unwrap();
     let d3 = d.default_stream(3).unwrap();

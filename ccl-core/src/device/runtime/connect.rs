@@ -462,7 +462,7 @@ impl DeviceComm {
     ) -> Result<FifoEnds> {
         let mut raw = Vec::with_capacity(n);
         let mut ipc = Vec::with_capacity(n);
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         for ch in 0..n {
             let base = self.api.malloc(self.conn_bytes())?;
             st.owned.push(base);
@@ -510,7 +510,7 @@ impl DeviceComm {
         let name = staging_name(self.comm_id, self.rank, peer, link, std::process::id());
         let seg = Staged::map(&self.api, ShmRegion::create(&name, bytes)?)?;
         let offsets: Vec<usize> = (0..n).map(|ch| ch * stride).collect();
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         for (ch, &off) in offsets.iter().enumerate() {
             // SAFETY: off + SLOTS_OFF <= off + stride <= bytes: inside the user area, which
             // `Staged::map` claimed for the device; no kernel or peer has its address yet.
@@ -567,7 +567,7 @@ impl DeviceComm {
                 let mut v = Vec::with_capacity(n);
                 for h in &handles {
                     let p = self.api.ipc_open(h)?;
-                    lock(&self.state).opened.push(p);
+                    self.state.lock().opened.push(p);
                     v.push(p);
                 }
                 v
@@ -576,7 +576,7 @@ impl DeviceComm {
                 self.staged_outbound(link, peer, d.pid, &name, &offsets)?
             }
         };
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         for (ch, base) in bases.into_iter().enumerate() {
             st.conns.insert(
                 ConnKey {
@@ -657,7 +657,7 @@ impl DeviceComm {
             tracing::warn!(target: "nccl::SHM", rank = self.rank, "{e}");
         }
         let bases = offsets.iter().map(|&o| seg.dev_addr(o)).collect();
-        lock(&self.state).staged.push(seg);
+        self.state.lock().staged.push(seg);
         Ok(bases)
     }
 
@@ -666,7 +666,7 @@ impl DeviceComm {
     /// point of its program (its matching operation).
     pub(crate) fn p2p_begin(&self, peers: &[usize]) -> Result<()> {
         let mut new: Vec<usize> = {
-            let st = lock(&self.state);
+            let st = self.state.lock();
             peers
                 .iter()
                 .copied()
@@ -679,17 +679,17 @@ impl DeviceComm {
         new.dedup();
         for &p in &new {
             self.send_inbound(LinkKind::P2p, p, self.tuning.p2p_channels(), TAG_P2P)?;
-            lock(&self.state).p2p_pending.push(p);
+            self.state.lock().p2p_pending.push(p);
         }
         Ok(())
     }
 
     /// Phase 2: receives the descriptors of the peers of [`Self::p2p_begin`].
     pub(crate) fn p2p_finish(&self) -> Result<()> {
-        let pending = std::mem::take(&mut lock(&self.state).p2p_pending);
+        let pending = std::mem::take(&mut self.state.lock().p2p_pending);
         for p in pending {
             self.recv_outbound(LinkKind::P2p, p, self.tuning.p2p_channels(), TAG_P2P)?;
-            lock(&self.state).p2p_peers.insert(p);
+            self.state.lock().p2p_peers.insert(p);
             tracing::debug!(target: "nccl::P2P", rank = self.rank,
                 "comm {:#018x}: device p2p FIFOs with rank {p} connected", self.comm_id);
         }

@@ -7,7 +7,7 @@ impl DeviceComm {
     /// A spare device block of at least `bytes` (the smallest that fits), else a new one.
     pub(super) fn take_device(&self, bytes: usize) -> Result<(usize, usize)> {
         {
-            let mut sp = lock(&self.spare);
+            let mut sp = self.spare.lock();
             let best = sp
                 .iter()
                 .enumerate()
@@ -28,7 +28,7 @@ impl DeviceComm {
     /// A spare mapped block of at least `bytes` (the smallest that fits), else a new one.
     pub(super) fn take_mapped(&self, bytes: usize) -> Result<(Mapped, usize)> {
         {
-            let mut sp = lock(&self.spare);
+            let mut sp = self.spare.lock();
             let best = sp
                 .iter()
                 .enumerate()
@@ -48,7 +48,7 @@ impl DeviceComm {
 
     /// Frees the spare blocks (destroy, after every operation completed).
     pub(super) fn free_spares(&self) -> Vec<Result<()>> {
-        let v = std::mem::take(&mut *lock(&self.spare));
+        let v = std::mem::take(&mut *self.spare.lock());
         v.into_iter()
             .map(|f| match f {
                 Freed::Device { ptr, .. } => self.api.free(ptr),
@@ -166,7 +166,7 @@ impl DeviceComm {
                     match unsafe { self.api.memcpy_async(d, m.host, total, stream) } {
                         Ok(()) => Ok((d, b)),
                         Err(e) => {
-                            lock(&self.spare).push(Freed::Device { ptr: d, bytes: b });
+                            self.spare.lock().push(Freed::Device { ptr: d, bytes: b });
                             Err(e)
                         }
                     }
@@ -174,7 +174,7 @@ impl DeviceComm {
                 match copied {
                     Ok(v) => v,
                     Err(e) => {
-                        lock(&self.spare).push(Freed::Mapped { m, bytes });
+                        self.spare.lock().push(Freed::Mapped { m, bytes });
                         return Err(e);
                     }
                 }
@@ -236,7 +236,7 @@ impl DeviceComm {
 
     /// Enqueues one work item on `stream` (0 = default stream) and returns.
     pub(crate) fn enqueue(&self, item: &WorkItem, stream: Stream) -> Result<()> {
-        if lock(&self.state).closed {
+        if self.state.lock().closed {
             return Err(CclError::usage("communicator was destroyed"));
         }
         // A kernel fault or a dead peer broke the communicator (blocker 8).
@@ -260,7 +260,7 @@ impl DeviceComm {
         let r = self.enqueue_inner(item, stream, &mut frees);
         if r.is_err() && !frees.is_empty() {
             // Nothing was enqueued that uses them (or the completion function owns them).
-            lock(&self.spare).extend(frees);
+            self.spare.lock().extend(frees);
         }
         let marked = self.order.mark(stream);
         match r.and(marked) {
@@ -357,7 +357,7 @@ impl DeviceComm {
         }
         let mut lp = lower(&run_plan, bufs.len())?;
         let faults = apply_fault(&mut lp, &fault);
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         let mut conns: Vec<ccl_dev_conn_t> = lp
             .conns
             .iter()
@@ -439,7 +439,7 @@ impl DeviceComm {
         }
         // The descriptors of the kernels' check (by buffer index, as on the host backend)
         // and the operation's sequence-space identity for the probe.
-        let (descs, seq_id) = lock(&self.seqs).descriptors(item);
+        let (descs, seq_id) = self.seqs.lock().descriptors(item);
         let checking = crate::desc::check_on();
         if checking {
             p.check = (self.abort_mem.dev + CHECK_OFF) as *mut u64;
@@ -586,7 +586,7 @@ impl DeviceComm {
                         _ => {}
                     }
                 }
-                lock(&spare).extend(frees);
+                spare.lock().extend(frees);
                 // The next operation's start, if it is already enqueued (`starts`).
                 if let Some(next) = starts.complete() {
                     next();

@@ -2,13 +2,13 @@
 //! for ranks that are threads of one process), plus the in-process bookkeeping that keeps the
 //! safe accessors of this module sound.
 
+use parking_lot::Mutex;
 use std::fs::OpenOptions;
 use std::io::ErrorKind;
 use std::ops::Range;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use memmap2::{MmapOptions, MmapRaw};
@@ -445,7 +445,7 @@ impl ShmRegion {
     ) -> Result<*mut u8> {
         let p = self.user_ptr(offset, len, align)?;
         let range = offset..offset + len; // no overflow: checked by user_ptr
-        let mut claims = self.claims.lock().unwrap_or_else(|e| e.into_inner());
+        let mut claims = self.claims.lock();
         if matches!(kind, ClaimKind::Atomic { .. }) {
             if let Some(c) = claims
                 .iter_mut()
@@ -475,7 +475,7 @@ impl ShmRegion {
     /// Drops one reference to a claim taken by `claim_ptr`.
     pub(crate) fn release_claim(&self, offset: usize, len: usize, kind: ClaimKind) {
         let range = offset..offset + len;
-        let mut claims = self.claims.lock().unwrap_or_else(|e| e.into_inner());
+        let mut claims = self.claims.lock();
         if let Some(i) = claims
             .iter()
             .position(|c| c.range == range && c.kind == kind)
