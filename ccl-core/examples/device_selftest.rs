@@ -10,8 +10,8 @@
 
 use std::time::Duration;
 
-use ccl_core::device::proto::Proto;
 use ccl_core::device::{choose_backend, probe_device, selftest, Backend};
+use ccl_core::proto::Proto;
 use ccl_core::DataType;
 use probe::CollKind;
 

@@ -24,12 +24,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::bootstrap::Bootstrap;
-use crate::desc::POISON_OFFSET;
 use crate::error::{CclError, Result};
 use crate::transport::shm::{
     align_up, segment_name_for_pid, Doorbell, FifoLayout, FifoReceiver, FifoSender, LlLayout,
     LlReceiver, LlSender, SharedWord, ShmRegion, CACHE_LINE,
 };
+
+/// Byte offset of the poison word in each rank's doorbell segment (after the doorbell);
+/// the descriptor check (`desc.rs`) stores a poison value there.
+pub(crate) const POISON_OFFSET: usize = 8;
 
 /// Prefix of every segment name of this library (`/dev/shm/ccld-<comm hash>-...`).
 pub const SEGMENT_PREFIX: &str = "ccld";
@@ -359,7 +362,7 @@ impl Transport {
         // would block before any descriptor check could see the mismatch.
         let sel = crate::hostalgo::Selection::parse(
             crate::env::var(crate::hostalgo::ENV_ALGO)?.as_deref(),
-            crate::env::var(crate::device::proto::ENV_PROTO)?.as_deref(),
+            crate::env::var(crate::proto::ENV_PROTO)?.as_deref(),
         )?;
         if sel.algos.tree && n > 1 {
             let mut peers = crate::tree::peers(me, n);

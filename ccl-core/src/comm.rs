@@ -38,7 +38,9 @@ use crate::channel::Transport;
 use crate::device::runtime::{AttachArgs, DeviceComm, DevicePre};
 use crate::env;
 use crate::error::{CclError, Result};
-use crate::executor::{self, Job, Shared, Tuning, WorkerHandle};
+use crate::executor::{self, Job, Shared, WorkerHandle};
+use crate::op::ScalarArg;
+use crate::schedule::Tuning;
 use crate::schedule::MAX_CHANNELS;
 use crate::transport::shm::{Doorbell, FifoLayout};
 use crate::types::DataType;
@@ -70,15 +72,6 @@ impl CommConfig {
             split_share: self.split_share.or(parent.split_share),
         }
     }
-}
-
-/// The scalar of a PreMulSum op.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ScalarArg {
-    /// `ncclScalarHostImmediate`: the value, copied at creation.
-    HostImmediate(Vec<u8>),
-    /// `ncclScalarDevice`: address of the value, read when each operation executes.
-    Device(usize),
 }
 
 /// First raw value of user-created reduction ops (`ncclNumOps`).
@@ -215,7 +208,7 @@ impl Tuning {
         let buffsize = env_u64(get, &ccl_params::NCCL_BUFFSIZE)?.unwrap_or(DEFAULT_BUFFSIZE as u64);
         let buffsize = buffsize as usize;
         let layout = FifoLayout::for_buffer(buffsize, FIFO_SLOTS)
-            .map_err(|e| executor::with_context(e, "NCCL_BUFFSIZE"))?;
+            .map_err(|e| crate::error::with_context(e, "NCCL_BUFFSIZE"))?;
         // At least 1 (the declaration's bound).
         let peer_check_ms =
             env_u64(get, &ccl_params::CCLD_PEER_CHECK_MS)?.unwrap_or(DEFAULT_PEER_CHECK_MS);
@@ -244,14 +237,14 @@ impl Tuning {
 
 /// `NCCL_ALGO`/`NCCL_PROTO` on the host backend (`crate::hostalgo`): both parsed strictly
 /// (junk fails init on either backend; device communicators use `NCCL_PROTO` too,
-/// `device::proto`), and a warning (once per process) when they ask for something the host
+/// `proto`), and a warning (once per process) when they ask for something the host
 /// backend does not run.
 fn note_algo_proto_env() -> Result<()> {
     static ONCE: std::sync::Once = std::sync::Once::new();
     let algo = env::var(crate::hostalgo::ENV_ALGO)?;
-    let proto = env::var(crate::device::proto::ENV_PROTO)?;
+    let proto = env::var(crate::proto::ENV_PROTO)?;
     crate::hostalgo::parse_algo(algo.as_deref())?;
-    let set = crate::device::proto::parse(proto.as_deref())?;
+    let set = crate::proto::parse(proto.as_deref())?;
     ONCE.call_once(|| {
         if let Some(w) = crate::hostalgo::describe_fallback(algo.as_deref()) {
             tracing::warn!(target: "nccl::ENV", "{w}");
@@ -365,7 +358,7 @@ impl Comm {
         let bell = Doorbell::new(Arc::clone(transport.bell_region()), 0)?;
         let poison = crate::transport::shm::SharedWord::new(
             Arc::clone(transport.bell_region()),
-            crate::desc::POISON_OFFSET,
+            crate::channel::POISON_OFFSET,
         )?;
         let comm_hash = boot.comm_hash();
         let source = self.register_probe(&boot, comm_hash, -1)?;
@@ -1109,7 +1102,7 @@ impl Comm {
     }
 
     /// Runs a job on the calling thread (a batch involving only this communicator).
-    pub(crate) fn run_inline(&self, items: Vec<executor::WorkItem>) -> Result<()> {
+    pub(crate) fn run_inline(&self, items: Vec<crate::op::WorkItem>) -> Result<()> {
         let rt = self.ready_runtime()?;
         let state = match &*rt.worker.lock() {
             Some(w) => w.inline(),

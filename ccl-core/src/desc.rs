@@ -20,7 +20,7 @@ use probe::{CollKind, Failure, FailureCause};
 
 use crate::channel::Transport;
 use crate::error::CclError;
-use crate::executor::WorkItem;
+use crate::op::WorkItem;
 use crate::schedule::{Dir, Lane, LinkKind, Plan, Step, StepKind};
 use crate::transport::shm::{FifoLayout, SharedWord};
 
@@ -44,9 +44,6 @@ pub fn bench_only_set_check(on: bool) {
 pub(crate) fn check_on() -> bool {
     CHECK.load(Ordering::Relaxed)
 }
-
-/// Byte offset of the poison word in each rank's doorbell segment (after the doorbell).
-pub(crate) const POISON_OFFSET: usize = 8;
 
 /// What one rank called, as carried on a link.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -477,7 +474,7 @@ pub(crate) fn add_descriptor_only_steps(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::executor::{CollOp, P2pCall, RedSpec};
+    use crate::op::{CollOp, P2pCall, RedSpec};
     use crate::types::{DataType, RedOpKind};
 
     fn d(seq: u64, coll: CollKind, dtype: u8, redop: i32, count: u64, root: i32) -> OpDesc {
@@ -609,7 +606,7 @@ mod tests {
 
     #[test]
     fn zero_count_operations_get_descriptor_only_messages() {
-        let t = crate::executor::Tuning {
+        let t = crate::schedule::Tuning {
             min_channels: 1,
             max_channels: 2,
             buffsize: 1 << 20,
@@ -618,7 +615,7 @@ mod tests {
             peer_check: std::time::Duration::from_millis(200),
         };
         let item = coll(CollKind::AllReduce, 0);
-        let mut plan = crate::executor::plan_for(&item, 1, 4, &t).unwrap();
+        let mut plan = crate::op::plan_for(&item, 1, 4, &t).unwrap();
         add_descriptor_only_steps(&mut plan, &item, 1, 4);
         let busy: Vec<&Lane> = plan.lanes.iter().filter(|l| !l.steps.is_empty()).collect();
         assert_eq!(busy.len(), 1);
@@ -626,13 +623,13 @@ mod tests {
         assert_eq!(busy[0].steps.len(), 2);
         // A non-empty collective is left alone.
         let item = coll(CollKind::AllReduce, 100);
-        let mut plan = crate::executor::plan_for(&item, 1, 4, &t).unwrap();
+        let mut plan = crate::op::plan_for(&item, 1, 4, &t).unwrap();
         let before = plan.lanes.clone();
         add_descriptor_only_steps(&mut plan, &item, 1, 4);
         assert_eq!(plan.lanes, before);
         // One rank: nothing to exchange.
         let item = coll(CollKind::AllReduce, 0);
-        let mut plan = crate::executor::plan_for(&item, 0, 1, &t).unwrap();
+        let mut plan = crate::op::plan_for(&item, 0, 1, &t).unwrap();
         add_descriptor_only_steps(&mut plan, &item, 0, 1);
         assert!(plan.lanes.iter().all(|l| l.steps.is_empty()));
         // p2p: the zero-count send sits between the two non-empty sends to the same peer.
@@ -652,7 +649,7 @@ mod tests {
             call(Dir::Send, 1, 0),
             call(Dir::Recv, 1, 0),
         ]);
-        let mut plan = crate::executor::plan_for(&item, 1, 4, &t).unwrap();
+        let mut plan = crate::op::plan_for(&item, 1, 4, &t).unwrap();
         add_descriptor_only_steps(&mut plan, &item, 1, 4);
         let lane = plan
             .lanes

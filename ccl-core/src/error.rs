@@ -1,6 +1,28 @@
 //! Typed errors of the runtime, each mapping to one `ncclResult_t` code.
 
-use crate::types::ResultCode;
+/// `ncclResult_t`.
+#[repr(i32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ResultCode {
+    /// ncclSuccess
+    Success = 0,
+    /// ncclUnhandledCudaError
+    UnhandledCudaError = 1,
+    /// ncclSystemError
+    SystemError = 2,
+    /// ncclInternalError
+    InternalError = 3,
+    /// ncclInvalidArgument
+    InvalidArgument = 4,
+    /// ncclInvalidUsage
+    InvalidUsage = 5,
+    /// ncclRemoteError
+    RemoteError = 6,
+    /// ncclInProgress
+    InProgress = 7,
+    /// ncclTimeout
+    Timeout = 8,
+}
 
 /// Result alias used across the runtime.
 pub type Result<T> = std::result::Result<T, CclError>;
@@ -64,6 +86,20 @@ impl CclError {
     /// Shorthand for a `System` error that keeps the OS error text.
     pub fn sys(context: &str, err: impl std::fmt::Display) -> Self {
         CclError::System(format!("{context}: {err}"))
+    }
+}
+
+/// Maps an error to the same kind with `ctx: ` prepended to its message.
+pub(crate) fn with_context(e: CclError, ctx: &str) -> CclError {
+    match e {
+        CclError::InvalidArgument(m) => CclError::InvalidArgument(format!("{ctx}: {m}")),
+        CclError::InvalidUsage(m) => CclError::InvalidUsage(format!("{ctx}: {m}")),
+        CclError::System(m) => CclError::System(format!("{ctx}: {m}")),
+        CclError::Remote(m) => CclError::Remote(format!("{ctx}: {m}")),
+        CclError::Internal(m) => CclError::Internal(format!("{ctx}: {m}")),
+        CclError::Aborted(m) => CclError::Aborted(format!("{ctx}: {m}")),
+        CclError::Timeout(m) => CclError::Timeout(format!("{ctx}: {m}")),
+        CclError::InProgress => CclError::InProgress,
     }
 }
 

@@ -23,79 +23,19 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use probe::{Algo, CollKind, Frame, OpLog, OpTypeSet, Proto};
+use probe::{Algo, CollKind, Frame, OpLog, Proto};
 
 use crate::bootstrap::Bootstrap;
 use crate::channel::Transport;
-use crate::comm::ScalarArg;
+use crate::error::with_context;
 use crate::error::{CclError, Result};
 use crate::hostalgo::{HostAlgo, HostProto, Selection};
+use crate::op::{plan_for, type_set, CollOp, RedSpec, ScalarArg, WorkItem};
 use crate::reduce::Reducer;
-use crate::schedule::{self, CollDesc, Dir, Lane, LinkKind, LocalKind, P2pOp, Plan, StepKind};
+use crate::schedule::Tuning;
+use crate::schedule::{self, Lane, LinkKind, LocalKind, Plan, StepKind};
 use crate::transport::shm::{process_alive, Backoff};
 use crate::types::{DataType, RedOpKind};
-
-/// Channel/buffer settings of a communicator (from config and environment).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Tuning {
-    pub min_channels: usize,
-    pub max_channels: usize,
-    pub buffsize: usize,
-    pub nslots: usize,
-    pub slot_bytes: usize,
-    pub peer_check: Duration,
-}
-
-/// The reduction of a validated operation.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum RedSpec {
-    Builtin(RedOpKind),
-    PreMul(ScalarArg),
-}
-
-/// A validated collective.
-#[derive(Clone, Debug)]
-pub(crate) struct CollOp {
-    pub kind: CollKind,
-    pub dtype: DataType,
-    pub count: usize,
-    pub sendbuf: usize,
-    pub recvbuf: usize,
-    pub root: usize,
-    pub red: Option<RedSpec>,
-    pub raw_op: i32,
-    pub label: Label,
-}
-
-/// A validated Send or Recv.
-#[derive(Clone, Debug)]
-pub(crate) struct P2pCall {
-    pub dir: Dir,
-    pub peer: usize,
-    pub buf: usize,
-    pub count: usize,
-    pub dtype: DataType,
-    pub label: Label,
-}
-
-/// One unit of work: a collective, or all Send/Recv of one group on this communicator.
-#[derive(Clone, Debug)]
-pub(crate) enum WorkItem {
-    Coll(CollOp),
-    P2p(Vec<P2pCall>),
-}
-
-impl WorkItem {
-    pub fn label(&self) -> String {
-        match self {
-            WorkItem::Coll(c) => c.label.to_string(),
-            WorkItem::P2p(v) => {
-                let names: Vec<&str> = v.iter().map(|c| &*c.label).collect();
-                format!("p2p group [{}]", names.join(", "))
-            }
-        }
-    }
-}
 
 /// Completion of a submitted job, waited on by `group_end`.
 #[derive(Debug, Default)]
@@ -193,7 +133,7 @@ impl WorkerHandle {
         let tree_steps = crate::tree::steps(shared.rank, shared.nranks);
         let sel = Selection::parse(
             crate::env::var(crate::hostalgo::ENV_ALGO)?.as_deref(),
-            crate::env::var(crate::device::proto::ENV_PROTO)?.as_deref(),
+            crate::env::var(crate::proto::ENV_PROTO)?.as_deref(),
         )?;
         let (tx, rx) = mpsc::channel::<Job>();
         let name = format!("ccl-worker-r{}", shared.rank);
@@ -271,158 +211,6 @@ pub(crate) fn now_ns() -> u64 {
     probe::now_ns()
 }
 
-/// Maps an error to the same kind with `ctx: ` prepended to its message.
-pub(crate) fn with_context(e: CclError, ctx: &str) -> CclError {
-    match e {
-        CclError::InvalidArgument(m) => CclError::InvalidArgument(format!("{ctx}: {m}")),
-        CclError::InvalidUsage(m) => CclError::InvalidUsage(format!("{ctx}: {m}")),
-        CclError::System(m) => CclError::System(format!("{ctx}: {m}")),
-        CclError::Remote(m) => CclError::Remote(format!("{ctx}: {m}")),
-        CclError::Internal(m) => CclError::Internal(format!("{ctx}: {m}")),
-        CclError::Aborted(m) => CclError::Aborted(format!("{ctx}: {m}")),
-        CclError::Timeout(m) => CclError::Timeout(format!("{ctx}: {m}")),
-        CclError::InProgress => CclError::InProgress,
-    }
-}
-
-/// Channels for a ring collective moving `count` elements of `dtype` per rank.
-fn coll_channels(t: &Tuning, count: usize, dtype: DataType) -> usize {
-    schedule::channels_for(
-        schedule::channel_bytes(count, dtype.size()),
-        t.min_channels,
-        t.max_channels,
-    )
-}
-
-/// Channels for a p2p transfer of `count` elements of `dtype` (at most the p2p link's).
-fn p2p_channels(t: &Tuning, count: usize, dtype: DataType) -> usize {
-    schedule::channels_for(
-        schedule::channel_bytes(count, dtype.size()),
-        1,
-        t.p2p_channels(),
-    )
-}
-
-/// The plan of a work item on `rank` (pure; also used by tests for expected counts).
-pub(crate) fn plan_for(item: &WorkItem, rank: usize, nranks: usize, t: &Tuning) -> Result<Plan> {
-    match item {
-        WorkItem::Coll(c) => {
-            let p2p_based = matches!(
-                c.kind,
-                CollKind::AlltoAll | CollKind::Gather | CollKind::Scatter
-            );
-            schedule::collective(&CollDesc {
-                coll: c.kind,
-                count: c.count,
-                elem_size: c.dtype.size(),
-                nranks,
-                rank,
-                root: c.root,
-                n_channels: if p2p_based {
-                    p2p_channels(t, c.count, c.dtype)
-                } else {
-                    coll_channels(t, c.count, c.dtype)
-                },
-                slot_bytes: t.slot_bytes,
-            })
-        }
-        WorkItem::P2p(calls) => {
-            let ops: Vec<P2pOp> = calls
-                .iter()
-                .enumerate()
-                .map(|(i, c)| P2pOp {
-                    dir: c.dir,
-                    peer: c.peer,
-                    buf: i,
-                    off: 0,
-                    bytes: c.count * c.dtype.size(),
-                    n_channels: p2p_channels(t, c.count, c.dtype),
-                })
-                .collect();
-            schedule::p2p(rank, nranks, t.slot_bytes, &ops)
-        }
-    }
-}
-
-/// The operation type set of a work item.
-pub(crate) fn type_set(item: &WorkItem, nranks: usize, plan: &Plan) -> OpTypeSet {
-    let n_channels = u32::try_from(plan.n_channels).unwrap_or(u32::MAX);
-    match item {
-        WorkItem::Coll(c) => {
-            let es = c.dtype.size() as u64;
-            let count = c.count as u64;
-            let per_rank_total = matches!(
-                c.kind,
-                CollKind::AllGather
-                    | CollKind::ReduceScatter
-                    | CollKind::AlltoAll
-                    | CollKind::Gather
-                    | CollKind::Scatter
-            );
-            let bytes = if per_rank_total {
-                count * es * nranks as u64
-            } else {
-                count * es
-            };
-            let rooted = matches!(
-                c.kind,
-                CollKind::Broadcast | CollKind::Reduce | CollKind::Gather | CollKind::Scatter
-            );
-            OpTypeSet {
-                coll: c.kind,
-                algo: if matches!(
-                    c.kind,
-                    CollKind::AlltoAll | CollKind::Gather | CollKind::Scatter
-                ) {
-                    Algo::P2p
-                } else {
-                    Algo::Ring
-                },
-                proto: Proto::Simple,
-                dtype: c.dtype as u8,
-                redop: if c.red.is_some() { c.raw_op } else { -1 },
-                count,
-                bytes,
-                root: if rooted { c.root as i32 } else { -1 },
-                peer: -1,
-                n_channels,
-            }
-        }
-        WorkItem::P2p(calls) => {
-            let any_send = calls.iter().any(|c| c.dir == Dir::Send);
-            let first = calls.first();
-            let same_peer = first.is_some_and(|f| calls.iter().all(|c| c.peer == f.peer));
-            let same_dtype = first.is_some_and(|f| calls.iter().all(|c| c.dtype == f.dtype));
-            OpTypeSet {
-                coll: if any_send {
-                    CollKind::Send
-                } else {
-                    CollKind::Recv
-                },
-                algo: Algo::P2p,
-                proto: Proto::Simple,
-                dtype: first.map_or(0, |f| f.dtype as u8),
-                redop: -1,
-                count: if same_dtype {
-                    calls.iter().map(|c| c.count as u64).sum()
-                } else {
-                    0
-                },
-                bytes: calls
-                    .iter()
-                    .map(|c| (c.count * c.dtype.size()) as u64)
-                    .sum(),
-                root: -1,
-                peer: match (same_peer, first) {
-                    (true, Some(f)) => f.peer as i32,
-                    _ => -1,
-                },
-                n_channels,
-            }
-        }
-    }
-}
-
 /// Raw access to user buffers. The C API's contract (NCCL's) is that every buffer is valid
 /// for the sizes implied by the operation's arguments until the operation completes, and
 /// the caller blocks in `group_end` until then; schedules only address units inside those
@@ -461,7 +249,8 @@ mod mem {
     /// # Safety
     /// `addr` must be readable for `len` bytes.
     pub(super) unsafe fn read_bytes(addr: usize, len: usize) -> Vec<u8> {
-        // SAFETY: caller guarantees readability; no alignment needed for u8.
+        // SAFETY: this function's contract: `addr .. addr + len` is readable; u8 needs no
+        // alignment, and the bytes are copied out before returning.
         unsafe { std::slice::from_raw_parts(addr as *const u8, len) }.to_vec()
     }
 
@@ -1219,7 +1008,8 @@ mod tree_exec;
 #[path = "executor_wait.rs"]
 mod wait;
 
-pub(crate) use crate::label::{log_call, Label, LabelExtra};
+pub(crate) use crate::label::{Label, LabelExtra};
+use crate::op::log_call;
 use tree_exec::tree_counts;
 pub(crate) use tree_exec::{expected_counts, host_choice};
 pub(crate) use wait::read_current;

@@ -1,6 +1,8 @@
 //! Unit tests of the executor's pure parts (plans, type sets, errors, completion).
 
 use super::*;
+use crate::op::P2pCall;
+use crate::schedule::Dir;
 
 fn tuning() -> Tuning {
     Tuning {

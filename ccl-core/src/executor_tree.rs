@@ -7,11 +7,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::{mem, ring_bell, CollOp, Tuning, WorkItem, Worker};
+use super::{mem, ring_bell, Worker};
 use crate::error::{CclError, Result};
 use crate::hostalgo::{HostAlgo, HostProto, Selection};
+use crate::op::{CollOp, WorkItem};
 use crate::reduce::Reducer;
 use crate::schedule;
+use crate::schedule::Tuning;
 use crate::transport::shm::{Backoff, Doorbell, FifoLayout};
 use crate::tree::{self, TreeStep};
 
@@ -381,7 +383,7 @@ pub(crate) fn expected_counts(
 ) -> Result<Vec<schedule::ExpectedCounts>> {
     let sel = Selection::parse(
         crate::env::var(crate::hostalgo::ENV_ALGO)?.as_deref(),
-        crate::env::var(crate::device::proto::ENV_PROTO)?.as_deref(),
+        crate::env::var(crate::proto::ENV_PROTO)?.as_deref(),
     )?;
     let injecting = crate::env::var(&ccl_params::CCLD_INJECT)?.is_some();
     match (host_choice(item, nranks, t, &sel, injecting), item) {

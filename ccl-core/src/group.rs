@@ -18,9 +18,8 @@ use probe::CollKind;
 
 use crate::comm::{Comm, FIRST_USER_OP};
 use crate::error::{CclError, Result};
-use crate::executor::{
-    self, CollOp, Completion, Job, Label, LabelExtra, P2pCall, RedSpec, WorkItem,
-};
+use crate::executor::{self, Completion, Job, Label, LabelExtra};
+use crate::op::{CollOp, P2pCall, RedSpec, WorkItem};
 use crate::schedule::{Dir, ExpectedCounts};
 use crate::types::{DataType, RedOpKind};
 
@@ -563,7 +562,7 @@ pub fn expected_counts(comm: &Comm, ops: &[CollArgs]) -> Result<Vec<ExpectedCoun
     };
     let (rank, n) = (comm.rank() as usize, comm.nranks() as usize);
     if comm.device_comm().is_some() {
-        return Ok(executor::plan_for(&item, rank, n, &tuning)?.expected_counts());
+        return Ok(crate::op::plan_for(&item, rank, n, &tuning)?.expected_counts());
     }
     // Host: Ring or Tree (crate::hostalgo).
     executor::expected_counts(&item, rank, n, &tuning)
@@ -572,7 +571,7 @@ pub fn expected_counts(comm: &Comm, ops: &[CollArgs]) -> Result<Vec<ExpectedCoun
 /// The protocol `ops` (one collective, or the Send/Recv calls of one group) run with on a
 /// device communicator (`NCCL_PROTO` and the operation's size); `None` on the host
 /// backend (Simple only). Validates like [`enqueue`] but runs nothing.
-pub fn protocol_of(comm: &Comm, ops: &[CollArgs]) -> Result<Option<crate::device::proto::Proto>> {
+pub fn protocol_of(comm: &Comm, ops: &[CollArgs]) -> Result<Option<crate::proto::Proto>> {
     let Some(d) = comm.device_comm() else {
         return Ok(None);
     };

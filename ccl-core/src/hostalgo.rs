@@ -18,8 +18,8 @@
 
 use probe::CollKind;
 
-use crate::device::proto::ProtoSet;
 use crate::error::{CclError, Result};
+use crate::proto::ProtoSet;
 
 /// The variable.
 pub const ENV_ALGO: &ccl_params::Param = &ccl_params::NCCL_ALGO;
@@ -163,7 +163,7 @@ impl Selection {
     pub fn parse(algo: Option<&str>, proto: Option<&str>) -> Result<Selection> {
         Ok(Selection {
             algos: parse_algo(algo)?,
-            protos: crate::device::proto::parse(proto)?,
+            protos: crate::proto::parse(proto)?,
         })
     }
 

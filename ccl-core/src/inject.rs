@@ -1,4 +1,4 @@
-//! Fault injection (`CCLD_INJECT`, design.md section 7): lets tests, the demo and users
+//! Fault injection (`CCLD_INJECT`, docs/diagnosis.md): lets tests, the demo and users
 //! validating a deployment provoke each anomaly class of CCL-D on purpose.
 //!
 //! # Grammar

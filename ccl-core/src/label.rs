@@ -1,10 +1,4 @@
-//! Operation labels for messages, formatted on first use (see [`Label`]), and NCCL's
-//! per-call INFO line.
-
-use probe::OpTypeSet;
-
-use crate::executor::WorkItem;
-use crate::schedule::Dir;
+//! Operation labels for messages, formatted on first use (see [`Label`]).
 
 /// What follows the operation's name in its [`Label`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,46 +85,5 @@ impl std::ops::Deref for Label {
 impl std::fmt::Display for Label {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self)
-    }
-}
-
-/// ` stream 0x...` after a call's log line (device backend), nothing otherwise; formats only
-/// when the line is actually logged.
-struct StreamSuffix(Option<usize>);
-
-impl std::fmt::Display for StreamSuffix {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.0 {
-            Some(s) => write!(f, " stream {s:#x}"),
-            None => Ok(()),
-        }
-    }
-}
-
-/// NCCL's per-call INFO line (subsystem COLL / P2P) of operation `counter`; `stream` is
-/// the caller's stream on the device backend.
-pub(crate) fn log_call(
-    item: &WorkItem,
-    info: &OpTypeSet,
-    rank: usize,
-    nranks: usize,
-    comm_id: u64,
-    counter: u64,
-    stream: Option<usize>,
-) {
-    let st = StreamSuffix(stream);
-    match item {
-        WorkItem::Coll(c) => tracing::info!(target: "nccl::COLL", rank,
-            "{}: opCount {counter:x} sendbuff {:#x} recvbuff {:#x} count {} datatype {} op {} root {} comm {comm_id:#018x} [nranks={nranks}] nChannels {}{st}",
-            c.kind.name(), c.sendbuf, c.recvbuf, c.count, c.dtype as i32, info.redop,
-            info.root, info.n_channels),
-        WorkItem::P2p(calls) => {
-            for c in calls {
-                tracing::info!(target: "nccl::P2P", rank,
-                    "{}: opCount {counter:x} buff {:#x} count {} datatype {} peer {} comm {comm_id:#018x} [nranks={nranks}]{st}",
-                    if c.dir == Dir::Send { "Send" } else { "Recv" }, c.buf, c.count,
-                    c.dtype as i32, c.peer);
-            }
-        }
     }
 }

@@ -29,9 +29,22 @@
 //! Send/Recv, AlltoAll, Gather and Scatter: a lane per (direction, peer, channel), steps in
 //! issue order, offsets in BYTES (no reduction happens on these links).
 
+use std::time::Duration;
+
 use probe::CollKind;
 
 use crate::error::{CclError, Result};
+
+/// Channel/buffer settings of a communicator (from config and environment).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Tuning {
+    pub min_channels: usize,
+    pub max_channels: usize,
+    pub buffsize: usize,
+    pub nslots: usize,
+    pub slot_bytes: usize,
+    pub peer_check: Duration,
+}
 
 /// Buffer index of the send buffer in collective plans.
 pub const BUF_SEND: usize = 0;

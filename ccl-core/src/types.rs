@@ -2,29 +2,7 @@
 
 use crate::error::{CclError, Result};
 
-/// `ncclResult_t`.
-#[repr(i32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ResultCode {
-    /// ncclSuccess
-    Success = 0,
-    /// ncclUnhandledCudaError
-    UnhandledCudaError = 1,
-    /// ncclSystemError
-    SystemError = 2,
-    /// ncclInternalError
-    InternalError = 3,
-    /// ncclInvalidArgument
-    InvalidArgument = 4,
-    /// ncclInvalidUsage
-    InvalidUsage = 5,
-    /// ncclRemoteError
-    RemoteError = 6,
-    /// ncclInProgress
-    InProgress = 7,
-    /// ncclTimeout
-    Timeout = 8,
-}
+pub use crate::error::ResultCode;
 
 /// `ncclDataType_t`.
 #[repr(i32)]

@@ -312,7 +312,7 @@ fn every_collective_on_8_ranks_simple() {
 /// of each launch.
 #[test]
 fn small_operations_use_ll_and_large_ones_simple() {
-    use ccl_core::device::proto::{Proto, LL_THRESHOLD_BYTES};
+    use ccl_core::proto::{Proto, LL_THRESHOLD_BYTES};
     let n = 4;
     let cs = comms_proto(n, Some("ll,SIMPLE"));
     let small = 1000; // 4000 bytes per rank

@@ -288,7 +288,8 @@ export! {
     /// Writes `NCCL_VERSION_CODE` (23007).
     fn ncclGetVersion / pncclGetVersion(version: *mut c_int) -> NcclResult {
         call("ncclGetVersion", || {
-            // SAFETY: caller's contract.
+            // SAFETY: `version` is null or points to writable memory for one value, as nccl.h
+            // requires of the C caller; `put` rejects null and writes unaligned.
             unsafe { put(version, config::NCCL_VERSION_CODE as c_int, "version") }
         })
     }
@@ -302,7 +303,8 @@ export! {
                 return Err(CclError::arg("uniqueId is NULL"));
             }
             let id = ccl_core::bootstrap::get_unique_id()?;
-            // SAFETY: caller's contract.
+            // SAFETY: `unique_id` is null or points to writable memory for one value, as nccl.h
+            // requires of the C caller; `put` rejects null and writes unaligned.
             unsafe { put(unique_id, id, "uniqueId") }
         })
     }
@@ -343,7 +345,8 @@ export! {
         rank: c_int,
         config: *mut NcclConfig,
     ) -> NcclResult {
-        // SAFETY: caller's contract.
+        // SAFETY: `comm` is null or writable and `config` null or a valid ncclConfig_t, as
+        // nccl.h requires of the C caller (what `init_rank` needs).
         call("ncclCommInitRankConfig", || unsafe { init_rank(comm, nranks, comm_id, rank, config) })
     }
 }
@@ -356,7 +359,7 @@ export! {
         comm_id: UniqueId,
         rank: c_int,
     ) -> NcclResult {
-        // SAFETY: caller's contract (no config).
+        // SAFETY: `comm` is null or writable, as nccl.h requires of the C caller; no config.
         call("ncclCommInitRank", || unsafe { init_rank(comm, nranks, comm_id, rank, std::ptr::null()) })
     }
 }
@@ -423,7 +426,8 @@ export! {
             }
             // SAFETY: comm_ids holds nId >= 1 ids (caller's contract); read unaligned copy.
             let id = unsafe { comm_ids.read_unaligned() };
-            // SAFETY: caller's contract.
+            // SAFETY: `newcomm` is null or writable and `config` null or a valid
+            // ncclConfig_t, as nccl.h requires of the C caller.
             unsafe { init_rank(newcomm, nranks, id, myrank, config) }
         })
     }
@@ -488,7 +492,8 @@ export! {
         config: *mut NcclConfig,
     ) -> NcclResult {
         call("ncclCommSplit", || {
-            // SAFETY: caller's contract.
+            // SAFETY: `newcomm` is null or points to writable memory for one value, as nccl.h
+            // requires of the C caller; `put` rejects null and writes unaligned.
             unsafe { put(newcomm, std::ptr::null_mut(), "newcomm")? };
             let c = handles::get(comm)?;
             if color < 0 && color != NCCL_SPLIT_NOCOLOR {
@@ -496,7 +501,8 @@ export! {
                     "color {color} must be non-negative or NCCL_SPLIT_NOCOLOR"
                 )));
             }
-            // SAFETY: caller's contract.
+            // SAFETY: `config` is null or a valid ncclConfig_t, as nccl.h requires of the C
+            // caller, with `commName`/`netName` null or NUL-terminated (what `read_config` needs).
             let cfg = unsafe { read_config(config, false)? };
             let nonblocking = cfg.blocking == Some(false);
             match c.split(color, key, cfg)? {
@@ -528,7 +534,8 @@ export! {
     ) -> NcclResult {
         call("ncclCommShrink", || {
             if !newcomm.is_null() {
-                // SAFETY: caller's contract.
+                // SAFETY: `newcomm` is null or points to writable memory for one value, as nccl.h
+                // requires of the C caller; `put` rejects null and writes unaligned.
                 unsafe { put(newcomm, std::ptr::null_mut(), "newcomm")? };
             }
             handles::get(comm)?;
@@ -546,7 +553,8 @@ export! {
                 return Err(CclError::arg("uniqueId is NULL"));
             }
             let id = c.unique_id()?;
-            // SAFETY: caller's contract.
+            // SAFETY: `unique_id` is null or points to writable memory for one value, as nccl.h
+            // requires of the C caller; `put` rejects null and writes unaligned.
             unsafe { put(unique_id, id, "uniqueId") }
         })
     }
@@ -564,7 +572,8 @@ export! {
     ) -> NcclResult {
         call("ncclCommGrow", || {
             if !newcomm.is_null() {
-                // SAFETY: caller's contract.
+                // SAFETY: `newcomm` is null or points to writable memory for one value, as nccl.h
+                // requires of the C caller; `put` rejects null and writes unaligned.
                 unsafe { put(newcomm, std::ptr::null_mut(), "newcomm")? };
             }
             Err(unsupported("ncclCommGrow"))
@@ -630,7 +639,8 @@ export! {
                 Ok(()) => 0,
                 Err(e) => e.code() as NcclResult,
             };
-            // SAFETY: caller's contract.
+            // SAFETY: `async_error` is null or points to writable memory for one value, as nccl.h
+            // requires of the C caller; `put` rejects null and writes unaligned.
             unsafe { put(async_error, code, "asyncError") }
         })
     }
@@ -641,7 +651,8 @@ export! {
     fn ncclCommCount / pncclCommCount(comm: CommHandle, count: *mut c_int) -> NcclResult {
         call("ncclCommCount", || {
             let c = handles::get(comm)?;
-            // SAFETY: caller's contract.
+            // SAFETY: `count` is null or points to writable memory for one value, as nccl.h
+            // requires of the C caller; `put` rejects null and writes unaligned.
             unsafe { put(count, c.nranks(), "count") }
         })
     }
@@ -652,7 +663,8 @@ export! {
     fn ncclCommCuDevice / pncclCommCuDevice(comm: CommHandle, device: *mut c_int) -> NcclResult {
         call("ncclCommCuDevice", || {
             let c = handles::get(comm)?;
-            // SAFETY: caller's contract.
+            // SAFETY: `device` is null or points to writable memory for one value, as nccl.h
+            // requires of the C caller; `put` rejects null and writes unaligned.
             unsafe { put(device, c.cuda_device(), "device") }
         })
     }
@@ -663,7 +675,8 @@ export! {
     fn ncclCommUserRank / pncclCommUserRank(comm: CommHandle, rank: *mut c_int) -> NcclResult {
         call("ncclCommUserRank", || {
             let c = handles::get(comm)?;
-            // SAFETY: caller's contract.
+            // SAFETY: `rank` is null or points to writable memory for one value, as nccl.h
+            // requires of the C caller; `put` rejects null and writes unaligned.
             unsafe { put(rank, c.rank(), "rank") }
         })
     }
@@ -684,7 +697,8 @@ export! {
                 return Err(CclError::arg("buff is NULL"));
             }
             let h = c.register(buff as usize, size)?;
-            // SAFETY: caller's contract.
+            // SAFETY: `handle` is null or points to writable memory for one value, as nccl.h
+            // requires of the C caller; `put` rejects null and writes unaligned.
             unsafe { put(handle, h as *mut c_void, "handle") }
         })
     }
@@ -714,7 +728,8 @@ export! {
     ) -> NcclResult {
         call("ncclCommWindowRegister", || {
             if !win.is_null() {
-                // SAFETY: caller's contract.
+                // SAFETY: `win` is null or points to writable memory for one value, as nccl.h
+                // requires of the C caller; `put` rejects null and writes unaligned.
                 unsafe { put(win, std::ptr::null_mut(), "win")? };
             }
             handles::get(comm)?;
@@ -774,7 +789,8 @@ export! {
                 r => return Err(CclError::arg(format!("invalid scalar residence {r}"))),
             };
             let v = c.create_premulsum(arg, dt)?;
-            // SAFETY: caller's contract.
+            // SAFETY: `op` is null or points to writable memory for one value, as nccl.h
+            // requires of the C caller; `put` rejects null and writes unaligned.
             unsafe { put(op, v, "op") }
         })
     }

@@ -479,6 +479,68 @@ fn our_header_has_nvidias_layout_and_values() {
     }
 }
 
+/// The Rust types that cross the C ABI (`ncclConfig_t`, `ncclWaitSignalDesc_t`,
+/// `ncclUniqueId`, handles) have the sizes and field offsets that NVIDIA's nccl.h gives
+/// them, as a C compiler sees that header (`layout.c` built against NVIDIA's).
+#[test]
+fn rust_abi_types_have_nvidias_layout() {
+    use std::mem::{offset_of, size_of};
+
+    use nccl::api::WaitSignalDesc;
+    use nccl::config::NcclConfig;
+    let Some(e) = env() else { return };
+    let theirs = compile(e, &c_source("layout.c"), "layout-nvidia-rs", true, false);
+    let (ok, out) = run_c(e, &theirs, &[], Duration::from_secs(30));
+    assert!(ok, "layout program failed:\n{out}");
+    let c = |fact: &str| -> usize {
+        out.lines()
+            .find_map(|l| {
+                l.strip_prefix(fact)?
+                    .strip_prefix(" = ")?
+                    .trim()
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("{fact} missing in NVIDIA's layout:\n{out}"))
+    };
+    let mut rust = vec![
+        ("sizeof(ncclConfig_t)", size_of::<NcclConfig>()),
+        ("sizeof(ncclWaitSignalDesc_t)", size_of::<WaitSignalDesc>()),
+        ("sizeof(ncclUniqueId)", size_of::<ccl_core::UniqueId>()),
+        (
+            "sizeof(ncclComm_t)",
+            size_of::<nccl::handles::CommHandle>(),
+        ),
+    ];
+    macro_rules! fields {
+        ($cty:literal, $rty:ty, $($c:ident => $r:ident),* $(,)?) => {
+            $(rust.push((concat!("offsetof(", $cty, ", ", stringify!($c), ")"), offset_of!($rty, $r)));)*
+        };
+    }
+    fields!("ncclConfig_t", NcclConfig,
+        size => size, magic => magic, version => version, blocking => blocking,
+        cgaClusterSize => cga_cluster_size, minCTAs => min_ctas, maxCTAs => max_ctas,
+        netName => net_name, splitShare => split_share, trafficClass => traffic_class,
+        commName => comm_name, collnetEnable => collnet_enable, CTAPolicy => cta_policy,
+        shrinkShare => shrink_share, nvlsCTAs => nvls_ctas,
+        nChannelsPerNetPeer => n_channels_per_net_peer,
+        nvlinkCentricSched => nvlink_centric_sched, graphUsageMode => graph_usage_mode,
+        numRmaCtx => num_rma_ctx, maxP2pPeers => max_p2p_peers,
+        graphStreamOrdering => graph_stream_ordering,
+    );
+    fields!("ncclWaitSignalDesc_t", WaitSignalDesc,
+        opCnt => op_cnt, peer => peer, sigIdx => sig_idx, ctx => ctx);
+    let differ: Vec<String> = rust
+        .iter()
+        .filter(|(fact, ours)| c(fact) != *ours)
+        .map(|(fact, ours)| format!("{fact}: ours {ours}, NVIDIA's {}", c(fact)))
+        .collect();
+    assert!(
+        differ.is_empty(),
+        "Rust ABI types differ from nccl.h: {differ:#?}"
+    );
+}
+
 /// Every function NVIDIA's header declares is declared by ours with a compatible type:
 /// each prototype of theirs is repeated after `#include <nccl.h>` (ours); C rejects
 /// conflicting redeclarations. A reference to each name before the redeclarations fails

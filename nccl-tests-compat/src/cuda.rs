@@ -140,7 +140,8 @@ impl Cuda {
 
     /// Device -> host copy.
     pub fn to_host(&self, dst: &mut [u8], src: usize) -> Result<(), CudaError> {
-        // SAFETY: as above; kind 2 = cudaMemcpyDeviceToHost.
+        // SAFETY: src is a device allocation of at least dst.len() bytes (caller checks
+        // bounds); dst is a live, uniquely borrowed slice. Kind 2 = cudaMemcpyDeviceToHost.
         self.check(
             unsafe { (self.memcpy)(dst.as_mut_ptr().cast(), src as *const c_void, dst.len(), 2) },
             "cudaMemcpy",

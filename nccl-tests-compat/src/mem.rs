@@ -167,7 +167,8 @@ fn host_bytes(v: &[u64]) -> &[u8] {
 }
 
 fn host_bytes_mut(v: &mut [u64]) -> &mut [u8] {
-    // SAFETY: as above, with the unique borrow carried over.
+    // SAFETY: a u64 slice is valid as bytes and any bytes are a valid u64, length scaled
+    // accordingly; the unique borrow of `v` becomes the unique borrow of the bytes.
     unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), v.len() * 8) }
 }
 

@@ -29,7 +29,8 @@ pub struct Comm(pub *mut c_void);
 // (one thread at a time per communicator, which the engine guarantees; ncclCommAbort is
 // documented as callable concurrently).
 unsafe impl Send for Comm {}
-// SAFETY: see above; only the handle value is shared.
+// SAFETY: sharing `&Comm` shares only the handle value (a pointer-sized integer), which
+// NCCL allows any thread to use under the engine's one-thread-per-communicator rule.
 unsafe impl Sync for Comm {}
 
 /// A failed NCCL call: its `ncclResult_t` and the call's name.

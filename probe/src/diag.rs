@@ -1,4 +1,4 @@
-//! The diagnostic thread (CCL-D section 5.2, design.md section 4): one per process, serving
+//! The diagnostic thread (CCL-D section 5.2): one per process, serving
 //! every communicator.
 //!
 //! # Registration

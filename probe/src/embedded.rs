@@ -32,49 +32,12 @@ use analyzer::{Engine, EngineConfig};
 use analyzer_net::server::{DiagnosisFeed, IncidentFeed};
 use ccld_wire as wire;
 
-use crate::diag::{env_f64, env_flag, env_u64, now_ns, EnvGet, Sink};
+use crate::diag::{now_ns, Sink};
 use crate::hub::{Gate, Hubs};
 use crate::hublink::HubLinks;
 use crate::report::Reporter;
 use crate::reporter::SpoolSettings;
 use crate::standby::Outbox;
-
-/// Engine settings from the environment (strict).
-///
-/// `CCLD_HANG_TIMEOUT_S` (default 300), `CCLD_SLOW_WINDOW_S` (60), `CCLD_SLOW_THETA` (3),
-/// `CCLD_SLOW_REPEAT` (2), `CCLD_SLOW_CALIBRATE` (1; 0 = the paper's fixed rule only),
-/// `CCLD_T_BASE_INIT_MS` (10000), `CCLD_BASELINE_S` (120), `CCLD_SILENT_S` (60). Seconds may
-/// be fractional.
-pub fn engine_config(get: EnvGet<'_>) -> Result<EngineConfig, String> {
-    let mut c = EngineConfig::default();
-    let secs = |v: f64| Duration::from_secs_f64(v);
-    if let Some(v) = env_f64(get, &ccl_params::CCLD_HANG_TIMEOUT_S)? {
-        c.hang_threshold = secs(v);
-    }
-    if let Some(v) = env_f64(get, &ccl_params::CCLD_SLOW_WINDOW_S)? {
-        c.detect_window = secs(v);
-    }
-    if let Some(v) = env_f64(get, &ccl_params::CCLD_SLOW_THETA)? {
-        c.theta_slow = v;
-    }
-    if let Some(v) = env_u64(get, &ccl_params::CCLD_SLOW_REPEAT)? {
-        c.repeat_threshold = v as u32;
-    }
-    if env_flag(get, &ccl_params::CCLD_SLOW_CALIBRATE)? == Some(false) {
-        c.self_calibration = None;
-    }
-    if let Some(v) = env_u64(get, &ccl_params::CCLD_T_BASE_INIT_MS)? {
-        c.t_base_init = Duration::from_millis(v);
-    }
-    if let Some(v) = env_f64(get, &ccl_params::CCLD_BASELINE_S)? {
-        c.baseline_span = secs(v);
-    }
-    if let Some(v) = env_f64(get, &ccl_params::CCLD_SILENT_S)? {
-        c.silent_after = secs(v);
-    }
-    c.validate().map_err(|e| e.to_string())?;
-    Ok(c)
-}
 
 /// The in-process analyzer.
 pub struct Embedded {
@@ -379,6 +342,7 @@ impl Sink for EmbeddedSink {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::diag::engine_config;
 
     /// Rank `rank`'s record of op `op` in comm 0x4242 of 4 ranks (in flight for 2 s, or
     /// completed).

@@ -1,4 +1,4 @@
-//! The probing frame (CCL-D section 5.1, design.md section 4).
+//! The probing frame (CCL-D section 5.1).
 //!
 //! One frame per rank, reused cyclically: a 32-byte header {operation counter, mode flag,
 //! kernelIndex, nChannels} followed by [`FRAME_BLOCKS`] blocks. The operation with counter
@@ -137,7 +137,8 @@ struct Words {
 // allocation or the external memory stays valid until `Drop`, whatever thread drops it;
 // the release closure is `Send + Sync`.
 unsafe impl Send for Words {}
-// SAFETY: as above: `&Words` only hands out `&[AtomicU64]`.
+// SAFETY: `&Words` only hands out `&[AtomicU64]` over memory that stays valid until
+// `Drop`; atomics may be accessed from any number of threads at once.
 unsafe impl Sync for Words {}
 
 impl std::ops::Deref for Words {

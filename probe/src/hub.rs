@@ -306,9 +306,9 @@ pub fn wanted() -> Result<bool, String> {
 
 /// Starts this process's hub (an analyzer shard bound to `ip`, port 0) unless one already
 /// runs here; returns its address. Engine settings come from the environment
-/// ([`crate::embedded::engine_config`]). Does not [`adopt`] it: the caller announces first.
+/// ([`crate::diag::engine_config`]). Does not [`adopt`] it: the caller announces first.
 pub fn start(ip: IpAddr) -> Result<SocketAddr, String> {
-    let engine = crate::embedded::engine_config(&crate::diag::process_env)?;
+    let engine = crate::diag::engine_config(&crate::diag::process_env)?;
     start_with(ip, engine)
 }
 

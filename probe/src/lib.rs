@@ -96,7 +96,7 @@ pub fn start() -> Result<bool, String> {
     match parse_analyzer(diag::process_env(ccl_params::CCLD_ANALYZER.name).as_deref())? {
         AnalyzerTarget::Off => Ok(false),
         AnalyzerTarget::Embedded => {
-            let ecfg = embedded::engine_config(get)?;
+            let ecfg = diag::engine_config(get)?;
             let spool = reporter::SpoolSettings::from_env(get)?;
             let rep = report::from_env(get)?;
             diag::start_with(cfg, move || {

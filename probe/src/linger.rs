@@ -55,7 +55,8 @@ pub fn must_wait(runs_hub: bool, failed_at: u64, reported: u64) -> bool {
 /// Waits, at most `max`, while [`must_wait`] holds for this process; returns whether an
 /// incident was reported meanwhile.
 pub fn linger(max: Duration) -> bool {
-    let runs = crate::hub::runs_here();
+    // The exit handler is registered exactly when this process starts a hub.
+    let runs = REGISTERED.load(Ordering::Relaxed);
     let t0 = Instant::now();
     let mut waited = false;
     while must_wait(

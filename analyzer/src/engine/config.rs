@@ -2,7 +2,7 @@
 
 use super::*;
 
-/// Tunables of detection and location (CCL-D section 4.2; design.md section 5).
+/// Tunables of detection and location (CCL-D section 4.2).
 #[derive(Clone, Debug, PartialEq)]
 pub struct EngineConfig {
     /// A rank in flight longer than this is hung (paper: 5 min).

@@ -22,7 +22,7 @@
 //! per second of wall clock and per CPU-second of the shard threads (and of the client
 //! threads): the wall figure depends on how busy the machine is, the CPU figure much less.
 //!
-//! Target (design.md section 8): >= 1,000,000 records/s per shard, batched.
+//! Target (the project's performance goals, docs/performance.md): >= 1,000,000 records/s per shard, batched.
 //!
 //! Usage: analyzer_ingest [--seconds S] [--clients C] [--batch B] [--workers W]
 //!                        [--client-threads T] [--pin 0|1] [--modes raw,lib,prost]

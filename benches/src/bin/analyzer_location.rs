@@ -12,7 +12,7 @@
 //!   while records are ingested).
 //!
 //! and least-squares lines tick = a + b N and batch = a + b N per class. Target
-//! (design.md section 8): linear in N, <= 5 ms at 4,096 ranks.
+//! (docs/performance.md): linear in N, <= 5 ms at 4,096 ranks.
 //!
 //! Usage: analyzer_location [--max-n N] [--reps R]
 

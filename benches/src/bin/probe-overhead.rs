@@ -1,5 +1,5 @@
 //! Probe overhead: AllReduce busbw with CCL-D probes on vs off (paused: the `CCLD_DISABLE=1`
-//! path), interleaved in one run (design.md section 8: target >= 0.997 at sizes >= 1 MiB,
+//! path), interleaved in one run (docs/performance.md: target >= 0.997 at sizes >= 1 MiB,
 //! >= 0.99 below).
 //!
 //! ```text

@@ -289,21 +289,24 @@ impl DeviceApi for CudaApi {
     }
 
     unsafe fn memset(&self, p: usize, value: u8, bytes: usize) -> Result<()> {
-        // SAFETY: forwarded to the caller's contract.
+        // SAFETY: the trait's contract: `p .. p + bytes` is device memory of this API, which
+        // is what cudaMemset writes.
         check("cudaMemset", unsafe {
             ffi::ccl_dev_memset(p as *mut c_void, i32::from(value), bytes)
         })
     }
 
     unsafe fn memcpy(&self, dst: usize, src: usize, bytes: usize) -> Result<()> {
-        // SAFETY: forwarded to the caller's contract.
+        // SAFETY: the trait's contract: both ranges are valid for `bytes` bytes, all that
+        // cudaMemcpy reads and writes.
         check("cudaMemcpy", unsafe {
             ffi::ccl_dev_memcpy(dst as *mut c_void, src as *const c_void, bytes)
         })
     }
 
     unsafe fn memcpy_async(&self, dst: usize, src: usize, bytes: usize, s: Stream) -> Result<()> {
-        // SAFETY: forwarded to the caller's contract.
+        // SAFETY: the trait's contract: both ranges stay valid for `bytes` bytes until the
+        // copy ran on `s`, which is as long as cudaMemcpyAsync touches them.
         check("cudaMemcpyAsync", unsafe {
             ffi::ccl_dev_memcpy_async(
                 dst as *mut c_void,
@@ -467,7 +470,9 @@ impl DeviceApi for CudaApi {
     }
 
     unsafe fn launch_plan(&self, plan: &ccl_dev_plan_t, s: Stream) -> Result<()> {
-        // SAFETY: forwarded to the caller's contract; `plan` is copied at launch.
+        // SAFETY: the trait's contract: every pointer in `plan` stays valid as the ABI
+        // describes until the kernel finished; `plan` itself is copied into the launch
+        // parameters, so the reference need not outlive this call.
         check("ccl_dev_launch_plan", unsafe {
             ffi::ccl_dev_launch_plan(plan, s as ffi::ccl_stream_t)
         })

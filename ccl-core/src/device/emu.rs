@@ -595,14 +595,16 @@ impl DeviceApi for EmuDevice {
     }
 
     unsafe fn memset(&self, p: usize, value: u8, bytes: usize) -> Result<()> {
-        // SAFETY: forwarded to the caller's contract.
+        // SAFETY: the trait's contract: `p .. p + bytes` is memory of this (emulated) device,
+        // i.e. a live host allocation that nobody else accesses during the call.
         unsafe { std::ptr::write_bytes(p as *mut u8, value, bytes) };
         Ok(())
     }
 
     unsafe fn memcpy(&self, dst: usize, src: usize, bytes: usize) -> Result<()> {
         if bytes > 0 && dst != src {
-            // SAFETY: forwarded to the caller's contract; ptr::copy allows overlap.
+            // SAFETY: the trait's contract: both ranges are valid for `bytes` bytes (host
+            // memory on the emulated device); ptr::copy allows them to overlap.
             unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, bytes) };
         }
         Ok(())
@@ -799,7 +801,8 @@ impl DeviceApi for EmuDevice {
                     }
                     EmuKernel::Source => {
                         drop(k);
-                        // SAFETY: as above.
+                        // SAFETY: as for `Kernel::capture` just above: the arrays are valid
+                        // and filled when this command runs.
                         let sk =
                             unsafe { SourceKernel::capture(&p.0) }.map_err(|e| e.to_string())?;
                         sk.run()
@@ -810,7 +813,8 @@ impl DeviceApi for EmuDevice {
             count_launch(which, ll);
             return Ok(());
         }
-        // SAFETY: forwarded to the caller's contract (arrays readable at launch). The Rust
+        // SAFETY: the launch contract (`DeviceApi::launch_plan`): every array of `plan` is
+        // valid now, and these arrays are host memory already written. The Rust
         // capture validates the plan for both implementations (its checks are stricter
         // than the kernel's host-side ones: a malformed plan is an error, never a crash).
         let k = unsafe { Kernel::capture(plan) }?;
@@ -825,7 +829,7 @@ impl DeviceApi for EmuDevice {
             }),
             (None, EmuKernel::Source) => {
                 drop(k);
-                // SAFETY: as above.
+                // SAFETY: the same launch contract: the arrays are readable now.
                 let sk = unsafe { SourceKernel::capture(plan) }?;
                 Box::new(move || sk.run())
             }

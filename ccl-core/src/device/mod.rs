@@ -1,4 +1,4 @@
-//! Runtime glue of the device backend (design.md section 1): which backend a communicator
+//! Runtime glue of the device backend (docs/device-backend.md): which backend a communicator
 //! uses, and the lowering of a pure [`crate::schedule::Plan`] into the flat arrays the
 //! kernels execute (`kernels/include/ccl_device.h`).
 //!
@@ -18,7 +18,6 @@ pub mod liveness;
 pub mod lower;
 pub mod order;
 pub mod plans;
-pub mod proto;
 pub mod release;
 pub mod runtime;
 pub mod selftest;

@@ -23,7 +23,7 @@
 //! unmaps; the pages live until the last process unmapped them, so the order in which the
 //! two processes destroy does not matter.
 //!
-//! An operation: `executor::plan_for` -> `device::lower` -> arrays in mapped memory
+//! An operation: `crate::op::plan_for` -> `device::lower` -> arrays in mapped memory
 //! (cached by plan shape) -> on the user's stream: a wait for the communicator's event when
 //! the previous operation used another stream (`order`), the kernel (its probe start, `begin_op`, expected
 //! counts, `op_log.start`, runs at enqueue or in the previous completion, `starts`; only a
@@ -56,15 +56,16 @@ use super::liveness::{local_peers, Watch, WatchCfg};
 use super::lower::{apply_fault, halved, lower, red_params, ConnDir, ConnKey, LoweredPlan};
 use super::order::Order;
 use super::plans::PlanMem;
-use super::proto::{self, OpShape, Proto, ProtoSet};
 use super::starts::Starts;
 use super::{choose_backend, Backend, DeviceProbe};
 use crate::bootstrap::Bootstrap;
-use crate::comm::ScalarArg;
 use crate::error::{CclError, Result};
-use crate::executor::{self, RedSpec, Tuning, WorkItem};
+use crate::op::ScalarArg;
+use crate::op::{RedSpec, WorkItem};
+use crate::proto::{self, OpShape, Proto, ProtoSet};
 use crate::reduce::Reducer;
 use crate::schedule::LinkKind;
+use crate::schedule::Tuning;
 use crate::transport::shm::{
     align_up, remove_stale_segments, segment_name_for_pid, validate_name, ShmRegion, CACHE_LINE,
 };

@@ -16,8 +16,8 @@ use kernels::ffi as k;
 use probe::CollKind;
 
 use super::lower::{lower, red_params, ConnDir};
-use super::proto::{ll_chunk_bytes, Proto};
 use crate::error::{CclError, Result};
+use crate::proto::{ll_chunk_bytes, Proto};
 use crate::reduce::Reducer;
 use crate::schedule::{self, CollDesc, LinkKind, BUF_RECV, BUF_SEND};
 use crate::types::{DataType, RedOpKind};

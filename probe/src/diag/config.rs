@@ -1,6 +1,9 @@
-//! The diagnostic thread's configuration from the environment (`CCLD_SAMPLE_US`, ...).
+//! The probe's configuration from the environment: the diagnostic thread's
+//! ([`DiagConfig`]: `CCLD_SAMPLE_US`, ...) and the embedded analyzer's engine settings
+//! ([`engine_config`]: `CCLD_HANG_TIMEOUT_S`, ...).
 
 use super::*;
+use analyzer::EngineConfig;
 
 /// Default sampling period of a process whose communicators all run on the host backend:
 /// there communication is CPU work on every core, and each wake-up of the diagnostic
@@ -96,4 +99,41 @@ impl DiagConfig {
                 .map_or(d.record, Duration::from_micros),
         })
     }
+}
+
+/// Engine settings from the environment (strict).
+///
+/// `CCLD_HANG_TIMEOUT_S` (default 300), `CCLD_SLOW_WINDOW_S` (60), `CCLD_SLOW_THETA` (3),
+/// `CCLD_SLOW_REPEAT` (2), `CCLD_SLOW_CALIBRATE` (1; 0 = the paper's fixed rule only),
+/// `CCLD_T_BASE_INIT_MS` (10000), `CCLD_BASELINE_S` (120), `CCLD_SILENT_S` (60). Seconds may
+/// be fractional.
+pub fn engine_config(get: EnvGet<'_>) -> Result<EngineConfig, String> {
+    let mut c = EngineConfig::default();
+    let secs = |v: f64| Duration::from_secs_f64(v);
+    if let Some(v) = env_f64(get, &ccl_params::CCLD_HANG_TIMEOUT_S)? {
+        c.hang_threshold = secs(v);
+    }
+    if let Some(v) = env_f64(get, &ccl_params::CCLD_SLOW_WINDOW_S)? {
+        c.detect_window = secs(v);
+    }
+    if let Some(v) = env_f64(get, &ccl_params::CCLD_SLOW_THETA)? {
+        c.theta_slow = v;
+    }
+    if let Some(v) = env_u64(get, &ccl_params::CCLD_SLOW_REPEAT)? {
+        c.repeat_threshold = v as u32;
+    }
+    if env_flag(get, &ccl_params::CCLD_SLOW_CALIBRATE)? == Some(false) {
+        c.self_calibration = None;
+    }
+    if let Some(v) = env_u64(get, &ccl_params::CCLD_T_BASE_INIT_MS)? {
+        c.t_base_init = Duration::from_millis(v);
+    }
+    if let Some(v) = env_f64(get, &ccl_params::CCLD_BASELINE_S)? {
+        c.baseline_span = secs(v);
+    }
+    if let Some(v) = env_f64(get, &ccl_params::CCLD_SILENT_S)? {
+        c.silent_after = secs(v);
+    }
+    c.validate().map_err(|e| e.to_string())?;
+    Ok(c)
 }

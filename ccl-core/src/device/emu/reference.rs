@@ -604,11 +604,15 @@ impl Kernel {
         // readiness check and the counter store. Slices made here never overlap each other
         // while alive (slots vs user buffers; in-place reductions go through `scratch`).
         let rd = |a: usize| {
-            // SAFETY: see above: `a .. a + nb` is readable for this step.
+            // SAFETY: the plan addresses only ranges inside the operation's buffers or FIFO
+            // slots of at least `nb` bytes (bounds checked at capture), so `a .. a + nb` is
+            // readable for this step.
             unsafe { raw_bytes(a, nb) }
         };
         let wr = |a: usize| {
-            // SAFETY: see above: `a .. a + nb` is writable and not otherwise borrowed.
+            // SAFETY: as for `rd`, `a .. a + nb` is inside a buffer or slot; lanes write
+            // disjoint ranges and a slot belongs to this lane until its counter store, so no
+            // other slice of it is alive.
             unsafe { raw_bytes_mut(a, nb) }
         };
         let red = self.red.as_ref();
@@ -618,7 +622,9 @@ impl Kernel {
                 None => wr(o).copy_from_slice(rd(src)),
             },
             (CCL_STEP_RECV, Some(i), _) => {
-                // SAFETY: see above; slot and user buffer never overlap.
+                // SAFETY: `i` is an inbound slot of at least `nb` bytes owned by this lane,
+                // `dst .. dst + nb` is inside the operation's output buffer; a FIFO slot and a
+                // user buffer never overlap.
                 unsafe { std::ptr::copy_nonoverlapping(i as *const u8, dst as *mut u8, nb) };
             }
             (CCL_STEP_RECV_COPY_SEND, Some(i), Some(o)) => {
@@ -670,14 +676,16 @@ impl Kernel {
             }
             (_, Some(r)) => {
                 scratch.resize(nb, 0);
-                // SAFETY: as above; the source slice dies before the destination is written.
+                // SAFETY: `src .. src + nb` is inside the operation's buffers (as for steps);
+                // the source slice dies before the destination is written.
                 r.load(&mut scratch[..nb], unsafe {
                     std::slice::from_raw_parts(src as *const u8, nb)
                 });
                 if r.needs_finish() {
                     r.finish(&mut scratch[..nb]);
                 }
-                // SAFETY: as above.
+                // SAFETY: `dst .. dst + nb` is inside the operation's buffers; `scratch` is
+                // this kernel's own vector, so the two never overlap.
                 unsafe { std::ptr::copy_nonoverlapping(scratch.as_ptr(), dst as *mut u8, nb) };
             }
             (_, None) => {}
@@ -699,7 +707,7 @@ fn backoff(idle: u32) {
 /// Payload bytes of one LL message in a slot of `slot_bytes` (the kernel's rule; the
 /// runtime plans LL operations with chunks of this size).
 pub fn ll_chunk_bytes(slot_bytes: usize) -> usize {
-    crate::device::proto::ll_chunk_bytes(slot_bytes)
+    crate::proto::ll_chunk_bytes(slot_bytes)
 }
 
 /// The flag of message `m` (1-based count of messages sent on the connection): its low

@@ -698,7 +698,7 @@ impl DeviceComm {
 
     /// The p2p peers `item` needs (AlltoAll/Gather/Scatter and Send/Recv groups).
     pub(crate) fn p2p_peers_of(&self, item: &WorkItem) -> Result<Vec<usize>> {
-        let plan = executor::plan_for(item, self.rank, self.nranks, &self.tuning)?;
+        let plan = crate::op::plan_for(item, self.rank, self.nranks, &self.tuning)?;
         Ok(plan
             .lanes
             .iter()

@@ -289,7 +289,7 @@ impl DeviceComm {
     ) -> Result<()> {
         let label = item.label();
         let proto = self.protocol_of(item);
-        let plan = executor::plan_for(item, self.rank, self.nranks, &self.plan_tuning(proto))?;
+        let plan = crate::op::plan_for(item, self.rank, self.nranks, &self.plan_tuning(proto))?;
         // CCLD_INJECT: the faults of the operation this call becomes (its counter is taken
         // below; calls on one communicator are serialized, as NCCL requires), applied with
         // the host executor's rules (see `inject`).
@@ -456,7 +456,7 @@ impl DeviceComm {
             p.frame_capacity = self.frame.channel_capacity() as u32;
             p.frame_block = block as u32;
         }
-        let mut info = executor::type_set(item, self.nranks, &plan);
+        let mut info = crate::op::type_set(item, self.nranks, &plan);
         info.proto = match proto {
             Proto::Simple => probe::Proto::Simple,
             Proto::Ll => probe::Proto::Ll,
@@ -482,7 +482,7 @@ impl DeviceComm {
                 (l.channel, s, r)
             })
             .collect();
-        executor::log_call(
+        crate::op::log_call(
             item,
             &info,
             self.rank,
@@ -510,7 +510,7 @@ impl DeviceComm {
                     for (ch, s, r) in expected {
                         frame.add_expected(b, ch, s, r);
                     }
-                    op_log.start(counter, &info, executor::now_ns());
+                    op_log.start(counter, &info, probe::now_ns());
                 }
             }
         };
@@ -576,7 +576,7 @@ impl DeviceComm {
                 if probing {
                     let failure = watch.failure();
                     let ok = !abort.load(Ordering::Acquire) && failure.is_none();
-                    let fin = op_log.finish(counter, executor::now_ns(), ok);
+                    let fin = op_log.finish(counter, probe::now_ns(), ok);
                     match (&source, fin, failure) {
                         (Some(s), Some(fin), None) => s.op_done(&fin),
                         (Some(s), Some(fin), Some(f)) => {
@@ -610,6 +610,6 @@ impl DeviceComm {
             self.inflight.done();
             return Err(e);
         }
-        launched.map_err(|e| executor::with_context(e, &label))
+        launched.map_err(|e| crate::error::with_context(e, &label))
     }
 }
