@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use ccl_core::bootstrap::{get_unique_id, UniqueId, UNIQUE_ID_BYTES};
 use ccl_core::{enqueue, CollArgs, Comm, CommConfig, DataType, Result};
-use probe::CollKind;
+use ccl_optype::CollKind;
 
 const ENV_RANK: &str = "CCL_EXAMPLE_RANK";
 const ENV_UID: &str = "CCL_EXAMPLE_UID";

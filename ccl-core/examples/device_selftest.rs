@@ -13,7 +13,7 @@ use std::time::Duration;
 use ccl_core::device::{choose_backend, probe_device, selftest, Backend};
 use ccl_core::proto::Proto;
 use ccl_core::DataType;
-use probe::CollKind;
+use ccl_optype::CollKind;
 
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");

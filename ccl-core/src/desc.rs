@@ -16,7 +16,8 @@
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
-use probe::{CollKind, Failure, FailureCause};
+use ccl_optype::CollKind;
+use probe::{Failure, FailureCause};
 
 use crate::channel::Transport;
 use crate::error::CclError;

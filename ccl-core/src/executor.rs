@@ -23,7 +23,8 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use probe::{Algo, CollKind, Frame, OpLog, Proto};
+use ccl_optype::{Algo, CollKind, Proto};
+use probe::{Frame, OpLog};
 
 use crate::bootstrap::Bootstrap;
 use crate::channel::Transport;

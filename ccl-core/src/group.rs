@@ -14,7 +14,7 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use probe::CollKind;
+use ccl_optype::CollKind;
 
 use crate::comm::{Comm, FIRST_USER_OP};
 use crate::error::{CclError, Result};

@@ -16,7 +16,7 @@
 //! set that allows only LL still runs Simple for Ring, with a warning at init). Every rank
 //! must see the same values (as with NCCL).
 
-use probe::CollKind;
+use ccl_optype::CollKind;
 
 use crate::error::{CclError, Result};
 use crate::proto::ProtoSet;

@@ -7,7 +7,7 @@
 //! The host executor (`executor.rs`) and the device runtime (`device/`) both start from
 //! here; neither goes through the other.
 
-use probe::{Algo, CollKind, OpTypeSet, Proto};
+use ccl_optype::{Algo, CollKind, OpTypeSet, Proto};
 
 use crate::error::Result;
 use crate::label::Label;

@@ -31,7 +31,7 @@
 
 use std::time::Duration;
 
-use probe::CollKind;
+use ccl_optype::CollKind;
 
 use crate::error::{CclError, Result};
 

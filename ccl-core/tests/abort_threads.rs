@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ccl_core::{enqueue, CclError, CollArgs, Comm, DataType, ResultCode};
-use probe::CollKind;
+use ccl_optype::CollKind;
 
 fn run_blocked_then_abort(
     comms: Vec<Arc<Comm>>,

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use ccl_core::bootstrap::get_unique_id;
 use ccl_core::{enqueue, CollArgs, Comm, CommConfig, DataType, RedOpKind, Reducer, ScalarArg};
-use probe::CollKind;
+use ccl_optype::CollKind;
 
 /// `NCCL_BUFFSIZE` of these tests: 8 slots of 1 KiB, so that Simple Tree messages and ring
 /// regions are short and the larger counts take several of them.

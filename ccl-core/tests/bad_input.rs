@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use ccl_core::{enqueue, CollArgs, Comm, CommConfig, DataType, ResultCode, ScalarArg};
-use probe::CollKind;
+use ccl_optype::CollKind;
 
 fn ok_args(send: &[f32], recv: &mut [f32]) -> CollArgs {
     CollArgs {

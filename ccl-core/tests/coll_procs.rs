@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 
 use ccl_core::bootstrap::get_unique_id;
 use ccl_core::{enqueue, CollArgs, Comm, CommConfig, DataType, UniqueId};
+use ccl_optype::CollKind;
 use common::procs::{spawn_ranks, wait_all, Job};
 use common::*;
-use probe::CollKind;
 
 const ENV_MODE: &str = "CCL_RT_TEST_MODE";
 const ENV_UID: &str = "CCL_RT_TEST_UID";

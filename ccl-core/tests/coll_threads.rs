@@ -20,8 +20,8 @@ use std::time::Instant;
 
 use ccl_core::bootstrap::get_unique_id;
 use ccl_core::{group_end, group_start, CollArgs, Comm, CommConfig, DataType};
+use ccl_optype::CollKind;
 use common::*;
-use probe::CollKind;
 
 const SMALL_COUNTS: [usize; 5] = [0, 1, 7, 1023, 65537];
 const BIG_BYTES: usize = 4 << 20;

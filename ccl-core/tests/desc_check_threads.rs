@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant};
 
 use ccl_core::{enqueue, group_end, group_start, CollArgs, Comm, DataType, ResultCode};
+use ccl_optype::CollKind;
 use ccld_wire as wire;
-use probe::CollKind;
 
 static RECORDS: Mutex<Vec<wire::OpRecord>> = Mutex::new(Vec::new());
 

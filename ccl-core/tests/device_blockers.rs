@@ -24,9 +24,9 @@ use ccl_core::device::emu;
 use ccl_core::device::runtime::device_api;
 use ccl_core::types::ResultCode;
 use ccl_core::{group_end, group_start, CollArgs, Comm, CommConfig, DataType, UniqueId};
+use ccl_optype::CollKind;
 use common::procs::{spawn_ranks, wait_all};
 use common::{hex, unhex, SUM};
-use probe::CollKind;
 
 const ENV_UID: &str = "CCLD_LIVE_UID";
 const ENV_RANK: &str = "CCLD_LIVE_RANK";

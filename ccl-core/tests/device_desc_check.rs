@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use ccl_core::device::api::{DeviceApi, Stream};
 use ccl_core::device::emu;
 use ccl_core::{CollArgs, Comm, DataType, ResultCode};
-use probe::CollKind;
+use ccl_optype::CollKind;
 
 fn comms(n: usize, proto: &str) -> Vec<Arc<Comm>> {
     std::env::set_var("CCLD_DEVICE_EMULATION", "1");

@@ -27,9 +27,9 @@ use ccl_core::device::api::{DeviceApi, Stream};
 use ccl_core::device::emu;
 use ccl_core::group::expected_counts;
 use ccl_core::{group_end, group_start, CollArgs, Comm, DataType};
+use ccl_optype::CollKind;
 use common::*;
 use device_support::{check_output, run_threads, DevCase};
-use probe::CollKind;
 
 fn setup() {
     setup_proto(None);
@@ -365,8 +365,8 @@ fn small_operations_use_ll_and_large_ones_simple() {
         let c = cs[1].probe_frame().header().op_counter;
         let logged = cs[1].op_log().get(c).expect("newest op").info.proto;
         let want_probe = match want {
-            Proto::Ll => probe::Proto::Ll,
-            Proto::Simple => probe::Proto::Simple,
+            Proto::Ll => ccl_optype::Proto::Ll,
+            Proto::Simple => ccl_optype::Proto::Simple,
         };
         assert_eq!(logged, want_probe, "{coll:?} {count}");
     }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use ccl_core::device::api::{DeviceApi, Stream};
 use ccl_core::device::emu;
 use ccl_core::{CollArgs, Comm, DataType};
-use probe::CollKind;
+use ccl_optype::CollKind;
 
 const N: usize = 4;
 /// Floats per rank: 64 Ki floats, several ring steps per channel with 64 KiB buffers.

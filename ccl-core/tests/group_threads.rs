@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use ccl_core::{
     enqueue, group_end, group_start, CclError, CollArgs, Comm, CommConfig, DataType, ResultCode,
 };
-use probe::CollKind;
+use ccl_optype::CollKind;
 
 fn allreduce_args(send: &[f32], recv: &mut [f32]) -> CollArgs {
     CollArgs {

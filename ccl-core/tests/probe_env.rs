@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use ccl_core::{enqueue, group_end, group_start, CollArgs, Comm, DataType};
-use probe::CollKind;
+use ccl_optype::CollKind;
 
 fn allreduce_all(comms: &[Arc<Comm>], count: usize) -> Vec<Vec<f32>> {
     let sends: Vec<Vec<f32>> = (0..comms.len())

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use ccl_core::device::api::DeviceApi;
 use ccl_core::{enqueue, group_end, group_start, CollArgs, Comm, DataType};
+use ccl_optype::CollKind;
 use ccld_wire as wire;
 use probe::embedded::Embedded;
-use probe::CollKind;
 
 static BATCHES: Mutex<Vec<wire::Batch>> = Mutex::new(Vec::new());
 static EMB: OnceLock<Embedded> = OnceLock::new();

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use ccl_core::bootstrap::UniqueId;
 use ccl_core::{CclError, Comm, CommConfig, DataType, Result, ScalarArg};
-use probe::CollKind;
+use ccl_optype::CollKind;
 
 use crate::boundary::{self, call, call_value, unsupported, NcclResult};
 use crate::config::{self, NcclConfig, CONFIG_HEADER, CONFIG_SIZE};

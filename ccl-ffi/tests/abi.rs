@@ -507,10 +507,7 @@ fn rust_abi_types_have_nvidias_layout() {
         ("sizeof(ncclConfig_t)", size_of::<NcclConfig>()),
         ("sizeof(ncclWaitSignalDesc_t)", size_of::<WaitSignalDesc>()),
         ("sizeof(ncclUniqueId)", size_of::<ccl_core::UniqueId>()),
-        (
-            "sizeof(ncclComm_t)",
-            size_of::<nccl::handles::CommHandle>(),
-        ),
+        ("sizeof(ncclComm_t)", size_of::<nccl::handles::CommHandle>()),
     ];
     macro_rules! fields {
         ($cty:literal, $rty:ty, $($c:ident => $r:ident),* $(,)?) => {

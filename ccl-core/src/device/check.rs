@@ -108,8 +108,8 @@ mod tests {
     use super::*;
     use crate::device::lower::ConnDir;
     use crate::schedule::LinkKind;
+    use ccl_optype::CollKind;
     use kernels::ffi::CCL_CHECK_BYTES;
-    use probe::CollKind;
 
     fn desc(coll: CollKind, count: u64) -> OpDesc {
         OpDesc {

@@ -44,11 +44,12 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ccl_optype::CollKind;
 use kernels::ffi::{
     ccl_dev_conn_t, ccl_dev_lane_t, ccl_dev_local_t, ccl_dev_plan_t, ccl_dev_step_t,
     CCL_CHECK_BYTES, CCL_DESC_WORDS, CCL_IPC_HANDLE_BYTES, CCL_MAX_BUFS,
 };
-use probe::{CollKind, Frame, OpLog};
+use probe::{Frame, OpLog};
 
 use super::api::{CudaApi, DeviceApi, IpcHandle, Mapped, PtrInfo, PtrKind, Stream};
 use super::board::Board;

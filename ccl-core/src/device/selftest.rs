@@ -12,8 +12,8 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
+use ccl_optype::CollKind;
 use kernels::ffi as k;
-use probe::CollKind;
 
 use super::lower::{lower, red_params, ConnDir};
 use crate::error::{CclError, Result};

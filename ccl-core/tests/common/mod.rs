@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use ccl_core::group::expected_counts;
 use ccl_core::{CollArgs, Comm, DataType};
-use probe::CollKind;
+use ccl_optype::CollKind;
 
 /// Raw op values.
 pub const SUM: i32 = 0;

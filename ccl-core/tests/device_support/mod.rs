@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use ccl_core::device::api::{DeviceApi, Stream};
 use ccl_core::group::expected_counts;
 use ccl_core::{group_end, group_start, CollArgs, Comm, CommConfig, DataType};
-use probe::CollKind;
+use ccl_optype::CollKind;
 
 use crate::common::{
     check_probe, dec, enc, fill, input, reduce_ref, sizes, Red, AVG, MAX, PERIOD, SUM,

@@ -5,8 +5,9 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use ccl_optype::CollKind;
 use kernels::ffi::{ccl_dev_conn_t, CCL_MAX_BUFS};
-use probe::{CollKind, Frame};
+use probe::Frame;
 
 use super::reference::*;
 use super::*;

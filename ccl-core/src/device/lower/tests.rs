@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use probe::CollKind;
+use ccl_optype::CollKind;
 
 use super::*;
 use crate::schedule::{self, CollDesc, BUF_RECV, BUF_SEND};

@@ -458,8 +458,8 @@ impl DeviceComm {
         }
         let mut info = crate::op::type_set(item, self.nranks, &plan);
         info.proto = match proto {
-            Proto::Simple => probe::Proto::Simple,
-            Proto::Ll => probe::Proto::Ll,
+            Proto::Simple => ccl_optype::Proto::Simple,
+            Proto::Ll => ccl_optype::Proto::Ll,
         };
         if fault.halve && !fault.not_enter {
             info.count /= 2;
