@@ -104,8 +104,6 @@ pub fn newest_first_key(detected_ns: u64) -> i64 {
 
 /// A shard's history. Inserting an id that exists replaces its row.
 pub trait History: std::fmt::Debug + Send + Sync {
-    /// Where the history lives (`:memory:` when it is not persisted).
-    fn location(&self) -> String;
     /// The next unused per-shard sequence number for ids of `shard` (one past the largest
     /// stored), so that a restarted shard never reuses an id.
     fn next_seq(&self, shard: usize) -> Result<u64, HistoryError>;
@@ -162,10 +160,6 @@ fn newest<T, K: Ord>(mut v: Vec<T>, key: impl Fn(&T) -> K, limit: Option<usize>)
 }
 
 impl History for MemoryHistory {
-    fn location(&self) -> String {
-        ":memory:".to_string()
-    }
-
     fn next_seq(&self, shard: usize) -> Result<u64, HistoryError> {
         let lo = StoredDiagnosis::make_id(shard, 0);
         let hi = StoredDiagnosis::make_id(shard, SEQ_MASK);

@@ -89,15 +89,6 @@ impl std::error::Error for ParamError {}
 /// Looks a variable up: its trimmed value, `None` when unset or empty.
 pub type Lookup<'a> = &'a dyn Fn(&str) -> Option<String>;
 
-/// The process environment as a [`Lookup`] (a value that is not UTF-8 reads as unset;
-/// [`Param::raw`] reports it instead).
-pub fn process_env(name: &str) -> Option<String> {
-    std::env::var(name)
-        .ok()
-        .map(|v| v.trim().to_string())
-        .filter(|v| !v.is_empty())
-}
-
 impl Param {
     /// The trimmed value in the process environment, `None` when unset or empty; a value
     /// that is not UTF-8 is an error.

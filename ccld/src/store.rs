@@ -149,10 +149,6 @@ impl Store {
 }
 
 impl History for Store {
-    fn location(&self) -> String {
-        self.path.clone()
-    }
-
     /// The next unused per-shard sequence number for ids of `shard` (one past the
     /// largest stored), so that a restarted shard never reuses an id.
     fn next_seq(&self, shard: usize) -> Result<u64, HistoryError> {
