@@ -55,6 +55,8 @@
 # --kernels-only runs (a) only. --only n,a,b,... runs the named parts (to split a run over
 # several commands: give each its own --out). --quick: smaller matrices and sizes.
 #
+# Environment: GPU_SUITE_CAP=SECONDS caps every program's time limit (a short lease);
+# GPU_SUITE_LOG=DIR keeps the raw output there. scripts/gpu/lease-run.sh sets both.
 # Usage: scripts/gpu-suite.sh [--kernels-only] [--only PARTS] [--quick] [--out FILE]
 #                             [--bin-dir DIR] [--nccl-tests DIR]
 set -uo pipefail
@@ -82,7 +84,17 @@ want() { case ",$parts," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 day=$(date -u +%Y-%m-%d)
 out=${out:-docs/gpu-results/$day.md}
 mkdir -p "$(dirname "$out")"
-log=$(mktemp -d)
+# GPU_SUITE_CAP=SECONDS caps every program's time limit below (for a short device lease);
+# GPU_SUITE_LOG=DIR keeps the programs' raw output there instead of a temporary folder.
+cap=${GPU_SUITE_CAP:-0}
+case "$cap" in ''|*[!0-9]*) echo "GPU_SUITE_CAP must be a number of seconds, got '$cap'" >&2; exit 2 ;; esac
+tmo() {
+  local t=$1; shift
+  if [ "$cap" -gt 0 ] && [ "$cap" -lt "$t" ]; then t=$cap; fi
+  timeout -k 5 "$t" "$@"
+}
+log=${GPU_SUITE_LOG:-$(mktemp -d)}
+mkdir -p "$log"
 fail=0
 export CCLD_BOOTSTRAP_IP=${CCLD_BOOTSTRAP_IP:-127.0.0.1}
 unset CCLD_DEVICE_EMULATION
@@ -144,7 +156,7 @@ if want n; then
       name=$(basename "$t")
       for g in "${gs[@]}"; do
         f="$log/nt_${name}_g$g.txt"
-        LD_LIBRARY_PATH="$bin" timeout 300 "$t" -b 8 -e "$maxb" -f 4 -g "$g" -c 1 -w 2 -n 5 > "$f" 2>&1; rc=$?
+        LD_LIBRARY_PATH="$bin" tmo 300 "$t" -b 8 -e "$maxb" -f 4 -g "$g" -c 1 -w 2 -n 5 > "$f" 2>&1; rc=$?
         [ $rc = 0 ] || fail=1
         echo "| $name | $g | $(pass_fail $rc) | $(grep -m1 -o 'nccl-library=[0-9]*' "$f" || echo '?') | $(grep -m1 'Avg bus bandwidth' "$f" | awk '{print $NF}') | $(grep -m1 'Out of bounds' "$f" | sed 's/.*: *//') |" >> "$out"
         cat "$f" >> "$log/nccl-tests.txt"
@@ -152,7 +164,7 @@ if want n; then
     done
     # CUDA graph capture: refused with ncclInvalidUsage until supported (no hang, no crash).
     f="$log/nt_graph.txt"
-    LD_LIBRARY_PATH="$bin" timeout 120 "$nt/all_reduce_perf" -b 1M -e 1M -g 1 -G 1 > "$f" 2>&1; rc=$?
+    LD_LIBRARY_PATH="$bin" tmo 120 "$nt/all_reduce_perf" -b 1M -e 1M -g 1 -G 1 > "$f" 2>&1; rc=$?
     cat "$f" >> "$log/nccl-tests.txt"
     if [ $rc != 0 ] && [ $rc -lt 124 ] && grep -qi 'invalid usage' "$f"; then
       { echo; echo "all_reduce_perf -G 1 (graph capture): **PASS** (refused with invalid usage, exit $rc)"; } >> "$out"
@@ -167,7 +179,7 @@ fi
 if want a; then
   section "(a) Kernel self-test: 1, 2, 4, 8 ranks on one device (device_selftest)"
   if need "$selftest"; then
-    timeout 900 "$selftest" "${quick[@]}" > "$log/selftest.txt" 2>&1; rc=$?
+    tmo 900 "$selftest" "${quick[@]}" > "$log/selftest.txt" 2>&1; rc=$?
     pass_fail $rc >> "$out"; [ $rc = 0 ] || fail=1
     summary_block "$log/selftest.txt"
   fi
@@ -182,7 +194,7 @@ if want b; then
                "auto 150 --proto auto --quick"; do
       set -- $run; name=$1; limit=$2; shift 2
       echo "### device_matrix $*" >> "$out"
-      timeout "$limit" "$matrix" "$@" > "$log/matrix-$name.txt" 2>&1; rc=$?
+      tmo "$limit" "$matrix" "$@" > "$log/matrix-$name.txt" 2>&1; rc=$?
       pass_fail $rc >> "$out"; [ $rc = 0 ] || fail=1
       summary_block "$log/matrix-$name.txt"
     done
@@ -194,14 +206,14 @@ fi
 if want c; then
   section "(c) Device runtime matrix: 2 processes on device 0, CUDA IPC (device_matrix --procs 2)"
   if need "$matrix"; then
-    timeout 600 "$matrix" "${quick[@]}" --procs 2 --no-bw > "$log/procs.txt" 2>&1; rc=$?
+    tmo 600 "$matrix" "${quick[@]}" --procs 2 --no-bw > "$log/procs.txt" 2>&1; rc=$?
     pass_fail $rc >> "$out"; [ $rc = 0 ] || fail=1
     if grep -q '^SKIP' "$log/procs.txt"; then
       echo "(SKIP on a real GPU is a failure of the suite: IPC must work here.)" >> "$out"; fail=1
     fi
     summary_block "$log/procs.txt"
     section "(c') The same with NCCL_P2P_DISABLE=1: host-staged FIFOs in pinned shared memory"
-    NCCL_P2P_DISABLE=1 timeout 600 "$matrix" "${quick[@]}" --procs 2 --no-bw > "$log/procs-staged.txt" 2>&1; rc=$?
+    NCCL_P2P_DISABLE=1 tmo 600 "$matrix" "${quick[@]}" --procs 2 --no-bw > "$log/procs-staged.txt" 2>&1; rc=$?
     pass_fail $rc >> "$out"; [ $rc = 0 ] || fail=1
     summary_block "$log/procs-staged.txt"
   fi
@@ -256,11 +268,11 @@ if want d; then
         f="$log/arp_${cfg}_$probes.txt"
         disable=(); [ $probes = off ] && disable=(CCLD_DISABLE=1)
         case "$cfg" in
-          1rank) env "${disable[@]}" LD_LIBRARY_PATH="$bin:$cudart_dir" timeout 300 \
+          1rank) tmo 300 env "${disable[@]}" LD_LIBRARY_PATH="$bin:$cudart_dir" \
                    "$arp" "${arp_args[@]}" -g 1 > "$f" 2>&1 ;;
-          2procs-gpu0) env "${disable[@]}" LD_LIBRARY_PATH="$bin:$cudart_dir" NCCL_TESTS_DEVICE=0 timeout 300 \
+          2procs-gpu0) tmo 300 env "${disable[@]}" LD_LIBRARY_PATH="$bin:$cudart_dir" NCCL_TESTS_DEVICE=0 \
                    "$ccl_run" -n 2 "$arp" "${arp_args[@]}" -g 1 > "$f" 2>&1 ;;
-          *) env "${disable[@]}" LD_LIBRARY_PATH="$bin:$cudart_dir" timeout 300 \
+          *) tmo 300 env "${disable[@]}" LD_LIBRARY_PATH="$bin:$cudart_dir" \
                    "$arp" "${arp_args[@]}" -g "$ngpu" > "$f" 2>&1 ;;
         esac
         rc=$?
@@ -293,9 +305,9 @@ if want p; then
       for plans in device mapped; do
         f="$log/plans_${cfg}_$plans.txt"
         case "$cfg" in
-          1rank) env CCLD_DEVICE_PLANS=$plans LD_LIBRARY_PATH="$bin:$cudart_dir" timeout 300 \
+          1rank) tmo 300 env CCLD_DEVICE_PLANS=$plans LD_LIBRARY_PATH="$bin:$cudart_dir" \
                    "$arp" -b 8 -e 4M -f 2 -w 20 -n 200 -c 1 -g 1 > "$f" 2>&1 ;;
-          *) env CCLD_DEVICE_PLANS=$plans LD_LIBRARY_PATH="$bin:$cudart_dir" NCCL_TESTS_DEVICE=0 timeout 300 \
+          *) tmo 300 env CCLD_DEVICE_PLANS=$plans LD_LIBRARY_PATH="$bin:$cudart_dir" NCCL_TESTS_DEVICE=0 \
                    "$ccl_run" -n 2 "$arp" -b 8 -e 4M -f 2 -w 20 -n 200 -c 1 -g 1 > "$f" 2>&1 ;;
         esac
         rc=$?
@@ -315,7 +327,7 @@ if want e; then
   if ! python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
     echo "Not run: no python3 with a CUDA build of torch on this machine." >> "$out"
   elif need "$lib"; then
-    LD_PRELOAD=$lib timeout 900 python3 scripts/gpu/ddp_check.py "$log/ddp.json" > "$log/ddp.txt" 2>&1
+    LD_PRELOAD=$lib tmo 900 python3 scripts/gpu/ddp_check.py "$log/ddp.json" > "$log/ddp.txt" 2>&1
     rc=$?; pass_fail $rc >> "$out"; [ $rc = 0 ] || fail=1
     { echo '```'; tail -20 "$log/ddp.txt"; echo '```'; } >> "$out"
   fi
@@ -325,7 +337,7 @@ fi
 if want f; then
   section "(f) Diagnosis end to end: 4 ranks sharing GPU 0, one anomaly per class (device_diagnosis)"
   if need "$diagnosis"; then
-    timeout 300 "$diagnosis" --ranks 4 > "$log/diagnosis.txt" 2>&1; rc=$?
+    tmo 300 "$diagnosis" --ranks 4 > "$log/diagnosis.txt" 2>&1; rc=$?
     pass_fail $rc >> "$out"; [ $rc = 0 ] || fail=1
     {
       echo

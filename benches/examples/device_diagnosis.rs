@@ -40,6 +40,8 @@ fn usage() -> ! {
 }
 
 fn main() {
+    // 8 ranks as threads need 16 hardware queues (see ccl_core::device::queues).
+    ccl_core::device::queues::most_queues_for_this_program();
     let mut emulate = false;
     let mut n = 4usize;
     let mut classes: Vec<AnomalyClass> = ["h1", "h2", "h3", "s1", "s2", "s3"]

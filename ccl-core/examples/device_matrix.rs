@@ -62,13 +62,15 @@ struct Opts {
     bw: bool,
     /// `--proto`: `Some(None)` = auto (unset), `Some(Some(p))` = NCCL_PROTO=p.
     proto: Option<Option<&'static str>>,
+    /// `--counts`: the element counts of the cases (default: by `--quick`).
+    counts: Option<Vec<usize>>,
 }
 
 fn usage(msg: &str) -> ! {
     eprintln!("device_matrix: {msg}");
     eprintln!(
         "usage: device_matrix [--quick] [--procs N] [--ranks 1,2,4,8] [--no-bw] \
-         [--proto LL|Simple|auto]"
+         [--proto LL|Simple|auto] [--counts 0,7,999]"
     );
     std::process::exit(2);
 }
@@ -80,6 +82,7 @@ fn parse_args() -> Opts {
         ranks: vec![1, 2, 4, 8],
         bw: true,
         proto: None,
+        counts: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -114,8 +117,21 @@ fn parse_args() -> Opts {
                     )),
                 }
             }
+            "--counts" => {
+                let v = args.next().unwrap_or_default();
+                let c: Option<Vec<usize>> = v.split(',').map(|x| x.trim().parse().ok()).collect();
+                o.counts = match c {
+                    Some(c) if !c.is_empty() => Some(c),
+                    _ => usage(&format!(
+                        "--counts {v:?}: a comma-separated list of element counts"
+                    )),
+                }
+            }
             other => usage(&format!("unknown argument {other:?}")),
         }
+    }
+    if o.counts.is_some() && o.procs > 0 {
+        usage("--counts applies to ranks as threads, not to --procs");
     }
     o
 }
@@ -145,6 +161,8 @@ fn pick_api() -> (Arc<dyn DeviceApi>, i32) {
 }
 
 fn main() {
+    // 8 ranks as threads need 16 hardware queues (see ccl_core::device::queues).
+    ccl_core::device::queues::most_queues_for_this_program();
     if std::env::var_os(ENV_RANK).is_some() {
         child_main();
     }
@@ -171,7 +189,10 @@ fn main() {
             ""
         }
     );
-    let cases = cases(o.quick);
+    let cases = match &o.counts {
+        Some(c) => matrix_cases(c),
+        None => cases(o.quick),
+    };
     let (mut passed, mut failed) = (0usize, 0usize);
     if o.procs > 0 {
         procs_main(&o, &cases, &mut passed, &mut failed);

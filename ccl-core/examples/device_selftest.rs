@@ -16,6 +16,8 @@ use ccl_core::DataType;
 use ccl_optype::CollKind;
 
 fn main() {
+    // 8 ranks as threads need 16 hardware queues (see ccl_core::device::queues).
+    ccl_core::device::queues::most_queues_for_this_program();
     let quick = std::env::args().any(|a| a == "--quick");
     let (backend, why) = choose_backend(&probe_device());
     println!("# {why}");

@@ -1,4 +1,5 @@
-//! Every `NCCL_*` and `CCLD_*` environment variable the project reads, declared once, as
+//! Every `NCCL_*` and `CCLD_*` environment variable the project reads (and CUDA's
+//! `CUDA_DEVICE_MAX_CONNECTIONS`, which device communicators read), declared once, as
 //! NCCL's `misc/param.cc` does: name, type and bounds ([`Kind`]), default, one doc line.
 //!
 //! A leaf crate, so that the runtime (`ccl-core`, `ccl-ffi`) and the probe read through the
@@ -360,6 +361,20 @@ pub const NCCL_P2P_DISABLE: Param = Param {
     kind: Kind::Flag,
     default: "0",
     doc: "1: no peer-to-peer/IPC between GPUs (NVIDIA's meaning). Device backend: ranks of other processes are reached through host-staged shared memory (pinned `/dev/shm` FIFOs) instead of CUDA IPC. Read by device communicators only (a value other than 0/1 fails their init); the host backend always uses shared memory and ignores it",
+    scope: Scope::Runtime,
+    alias_of: None,
+};
+
+/// `CUDA_DEVICE_MAX_CONNECTIONS` (CUDA's own; read, never set).
+pub const CUDA_DEVICE_MAX_CONNECTIONS: Param = Param {
+    name: "CUDA_DEVICE_MAX_CONNECTIONS",
+    kind: Kind::Int {
+        min: 1,
+        max: 32,
+        suffixes: false,
+    },
+    default: "8 (CUDA's)",
+    doc: "CUDA's hardware work queues per context; read by device communicators only, to warn at init when the communicators of one process on one device (2 streams each) need more queues than this. Then kernels of different ranks can be serialized and hang: set it to 32 before CUDA starts (docs/device-backend.md). The library never sets it",
     scope: Scope::Runtime,
     alias_of: None,
 };
@@ -766,6 +781,7 @@ pub const ALL: &[&Param] = &[
     &NCCL_MAX_NCHANNELS,
     &NCCL_BUFFSIZE,
     &NCCL_P2P_DISABLE,
+    &CUDA_DEVICE_MAX_CONNECTIONS,
     &NCCL_ALGO,
     &NCCL_PROTO,
     &CCLD_BACKEND,
@@ -822,7 +838,14 @@ mod tests {
         let mut seen = HashSet::new();
         for p in ALL {
             assert!(seen.insert(p.name), "{} declared twice", p.name);
-            assert!(p.name.starts_with("NCCL_") || p.name.starts_with("CCLD_"));
+            // Ours, or CUDA's one that device communicators read (never set).
+            assert!(
+                p.name.starts_with("NCCL_")
+                    || p.name.starts_with("CCLD_")
+                    || p.name == "CUDA_DEVICE_MAX_CONNECTIONS",
+                "{}",
+                p.name
+            );
             if let Some(a) = p.alias_of {
                 let target = find(a).unwrap_or_else(|| panic!("{} stands in for {a}", p.name));
                 assert_eq!((target.kind, target.alias_of), (p.kind, None), "{}", p.name);

@@ -89,6 +89,9 @@ pub fn busy_frees_on_this_thread() -> usize {
     BUSY_FREES.with(|c| c.get())
 }
 
+/// What a new emulated allocation holds (see [`Emu::alloc`]).
+const UNINIT_BYTE: u8 = 0xA5;
+
 #[derive(Debug, Clone, Copy)]
 struct Alloc {
     len: usize,
@@ -373,12 +376,19 @@ impl EmuDevice {
         let layout = std::alloc::Layout::from_size_align(bytes.max(1), ALIGN)
             .map_err(|_| CclError::arg(format!("emulated device: allocation of {bytes} bytes")))?;
         // SAFETY: the layout has a non-zero size.
-        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        let p = unsafe { std::alloc::alloc(layout) };
         if p.is_null() {
             return Err(CclError::System(format!(
                 "emulated device: out of memory allocating {bytes} bytes"
             )));
         }
+        // Mapped host memory is zeroed (the DeviceApi contract; the CUDA wrapper clears it).
+        // cudaMalloc does not clear memory: on a GPU a new block often holds what an earlier
+        // one left (FIFO slots, LL lines). Code that relies on zeroed device memory must
+        // fail here as it would there, so new device blocks are filled with a pattern.
+        let fill = if mapped { 0 } else { UNINIT_BYTE };
+        // SAFETY: p is a fresh allocation of layout.size() bytes.
+        unsafe { std::ptr::write_bytes(p, fill, layout.size()) };
         ALLOCS.with(|c| c.set(c.get() + 1));
         self.allocs.lock().insert(
             p as usize,

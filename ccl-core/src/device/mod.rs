@@ -18,6 +18,7 @@ pub mod liveness;
 pub mod lower;
 pub mod order;
 pub mod plans;
+pub mod queues;
 pub mod release;
 pub mod runtime;
 pub mod selftest;

@@ -370,6 +370,8 @@ pub(crate) struct DeviceComm {
     starts: Arc<Starts>,
     /// Where kernels read plan arrays (`CCLD_DEVICE_PLANS`, blocker 9).
     plan_mem: PlanMem,
+    /// This communicator in the count of communicators per device (see `queues`).
+    _seat: Option<crate::device::queues::Seat>,
 }
 
 /// What `attach` needs of the communicator.

@@ -225,7 +225,7 @@ impl DevRank {
         self.comm.nranks() as usize
     }
 
-    fn r(&self) -> usize {
+    pub fn r(&self) -> usize {
         self.comm.rank() as usize
     }
 
@@ -415,6 +415,9 @@ pub fn run_cases(
     cases: &[DevCase],
     broken_flag: &AtomicBool,
 ) -> Vec<Result<(), CaseErr>> {
+    // CCLD_MATRIX_TRACE (any value): each rank logs every case's start and end on stderr
+    // as it happens (to see where a run hangs on a device).
+    let trace = std::env::var_os("CCLD_MATRIX_TRACE").is_some();
     cases
         .iter()
         .map(|c| {
@@ -423,7 +426,16 @@ pub fn run_cases(
                     "not run: an earlier case broke the communicator".into(),
                 ));
             }
+            if trace {
+                eprintln!("trace rank {} start {}", rank.r(), c.name());
+            }
             let r = rank.run(c);
+            if trace {
+                match &r {
+                    Ok(()) => eprintln!("trace rank {} end {} ok", rank.r(), c.name()),
+                    Err(e) => eprintln!("trace rank {} end {} {e:?}", rank.r(), c.name()),
+                }
+            }
             if matches!(r, Err(CaseErr::Broken(_))) {
                 broken_flag.store(true, Ordering::Release);
             }

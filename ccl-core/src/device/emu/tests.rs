@@ -714,6 +714,13 @@ fn bytes_at(a: usize, n: usize) -> Vec<u8> {
 fn an_ll_send_leaves_flag_lines_in_the_fifo() {
     let d = EmuDevice::default();
     let conn = [conn_mem(&d, 64)];
+    // Zeroed slots, so that the bytes the send must not touch can be checked (new device
+    // memory holds a pattern, as cudaMalloc's holds leftovers).
+    // SAFETY: the slots are SLOTS * 64 bytes of the live allocation of conn_mem.
+    unsafe {
+        d.memset(conn[0].slots as usize, 0, SLOTS as usize * 64)
+            .unwrap()
+    };
     let chunk = ll_chunk_bytes(64);
     assert_eq!(chunk, 32);
     // 3 messages: 32 + 32 + 13 bytes (the last with a partial line).

@@ -359,6 +359,9 @@ impl DeviceComm {
                 return Err(e);
             }
         };
+        // CUDA's hardware queues (the emulator has none to share).
+        let seat =
+            (!a.pre.api.is_emulated()).then(|| crate::device::queues::register(a.pre.device, rank));
         let dc = DeviceComm {
             api: a.pre.api,
             device: a.pre.device,
@@ -390,6 +393,7 @@ impl DeviceComm {
             watch,
             starts: Arc::new(Starts::default()),
             plan_mem,
+            _seat: seat,
         };
         if nranks > 1 {
             let prev = (rank + nranks - 1) % nranks;
