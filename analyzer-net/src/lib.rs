@@ -10,6 +10,8 @@
 //! The probe inside `libnccl.so.2` links this crate for its reporter and the embedded hub;
 //! it must stay free of database engines and command-line parsers.
 
+#![warn(unreachable_pub)]
+
 /// Generated tonic client and server of the `ccld.v1.Analyzer` service.
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod grpc {

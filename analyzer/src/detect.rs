@@ -12,7 +12,7 @@
 use crate::wire::{BaselineKind, CollKind};
 
 /// R = (T_max - T_base) / T_base (eq. 3). A zero baseline gives +inf (or 0 if T_max is 0).
-pub fn slowdown_ratio(t_max_ns: u64, t_base_ns: u64) -> f64 {
+pub(crate) fn slowdown_ratio(t_max_ns: u64, t_base_ns: u64) -> f64 {
     if t_base_ns == 0 {
         return if t_max_ns == 0 { 0.0 } else { f64::INFINITY };
     }
@@ -21,7 +21,7 @@ pub fn slowdown_ratio(t_max_ns: u64, t_base_ns: u64) -> f64 {
 
 /// P = (T_max - T_min) / (T_max - T_base) (eq. 4), clamped to [0, 1]; `None` when
 /// T_max <= T_base (the round is not slower than the baseline, P is undefined).
-pub fn p_ratio(t_max_ns: u64, t_min_ns: u64, t_base_ns: u64) -> Option<f64> {
+pub(crate) fn p_ratio(t_max_ns: u64, t_min_ns: u64, t_base_ns: u64) -> Option<f64> {
     if t_max_ns <= t_base_ns {
         return None;
     }
@@ -41,7 +41,7 @@ pub fn p_ratio(t_max_ns: u64, t_min_ns: u64, t_base_ns: u64) -> Option<f64> {
 /// has a long gap; a rank that entered late only because its previous operation ended late
 /// has a normal one. `durations[i]` and `gaps[i]` belong to rank i; the latest entrant is the
 /// rank with the shortest duration (the largest gap among ties).
-pub fn computation_lateness(durations: &[u64], gaps: &[Option<u64>]) -> Option<u64> {
+pub(crate) fn computation_lateness(durations: &[u64], gaps: &[Option<u64>]) -> Option<u64> {
     if durations.len() != gaps.len() || gaps.len() < 2 {
         return None;
     }
@@ -67,7 +67,7 @@ pub fn computation_lateness(durations: &[u64], gaps: &[Option<u64>]) -> Option<u
 /// T_base whose lateness is known. One noisy round (a rank descheduled once) moves it
 /// little, where eq. (2)'s widest round is precisely the noisiest one.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct LatenessShare {
+pub(crate) struct LatenessShare {
     num_ns: f64,
     den_ns: f64,
     rounds: u32,
@@ -75,7 +75,7 @@ pub struct LatenessShare {
 
 impl LatenessShare {
     /// Adds one round.
-    pub fn observe(
+    pub(crate) fn observe(
         &mut self,
         t_max_ns: u64,
         t_min_ns: u64,
@@ -94,12 +94,13 @@ impl LatenessShare {
     }
 
     /// The share in [0, 1], `None` before any round counted.
-    pub fn share(&self) -> Option<f64> {
+    pub(crate) fn share(&self) -> Option<f64> {
         (self.rounds > 0 && self.den_ns > 0.0).then(|| (self.num_ns / self.den_ns).clamp(0.0, 1.0))
     }
 
     /// Rounds counted.
-    pub fn rounds(&self) -> u32 {
+    #[cfg(test)]
+    pub(crate) fn rounds(&self) -> u32 {
         self.rounds
     }
 }
@@ -107,7 +108,7 @@ impl LatenessShare {
 /// P of eq. (4) with the numerator limited to the latecomer's own computation lateness
 /// ([`computation_lateness`]): (min(T_max - T_min, lateness)) / (T_max - T_base), clamped to
 /// [0, 1]; `None` when T_max <= T_base. Without lateness (gaps unknown) this is eq. (4).
-pub fn p_ratio_adjusted(
+pub(crate) fn p_ratio_adjusted(
     t_max_ns: u64,
     t_min_ns: u64,
     t_base_ns: u64,
@@ -120,7 +121,7 @@ pub fn p_ratio_adjusted(
 
 /// Which slow class P points at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SlowKind {
+pub(crate) enum SlowKind {
     /// P > beta: a rank entered late (S1).
     Computation,
     /// P < alpha: every rank was slow in the communication itself (S2).
@@ -130,7 +131,7 @@ pub enum SlowKind {
 }
 
 /// Classifies P with the boundaries alpha < beta (paper: 0.4, 0.6).
-pub fn classify_slow(p: f64, alpha: f64, beta: f64) -> SlowKind {
+pub(crate) fn classify_slow(p: f64, alpha: f64, beta: f64) -> SlowKind {
     if p > beta {
         SlowKind::Computation
     } else if p < alpha {
@@ -142,13 +143,13 @@ pub fn classify_slow(p: f64, alpha: f64, beta: f64) -> SlowKind {
 
 /// True for a barrier: an AllReduce moving at most `barrier_max_bytes` bytes (PyTorch's
 /// barrier is a 4-byte AllReduce).
-pub fn is_barrier(collective: i32, bytes: u64, barrier_max_bytes: u64) -> bool {
+pub(crate) fn is_barrier(collective: i32, bytes: u64, barrier_max_bytes: u64) -> bool {
     collective == CollKind::AllReduce as i32 && bytes <= barrier_max_bytes
 }
 
 /// The paper's SendRate/RecvRate: 1 / (sampling ticks in which the count changed); 0 when
 /// the count never changed.
-pub fn rate_from_ticks(ticks_with_change: u64) -> f64 {
+pub(crate) fn rate_from_ticks(ticks_with_change: u64) -> f64 {
     if ticks_with_change == 0 {
         0.0
     } else {
@@ -158,7 +159,7 @@ pub fn rate_from_ticks(ticks_with_change: u64) -> f64 {
 
 /// The baseline of eq. (1) for one kind of operation of one communicator.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Baseline {
+pub(crate) struct Baseline {
     init_ns: u64,
     max_rounds: u32,
     span_ns: u64,
@@ -172,7 +173,7 @@ pub struct Baseline {
 impl Baseline {
     /// A baseline that starts static at `init_ns` and averages at most `max_rounds` rounds
     /// finalized within `span_ns` of the first one.
-    pub fn new(init_ns: u64, max_rounds: usize, span_ns: u64) -> Self {
+    pub(crate) fn new(init_ns: u64, max_rounds: usize, span_ns: u64) -> Self {
         Baseline {
             init_ns,
             max_rounds: u32::try_from(max_rounds.max(1)).unwrap_or(u32::MAX),
@@ -186,7 +187,7 @@ impl Baseline {
     }
 
     /// Feeds round r (its maximum duration across ranks), finalized at `now_ns`.
-    pub fn observe(&mut self, t_max_ns: u64, now_ns: u64) {
+    pub(crate) fn observe(&mut self, t_max_ns: u64, now_ns: u64) {
         self.rounds += 1;
         if self.fixed.is_some() {
             return;
@@ -204,7 +205,7 @@ impl Baseline {
     }
 
     /// (T_base, kind, m): the static T_base(init) with m = 0 while r <= m, the dynamic mean after.
-    pub fn current(&self) -> (u64, BaselineKind, u32) {
+    pub(crate) fn current(&self) -> (u64, BaselineKind, u32) {
         match self.fixed {
             Some((t, m)) => (t, BaselineKind::Dynamic, m),
             None => (self.init_ns, BaselineKind::Static, 0),
@@ -212,26 +213,27 @@ impl Baseline {
     }
 
     /// Rounds observed (r).
-    pub fn rounds(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn rounds(&self) -> u64 {
         self.rounds
     }
 }
 
 /// Eq. (2): keeps the round with the largest T_max - T_min seen in the current window.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct WindowBest<T> {
+pub(crate) struct WindowBest<T> {
     best: Option<(u64, u64, T)>,
 }
 
 impl<T> WindowBest<T> {
     /// Empty window.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         WindowBest { best: None }
     }
 
     /// True if a round with this T_max/T_min would replace the current best (strictly wider;
     /// the earlier round wins a tie).
-    pub fn would_take(&self, t_max_ns: u64, t_min_ns: u64) -> bool {
+    pub(crate) fn would_take(&self, t_max_ns: u64, t_min_ns: u64) -> bool {
         let range = t_max_ns.saturating_sub(t_min_ns);
         match &self.best {
             None => true,
@@ -240,7 +242,7 @@ impl<T> WindowBest<T> {
     }
 
     /// Offers a round; returns the payload it displaced (or the offered one if rejected).
-    pub fn offer(&mut self, t_max_ns: u64, t_min_ns: u64, payload: T) -> Option<T> {
+    pub(crate) fn offer(&mut self, t_max_ns: u64, t_min_ns: u64, payload: T) -> Option<T> {
         if self.would_take(t_max_ns, t_min_ns) {
             self.best
                 .replace((t_max_ns, t_min_ns, payload))
@@ -251,12 +253,12 @@ impl<T> WindowBest<T> {
     }
 
     /// The window's best round: (T_max, T_min, payload).
-    pub fn get(&self) -> Option<&(u64, u64, T)> {
+    pub(crate) fn get(&self) -> Option<&(u64, u64, T)> {
         self.best.as_ref()
     }
 
     /// Ends the window, returning its best round.
-    pub fn take(&mut self) -> Option<(u64, u64, T)> {
+    pub(crate) fn take(&mut self) -> Option<(u64, u64, T)> {
         self.best.take()
     }
 }
@@ -265,7 +267,7 @@ impl<T> WindowBest<T> {
 /// the count reaches the threshold. A window with rounds that is not slow ends the episode;
 /// a window without any round changes nothing.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct SlowStreak {
+pub(crate) struct SlowStreak {
     count: u32,
     fired: bool,
 }
@@ -273,7 +275,7 @@ pub struct SlowStreak {
 impl SlowStreak {
     /// Feeds one closed window: `None` = no round in it, `Some(slow)` otherwise. Returns
     /// true exactly when location must run now.
-    pub fn window(&mut self, slow: Option<bool>, threshold: u32) -> bool {
+    pub(crate) fn window(&mut self, slow: Option<bool>, threshold: u32) -> bool {
         match slow {
             None => false,
             Some(false) => {
@@ -294,7 +296,7 @@ impl SlowStreak {
     }
 
     /// Consecutive slow windows so far.
-    pub fn count(&self) -> u32 {
+    pub(crate) fn count(&self) -> u32 {
         self.count
     }
 }

@@ -39,9 +39,9 @@ use crate::wire::{self, AnomalyClass, Diagnosis, FailureCause, OpDescriptor, OpR
 
 /// Time from an episode's first failure record to its diagnosis (collects the other
 /// survivors' reports; well inside the 2 s budget of issue 17).
-pub const FAILURE_GRACE: Duration = Duration::from_millis(300);
+pub(crate) const FAILURE_GRACE: Duration = Duration::from_millis(300);
 /// Time after a diagnosed episode during which its communicator's failures are absorbed.
-pub const FAILURE_QUIET: Duration = Duration::from_secs(30);
+pub(crate) const FAILURE_QUIET: Duration = Duration::from_secs(30);
 
 /// Episodes kept at most (communicators); the oldest diagnosed ones go first.
 const MAX_EPISODES: usize = 4096;
@@ -161,7 +161,7 @@ struct ProcReport {
 
 /// Failure episodes of every communicator.
 #[derive(Debug, Default)]
-pub struct Failures {
+pub(crate) struct Failures {
     eps: HashMap<u64, Episode>,
     /// Every process that reported a failure, across communicators (bounded).
     procs: HashMap<Proc, ProcReport>,
@@ -169,7 +169,7 @@ pub struct Failures {
 
 impl Failures {
     /// Takes one accepted record with `state = FAILED` and a cause, received at `now_ns`.
-    pub fn observe(&mut self, rec: &OpRecord, now_ns: u64) {
+    pub(crate) fn observe(&mut self, rec: &OpRecord, now_ns: u64) {
         let Some(trace) = rec.trace.as_ref() else {
             return;
         };
@@ -287,7 +287,7 @@ impl Failures {
 
     /// True while `comm_id` has a diagnosed failure episode within its quiet period: its
     /// hang diagnoses would only repeat what the failure said.
-    pub fn holds_back(&self, comm_id: u64, now_ns: u64) -> bool {
+    pub(crate) fn holds_back(&self, comm_id: u64, now_ns: u64) -> bool {
         let quiet = u64::try_from(FAILURE_QUIET.as_nanos()).unwrap_or(u64::MAX);
         self.eps.get(&comm_id).is_some_and(|e| match e.fired_ns {
             Some(f) => now_ns < f.saturating_add(quiet),
@@ -297,7 +297,7 @@ impl Failures {
 
     /// Diagnoses every episode whose grace ended by `now_ns` (once each). `rank_info`
     /// gives the pid and host the analyzer knows of a rank of a communicator.
-    pub fn due(
+    pub(crate) fn due(
         &mut self,
         now_ns: u64,
         rank_info: &dyn Fn(u64, u32) -> Option<(u32, String)>,

@@ -12,17 +12,19 @@
 //! re-exported here as [`wire`]), `analyzer-net` (the gRPC shard, its client, sharding,
 //! metrics, auth) and `ccld` (the command line and the SQLite history).
 
+#![warn(unreachable_pub)]
+
 pub use ccld_wire as wire;
 
 pub mod calibrate;
-pub mod detect;
+mod detect;
 pub mod engine;
-pub mod failure;
+mod failure;
 pub mod incident;
-pub mod locate;
-pub mod p2pwait;
+mod locate;
+mod p2pwait;
 pub mod report;
 pub mod sim;
-pub mod theta;
+mod theta;
 
 pub use engine::{Engine, EngineConfig, Reject};

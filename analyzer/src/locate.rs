@@ -24,7 +24,7 @@ use crate::wire::AnomalyClass;
 
 /// Where a rank stands in the hung round.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HangState {
+pub(crate) enum HangState {
     /// Its operation counter did not reach the round.
     NotEntered,
     /// In flight in the round.
@@ -43,7 +43,7 @@ pub enum HangState {
 
 /// One rank of a hung round.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct HangView {
+pub(crate) struct HangView {
     /// State in the round.
     pub state: HangState,
     /// No record / heartbeat for `silent_after`.
@@ -66,7 +66,7 @@ pub struct HangView {
 
 /// Result of [`locate_hang`].
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum HangFinding {
+pub(crate) enum HangFinding {
     /// H1: these ranks did not enter the round.
     NotEntered(Vec<u32>),
     /// H2: these ranks issued an operation whose type set differs from the majority's.
@@ -81,7 +81,7 @@ pub enum HangFinding {
 
 impl HangFinding {
     /// The anomaly class.
-    pub fn class(&self) -> AnomalyClass {
+    pub(crate) fn class(&self) -> AnomalyClass {
         match self {
             HangFinding::NotEntered(_) => AnomalyClass::H1NotEntered,
             HangFinding::InconsistentTypes(_) | HangFinding::NotHung(_) => {
@@ -92,7 +92,7 @@ impl HangFinding {
     }
 
     /// The root-cause ranks, ascending.
-    pub fn ranks(&self) -> &[u32] {
+    pub(crate) fn ranks(&self) -> &[u32] {
         match self {
             HangFinding::NotEntered(r)
             | HangFinding::InconsistentTypes(r)
@@ -112,7 +112,7 @@ fn ranks_where(v: &[HangView], f: impl Fn(&HangView) -> bool) -> Vec<u32> {
 }
 
 /// The decision tree for a hung round; `v[rank]` describes each rank.
-pub fn locate_hang(v: &[HangView]) -> HangFinding {
+pub(crate) fn locate_hang(v: &[HangView]) -> HangFinding {
     let not_entered = ranks_where(v, |x| x.state == HangState::NotEntered);
     if !not_entered.is_empty() {
         return HangFinding::NotEntered(not_entered);
@@ -163,7 +163,7 @@ pub fn locate_hang(v: &[HangView]) -> HangFinding {
 
 /// Ranks outside the largest op-type-set group (ties: the group with the smallest id, the
 /// first type set seen, is the majority). Empty when all known type sets agree.
-pub fn type_minority(v: &[HangView]) -> Vec<u32> {
+pub(crate) fn type_minority(v: &[HangView]) -> Vec<u32> {
     let mut sizes: HashMap<u32, u32> = HashMap::new();
     for x in v.iter().filter(|x| x.type_group != u32::MAX) {
         *sizes.entry(x.type_group).or_default() += 1;
@@ -181,7 +181,7 @@ pub fn type_minority(v: &[HangView]) -> Vec<u32> {
 
 /// One rank's progress in a hung round, for [`fewest_counts`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CountView {
+pub(crate) struct CountView {
     /// SendCount summed over channels.
     pub send: u64,
     /// RecvCount summed over channels.
@@ -206,7 +206,7 @@ pub struct CountView {
 /// show the same relative progress: among tied ranks only the deepest are kept (the chain is
 /// blocked from below). When every rank ties (nobody lags relative to its group), the smallest
 /// absolute progress decides.
-pub fn fewest_counts(v: &[CountView]) -> Vec<u32> {
+pub(crate) fn fewest_counts(v: &[CountView]) -> Vec<u32> {
     let use_expected = !v.is_empty() && v.iter().all(|x| x.exp_send + x.exp_recv > 0);
     let mut group_max: HashMap<u64, u128> = HashMap::new();
     if !use_expected {
@@ -262,7 +262,7 @@ pub fn fewest_counts(v: &[CountView]) -> Vec<u32> {
 
 /// S1: the ranks with the minimal duration in the round (the last to enter: every other
 /// rank waited for it). `durations[rank]`, `None` for ranks without a duration.
-pub fn min_duration(durations: &[Option<u64>]) -> Vec<u32> {
+pub(crate) fn min_duration(durations: &[Option<u64>]) -> Vec<u32> {
     let min = durations.iter().flatten().min();
     match min {
         None => Vec::new(),
@@ -281,7 +281,7 @@ pub fn min_duration(durations: &[Option<u64>]) -> Vec<u32> {
 /// relative recv rate. Returns the ranks and whether the ranks advanced in lockstep (all
 /// relative send rates within 2 %: the rule cannot discriminate then and the answer is weak).
 /// When every rank has exactly the same rates (or none reported) no rank is returned.
-pub fn lowest_rate(v: &[(f64, f64, u64)]) -> (Vec<u32>, bool) {
+pub(crate) fn lowest_rate(v: &[(f64, f64, u64)]) -> (Vec<u32>, bool) {
     if v.is_empty() {
         return (Vec::new(), false);
     }
@@ -335,7 +335,7 @@ pub fn lowest_rate(v: &[(f64, f64, u64)]) -> (Vec<u32>, bool) {
 }
 
 /// Median of a scratch slice (mean of the two middle values for even lengths); 0 if empty.
-pub fn median(x: &mut [f64]) -> f64 {
+pub(crate) fn median(x: &mut [f64]) -> f64 {
     if x.is_empty() {
         return 0.0;
     }
@@ -350,7 +350,7 @@ pub fn median(x: &mut [f64]) -> f64 {
 
 /// One rank's waiting on one channel over the detection window.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct ChanWait {
+pub(crate) struct ChanWait {
     /// Fraction of its operation time spent waiting for data from the upstream peer.
     pub up: f64,
     /// Fraction spent waiting for free slots at the downstream peer.
@@ -361,7 +361,7 @@ pub struct ChanWait {
 
 /// A slow ring link found by [`slow_links`].
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct SlowLink {
+pub(crate) struct SlowLink {
     /// Channel.
     pub channel: u32,
     /// Sender.
@@ -376,7 +376,7 @@ pub struct SlowLink {
 
 /// Minimal margin, in fraction of operation time, by which the bottleneck sender's
 /// (down - up) wait must exceed the channel's median.
-pub const LINK_MARGIN: f64 = 0.1;
+pub(crate) const LINK_MARGIN: f64 = 0.1;
 
 /// S2 with wait metrics, for pipelined rings where every rank advances in lockstep (rates
 /// and durations are equal everywhere, so the paper's min-rate rule cannot tell).
@@ -392,7 +392,7 @@ pub const LINK_MARGIN: f64 = 0.1;
 /// ends cannot be told apart from waits alone and both are returned, sender first.
 ///
 /// `chans[channel][rank]` (`None`: no metric from that rank). Returns (roots, links).
-pub fn slow_links(chans: &[Vec<Option<ChanWait>>]) -> (Vec<u32>, Vec<SlowLink>) {
+pub(crate) fn slow_links(chans: &[Vec<Option<ChanWait>>]) -> (Vec<u32>, Vec<SlowLink>) {
     let mut links = Vec::new();
     let mut scratch = Vec::new();
     for (c, ranks) in chans.iter().enumerate() {
@@ -448,7 +448,7 @@ pub fn slow_links(chans: &[Vec<Option<ChanWait>>]) -> (Vec<u32>, Vec<SlowLink>) 
 /// rank wait for it, while its own lost time is not waiting: its wait fraction (up + down,
 /// averaged over its channels) is the lowest. Returns that rank when it lies at least
 /// [`LINK_MARGIN`] below the median of all ranks, else nothing. `chans` as [`slow_links`].
-pub fn least_waiting(chans: &[Vec<Option<ChanWait>>]) -> Vec<u32> {
+pub(crate) fn least_waiting(chans: &[Vec<Option<ChanWait>>]) -> Vec<u32> {
     let nranks = chans.iter().map(Vec::len).max().unwrap_or(0);
     let mut per_rank: Vec<(u32, f64)> = Vec::with_capacity(nranks);
     for r in 0..nranks {
@@ -477,10 +477,10 @@ pub fn least_waiting(chans: &[Vec<Option<ChanWait>>]) -> Vec<u32> {
 
 /// Minimal share of the window a rank must have spent waiting for a CPU (runnable, not
 /// running) to be called CPU-starved.
-pub const STARVED_MIN: f64 = 0.25;
+pub(crate) const STARVED_MIN: f64 = 0.25;
 
 /// Minimal margin by which a CPU-starved rank's share exceeds the median of all ranks.
-pub const STARVED_MARGIN: f64 = 0.2;
+pub(crate) const STARVED_MARGIN: f64 = 0.2;
 
 /// S2 by the scheduler's evidence: on the host backend communication is CPU work, and a
 /// rank kept off its CPU (a competing process, oversubscribed cores) holds the ring back
@@ -489,24 +489,24 @@ pub const STARVED_MARGIN: f64 = 0.2;
 /// threads were runnable but not running (`None`: unknown). Returns the ranks at or above
 /// [`STARVED_MIN`] and at least [`STARVED_MARGIN`] above the median of the known shares
 /// (at least two known), most starved first.
-pub fn cpu_starved(cpu_wait: &[Option<f64>]) -> Vec<u32> {
+pub(crate) fn cpu_starved(cpu_wait: &[Option<f64>]) -> Vec<u32> {
     standing_out(cpu_wait, STARVED_MIN, STARVED_MARGIN)
 }
 
 /// Minimal share of the window a rank's process must have been frozen (neither running
 /// nor runnable: SIGSTOP, a debugger, a cgroup freezer) to be named for it.
-pub const FROZEN_MIN: f64 = 0.2;
+pub(crate) const FROZEN_MIN: f64 = 0.2;
 
 /// Minimal margin by which a frozen rank's share exceeds the median of all ranks (ranks
 /// that are threads of one process share one value and never stand out).
-pub const FROZEN_MARGIN: f64 = 0.15;
+pub(crate) const FROZEN_MARGIN: f64 = 0.15;
 
 /// The ranks whose process was frozen a share of the window (`frozen[rank]`, `None`:
 /// unknown) at or above [`FROZEN_MIN`] and at least [`FROZEN_MARGIN`] above the median of
 /// the known shares (at least two known), most frozen first. Such a rank holds back every
 /// peer that needs it while none of its own metrics move; short stops fall inside
 /// operations and show as no entry skew.
-pub fn frozen(frozen: &[Option<f64>]) -> Vec<u32> {
+pub(crate) fn frozen(frozen: &[Option<f64>]) -> Vec<u32> {
     standing_out(frozen, FROZEN_MIN, FROZEN_MARGIN)
 }
 
@@ -533,7 +533,7 @@ fn standing_out(shares: &[Option<f64>], min: f64, margin: f64) -> Vec<u32> {
 /// least 3 of them. `last_in[rank]` counts those rounds. A rank slowed down as a whole (CPU
 /// starvation) is late into every operation by a little and slow inside it by a lot: P
 /// says communication, but who is late says who.
-pub fn usual_latecomer(last_in: &[u32]) -> Vec<u32> {
+pub(crate) fn usual_latecomer(last_in: &[u32]) -> Vec<u32> {
     let total: u32 = last_in.iter().sum();
     match last_in.iter().enumerate().max_by_key(|(_, v)| **v) {
         Some((r, &v)) if total >= 3 && 2 * v > total => vec![r as u32],

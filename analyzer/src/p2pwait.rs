@@ -28,13 +28,13 @@ struct RankP2p {
 
 /// Point-to-point state of every rank of one communicator.
 #[derive(Clone, Debug, Default)]
-pub struct P2pWaits {
+pub(crate) struct P2pWaits {
     ranks: HashMap<u32, RankP2p>,
 }
 
 impl P2pWaits {
     /// Takes one `SEQ_SPACE_P2P` record of rank `rec.rank` (validated by the engine).
-    pub fn observe(&mut self, rec: &OpRecord) {
+    pub(crate) fn observe(&mut self, rec: &OpRecord) {
         let Some(local) = rec.trace.as_ref().map(|t| t.op_counter) else {
             return;
         };
@@ -58,7 +58,7 @@ impl P2pWaits {
     /// Rank `rank` is in flight in a Send/Recv group: (the pair sequence of its first
     /// unmatched item, Send or Recv, the peers that have not entered the matching
     /// operation). `None` when it is not in flight or every peer entered.
-    pub fn waiting(&self, rank: u32) -> Option<(u64, i32, Vec<u32>)> {
+    pub(crate) fn waiting(&self, rank: u32) -> Option<(u64, i32, Vec<u32>)> {
         let (_, items) = self.ranks.get(&rank)?.inflight.as_ref()?;
         let mut first = None;
         let mut peers: Vec<u32> = Vec::new();

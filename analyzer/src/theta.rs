@@ -174,7 +174,7 @@ impl ThetaConfig {
 }
 
 /// Median of a slice (mean of the two middle values for an even count); `None` when empty.
-pub fn median(values: &[f64]) -> Option<f64> {
+pub(crate) fn median(values: &[f64]) -> Option<f64> {
     if values.is_empty() {
         return None;
     }
@@ -189,7 +189,7 @@ pub fn median(values: &[f64]) -> Option<f64> {
 }
 
 /// (median, MAD): the median absolute deviation from the median; `None` when empty.
-pub fn median_mad(values: &[f64]) -> Option<(f64, f64)> {
+pub(crate) fn median_mad(values: &[f64]) -> Option<(f64, f64)> {
     let m = median(values)?;
     let dev: Vec<f64> = values.iter().map(|x| (x - m).abs()).collect();
     Some((m, median(&dev)?))
@@ -197,14 +197,14 @@ pub fn median_mad(values: &[f64]) -> Option<(f64, f64)> {
 
 /// Windowed T_base: the median of the per-round T_max of the last `cap` clean rounds.
 #[derive(Clone, Debug, PartialEq)]
-pub struct RollingBaseline {
+pub(crate) struct RollingBaseline {
     buf: VecDeque<u64>,
     cap: usize,
 }
 
 impl RollingBaseline {
     /// A baseline over at most `cap` (>= 1) rounds.
-    pub fn new(cap: usize) -> Self {
+    pub(crate) fn new(cap: usize) -> Self {
         RollingBaseline {
             buf: VecDeque::new(),
             cap: cap.max(1),
@@ -212,7 +212,7 @@ impl RollingBaseline {
     }
 
     /// Adds one clean round's T_max; the oldest round leaves when full.
-    pub fn observe(&mut self, t_max_ns: u64) {
+    pub(crate) fn observe(&mut self, t_max_ns: u64) {
         if self.buf.len() == self.cap {
             self.buf.pop_front();
         }
@@ -220,24 +220,20 @@ impl RollingBaseline {
     }
 
     /// Current T_base (median), `None` before the first round.
-    pub fn t_base_ns(&self) -> Option<u64> {
+    pub(crate) fn t_base_ns(&self) -> Option<u64> {
         let v: Vec<f64> = self.buf.iter().map(|&x| x as f64).collect();
         median(&v).map(|m| m.round() as u64)
     }
 
     /// Rounds held.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.buf.len()
     }
 
     /// The T_max values held, oldest first.
-    pub fn values(&self) -> impl Iterator<Item = u64> + '_ {
+    pub(crate) fn values(&self) -> impl Iterator<Item = u64> + '_ {
         self.buf.iter().copied()
-    }
-
-    /// True before the first round.
-    pub fn is_empty(&self) -> bool {
-        self.buf.is_empty()
     }
 }
 
@@ -384,7 +380,7 @@ fn robust_threshold(k: f64, floor: f64, hist: &[f64], n: usize) -> Option<f64> {
 
 /// The per-communicator state: reference history and the current window.
 #[derive(Clone, Debug)]
-pub struct CommThreshold {
+pub(crate) struct CommThreshold {
     cfg: ThetaConfig,
     nranks: usize,
     /// Lateness and last entrant of each history round.
@@ -399,7 +395,7 @@ pub struct CommThreshold {
 
 impl CommThreshold {
     /// State for a communicator of `nranks` ranks. Errors on an invalid config or < 2 ranks.
-    pub fn new(cfg: ThetaConfig, nranks: usize) -> Result<Self, String> {
+    pub(crate) fn new(cfg: ThetaConfig, nranks: usize) -> Result<Self, String> {
         cfg.validate()?;
         if nranks < 2 {
             return Err(format!(
@@ -420,7 +416,8 @@ impl CommThreshold {
 
     /// Adds one completed round: `durations[i]` is rank i's duration. Rounds with a wrong
     /// rank count are ignored (returns false).
-    pub fn observe_round(&mut self, durations: &[u64]) -> bool {
+    #[cfg(test)]
+    pub(crate) fn observe_round(&mut self, durations: &[u64]) -> bool {
         if durations.len() != self.nranks {
             return false;
         }
@@ -438,7 +435,8 @@ impl CommThreshold {
     /// Adds one completed round by its summary: the longest and shortest duration, and the
     /// rank with the shortest one (the last to enter). A rank out of range is ignored
     /// (returns false).
-    pub fn observe(&mut self, t_max_ns: u64, t_min_ns: u64, last_rank: usize) -> bool {
+    #[cfg(test)]
+    pub(crate) fn observe(&mut self, t_max_ns: u64, t_min_ns: u64, last_rank: usize) -> bool {
         self.observe_explained(t_max_ns, t_min_ns, last_rank, true)
     }
 
@@ -447,7 +445,7 @@ impl CommThreshold {
     /// the round's lateness. A rank that entered late because its previous operation here
     /// ended late (a Send blocked by a stopped peer) is neither blamed for the round nor
     /// counted as its latecomer by the dominant and significant root rules.
-    pub fn observe_explained(
+    pub(crate) fn observe_explained(
         &mut self,
         t_max_ns: u64,
         t_min_ns: u64,
@@ -462,20 +460,15 @@ impl CommThreshold {
     }
 
     /// Heap bytes held (for the engine's memory accounting).
-    pub fn heap_bytes(&self) -> usize {
+    pub(crate) fn heap_bytes(&self) -> usize {
         self.hist.capacity() * std::mem::size_of::<(f64, usize)>()
             + self.hist_last.capacity() * std::mem::size_of::<usize>()
             + self.base.buf.capacity() * std::mem::size_of::<u64>()
             + self.win.capacity() * std::mem::size_of::<(u64, u64, usize, bool)>()
     }
 
-    /// Current windowed T_base.
-    pub fn t_base_ns(&self) -> Option<u64> {
-        self.base.t_base_ns()
-    }
-
     /// Closes the window: judges it, then (if not late) moves its rounds into the history.
-    pub fn close_window(&mut self) -> WindowVerdict {
+    pub(crate) fn close_window(&mut self) -> WindowVerdict {
         let rounds = std::mem::take(&mut self.win);
         let n = rounds.len();
         let lat: Vec<f64> = rounds.iter().map(|r| (r.0 - r.1) as f64).collect();

@@ -5,6 +5,8 @@
 //! * `analyzer_location`: location latency vs ranks per communicator, with a linear fit.
 //! * `analyzer_ingest`: records per second into one shard (and 2-3 shards) on loopback.
 
+#![warn(unreachable_pub)]
+
 pub mod analyzer_util;
 /// End-to-end harness (ranks as threads, `CCLD_INJECT`, embedded analyzer) shared by e2e tests.
 pub mod e2e_harness;

@@ -282,7 +282,7 @@ impl Transport {
     /// Collective over the communicator: creates this rank's doorbell and inbound ring
     /// segment, maps every peer's doorbell and the next rank's ring segment, then unlinks
     /// its own segments.
-    pub fn connect(
+    pub(crate) fn connect(
         boot: &Bootstrap,
         max_channels: usize,
         p2p_channels: usize,
@@ -383,7 +383,7 @@ impl Transport {
     }
 
     /// The segment of this rank's doorbell (to make more handles on it).
-    pub fn bell_region(&self) -> &Arc<ShmRegion> {
+    pub(crate) fn bell_region(&self) -> &Arc<ShmRegion> {
         &self.bell_region
     }
 
@@ -391,7 +391,7 @@ impl Transport {
     /// listed peer must call this for this rank at the same point of its program (its
     /// matching send/recv in the same group): the handshake first posts all "ready"
     /// messages, then waits, so any order of peers is deadlock-free.
-    pub fn ensure_p2p(
+    pub(crate) fn ensure_p2p(
         &mut self,
         boot: &Bootstrap,
         peers: &[usize],

@@ -75,27 +75,27 @@ impl CommConfig {
 }
 
 /// First raw value of user-created reduction ops (`ncclNumOps`).
-pub const FIRST_USER_OP: i32 = 5;
+pub(crate) const FIRST_USER_OP: i32 = 5;
 /// Most PreMulSum ops alive at once on one communicator.
-pub const MAX_USER_OPS: usize = 1 << 16;
+pub(crate) const MAX_USER_OPS: usize = 1 << 16;
 /// `NCCL_SPLIT_NOCOLOR`.
-pub const SPLIT_NOCOLOR: i32 = -1;
+pub(crate) const SPLIT_NOCOLOR: i32 = -1;
 /// Host-backend default of `NCCL_BUFFSIZE` (NCCL's device default is 4 MiB).
-pub const DEFAULT_BUFFSIZE: usize = 1 << 20;
+pub(crate) const DEFAULT_BUFFSIZE: usize = 1 << 20;
 /// Host-backend default channel maximum.
-pub const DEFAULT_MAX_CHANNELS: usize = 4;
+pub(crate) const DEFAULT_MAX_CHANNELS: usize = 4;
 /// Most channels of a p2p link (Send/Recv, AlltoAll, Gather, Scatter): every pair of
 /// ranks that talks gets its own link, so these stay few (NCCL uses 1-2 per peer too).
-pub const P2P_MAX_CHANNELS: usize = 2;
+pub(crate) const P2P_MAX_CHANNELS: usize = 2;
 /// Slots per FIFO (`NCCL_STEPS`).
-pub const FIFO_SLOTS: usize = 8;
+pub(crate) const FIFO_SLOTS: usize = 8;
 // NCCL_BUFFSIZE's declared minimum is one 64-byte line per slot.
 const _: () = match ccl_params::NCCL_BUFFSIZE.kind {
     ccl_params::Kind::Int { min, .. } => assert!(min == (FIFO_SLOTS * 64) as u64),
     _ => panic!("NCCL_BUFFSIZE is declared as an integer"),
 };
 /// Default of `CCLD_PEER_CHECK_MS`.
-pub const DEFAULT_PEER_CHECK_MS: u64 = 200;
+pub(crate) const DEFAULT_PEER_CHECK_MS: u64 = 200;
 
 /// A PreMulSum op of a communicator.
 #[derive(Clone, Debug, PartialEq, Eq)]

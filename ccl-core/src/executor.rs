@@ -57,7 +57,7 @@ impl Completion {
     }
 
     /// Blocks until the job finished.
-    pub fn wait(&self) -> Result<()> {
+    pub(crate) fn wait(&self) -> Result<()> {
         let mut g = self.state.lock();
         loop {
             if g.0 {
@@ -129,7 +129,11 @@ fn run_guarded(w: &Mutex<Worker>, items: Vec<WorkItem>) -> Result<()> {
 
 impl WorkerHandle {
     /// Starts the worker, which owns `transport`.
-    pub fn spawn(shared: Shared, boot: Arc<Bootstrap>, transport: Transport) -> Result<Self> {
+    pub(crate) fn spawn(
+        shared: Shared,
+        boot: Arc<Bootstrap>,
+        transport: Transport,
+    ) -> Result<Self> {
         let spin = spin_budget(shared.nranks)?;
         let tree_steps = crate::tree::steps(shared.rank, shared.nranks);
         let sel = Selection::parse(
@@ -170,7 +174,7 @@ impl WorkerHandle {
     }
 
     /// Queues a job for the worker thread.
-    pub fn submit(&self, job: Job) -> Result<()> {
+    pub(crate) fn submit(&self, job: Job) -> Result<()> {
         match &self.tx {
             Some(tx) => tx
                 .send(job)
@@ -180,12 +184,12 @@ impl WorkerHandle {
     }
 
     /// The executor state, for running a job inline on the caller's thread.
-    pub fn inline(&self) -> Arc<Mutex<Worker>> {
+    pub(crate) fn inline(&self) -> Arc<Mutex<Worker>> {
         Arc::clone(&self.state)
     }
 
     /// Stops the worker after its current job and waits for it.
-    pub fn shutdown(&mut self) {
+    pub(crate) fn shutdown(&mut self) {
         self.tx = None;
         if let Some(j) = self.join.take() {
             if j.join().is_err() {

@@ -22,15 +22,15 @@ use crate::error::{CclError, Result};
 use crate::proto::ProtoSet;
 
 /// The variable.
-pub const ENV_ALGO: &ccl_params::Param = &ccl_params::NCCL_ALGO;
+pub(crate) const ENV_ALGO: &ccl_params::Param = &ccl_params::NCCL_ALGO;
 
 /// AllReduce operations of at most this many bytes per rank run Tree when the choice is
 /// automatic (measured on the 2-core reference VM: docs/performance.md).
-pub const TREE_MAX_BYTES: usize = 8 << 10;
+pub(crate) const TREE_MAX_BYTES: usize = 8 << 10;
 
 /// The algorithms `NCCL_ALGO` allows (of those the host backend runs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AlgoSet {
+pub(crate) struct AlgoSet {
     /// `Ring` allowed.
     pub ring: bool,
     /// `Tree` allowed.
@@ -39,7 +39,7 @@ pub struct AlgoSet {
 
 impl AlgoSet {
     /// Both algorithms.
-    pub const ALL: AlgoSet = AlgoSet {
+    pub(crate) const ALL: AlgoSet = AlgoSet {
         ring: true,
         tree: true,
     };
@@ -60,7 +60,7 @@ const OTHER_ALGOS: [&str; 6] = [
 /// algorithms the host backend does not implement are accepted and ignored; unknown names
 /// are an error. A value that leaves neither Ring nor Tree allows both (with a warning at
 /// init: [`describe_fallback`]).
-pub fn parse_algo(raw: Option<&str>) -> Result<AlgoSet> {
+pub(crate) fn parse_algo(raw: Option<&str>) -> Result<AlgoSet> {
     let Some(raw) = raw.map(str::trim).filter(|s| !s.is_empty()) else {
         return Ok(AlgoSet::ALL);
     };
@@ -108,7 +108,7 @@ pub fn parse_algo(raw: Option<&str>) -> Result<AlgoSet> {
 
 /// Why a parsed `NCCL_ALGO` value falls back to the automatic choice (it names no
 /// algorithm the host backend runs), for the init warning; `None` when it does not.
-pub fn describe_fallback(raw: Option<&str>) -> Option<String> {
+pub(crate) fn describe_fallback(raw: Option<&str>) -> Option<String> {
     let raw = raw.map(str::trim).filter(|s| !s.is_empty())?;
     let lower = raw.to_ascii_lowercase();
     let names_ours = lower
@@ -124,7 +124,7 @@ pub fn describe_fallback(raw: Option<&str>) -> Option<String> {
 
 /// A host algorithm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HostAlgo {
+pub(crate) enum HostAlgo {
     /// The ring schedules of [`crate::schedule`].
     Ring,
     /// Recursive doubling ([`crate::tree`]), AllReduce only.
@@ -133,7 +133,7 @@ pub enum HostAlgo {
 
 /// A host protocol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HostProto {
+pub(crate) enum HostProto {
     /// Slots with head/tail counters.
     Simple,
     /// Flag and data in each 8-byte word ([`crate::transport::shm::LlSender`]).
@@ -142,7 +142,7 @@ pub enum HostProto {
 
 /// The algorithm selection of a communicator (from `NCCL_ALGO` and `NCCL_PROTO`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Selection {
+pub(crate) struct Selection {
     /// Allowed algorithms.
     pub algos: AlgoSet,
     /// Allowed protocols.
@@ -160,7 +160,7 @@ impl Default for Selection {
 
 impl Selection {
     /// Parses both variables' raw values.
-    pub fn parse(algo: Option<&str>, proto: Option<&str>) -> Result<Selection> {
+    pub(crate) fn parse(algo: Option<&str>, proto: Option<&str>) -> Result<Selection> {
         Ok(Selection {
             algos: parse_algo(algo)?,
             protos: crate::proto::parse(proto)?,
@@ -171,7 +171,7 @@ impl Selection {
     /// with at least `min_channels` channels asked for (the same on every rank, given the
     /// same variables). A minimum above one channel (`NCCL_MIN_CTAS`, `config.minCTAs`)
     /// keeps the automatic choice on the ring, which honours it (Tree runs one channel).
-    pub fn choose(
+    pub(crate) fn choose(
         &self,
         coll: CollKind,
         bytes: usize,

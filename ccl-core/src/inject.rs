@@ -41,7 +41,7 @@ use crate::error::{CclError, Result};
 
 /// Anomaly class to provoke.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FaultKind {
+pub(crate) enum FaultKind {
     /// Entry delay.
     S1,
     /// Throttled sends.
@@ -58,7 +58,7 @@ pub enum FaultKind {
 
 /// One parsed fault.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Fault {
+pub(crate) struct Fault {
     /// Kind.
     pub kind: FaultKind,
     /// Ranks (in the communicator).
@@ -81,7 +81,7 @@ pub struct Fault {
 
 impl Fault {
     /// Whether this fault applies to `rank` of a communicator of `nranks` at op `counter`.
-    pub fn applies(&self, rank: usize, nranks: usize, counter: u64) -> bool {
+    pub(crate) fn applies(&self, rank: usize, nranks: usize, counter: u64) -> bool {
         self.ranks.contains(&rank)
             && self.nranks.is_none_or(|n| n == nranks)
             && counter >= self.op_start
@@ -91,7 +91,7 @@ impl Fault {
 
 /// All faults of `CCLD_INJECT`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Injection {
+pub(crate) struct Injection {
     /// Faults, in spec order.
     pub faults: Vec<Fault>,
 }
@@ -120,7 +120,7 @@ impl OpFault {
 
 impl Injection {
     /// Reads and parses `CCLD_INJECT` (`None` when unset).
-    pub fn from_env() -> Result<Option<Injection>> {
+    pub(crate) fn from_env() -> Result<Option<Injection>> {
         match crate::env::var(&ccl_params::CCLD_INJECT)? {
             None => Ok(None),
             Some(v) => parse(&v).map(Some),
@@ -128,7 +128,7 @@ impl Injection {
     }
 
     /// The combined effect on `rank` of an `nranks` communicator at op `counter`.
-    pub fn for_op(&self, rank: usize, nranks: usize, counter: u64) -> OpFault {
+    pub(crate) fn for_op(&self, rank: usize, nranks: usize, counter: u64) -> OpFault {
         let mut o = OpFault::default();
         for f in self
             .faults
@@ -193,7 +193,7 @@ fn parse_u64(key: &str, v: &str) -> Result<u64> {
 }
 
 /// Parses a `CCLD_INJECT` value (pure).
-pub fn parse(spec: &str) -> Result<Injection> {
+pub(crate) fn parse(spec: &str) -> Result<Injection> {
     let mut faults = Vec::new();
     for part in spec.split(';').map(str::trim).filter(|p| !p.is_empty()) {
         let (kind, rest) = part

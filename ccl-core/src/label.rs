@@ -31,7 +31,7 @@ pub(crate) struct Label {
 impl Label {
     /// The label of operation `name` with `extra`, `count` elements of `dtype` on rank
     /// `rank` of communicator `comm_id`.
-    pub fn new(
+    pub(crate) fn new(
         name: &'static str,
         extra: LabelExtra,
         count: usize,

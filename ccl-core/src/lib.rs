@@ -1,25 +1,27 @@
 //! Host runtime of the library: communicators, bootstrap, pure schedules, transports and
 //! executors. `ccl-ffi` wraps this crate behind NVIDIA's C ABI; nothing here is `extern "C"`.
 
+#![warn(unreachable_pub)]
+
 pub mod bootstrap;
 pub mod channel;
-pub mod comm;
+mod comm;
 pub mod debug;
 pub mod desc;
 pub mod device;
 pub mod env;
-pub mod error;
-pub mod executor;
+mod error;
+mod executor;
 pub mod group;
-pub mod hostalgo;
-pub mod inject;
+mod hostalgo;
+mod inject;
 mod label;
-pub mod op;
+mod op;
 pub mod proto;
 pub mod reduce;
 pub mod schedule;
 pub mod transport;
-pub mod tree;
+mod tree;
 pub mod types;
 
 pub use bootstrap::UniqueId;

@@ -63,7 +63,7 @@ pub(crate) enum WorkItem {
 }
 
 impl WorkItem {
-    pub fn label(&self) -> String {
+    pub(crate) fn label(&self) -> String {
         match self {
             WorkItem::Coll(c) => c.label.to_string(),
             WorkItem::P2p(v) => {

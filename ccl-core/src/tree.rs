@@ -18,7 +18,7 @@
 
 /// One step of a rank's Tree AllReduce.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TreeStep {
+pub(crate) enum TreeStep {
     /// Extra rank: send the prescaled input to `to` (fold-in).
     SendInput {
         /// Receiving rank (`rank - p`).
@@ -48,7 +48,7 @@ pub enum TreeStep {
 
 impl TreeStep {
     /// Messages the step sends and receives.
-    pub fn messages(self) -> (u64, u64) {
+    pub(crate) fn messages(self) -> (u64, u64) {
         match self {
             TreeStep::SendInput { .. } | TreeStep::SendResult { .. } => (1, 0),
             TreeStep::RecvResult { .. } | TreeStep::FoldIn { .. } => (0, 1),
@@ -57,7 +57,7 @@ impl TreeStep {
     }
 
     /// The other rank of the step.
-    pub fn peer(self) -> usize {
+    pub(crate) fn peer(self) -> usize {
         match self {
             TreeStep::SendInput { to }
             | TreeStep::SendResult { to }
@@ -69,7 +69,7 @@ impl TreeStep {
 }
 
 /// Largest power of two `<= n` (`n >= 1`).
-pub fn pow2_floor(n: usize) -> usize {
+pub(crate) fn pow2_floor(n: usize) -> usize {
     if n == 0 {
         return 0;
     }
@@ -77,7 +77,7 @@ pub fn pow2_floor(n: usize) -> usize {
 }
 
 /// The steps of `rank` of `nranks` (empty for one rank).
-pub fn steps(rank: usize, nranks: usize) -> Vec<TreeStep> {
+pub(crate) fn steps(rank: usize, nranks: usize) -> Vec<TreeStep> {
     let mut v = Vec::new();
     if nranks < 2 || rank >= nranks {
         return v;
@@ -104,12 +104,12 @@ pub fn steps(rank: usize, nranks: usize) -> Vec<TreeStep> {
 }
 
 /// Every peer `rank` exchanges messages with (for link setup), in step order.
-pub fn peers(rank: usize, nranks: usize) -> Vec<usize> {
+pub(crate) fn peers(rank: usize, nranks: usize) -> Vec<usize> {
     steps(rank, nranks).iter().map(|s| s.peer()).collect()
 }
 
 /// Elements per chunk for messages of at most `msg_bytes` bytes (at least one element).
-pub fn chunk_elems(msg_bytes: usize, elem_size: usize) -> usize {
+pub(crate) fn chunk_elems(msg_bytes: usize, elem_size: usize) -> usize {
     (msg_bytes / elem_size.max(1)).max(1)
 }
 

@@ -7,14 +7,14 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use ccl_core::{CclError, Result};
 
 /// `ncclResult_t` as the C ABI passes it.
-pub type NcclResult = i32;
+pub(crate) type NcclResult = i32;
 
 /// `ncclSuccess`.
-pub const SUCCESS: NcclResult = 0;
+pub(crate) const SUCCESS: NcclResult = 0;
 /// `ncclInternalError`.
-pub const INTERNAL_ERROR: NcclResult = 3;
+pub(crate) const INTERNAL_ERROR: NcclResult = 3;
 /// `ncclInProgress`.
-pub const IN_PROGRESS: NcclResult = 7;
+pub(crate) const IN_PROGRESS: NcclResult = 7;
 
 thread_local! {
     /// Message of the most recent failing call on this thread.
@@ -30,20 +30,21 @@ fn to_cstring(msg: &str) -> CString {
 }
 
 /// Records `msg` as this thread's last error.
-pub fn set_last_error(msg: &str) {
+pub(crate) fn set_last_error(msg: &str) {
     let c = to_cstring(msg);
     LAST_ERROR.with(|l| *l.borrow_mut() = c);
 }
 
 /// This thread's last error message (empty when no call failed yet).
-pub fn last_error() -> String {
+#[cfg(test)]
+pub(crate) fn last_error() -> String {
     LAST_ERROR.with(|l| l.borrow().to_string_lossy().into_owned())
 }
 
 /// Pointer for `ncclGetLastError`: this thread's last error, or `fallback` (the
 /// communicator's message) when this thread has none. Valid until the next failing call,
 /// or the next `ncclGetLastError`, on this thread.
-pub fn last_error_ptr(fallback: Option<String>) -> *const c_char {
+pub(crate) fn last_error_ptr(fallback: Option<String>) -> *const c_char {
     let own_empty = LAST_ERROR.with(|l| l.borrow().as_bytes().is_empty());
     match fallback {
         Some(msg) if own_empty => RETURNED.with(|r| {
@@ -68,7 +69,7 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// The error returned by functions this library does not implement.
-pub fn unsupported(name: &str) -> CclError {
+pub(crate) fn unsupported(name: &str) -> CclError {
     CclError::usage(format!("{name} is not supported by this library yet"))
 }
 
@@ -86,7 +87,7 @@ fn record_error(name: &str, e: &CclError) -> NcclResult {
 
 /// Runs the body of an export: installs logging on first use, turns errors into
 /// `ncclResult_t` codes with a last-error message, and a panic into `ncclInternalError`.
-pub fn call(name: &'static str, f: impl FnOnce() -> Result<()>) -> NcclResult {
+pub(crate) fn call(name: &'static str, f: impl FnOnce() -> Result<()>) -> NcclResult {
     ccl_core::debug::init();
     crate::sigpipe::once();
     match catch_unwind(AssertUnwindSafe(f)) {
@@ -109,7 +110,7 @@ pub fn call(name: &'static str, f: impl FnOnce() -> Result<()>) -> NcclResult {
 
 /// Like [`call`] for exports that return a value instead of `ncclResult_t`: on error or
 /// panic the last error is set and `on_error` is returned.
-pub fn call_value<T>(name: &'static str, on_error: T, f: impl FnOnce() -> Result<T>) -> T {
+pub(crate) fn call_value<T>(name: &'static str, on_error: T, f: impl FnOnce() -> Result<T>) -> T {
     let mut out = None;
     let code = call(name, || {
         out = Some(f()?);
@@ -122,7 +123,7 @@ pub fn call_value<T>(name: &'static str, on_error: T, f: impl FnOnce() -> Result
 }
 
 /// Static C string of `ncclGetErrorString`.
-pub fn error_string(code: NcclResult) -> &'static CStr {
+pub(crate) fn error_string(code: NcclResult) -> &'static CStr {
     match code {
         0 => c"no error",
         1 => c"unhandled cuda error (run with NCCL_DEBUG=INFO for details)",

@@ -12,10 +12,12 @@
 //!
 //! The C header is `ccl-ffi/include/nccl.h`.
 
+#![warn(unreachable_pub)]
+
 pub mod api;
-pub mod boundary;
+mod boundary;
 pub mod config;
 pub mod device;
 pub mod handles;
-pub mod mem;
-pub mod sigpipe;
+mod mem;
+mod sigpipe;

@@ -17,7 +17,7 @@ use ccl_core::device::runtime::device_api;
 use ccl_core::{CclError, Result};
 
 /// Alignment and size granularity (`NCCL_WIN_REQUIRED_ALIGNMENT`, the x86-64 page size).
-pub const GRANULARITY: usize = 4096;
+pub(crate) const GRANULARITY: usize = 4096;
 
 /// Where an allocation lives.
 #[derive(Debug)]
@@ -33,7 +33,7 @@ static ALLOCS: LazyLock<Mutex<HashMap<usize, Alloc>>> =
 
 /// What [`alloc`] returned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Allocation {
+pub(crate) struct Allocation {
     /// The address (device address for device memory).
     pub ptr: usize,
     /// The device of device memory; `None` for host memory.
@@ -43,7 +43,7 @@ pub struct Allocation {
 /// `ncclMemAlloc`: device memory on the calling thread's current device when the device
 /// backend is in use (see the module doc), host memory otherwise; at least `size` bytes
 /// (rounded up to [`GRANULARITY`]).
-pub fn alloc(size: usize) -> Result<Allocation> {
+pub(crate) fn alloc(size: usize) -> Result<Allocation> {
     let rounded = round(size)?;
     match device_api(None)? {
         Ok((api, _)) => {
@@ -80,7 +80,7 @@ fn round(size: usize) -> Result<usize> {
 }
 
 /// Allocates at least `size` bytes of host memory (rounded up to [`GRANULARITY`]), zeroed.
-pub fn alloc_host(size: usize) -> Result<usize> {
+pub(crate) fn alloc_host(size: usize) -> Result<usize> {
     if size == 0 {
         return Err(CclError::arg("size is 0"));
     }
@@ -102,7 +102,7 @@ pub fn alloc_host(size: usize) -> Result<usize> {
 
 /// Frees memory from [`alloc`] / [`alloc_host`]. Null is a no-op; any other unknown
 /// pointer is an error.
-pub fn free(ptr: usize) -> Result<()> {
+pub(crate) fn free(ptr: usize) -> Result<()> {
     if ptr == 0 {
         return Ok(());
     }

@@ -12,7 +12,7 @@
 
 /// What [`ignore_if_default`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// The action was the default: now ignored.
     Ignored,
     /// The application had set an action: left alone.
@@ -22,7 +22,7 @@ pub enum Outcome {
 }
 
 /// Sets `SIGPIPE` to ignored when its action is the default (see the module docs).
-pub fn ignore_if_default() -> Outcome {
+pub(crate) fn ignore_if_default() -> Outcome {
     // SAFETY: a zeroed `sigaction` is a valid "no handler, empty mask" value; it is only
     // used as the output of the query.
     let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
@@ -47,7 +47,7 @@ pub fn ignore_if_default() -> Outcome {
 }
 
 /// [`ignore_if_default`] once per process (called by every export).
-pub fn once() {
+pub(crate) fn once() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| match ignore_if_default() {
         Outcome::Ignored => tracing::debug!(target: "nccl::INIT",

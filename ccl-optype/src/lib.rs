@@ -7,6 +7,8 @@
 //! evidence. The enum values are stable: they go on the wire (`ccld-wire`'s enums carry the
 //! same numbers, checked by `probe::wire`'s tests).
 
+#![warn(unreachable_pub)]
+
 /// Kind of operation. Values are stable (they go on the wire).
 #[repr(u8)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -13,6 +13,8 @@
 //! test keeps the two equal, and another that every variable name written in the library's
 //! sources is declared here.
 
+#![warn(unreachable_pub)]
+
 use std::fmt;
 
 /// What a variable holds.

@@ -6,6 +6,8 @@
 //! probe's `#[repr(u8)]` values; the conversions from the probe's types live in
 //! `probe::wire` and its tests check every value.
 
+#![warn(unreachable_pub)]
+
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
 mod generated {
     include!(concat!(env!("OUT_DIR"), "/ccld.v1.rs"));

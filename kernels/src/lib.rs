@@ -13,6 +13,8 @@
 //! GPU yet. The same kernel source, compiled for the CPU ([`sim`]), is what the emulated
 //! device runs in the tests (see docs/device-backend.md).
 
+#![warn(unreachable_pub)]
+
 pub mod ffi;
 pub mod sim;
 

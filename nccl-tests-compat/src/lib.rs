@@ -6,6 +6,8 @@
 //! [`report`], [`launch`], [`sync`]; I/O in [`engine`] (the test driver), [`nccl`]
 //! (dlopen'd NCCL), [`cuda`] (optional cudart), [`mem`] (buffers) and [`ccl_run`].
 
+#![warn(unreachable_pub)]
+
 pub mod args;
 pub mod ccl_run;
 pub mod cfmt;

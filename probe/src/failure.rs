@@ -91,7 +91,7 @@ impl Failure {
 }
 
 /// Wire form of a descriptor.
-pub fn descriptor(d: &OpDescriptor) -> w::OpDescriptor {
+pub(crate) fn descriptor(d: &OpDescriptor) -> w::OpDescriptor {
     w::OpDescriptor {
         seq: d.seq,
         collective: crate::wire::coll(d.coll) as i32,
@@ -103,7 +103,7 @@ pub fn descriptor(d: &OpDescriptor) -> w::OpDescriptor {
 }
 
 /// Fills the failure fields of a record.
-pub fn fill(rec: &mut w::OpRecord, f: &Failure) {
+pub(crate) fn fill(rec: &mut w::OpRecord, f: &Failure) {
     rec.failure = i32::from(f.cause as u8);
     rec.peer_lost = f.peer_lost.as_ref().map(|p| w::PeerLost {
         rank: p.rank,

@@ -19,7 +19,7 @@ use crate::reporter::{RemoteSink, SpoolSettings};
 use crate::standby::Hubs;
 
 /// Batches queued per hub before new ones are dropped for it.
-pub const QUEUE_BATCHES: usize = 256;
+pub(crate) const QUEUE_BATCHES: usize = 256;
 
 /// One hub's forwarding thread.
 pub(crate) struct HubLink {

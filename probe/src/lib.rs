@@ -11,19 +11,21 @@
 //! shard. It must not reach `ccld` (the command line and its SQLite history): see
 //! `docs/architecture.md`.
 
+#![warn(unreachable_pub)]
+
 pub mod diag;
 pub mod embedded;
-pub mod failure;
+mod failure;
 pub mod frame;
 pub mod hub;
 mod hublink;
 pub mod linger;
-pub mod optype;
-pub mod report;
-pub mod reporter;
+mod optype;
+mod report;
+mod reporter;
 pub mod sched;
-pub mod seqspace;
-pub mod standby;
+mod seqspace;
+mod standby;
 pub mod thin;
 pub mod wire;
 

@@ -18,7 +18,7 @@ use ccld_wire as wire;
 
 /// Where incidents go (`CCLD_REPORT`).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ReportTarget {
+pub(crate) enum ReportTarget {
     /// One plain line per incident on stderr (the default).
     Stderr,
     /// Nothing.
@@ -29,7 +29,7 @@ pub enum ReportTarget {
 
 /// Parses `CCLD_REPORT` (pure): unset or empty = `stderr`; `off`/`none`; a path ending in
 /// `.jsonl`. Anything else is an error naming the variable.
-pub fn parse_report(v: Option<&str>) -> Result<ReportTarget, String> {
+pub(crate) fn parse_report(v: Option<&str>) -> Result<ReportTarget, String> {
     let v = v.map(str::trim).unwrap_or("");
     match v {
         "" | "stderr" => Ok(ReportTarget::Stderr),
@@ -43,11 +43,11 @@ pub fn parse_report(v: Option<&str>) -> Result<ReportTarget, String> {
     }
 }
 
-pub use analyzer::report::{incident_json, incident_line};
+pub(crate) use analyzer::report::{incident_json, incident_line};
 
 /// The plain line of `inc` pointing `ccld anomalies` at the job's analyzer (`servers`, the
 /// `--server` list) when known.
-pub fn line_with_query(inc: &wire::Incident, servers: Option<&str>) -> String {
+pub(crate) fn line_with_query(inc: &wire::Incident, servers: Option<&str>) -> String {
     let line = incident_line(inc);
     let Some(q) = servers else {
         return line;
@@ -61,7 +61,7 @@ pub fn line_with_query(inc: &wire::Incident, servers: Option<&str>) -> String {
 }
 
 /// Prints each new incident once where `CCLD_REPORT` says.
-pub struct Reporter {
+pub(crate) struct Reporter {
     out: Option<(Box<dyn Write + Send>, bool)>,
     seen: HashSet<String>,
     query: Option<String>,
@@ -70,7 +70,7 @@ pub struct Reporter {
 impl Reporter {
     /// Opens the target (a file is created or appended to; an unwritable file is an error
     /// naming `CCLD_REPORT`).
-    pub fn open(target: &ReportTarget) -> Result<Reporter, String> {
+    pub(crate) fn open(target: &ReportTarget) -> Result<Reporter, String> {
         let out: Option<(Box<dyn Write + Send>, bool)> = match target {
             ReportTarget::Off => None,
             ReportTarget::Stderr => Some((Box::new(std::io::stderr()), false)),
@@ -84,7 +84,8 @@ impl Reporter {
     }
 
     /// A reporter writing to `w` (`json`: JSON lines, else plain lines). For tests.
-    pub fn to_writer(w: Box<dyn Write + Send>, json: bool) -> Reporter {
+    #[cfg(test)]
+    pub(crate) fn to_writer(w: Box<dyn Write + Send>, json: bool) -> Reporter {
         Reporter {
             out: Some((w, json)),
             seen: HashSet::new(),
@@ -93,13 +94,13 @@ impl Reporter {
     }
 
     /// The `ccld anomalies --server` list the plain line points to.
-    pub fn set_query(&mut self, servers: String) {
+    pub(crate) fn set_query(&mut self, servers: String) {
         self.query = Some(servers);
     }
 
     /// Prints `inc` unless an incident with its id was printed already; returns whether it
     /// printed. A write error is logged, never fatal.
-    pub fn report(&mut self, inc: &wire::Incident) -> bool {
+    pub(crate) fn report(&mut self, inc: &wire::Incident) -> bool {
         if !self.seen.insert(inc.id.clone()) {
             return false;
         }
@@ -130,7 +131,7 @@ fn open_append(p: &Path) -> Result<std::fs::File, String> {
 }
 
 /// The reporter `CCLD_REPORT` asks for (strict).
-pub fn from_env(get: crate::diag::EnvGet<'_>) -> Result<Reporter, String> {
+pub(crate) fn from_env(get: crate::diag::EnvGet<'_>) -> Result<Reporter, String> {
     Reporter::open(&parse_report(get("CCLD_REPORT").as_deref())?)
 }
 

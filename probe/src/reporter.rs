@@ -21,7 +21,7 @@ use crate::diag::{count_drop, env_u64, EnvGet, Sink};
 
 /// A bounded on-disk queue of batches.
 #[derive(Debug)]
-pub struct Spool {
+pub(crate) struct Spool {
     path: PathBuf,
     max_bytes: u64,
 }
@@ -72,7 +72,7 @@ fn remove_stale_spools(dir: &Path) {
 impl Spool {
     /// A spool file `spool-<pid>-<start>.bin` in `dir` (created), at most `max_bytes`;
     /// stale spool files of processes that are gone are deleted first.
-    pub fn new(dir: &Path, max_bytes: u64) -> Result<Spool, String> {
+    pub(crate) fn new(dir: &Path, max_bytes: u64) -> Result<Spool, String> {
         std::fs::create_dir_all(dir)
             .map_err(|e| format!("CCLD_SPOOL_DIR {}: {e}", dir.display()))?;
         remove_stale_spools(dir);
@@ -85,17 +85,17 @@ impl Spool {
     }
 
     /// Bytes currently spooled.
-    pub fn len(&self) -> u64 {
+    pub(crate) fn len(&self) -> u64 {
         std::fs::metadata(&self.path).map_or(0, |m| m.len())
     }
 
     /// True when nothing is spooled.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// Appends a batch; `false` (batch dropped) when the spool is full or unwritable.
-    pub fn push(&self, b: &wire::Batch) -> bool {
+    pub(crate) fn push(&self, b: &wire::Batch) -> bool {
         let bytes = b.encode_to_vec();
         if self.len() + bytes.len() as u64 + 4 > self.max_bytes {
             return false;
@@ -116,7 +116,7 @@ impl Spool {
 
     /// Replays the spool through `send` (oldest first) until it fails; keeps the rest.
     /// Returns the number of batches replayed. A corrupt tail is discarded.
-    pub fn replay(&self, mut send: impl FnMut(wire::Batch) -> bool) -> usize {
+    pub(crate) fn replay(&self, mut send: impl FnMut(wire::Batch) -> bool) -> usize {
         let Ok(data) = std::fs::read(&self.path) else {
             return 0;
         };
@@ -153,7 +153,7 @@ impl Spool {
 /// Where and how large the spool is (`CCLD_SPOOL_DIR`, `CCLD_SPOOL_MAX_MB`), resolved
 /// without touching the file system.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SpoolSettings {
+pub(crate) struct SpoolSettings {
     /// Directory of the spool files.
     pub dir: PathBuf,
     /// Most bytes spooled.
@@ -162,7 +162,7 @@ pub struct SpoolSettings {
 
 impl SpoolSettings {
     /// From the environment (strict: a malformed size is an error naming it).
-    pub fn from_env(get: EnvGet<'_>) -> Result<SpoolSettings, String> {
+    pub(crate) fn from_env(get: EnvGet<'_>) -> Result<SpoolSettings, String> {
         let dir = get("CCLD_SPOOL_DIR")
             .map_or_else(|| std::env::temp_dir().join("ccld-spool"), PathBuf::from);
         let mb = env_u64(get, &ccl_params::CCLD_SPOOL_MAX_MB)?.unwrap_or(64);
@@ -173,13 +173,13 @@ impl SpoolSettings {
     }
 
     /// Creates the directory and the spool.
-    pub fn open(&self) -> Result<Spool, String> {
+    pub(crate) fn open(&self) -> Result<Spool, String> {
         Spool::new(&self.dir, self.max_bytes)
     }
 }
 
 /// Spool settings from the environment, spool opened.
-pub fn spool_from_env(get: EnvGet<'_>) -> Result<Spool, String> {
+pub(crate) fn spool_from_env(get: EnvGet<'_>) -> Result<Spool, String> {
     SpoolSettings::from_env(get)?.open()
 }
 

@@ -17,11 +17,11 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 /// How often the standby probes the primary.
-pub const PROBE_EVERY: Duration = Duration::from_millis(200);
+pub(crate) const PROBE_EVERY: Duration = Duration::from_millis(200);
 /// Deadline of one probe (connect + call).
-pub const PROBE_TIMEOUT: Duration = Duration::from_millis(400);
+pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_millis(400);
 /// Uninterrupted failure of the primary after which the standby takes over.
-pub const TAKEOVER_AFTER: Duration = Duration::from_millis(1000);
+pub(crate) const TAKEOVER_AFTER: Duration = Duration::from_millis(1000);
 
 /// The job's hubs as every rank learns them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -83,7 +83,7 @@ impl std::fmt::Display for Hubs {
 /// The rank whose process starts the standby: the lowest rank that wants a hub and lives
 /// in a process other than `starter`'s. `wants[r]`: rank `r` wants a hub; `procs[r]`: its
 /// process identity (host hash, pid). `None` when no other process wants one.
-pub fn standby_rank(wants: &[bool], procs: &[(u64, u32)], starter: usize) -> Option<usize> {
+pub(crate) fn standby_rank(wants: &[bool], procs: &[(u64, u32)], starter: usize) -> Option<usize> {
     let home = *procs.get(starter)?;
     (0..wants.len().min(procs.len())).find(|&r| r != starter && wants[r] && procs[r] != home)
 }
@@ -178,14 +178,14 @@ pub enum Gate {
 
 /// Incidents a hub made, held until its [`Gate`] says whether to report them.
 #[derive(Debug)]
-pub struct Outbox<T> {
+pub(crate) struct Outbox<T> {
     held: VecDeque<T>,
     cap: usize,
 }
 
 impl<T> Outbox<T> {
     /// Holds at most `cap` incidents (the oldest go first).
-    pub fn new(cap: usize) -> Outbox<T> {
+    pub(crate) fn new(cap: usize) -> Outbox<T> {
         Outbox {
             held: VecDeque::new(),
             cap,
@@ -197,7 +197,12 @@ impl<T> Outbox<T> {
     /// - standby, waiting: nothing (all held);
     /// - standby, active: the held ones made after the primary last answered, and `new`;
     /// - no role yet: nothing (all held).
-    pub fn pass(&mut self, gate: Gate, new: Vec<T>, detected_at: impl Fn(&T) -> u64) -> Vec<T> {
+    pub(crate) fn pass(
+        &mut self,
+        gate: Gate,
+        new: Vec<T>,
+        detected_at: impl Fn(&T) -> u64,
+    ) -> Vec<T> {
         match gate {
             Gate::Primary => self.held.drain(..).chain(new).collect(),
             Gate::Standby {

@@ -88,7 +88,7 @@ pub fn hash64(seed: u64, bytes: &[u8]) -> u64 {
 }
 
 /// splitmix64 finaliser.
-pub fn mix64(mut z: u64) -> u64 {
+pub(super) fn mix64(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
@@ -243,7 +243,7 @@ pub fn parse_comm_id(value: &str) -> Result<SocketAddr> {
 
 /// 16 random bytes from the OS (`/dev/urandom`); falls back to hashing the std random
 /// hasher keys, the clock, the pid and a counter.
-pub fn random_nonce() -> [u8; 16] {
+pub(super) fn random_nonce() -> [u8; 16] {
     use std::io::Read;
     let mut out = [0u8; 16];
     if let Ok(mut f) = std::fs::File::open("/dev/urandom") {

@@ -75,7 +75,7 @@ impl Drop for Network {
 
 impl Network {
     /// Starts accepting on `listener` (already bound, advertised to peers as `peers[rank]`).
-    pub fn start(
+    pub(super) fn start(
         listener: TcpListener,
         magic: u64,
         rank: usize,
@@ -106,12 +106,18 @@ impl Network {
         })
     }
 
-    pub fn listen_addr(&self) -> SocketAddr {
+    pub(super) fn listen_addr(&self) -> SocketAddr {
         self.listen
     }
 
     /// Sends one frame to network rank `peer` (which may be this rank).
-    pub fn send(&self, peer: usize, frame: Frame, payload: &[u8], stop: &Stop<'_>) -> Result<()> {
+    pub(super) fn send(
+        &self,
+        peer: usize,
+        frame: Frame,
+        payload: &[u8],
+        stop: &Stop<'_>,
+    ) -> Result<()> {
         if peer == self.shared.rank {
             let key = (frame.ns, frame.kind, frame.src, frame.tag);
             self.shared.deliver(key, payload.to_vec());
@@ -182,7 +188,7 @@ impl Network {
     }
 
     /// Waits for the next message under `key` sent by network rank `from`.
-    pub fn recv(&self, key: Key, from: usize, stop: &Stop<'_>) -> Result<Vec<u8>> {
+    pub(super) fn recv(&self, key: Key, from: usize, stop: &Stop<'_>) -> Result<Vec<u8>> {
         let mut mb = self.shared.lock();
         loop {
             if let Some(q) = mb.msgs.get_mut(&key) {

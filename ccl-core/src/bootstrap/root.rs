@@ -102,7 +102,7 @@ impl RootState {
     /// Handles one registration. `closed(rank)` tells whether the connection of the rank
     /// already registered under that number has been closed by its peer (a rank that gave
     /// up and retried may take its slot back).
-    pub fn register(&mut self, reg: Registration, closed: &dyn Fn(u32) -> bool) -> Decision {
+    pub(super) fn register(&mut self, reg: Registration, closed: &dyn Fn(u32) -> bool) -> Decision {
         if let Some(r) = &self.failed {
             return Decision::Reject(r.clone());
         }
@@ -153,7 +153,7 @@ impl RootState {
     }
 
     /// The reply for waiting ranks when the root gives up after `idle` without progress.
-    pub fn idle_reply(&self, addr: SocketAddr, idle: Duration) -> Reply {
+    pub(super) fn idle_reply(&self, addr: SocketAddr, idle: Duration) -> Reply {
         let msg = match self.nranks {
             Some((n, _)) => format!(
                 "the job never formed: {} of {n} ranks registered with the root at {addr} within {idle:?}",

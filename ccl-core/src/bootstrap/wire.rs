@@ -40,14 +40,14 @@ pub(crate) struct Header {
 }
 
 impl Header {
-    pub fn encode(&self) -> [u8; HEADER_BYTES] {
+    pub(super) fn encode(&self) -> [u8; HEADER_BYTES] {
         let mut b = [0u8; HEADER_BYTES];
         b[0..8].copy_from_slice(&self.magic.to_le_bytes());
         b[8..12].copy_from_slice(&self.ty.to_le_bytes());
         b[12..16].copy_from_slice(&self.len.to_le_bytes());
         b
     }
-    pub fn decode(b: &[u8; HEADER_BYTES]) -> Header {
+    pub(super) fn decode(b: &[u8; HEADER_BYTES]) -> Header {
         let mut c = Cursor::new(b);
         // The slice has exactly HEADER_BYTES bytes, so these reads cannot fail.
         Header {
@@ -69,7 +69,7 @@ pub(crate) struct Frame {
 }
 
 impl Frame {
-    pub fn encode(&self) -> [u8; FRAME_BYTES] {
+    pub(super) fn encode(&self) -> [u8; FRAME_BYTES] {
         let mut b = [0u8; FRAME_BYTES];
         b[0..8].copy_from_slice(&self.ns.to_le_bytes());
         b[8..12].copy_from_slice(&self.src.to_le_bytes());
@@ -78,7 +78,7 @@ impl Frame {
         b[20..24].copy_from_slice(&self.len.to_le_bytes());
         b
     }
-    pub fn decode(b: &[u8; FRAME_BYTES]) -> Frame {
+    pub(super) fn decode(b: &[u8; FRAME_BYTES]) -> Frame {
         let mut c = Cursor::new(b);
         // Fixed-size input: the reads cannot fail.
         Frame {
@@ -98,40 +98,40 @@ pub(crate) struct Cursor<'a> {
 }
 
 impl<'a> Cursor<'a> {
-    pub fn new(b: &'a [u8]) -> Self {
+    pub(super) fn new(b: &'a [u8]) -> Self {
         Cursor { b, at: 0 }
     }
-    pub fn bytes(&mut self, n: usize) -> Option<&'a [u8]> {
+    pub(super) fn bytes(&mut self, n: usize) -> Option<&'a [u8]> {
         let end = self.at.checked_add(n)?;
         let s = self.b.get(self.at..end)?;
         self.at = end;
         Some(s)
     }
-    pub fn u16(&mut self) -> Option<u16> {
+    pub(super) fn u16(&mut self) -> Option<u16> {
         self.bytes(2).map(|s| u16::from_le_bytes([s[0], s[1]]))
     }
-    pub fn u32(&mut self) -> Option<u32> {
+    pub(super) fn u32(&mut self) -> Option<u32> {
         self.bytes(4)
             .map(|s| u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
     }
-    pub fn u64(&mut self) -> Option<u64> {
+    pub(super) fn u64(&mut self) -> Option<u64> {
         let s = self.bytes(8)?;
         let mut a = [0u8; 8];
         a.copy_from_slice(s);
         Some(u64::from_le_bytes(a))
     }
-    pub fn addr(&mut self) -> Option<SocketAddr> {
+    pub(super) fn addr(&mut self) -> Option<SocketAddr> {
         let s = self.bytes(SOCKADDR_BYTES)?;
         let mut a = [0u8; SOCKADDR_BYTES];
         a.copy_from_slice(s);
         decode_sockaddr(&a)
     }
-    pub fn string(&mut self) -> Option<String> {
+    pub(super) fn string(&mut self) -> Option<String> {
         let n = self.u16()? as usize;
         let s = self.bytes(n)?;
         String::from_utf8(s.to_vec()).ok()
     }
-    pub fn done(&self) -> bool {
+    pub(super) fn done(&self) -> bool {
         self.at == self.b.len()
     }
 }
@@ -190,14 +190,14 @@ pub(crate) struct Registration {
 }
 
 impl Registration {
-    pub fn encode(&self) -> Vec<u8> {
+    pub(super) fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(64);
         out.extend_from_slice(&self.nranks.to_le_bytes());
         out.extend_from_slice(&self.rank.to_le_bytes());
         put_peer(&mut out, &self.info);
         out
     }
-    pub fn decode(b: &[u8]) -> Option<Registration> {
+    pub(super) fn decode(b: &[u8]) -> Option<Registration> {
         let mut c = Cursor::new(b);
         let r = Registration {
             nranks: c.u32()?,
@@ -224,7 +224,7 @@ pub(crate) enum Reply {
 }
 
 impl Reply {
-    pub fn encode(&self) -> Vec<u8> {
+    pub(super) fn encode(&self) -> Vec<u8> {
         let mut out = Vec::new();
         match self {
             Reply::Table(peers) => {
@@ -246,7 +246,7 @@ impl Reply {
         }
         out
     }
-    pub fn decode(b: &[u8]) -> Option<Reply> {
+    pub(super) fn decode(b: &[u8]) -> Option<Reply> {
         let mut c = Cursor::new(b);
         let r = match c.u32()? {
             0 => {
@@ -279,7 +279,7 @@ pub(crate) struct Stop<'a> {
 }
 
 impl Stop<'_> {
-    pub fn check(&self) -> Result<()> {
+    pub(super) fn check(&self) -> Result<()> {
         if let Some(a) = self.abort {
             if a.load(Ordering::Acquire) {
                 return Err(CclError::Aborted(format!(
