@@ -89,7 +89,7 @@ pub fn busy_frees_on_this_thread() -> usize {
     BUSY_FREES.with(|c| c.get())
 }
 
-/// What a new emulated allocation holds (see [`Emu::alloc`]).
+/// What a new emulated allocation holds (see `EmuDevice::alloc`).
 const UNINIT_BYTE: u8 = 0xA5;
 
 #[derive(Debug, Clone, Copy)]
