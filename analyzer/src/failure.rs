@@ -13,6 +13,12 @@
 //!   *any* communicator before its loss was seen is a survivor (a tensor-parallel partner
 //!   that exits on its own error). When only such survivors are lost, the roots are the
 //!   ranks of this communicator whose processes they saw lost.
+//!   And once a process death is diagnosed, the other processes of that communicator are
+//!   its survivors for [`FAILURE_QUIET`]: when they exit in turn (a job exits on its first
+//!   error) and a partner in another communicator reports them lost, that is the same
+//!   incident, not a new root, even when their own failure report never arrived (a flush
+//!   cut short at exit). An episode whose every lost rank is such a survivor, with no root
+//!   of its own, raises nothing.
 //! * `INCONSISTENT` -> **H2**, by a vote over the descriptors seen: each rank's own call
 //!   (its `mismatch.local`, else its failed record's operation), and for ranks that sent
 //!   nothing, what their peers received from them (`mismatch.remote`). The descriptor most
@@ -165,6 +171,9 @@ pub(crate) struct Failures {
     eps: HashMap<u64, Episode>,
     /// Every process that reported a failure, across communicators (bounded).
     procs: HashMap<Proc, ProcReport>,
+    /// Processes that survived a diagnosed death (members of its communicator, not its
+    /// roots), with the first record of that episode (bounded).
+    cascade: HashMap<Proc, u64>,
 }
 
 impl Failures {
@@ -317,9 +326,33 @@ impl Failures {
                 continue;
             }
             ep.fired_ns = Some(now_ns);
-            if let Some(d) = diagnose(id, ep, &self.procs, now_ns, rank_info) {
-                out.push(d);
+            let Some(d) = diagnose(id, ep, &self.procs, &self.cascade, now_ns, rank_info) else {
+                continue;
+            };
+            if d.roots.iter().any(|r| r.exited) {
+                let roots: BTreeSet<u32> = d.roots.iter().map(|r| r.rank).collect();
+                for r in (0..ep.nranks).filter(|r| !roots.contains(r)) {
+                    let proc = ep
+                        .reporters
+                        .get(&r)
+                        .map(|(p, h, _)| (*p, h.clone()))
+                        .or_else(|| rank_info(id, r));
+                    if let Some(proc) = proc.filter(|(pid, _)| *pid != 0) {
+                        if !self.cascade.contains_key(&proc) && self.cascade.len() >= MAX_PROCS {
+                            let oldest = self
+                                .cascade
+                                .iter()
+                                .min_by_key(|(_, t)| **t)
+                                .map(|(k, _)| k.clone());
+                            if let Some(k) = oldest {
+                                self.cascade.remove(&k);
+                            }
+                        }
+                        self.cascade.insert(proc, ep.first_ns);
+                    }
+                }
             }
+            out.push(d);
         }
         out
     }
@@ -381,6 +414,7 @@ fn diagnose(
     comm_id: u64,
     ep: &Episode,
     procs: &HashMap<Proc, ProcReport>,
+    cascade: &HashMap<Proc, u64>,
     now_ns: u64,
     rank_info: &dyn Fn(u64, u32) -> Option<(u32, String)>,
 ) -> Option<Diagnosis> {
@@ -396,7 +430,11 @@ fn diagnose(
     };
     let coll = wire::coll_name(ep.collective);
     let (class, roots, what) = if !ep.lost.is_empty() {
-        let lost = lost_roots(ep, procs, &info);
+        let lost = lost_roots(ep, procs, cascade, &info);
+        if lost.is_empty() {
+            // Only survivors of a death already diagnosed exited (see the module doc).
+            return None;
+        }
         let detail: Vec<&str> = lost
             .iter()
             .map(|l| l.detail.as_str())
@@ -521,10 +559,12 @@ struct LostRoot {
 fn lost_roots(
     ep: &Episode,
     procs: &HashMap<Proc, ProcReport>,
+    cascade: &HashMap<Proc, u64>,
     info: &dyn Fn(u32, u32, &str) -> (u32, String),
 ) -> Vec<LostRoot> {
     let mut roots = Vec::new();
     let mut survivors = Vec::new();
+    let mut cascaded = false;
     for (r, l) in &ep.lost {
         let (pid, host) = info(*r, l.pid, &l.host);
         // Reported no later than its loss was seen, and recently (a pid reused by a later
@@ -533,6 +573,10 @@ fn lost_roots(
         let reported_elsewhere = procs.get(&(pid, host.clone())).is_some_and(|p| {
             p.first_ns <= l.first_ns && l.first_ns <= p.last_ns.saturating_add(quiet)
         });
+        // A survivor of a death already diagnosed, lost after that death.
+        let after_a_death = cascade
+            .get(&(pid, host.clone()))
+            .is_some_and(|&t| t <= l.first_ns && l.first_ns <= t.saturating_add(quiet));
         let root = LostRoot {
             rank: *r,
             pid,
@@ -540,7 +584,8 @@ fn lost_roots(
             observers: l.observers.iter().copied().collect(),
             detail: l.detail.clone(),
         };
-        if ep.reporters.contains_key(r) || reported_elsewhere {
+        cascaded |= after_a_death;
+        if ep.reporters.contains_key(r) || reported_elsewhere || after_a_death {
             survivors.push((l.first_ns, root));
         } else {
             roots.push(root);
@@ -569,7 +614,7 @@ fn lost_roots(
             }
         }
     }
-    if roots.is_empty() {
+    if roots.is_empty() && !cascaded {
         survivors.sort_by_key(|(first, _)| *first);
         roots.extend(survivors.into_iter().take(1).map(|(_, s)| s));
     }

@@ -506,3 +506,57 @@ fn an_old_failure_report_of_a_reused_pid_does_not_make_a_survivor() {
     let roots: Vec<u32> = d[0].roots.iter().map(|r| r.rank).collect();
     assert_eq!(roots, vec![2]);
 }
+
+/// DP over four processes (comm 50) and a TP pair {0, 1} (comm 51). Process 3 is killed
+/// and named. Process 0 then exits on its own error, but its failure report never
+/// reaches the analyzer (a flush cut short at exit), and its TP partner reports it lost.
+/// Process 0 survived a death already diagnosed: the same incident, not a new root.
+/// (Seen once in CI as `sigkill_8_root7_serve`: `H1 [7] exited (+1: H1 [0] exited)`.)
+fn survivor_exits_after_a_diagnosed_death(tp_loss_after_ms: u64) -> Vec<crate::wire::Diagnosis> {
+    let mut e = Engine::new(cfg());
+    let mut t = T0;
+    warm(&mut e, 50, 4, 3, &mut t);
+    for c in 0..3 {
+        for r in 0..2u32 {
+            let x = rec(51, c, r, 2, OpState::Completed, CollKind::AllReduce);
+            e.ingest(&as_proc(x, r), t).unwrap();
+        }
+    }
+    assert!(e.tick(t).is_empty());
+    // DP survivors 1 and 2 report process 3 lost (process 0's report is lost).
+    e.ingest(&lost(50, 3, 1, 4, 3), t).unwrap();
+    e.ingest(&lost(50, 3, 2, 4, 3), t + 10 * MS).unwrap();
+    let mut out = e.tick(t + 400 * MS);
+    // Process 0 exits; its TP partner (process 1) reports it lost.
+    let tp = as_proc(lost(51, 3, 1, 2, 0), 1);
+    e.ingest(&tp, t + tp_loss_after_ms * MS).unwrap();
+    out.extend(e.tick(t + tp_loss_after_ms * MS + S));
+    out
+}
+
+#[test]
+fn a_survivor_that_exits_after_a_diagnosed_death_is_not_a_new_root() {
+    for after_ms in [200, 600, 3_000] {
+        let d = survivor_exits_after_a_diagnosed_death(after_ms);
+        let roots: Vec<(u64, Vec<u32>)> = d
+            .iter()
+            .map(|x| (x.comm_id, x.roots.iter().map(|r| r.rank).collect()))
+            .collect();
+        assert_eq!(
+            roots,
+            vec![(50, vec![3])],
+            "TP loss after {after_ms} ms: {d:?}"
+        );
+    }
+}
+
+#[test]
+fn a_death_long_after_a_diagnosed_one_is_a_new_root() {
+    // 40 s later (past FAILURE_QUIET) the same loss is a root of its own.
+    let d = survivor_exits_after_a_diagnosed_death(40_000);
+    let roots: Vec<(u64, Vec<u32>)> = d
+        .iter()
+        .map(|x| (x.comm_id, x.roots.iter().map(|r| r.rank).collect()))
+        .collect();
+    assert_eq!(roots, vec![(50, vec![3]), (51, vec![0])], "{d:?}");
+}
