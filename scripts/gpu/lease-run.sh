@@ -16,6 +16,7 @@ bundle=$1; out=$2; parts=${3:-a,n,f,b,e,v,d,c}
 mkdir -p "$out/logs"
 out=$(cd "$out" && pwd)
 b=$(mktemp -d)
+trap 'rm -rf "$b"' EXIT
 tar -C "$b" -xJf "$bundle" || { echo "lease-run: cannot unpack $bundle" >&2; exit 2; }
 exec > >(tee -a "$out/run.log") 2>&1
 t0=$(date +%s)

@@ -9,6 +9,7 @@ cd "$(dirname "$0")/../.."
 bundle=$1; out=$2; rounds=${3:-10}; limit=${4:-8}
 mkdir -p "$out"
 b=$(mktemp -d)
+trap 'rm -rf "$b"' EXIT
 tar -C "$b" -xJf "$bundle" || { echo "queues-ab: cannot unpack $bundle" >&2; exit 2; }
 m=$b/release/examples/device_matrix
 export CCLD_BOOTSTRAP_IP=127.0.0.1
