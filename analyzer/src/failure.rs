@@ -187,16 +187,9 @@ impl Failures {
             return;
         }
         let quiet = u64::try_from(FAILURE_QUIET.as_nanos()).unwrap_or(u64::MAX);
-        if !self.eps.contains_key(&trace.comm_id) && self.eps.len() >= MAX_EPISODES {
-            let oldest = self
-                .eps
-                .iter()
-                .min_by_key(|(_, e)| (e.fired_ns.is_none(), e.first_ns))
-                .map(|(k, _)| *k);
-            if let Some(k) = oldest {
-                self.eps.remove(&k);
-            }
-        }
+        make_room(&mut self.eps, &trace.comm_id, MAX_EPISODES, |e| {
+            (e.fired_ns.is_none(), e.first_ns)
+        });
         let ep = self.eps.entry(trace.comm_id).or_default();
         if ep
             .fired_ns
@@ -271,16 +264,7 @@ impl Failures {
             return;
         }
         let key = (rec.pid, rec.host.clone());
-        if !self.procs.contains_key(&key) && self.procs.len() >= MAX_PROCS {
-            let oldest = self
-                .procs
-                .iter()
-                .min_by_key(|(_, p)| p.first_ns)
-                .map(|(k, _)| k.clone());
-            if let Some(k) = oldest {
-                self.procs.remove(&k);
-            }
-        }
+        make_room(&mut self.procs, &key, MAX_PROCS, |p| p.first_ns);
         let p = self.procs.entry(key).or_insert_with(|| ProcReport {
             first_ns: now_ns,
             last_ns: now_ns,
@@ -338,16 +322,7 @@ impl Failures {
                         .map(|(p, h, _)| (*p, h.clone()))
                         .or_else(|| rank_info(id, r));
                     if let Some(proc) = proc.filter(|(pid, _)| *pid != 0) {
-                        if !self.cascade.contains_key(&proc) && self.cascade.len() >= MAX_PROCS {
-                            let oldest = self
-                                .cascade
-                                .iter()
-                                .min_by_key(|(_, t)| **t)
-                                .map(|(k, _)| k.clone());
-                            if let Some(k) = oldest {
-                                self.cascade.remove(&k);
-                            }
-                        }
+                        make_room(&mut self.cascade, &proc, MAX_PROCS, |t| *t);
                         self.cascade.insert(proc, ep.first_ns);
                     }
                 }
@@ -355,6 +330,25 @@ impl Failures {
             out.push(d);
         }
         out
+    }
+}
+
+/// Before `key` goes into `map` (bounded by `cap`): when it is new and the map is full,
+/// removes the entry that `age` ranks first (the oldest).
+fn make_room<K, V, A>(map: &mut HashMap<K, V>, key: &K, cap: usize, age: impl Fn(&V) -> A)
+where
+    K: Clone + Eq + std::hash::Hash,
+    A: Ord,
+{
+    if map.contains_key(key) || map.len() < cap {
+        return;
+    }
+    let oldest = map
+        .iter()
+        .min_by_key(|(_, v)| age(v))
+        .map(|(k, _)| k.clone());
+    if let Some(k) = oldest {
+        map.remove(&k);
     }
 }
 
