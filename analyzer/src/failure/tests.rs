@@ -560,3 +560,17 @@ fn a_death_long_after_a_diagnosed_one_is_a_new_root() {
         .collect();
     assert_eq!(roots, vec![(50, vec![3]), (51, vec![0])], "{d:?}");
 }
+
+#[test]
+fn make_room_evicts_the_oldest_only_for_a_new_key_in_a_full_map() {
+    use std::collections::HashMap;
+    let mut m: HashMap<u32, u64> = [(1, 30), (2, 10), (3, 20)].into_iter().collect();
+    super::make_room(&mut m, &2, 3, |t| *t);
+    assert_eq!(m.len(), 3, "a present key takes no room");
+    super::make_room(&mut m, &9, 4, |t| *t);
+    assert_eq!(m.len(), 3, "room left");
+    super::make_room(&mut m, &9, 3, |t| *t);
+    let mut keys: Vec<u32> = m.keys().copied().collect();
+    keys.sort_unstable();
+    assert_eq!(keys, vec![1, 3], "the oldest (2, at 10) went");
+}
