@@ -197,6 +197,10 @@ fn matrix(n: usize, proto: Option<&str>) {
     match proto {
         Some("LL") => assert_eq!(simple, 0, "NCCL_PROTO=LL launched Simple plans"),
         Some("Simple") => assert_eq!(ll, 0, "NCCL_PROTO=Simple launched LL plans"),
+        // One rank launches kernels only for reductions that change values (Avg): the
+        // rest are copies (`one_rank_copies_run_without_a_kernel`), so sizes that would
+        // pick LL and Simple both are not all launched.
+        _ if n == 1 => assert!(simple + ll > 0, "one rank: no kernel at all"),
         _ => assert!(
             simple > 0 && ll > 0,
             "auto: both protocols ({simple}, {ll})"
@@ -720,4 +724,73 @@ fn no_device_free_while_work_is_queued() {
     for s in streams {
         d.stream_destroy(s).unwrap();
     }
+}
+
+/// One rank: an operation that only moves bytes runs as copies on the stream, without a
+/// kernel (as NVIDIA's NCCL does); one whose reduction changes the values (integer Avg)
+/// still launches the kernel. Results are checked either way, and the probe logs every
+/// operation as completed.
+#[test]
+fn one_rank_copies_run_without_a_kernel() {
+    let cs = comms(1);
+    let c = &cs[0];
+    let d = emu::global();
+    let s = d.stream_create().expect("stream");
+    let count = 3000;
+    let input: Vec<f32> = (0..count).map(|i| i as f32 * 0.5 - 7.0).collect();
+    let send: Vec<u8> = input.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let mut recv = vec![0u8; count * 4];
+    let mut inplace = send.clone();
+    let ints: Vec<u8> = (0..count as i32)
+        .flat_map(|x| (x * 3).to_le_bytes())
+        .collect();
+    let mut int_out = vec![0u8; count * 4];
+    let launches = || {
+        let (a, b) = emu::launches_on_this_thread();
+        a + b
+    };
+    let k0 = launches();
+    ccl_core::enqueue(
+        c,
+        sum_f32(send.as_ptr() as usize, recv.as_mut_ptr() as usize, count, s),
+    )
+    .unwrap();
+    let p = inplace.as_mut_ptr() as usize;
+    ccl_core::enqueue(c, sum_f32(p, p, count, s)).unwrap();
+    let bcast = CollArgs {
+        kind: CollKind::Broadcast,
+        root: 0,
+        ..sum_f32(send.as_ptr() as usize, recv.as_mut_ptr() as usize, count, s)
+    };
+    ccl_core::enqueue(c, bcast).unwrap();
+    assert!(wait(s, Duration::from_secs(20)), "copies did not finish");
+    assert_eq!(launches(), k0, "no kernel for byte copies");
+    assert_eq!(recv, send);
+    assert_eq!(inplace, send);
+    let avg = CollArgs {
+        kind: CollKind::AllReduce,
+        sendbuf: ints.as_ptr() as usize,
+        recvbuf: int_out.as_mut_ptr() as usize,
+        count,
+        dtype: DataType::Int32 as i32,
+        op: AVG,
+        root: -1,
+        stream: s,
+    };
+    ccl_core::enqueue(c, avg).unwrap();
+    assert!(wait(s, Duration::from_secs(20)), "kernel did not finish");
+    assert_eq!(launches(), k0 + 1, "integer Avg runs the kernel");
+    assert_eq!(int_out, ints, "Avg over one rank");
+    // The completions run on the stream: every operation is logged as completed.
+    let t0 = Instant::now();
+    let done = |k| {
+        c.op_log()
+            .get(k)
+            .is_some_and(|o| o.state == probe::OpState::Completed)
+    };
+    while !(0..4).all(done) {
+        assert!(t0.elapsed() < Duration::from_secs(10), "op log");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    c.destroy().unwrap();
 }

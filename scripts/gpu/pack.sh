@@ -3,7 +3,7 @@
 # driver but no cargo (scripts/gpu/lease-run.sh unpacks and runs it). Builds nothing: build
 # first, on this x86-64 machine, with the pinned nvcc on PATH (scripts/install-toolchains.sh):
 #   CCLD_EXPECT_CUDA=1 cargo build --release -p ccl-ffi -p nccl-tests-compat
-#   CCLD_EXPECT_CUDA=1 cargo build --release -p ccl-core --example device_selftest --example device_matrix
+#   CCLD_EXPECT_CUDA=1 cargo build --release -p ccl-core --example device_selftest --example device_matrix --example device_report
 #   CCLD_EXPECT_CUDA=1 cargo build --release -p benches --example device_diagnosis
 #   scripts/gpu/build-nccl-tests.sh --lib target/release/libnccl.so.2
 # Debug info is stripped (a device call carries at most 64 MiB).
@@ -21,7 +21,7 @@ put() { # put SRC DEST: a stripped copy
 put target/release/libnccl.so "$stage/release/libnccl.so.2"
 put target/release/all_reduce_perf "$stage/release/all_reduce_perf"
 put target/release/ccl-run "$stage/release/ccl-run"
-for e in device_selftest device_matrix device_diagnosis; do
+for e in device_selftest device_matrix device_diagnosis device_report; do
   put "target/release/examples/$e" "$stage/release/examples/$e"
 done
 for t in target/nccl-tests/bin/*_perf; do put "$t" "$stage/nccl-tests/$(basename "$t")"; done

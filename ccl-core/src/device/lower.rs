@@ -336,5 +336,52 @@ pub fn red_params(r: &Reducer, nranks: usize) -> Result<RedParams> {
     })
 }
 
+/// One byte copy between device addresses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ByteCopy {
+    /// Source address.
+    pub src: usize,
+    /// Destination address.
+    pub dst: usize,
+    /// Bytes.
+    pub bytes: usize,
+}
+
+/// The byte copies that do what `lp` does when it only moves bytes, so that the runtime
+/// can enqueue them as `cudaMemcpyAsync` instead of launching the kernel (a one-rank
+/// communicator: NVIDIA's NCCL copies too). That holds when `lp` has no lanes and each
+/// local step is a copy, or a reduction whose element function returns its input unchanged:
+/// the kernel's own rule (`elem` in ccl_kernel_body.h): no pre-multiplication and no
+/// average divisor. `red` is the reduction's parameters (None: no reduction). In-place
+/// steps (source == destination) need no copy. `bufs` are the buffers' device addresses.
+/// None when a step needs the kernel.
+pub fn byte_copies(
+    lp: &LoweredPlan,
+    bufs: &[usize],
+    red: Option<&RedParams>,
+) -> Option<Vec<ByteCopy>> {
+    if !lp.lanes.is_empty() {
+        return None;
+    }
+    let identity = red.is_none_or(|r| r.op != CCL_OP_PREMUL && r.avg_divisor == 0);
+    let unit = lp.unit as usize;
+    let mut v = Vec::with_capacity(lp.locals.len());
+    for l in &lp.locals {
+        if !(l.kind == CCL_LOCAL_COPY || (l.kind == CCL_LOCAL_REDUCE && identity)) {
+            return None;
+        }
+        let at = |buf: u32, off: u64| -> Option<usize> {
+            let base = *bufs.get(buf as usize)?;
+            base.checked_add(usize::try_from(off).ok()?.checked_mul(unit)?)
+        };
+        let (src, dst) = (at(l.src_buf, l.src_off)?, at(l.dst_buf, l.dst_off)?);
+        let bytes = usize::try_from(l.count).ok()?.checked_mul(unit)?;
+        if src != dst && bytes > 0 {
+            v.push(ByteCopy { src, dst, bytes });
+        }
+    }
+    Some(v)
+}
+
 #[cfg(test)]
 pub(crate) mod tests;

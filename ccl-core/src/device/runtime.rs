@@ -54,7 +54,10 @@ use probe::{Frame, OpLog};
 use super::api::{CudaApi, DeviceApi, IpcHandle, Mapped, PtrInfo, PtrKind, Stream};
 use super::board::Board;
 use super::liveness::{local_peers, Watch, WatchCfg};
-use super::lower::{apply_fault, halved, lower, red_params, ConnDir, ConnKey, LoweredPlan};
+use super::lower::{
+    apply_fault, byte_copies, halved, lower, red_params, ByteCopy, ConnDir, ConnKey, FaultFields,
+    LoweredPlan, RedParams,
+};
 use super::order::Order;
 use super::plans::PlanMem;
 use super::starts::Starts;

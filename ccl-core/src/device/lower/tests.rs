@@ -539,3 +539,79 @@ fn a_halved_plan_keeps_the_first_half_of_every_lane() {
     }
     assert!(h.total_steps() < plan.total_steps());
 }
+
+/// One-rank plans: where `byte_copies` offers copies, applying them gives what the kernel
+/// rules give (`emulate`); it refuses exactly the reductions whose element function changes
+/// its input (PreMulSum, integer Avg's divisor); in place, nothing is left to copy.
+#[test]
+fn one_rank_byte_copies_do_what_the_kernel_does() {
+    let colls = [
+        CollKind::AllReduce,
+        CollKind::Reduce,
+        CollKind::ReduceScatter,
+        CollKind::Broadcast,
+        CollKind::AllGather,
+        CollKind::AlltoAll,
+        CollKind::Gather,
+        CollKind::Scatter,
+    ];
+    let ops = [
+        RedOpKind::Sum,
+        RedOpKind::Prod,
+        RedOpKind::Max,
+        RedOpKind::Min,
+        RedOpKind::Avg,
+        RedOpKind::PreMulSum,
+    ];
+    const BASE: [usize; 2] = [0x1000_0000, 0x2000_0000];
+    let scalar = 3i32.to_le_bytes();
+    for coll in colls {
+        let reducing = matches!(
+            coll,
+            CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter
+        );
+        for op in ops {
+            if !reducing && op != RedOpKind::Sum {
+                continue;
+            }
+            let params = reducing.then(|| {
+                let s = (op == RedOpKind::PreMulSum).then_some(&scalar[..]);
+                red_params(&Reducer::new(DataType::Int32, op, s, 1).unwrap(), 1).unwrap()
+            });
+            let count = 37;
+            let (_, lp) = lowered_plan(coll, count, 1, 0, 0, 2, 64);
+            let (in_len, out_len) = buf_lens(coll, count, 1);
+            let send: Vec<u8> = (0..in_len)
+                .flat_map(|i| input(0, i).to_le_bytes())
+                .collect();
+            let mut by_kernel = vec![vec![send.clone(), vec![0x55u8; out_len * 4]]];
+            emulate(
+                std::slice::from_ref(&lp),
+                &mut by_kernel,
+                params.as_ref(),
+                2,
+            );
+            let copies = byte_copies(&lp, &BASE, params.as_ref());
+            let needs_kernel = reducing && matches!(op, RedOpKind::PreMulSum | RedOpKind::Avg);
+            assert_eq!(copies.is_none(), needs_kernel, "{coll:?} {op:?}");
+            let Some(copies) = copies else { continue };
+            let mut bufs = [send, vec![0x55u8; out_len * 4]];
+            for c in &copies {
+                let locate = |a: usize| {
+                    let b = usize::from(a >= BASE[1]);
+                    (b, a - BASE[b])
+                };
+                let ((sb, so), (db, dof)) = (locate(c.src), locate(c.dst));
+                let bytes = bufs[sb][so..so + c.bytes].to_vec();
+                bufs[db][dof..dof + c.bytes].copy_from_slice(&bytes);
+            }
+            assert_eq!(bufs[BUF_RECV], by_kernel[0][BUF_RECV], "{coll:?} {op:?}");
+            // In place (the receive buffer is the send buffer): nothing to copy.
+            let same = byte_copies(&lp, &[BASE[0], BASE[0]], params.as_ref()).unwrap();
+            assert!(same.is_empty(), "{coll:?} {op:?} in place: {same:?}");
+        }
+    }
+    // Plans with lanes always need the kernel.
+    let (_, lp2) = lowered_plan(CollKind::Broadcast, 8, 2, 0, 0, 1, 64);
+    assert_eq!(byte_copies(&lp2, &BASE, None), None);
+}

@@ -281,6 +281,105 @@ impl DeviceComm {
         self.watch.error()
     }
 
+    /// The kernel's plan of `lp`: its arrays uploaded (or found in the cache), the
+    /// connections' FIFOs, buffers, reduction and injected faults filled in; the check
+    /// and the probe frame are left off (the caller sets them). Memory to hand back at
+    /// completion goes to `frees`.
+    #[allow(clippy::too_many_arguments)]
+    fn kernel_plan(
+        &self,
+        label: &str,
+        lp: &LoweredPlan,
+        proto: Proto,
+        stream: Stream,
+        bufs: &[usize],
+        faults: &FaultFields,
+        rp: Option<RedParams>,
+        scalar_dev: usize,
+        frees: &mut Vec<Freed>,
+    ) -> Result<ccl_dev_plan_t> {
+        let mut st = self.state.lock();
+        let mut conns: Vec<ccl_dev_conn_t> = lp
+            .conns
+            .iter()
+            .map(|k| {
+                st.conns.get(k).map(|c| c.abi(&self.tuning)).ok_or_else(|| {
+                    CclError::Internal(format!("{label}: device connection {k:?} is not set up"))
+                })
+            })
+            .collect::<Result<_>>()?;
+        // Every connection of the plan carries messages (lowering gives a lane a
+        // connection only when it has steps that use it).
+        for (c, k) in conns.iter_mut().zip(&lp.conns) {
+            c.ll_sync = st.ll.entry(*k).or_default().use_for(proto);
+        }
+        let (_, up, cached) = self.upload(&mut st, lp, &conns, proto, stream)?;
+        drop(st);
+        if !cached {
+            frees.push(Freed::Mapped {
+                m: Mapped {
+                    host: up.host,
+                    dev: up.dev,
+                },
+                bytes: up.bytes,
+            });
+            if up.ddev != 0 {
+                frees.push(Freed::Device {
+                    ptr: up.ddev,
+                    bytes: up.dbytes,
+                });
+            }
+        }
+        // Where the kernel reads the arrays (blocker 9, `plans`).
+        let base = if up.ddev != 0 { up.ddev } else { up.dev };
+        let mut p = ccl_dev_plan_t {
+            n_channels: lp.n_channels,
+            n_lanes: lp.lanes.len() as u32,
+            n_locals: lp.locals.len() as u32,
+            n_steps: lp.steps.len() as u32,
+            n_conns: conns.len() as u32,
+            unit: lp.unit,
+            dtype: 0,
+            op: 0,
+            reduce: 0,
+            avg_divisor: 0,
+            scalar_bits: 0,
+            scalar_dev: std::ptr::null(),
+            steps: (base + up.steps) as *const _,
+            lanes: (base + up.lanes) as *const _,
+            locals: (base + up.locals) as *const _,
+            conns: (base + up.conns) as *const _,
+            bufs: [std::ptr::null_mut(); CCL_MAX_BUFS],
+            frame: std::ptr::null_mut(),
+            frame_capacity: 0,
+            frame_block: 0,
+            proto: proto.abi(),
+            reserved: 0,
+            abort_flag: self.abort_mem.dev as *const u32,
+            throttle_gap_ns: faults.throttle_gap_ns,
+            stall_channel: faults.stall_channel,
+            stall_after: faults.stall_after,
+            check: std::ptr::null_mut(),
+            rank: self.rank as u32,
+            reserved2: 0,
+            desc: [[0; CCL_DESC_WORDS]; CCL_MAX_BUFS],
+        };
+        for (d, b) in p.bufs.iter_mut().zip(bufs) {
+            *d = *b as *mut _;
+        }
+        if let Some(rp) = rp {
+            p.reduce = 1;
+            p.dtype = rp.dtype;
+            p.op = rp.op;
+            p.avg_divisor = rp.avg_divisor;
+            p.scalar_bits = rp.scalar_bits;
+            if scalar_dev != 0 {
+                p.scalar_dev = scalar_dev as *const _;
+            }
+        }
+        Ok(p)
+    }
+
     pub(super) fn enqueue_inner(
         &self,
         item: &WorkItem,
@@ -357,104 +456,40 @@ impl DeviceComm {
         }
         let mut lp = lower(&run_plan, bufs.len())?;
         let faults = apply_fault(&mut lp, &fault);
-        let mut st = self.state.lock();
-        let mut conns: Vec<ccl_dev_conn_t> = lp
-            .conns
-            .iter()
-            .map(|k| {
-                st.conns.get(k).map(|c| c.abi(&self.tuning)).ok_or_else(|| {
-                    CclError::Internal(format!("{label}: device connection {k:?} is not set up"))
-                })
-            })
-            .collect::<Result<_>>()?;
-        // Every connection of the plan carries messages (lowering gives a lane a
-        // connection only when it has steps that use it).
-        for (c, k) in conns.iter_mut().zip(&lp.conns) {
-            c.ll_sync = st.ll.entry(*k).or_default().use_for(proto);
-        }
-        let (_, up, cached) = self.upload(&mut st, &lp, &conns, proto, stream)?;
-        drop(st);
-        if !cached {
-            frees.push(Freed::Mapped {
-                m: Mapped {
-                    host: up.host,
-                    dev: up.dev,
-                },
-                bytes: up.bytes,
-            });
-            if up.ddev != 0 {
-                frees.push(Freed::Device {
-                    ptr: up.ddev,
-                    bytes: up.dbytes,
-                });
-            }
-        }
-        // Where the kernel reads the arrays (blocker 9, `plans`).
-        let base = if up.ddev != 0 { up.ddev } else { up.dev };
-        let mut p = ccl_dev_plan_t {
-            n_channels: lp.n_channels,
-            n_lanes: lp.lanes.len() as u32,
-            n_locals: lp.locals.len() as u32,
-            n_steps: lp.steps.len() as u32,
-            n_conns: conns.len() as u32,
-            unit: lp.unit,
-            dtype: 0,
-            op: 0,
-            reduce: 0,
-            avg_divisor: 0,
-            scalar_bits: 0,
-            scalar_dev: std::ptr::null(),
-            steps: (base + up.steps) as *const _,
-            lanes: (base + up.lanes) as *const _,
-            locals: (base + up.locals) as *const _,
-            conns: (base + up.conns) as *const _,
-            bufs: [std::ptr::null_mut(); CCL_MAX_BUFS],
-            frame: std::ptr::null_mut(),
-            frame_capacity: 0,
-            frame_block: 0,
-            proto: proto.abi(),
-            reserved: 0,
-            abort_flag: self.abort_mem.dev as *const u32,
-            throttle_gap_ns: faults.throttle_gap_ns,
-            stall_channel: faults.stall_channel,
-            stall_after: faults.stall_after,
-            check: std::ptr::null_mut(),
-            rank: self.rank as u32,
-            reserved2: 0,
-            desc: [[0; CCL_DESC_WORDS]; CCL_MAX_BUFS],
+        let rp = match &red {
+            Some((r, _)) => Some(red_params(r, self.nranks)?),
+            None => None,
         };
-        for (d, b) in p.bufs.iter_mut().zip(&bufs) {
-            *d = *b as *mut _;
-        }
-        if let Some((r, scalar_dev)) = &red {
-            let rp = red_params(r, self.nranks)?;
-            p.reduce = 1;
-            p.dtype = rp.dtype;
-            p.op = rp.op;
-            p.avg_divisor = rp.avg_divisor;
-            p.scalar_bits = rp.scalar_bits;
-            if *scalar_dev != 0 {
-                p.scalar_dev = *scalar_dev as *const _;
-            }
-        }
+        let scalar_dev = red.as_ref().map_or(0, |(_, d)| *d);
+        // A plan that only moves bytes (one rank) runs as copies on the stream, without
+        // the kernel: no plan upload, no launch (NVIDIA's NCCL copies too).
+        let mut work = match byte_copies(&lp, &bufs, rp.as_ref()) {
+            Some(copies) => Work::Copies(copies),
+            None => Work::Kernel(Box::new(self.kernel_plan(
+                &label, &lp, proto, stream, &bufs, &faults, rp, scalar_dev, frees,
+            )?)),
+        };
         // The descriptors of the kernels' check (by buffer index, as on the host backend)
-        // and the operation's sequence-space identity for the probe.
+        // and the operation's sequence-space identity for the probe: taken for every
+        // operation that is enqueued, launched or copied, and for no other.
         let (descs, seq_id) = self.seqs.lock().descriptors(item);
-        let checking = crate::desc::check_on();
-        if checking {
-            p.check = (self.abort_mem.dev + CHECK_OFF) as *mut u64;
-            for (w, d) in p.desc.iter_mut().zip(&descs) {
-                *w = *d;
-            }
-        }
+        let checking = crate::desc::check_on() && matches!(work, Work::Kernel(_));
         let counter = self.op_counter.fetch_add(1, Ordering::AcqRel);
         let block = (counter % probe::FRAME_BLOCKS as u64) as usize;
         // Probing can be paused at run time (`Comm::set_probing`): decided once per operation.
         let probing = self.probe_on && self.frame.is_measuring();
-        if probing {
-            p.frame = self.frame_dev as *mut u64;
-            p.frame_capacity = self.frame.channel_capacity() as u32;
-            p.frame_block = block as u32;
+        if let Work::Kernel(p) = &mut work {
+            if checking {
+                p.check = (self.abort_mem.dev + CHECK_OFF) as *mut u64;
+                for (w, d) in p.desc.iter_mut().zip(&descs) {
+                    *w = *d;
+                }
+            }
+            if probing {
+                p.frame = self.frame_dev as *mut u64;
+                p.frame_capacity = self.frame.channel_capacity() as u32;
+                p.frame_block = block as u32;
+            }
         }
         let mut info = crate::op::type_set(item, self.nranks, &plan);
         info.proto = match proto {
@@ -595,11 +630,19 @@ impl DeviceComm {
                 inflight.done();
             }
         };
-        // SAFETY: the arrays live in mapped memory handed back for reuse only by the
-        // completion host function and freed at shutdown after all operations); the
-        // FIFOs, frame and abort flag live until shutdown; user buffers are valid until
-        // completion (the enqueue contract).
-        let launched = unsafe { self.api.launch_plan(&p, stream) };
+        let launched = match &work {
+            // SAFETY: the arrays live in mapped memory handed back for reuse only by the
+            // completion host function and freed at shutdown after all operations); the
+            // FIFOs, frame and abort flag live until shutdown; user buffers are valid until
+            // completion (the enqueue contract).
+            Work::Kernel(p) => unsafe { self.api.launch_plan(p, stream) },
+            // SAFETY: each copy lies inside the operation's user buffers (`byte_copies`
+            // derives it from the plan's local steps over them), which stay valid until
+            // the operation completed (the enqueue contract); ordered on `stream`.
+            Work::Copies(copies) => copies
+                .iter()
+                .try_for_each(|c| unsafe { self.api.memcpy_async(c.dst, c.src, c.bytes, stream) }),
+        };
         // The completion function runs even when the launch failed (it releases memory and
         // the in-flight count).
         if let Err(e) = self.api.launch_host_fn(stream, Box::new(after)) {
@@ -612,4 +655,12 @@ impl DeviceComm {
         }
         launched.map_err(|e| crate::error::with_context(e, &label))
     }
+}
+
+/// What an operation enqueues on its stream.
+enum Work {
+    /// The plan kernel.
+    Kernel(Box<ccl_dev_plan_t>),
+    /// Byte copies (a plan that only moves bytes, see `byte_copies`).
+    Copies(Vec<ByteCopy>),
 }
