@@ -10,9 +10,11 @@
 //!    - `kernel`: the plan kernel with an empty plan (one block, nothing to do);
 //!    - `kernel + host fn`: the two, alternating (one operation's stream work today);
 //!    - `kernel + event record`: what a completion found by polling an event would cost.
+//!
 //! B. Whole operations through `ccl_core::enqueue`, one rank: AllReduce of 8 B float32 sum
 //!    (a byte copy: no kernel) and of 8 B int32 Avg (the kernel); time per operation over
 //!    N back-to-back ones, and the CPU time of the enqueue calls alone.
+//!
 //! C. Ranks as threads sharing the GPU (`--ranks`, default 2): AllReduce float32 sum at
 //!    8 B, 1 MiB and 16 MiB with the descriptor check on and off (the benchmark-only hook
 //!    `ccl_core::desc::bench_only_set_check`), interleaved in rounds, order alternating;
@@ -41,6 +43,11 @@ use ccl_optype::CollKind;
 use kernels::ffi::{
     ccl_dev_plan_t, CCL_DESC_WORDS, CCL_MAX_BUFS, CCL_PROTO_SIMPLE, CCL_STALL_NONE,
 };
+
+/// One item of part A's stream work.
+type Item<'a> = dyn FnMut() -> Result<(), String> + 'a;
+/// One part of the report.
+type Part<'a> = dyn Fn() -> Result<(), String> + 'a;
 
 const SUM: i32 = 0;
 const AVG: i32 = 4;
@@ -151,7 +158,7 @@ fn raw_costs(api: &Arc<dyn DeviceApi>, iters: usize) -> Result<(), String> {
     let kernel =
         |api: &Arc<dyn DeviceApi>| unsafe { api.launch_plan(&plan, s) }.map_err(|e| e.to_string());
     let ev = api.event_create().map_err(|e| e.to_string())?;
-    let rows: [(&str, Box<dyn FnMut() -> Result<(), String>>); 5] = [
+    let rows: [(&str, Box<Item<'_>>); 5] = [
         ("host fn", Box::new(|| host_fn(api))),
         (
             "copy 8 B",
@@ -515,7 +522,7 @@ fn main() {
             ""
         }
     );
-    let steps: [(&str, &str, &dyn Fn() -> Result<(), String>); 4] = [
+    let steps: [(&str, &str, &Part<'_>); 4] = [
         ("A", "raw", &|| raw_costs(&api, o.iters)),
         ("B", "one rank", &|| one_rank(&api, device, o.iters)),
         ("C", "descriptor check", &|| {

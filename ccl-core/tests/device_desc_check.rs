@@ -308,3 +308,165 @@ fn a_send_whose_receiver_rejected_it_fails_the_senders_next_call() {
         c.destroy().unwrap();
     }
 }
+
+/// Kernel level (the plan kernel on the emulated device, one receiving lane): a poison that
+/// arrives after the lane's first message, when descriptors are no longer compared, is still
+/// seen (through the tail's poison bit): the kernel stops with the poison in its check
+/// record instead of consuming it as data and waiting for a message that never comes.
+#[test]
+fn a_poison_after_the_first_message_stops_the_receiving_kernel() {
+    use kernels::ffi::{
+        ccl_check_record_offset, ccl_dev_conn_t, ccl_dev_lane_t, ccl_dev_plan_t, ccl_dev_step_t,
+        CCL_CHECK_BYTES, CCL_DESC_POISON_MARK, CCL_DESC_WORDS, CCL_MAX_BUFS, CCL_PROTO_SIMPLE,
+        CCL_STALL_NONE, CCL_STEP_RECV,
+    };
+    std::env::set_var("CCLD_DEVICE_EMULATION", "1");
+    let d = emu::global();
+    const SLOT: usize = 256;
+    const NSLOTS: usize = 4;
+    const STEPS: usize = 3;
+    let dev = |bytes: usize| {
+        let p = d.malloc(bytes).unwrap();
+        // SAFETY: p has `bytes` bytes.
+        unsafe { d.memset(p, 0, bytes).unwrap() };
+        p
+    };
+    let put = |dst: usize, src: &[u8]| {
+        // SAFETY: each destination block below has at least the source's length.
+        unsafe { d.memcpy(dst, src.as_ptr() as usize, src.len()).unwrap() }
+    };
+    let words = |w: &[u64]| -> Vec<u8> { w.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    let (slots, ctr, descs, out) = (
+        dev(SLOT * NSLOTS),
+        dev(24),
+        dev(NSLOTS * 24),
+        dev(STEPS * SLOT),
+    );
+    let check = d.host_alloc_mapped(CCL_CHECK_BYTES).unwrap();
+    let abort = d.host_alloc_mapped(64).unwrap();
+    let want: [u64; CCL_DESC_WORDS] = [0x11, 0x22, 0x33];
+    // Message 0: data and the operation's descriptor; message 1: a poison from rank 5.
+    put(slots, &[7u8; SLOT]);
+    put(descs, &words(&want));
+    put(
+        descs + 24,
+        &words(&[!0, (CCL_DESC_POISON_MARK << 56) | 5, 0]),
+    );
+    put(ctr, &words(&[2 | (1u64 << 63)]));
+    let steps: Vec<ccl_dev_step_t> = (0..STEPS)
+        .map(|i| ccl_dev_step_t {
+            kind: CCL_STEP_RECV,
+            src_buf: 0,
+            dst_buf: 0,
+            reserved: 0,
+            src_off: 0,
+            dst_off: (i * SLOT / 4) as u64,
+            count: (SLOT / 4) as u64,
+        })
+        .collect();
+    let lane = ccl_dev_lane_t {
+        channel: 0,
+        first_step: 0,
+        n_steps: STEPS as u32,
+        conn_in: 0,
+        conn_out: -1,
+        flags: 0,
+    };
+    let conn = ccl_dev_conn_t {
+        slots: slots as *mut _,
+        tail: ctr as *mut u64,
+        head: (ctr + 8) as *mut u64,
+        slot_bytes: SLOT as u64,
+        nslots: NSLOTS as u32,
+        ll_sync: 0,
+        descs: descs as *mut u64,
+    };
+    let arrays = dev(4096);
+    let bytes_of = |p: *const u8, n: usize| {
+        // SAFETY: p points to n readable bytes (a live vector or struct below).
+        unsafe { std::slice::from_raw_parts(p, n) }.to_vec()
+    };
+    let ssz = std::mem::size_of::<ccl_dev_step_t>() * STEPS;
+    put(arrays, &bytes_of(steps.as_ptr().cast(), ssz));
+    put(
+        arrays + 1024,
+        &bytes_of(
+            (&lane as *const ccl_dev_lane_t).cast(),
+            std::mem::size_of_val(&lane),
+        ),
+    );
+    put(
+        arrays + 2048,
+        &bytes_of(
+            (&conn as *const ccl_dev_conn_t).cast(),
+            std::mem::size_of_val(&conn),
+        ),
+    );
+    let mut desc = [[0u64; CCL_DESC_WORDS]; CCL_MAX_BUFS];
+    desc[0] = want;
+    let mut bufs = [std::ptr::null_mut(); CCL_MAX_BUFS];
+    bufs[0] = out as *mut _;
+    let plan = ccl_dev_plan_t {
+        n_channels: 1,
+        n_lanes: 1,
+        n_locals: 0,
+        n_steps: STEPS as u32,
+        n_conns: 1,
+        unit: 4,
+        dtype: 0,
+        op: 0,
+        reduce: 0,
+        avg_divisor: 0,
+        scalar_bits: 0,
+        scalar_dev: std::ptr::null(),
+        steps: arrays as *const _,
+        lanes: (arrays + 1024) as *const _,
+        locals: std::ptr::null(),
+        conns: (arrays + 2048) as *const _,
+        bufs,
+        frame: std::ptr::null_mut(),
+        frame_capacity: 0,
+        frame_block: 0,
+        proto: CCL_PROTO_SIMPLE,
+        reserved: 0,
+        abort_flag: abort.dev as *const u32,
+        throttle_gap_ns: 0,
+        stall_channel: CCL_STALL_NONE,
+        stall_after: 0,
+        check: check.dev as *mut u64,
+        rank: 1,
+        reserved2: 0,
+        desc,
+    };
+    let s = d.stream_create().unwrap();
+    // SAFETY: every array, buffer, FIFO and area above lives until the end of the test,
+    // after the stream went idle.
+    unsafe { d.launch_plan(&plan, s).unwrap() };
+    let t0 = Instant::now();
+    while !d.stream_query(s).unwrap() {
+        if t0.elapsed() > Duration::from_secs(5) {
+            // SAFETY: the abort flag is a live mapped word.
+            unsafe { std::ptr::write_volatile(abort.host as *mut u32, 1) };
+            while !d.stream_query(s).unwrap() {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            panic!("the kernel consumed the poison as data and waited for a third message");
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let rd = |addr: usize| {
+        // SAFETY: addr is a word of the live mapped check area or emulated FIFO counters.
+        unsafe { std::ptr::read_volatile(addr as *const u64) }
+    };
+    assert_eq!(rd(check.host), 1, "stop word");
+    let rec = check.host + ccl_check_record_offset(0);
+    assert_eq!(rd(rec), 1, "channel 0's record");
+    let got1 = rd(rec + 8 * 3);
+    assert_eq!(got1 >> 56, CCL_DESC_POISON_MARK, "got {got1:#x}");
+    assert_eq!(got1 & 0xff_ffff, 5, "the poisoning rank");
+    let mut first = vec![0u8; SLOT];
+    // SAFETY: `out` has STEPS * SLOT bytes; the kernel finished.
+    unsafe { d.memcpy(first.as_mut_ptr() as usize, out, SLOT).unwrap() };
+    assert_eq!(first, vec![7u8; SLOT], "message 0 was received");
+    assert_eq!(rd(ctr + 8), 1, "head: the poison was not consumed");
+}

@@ -181,21 +181,30 @@ typedef struct ccl_dev_conn {
   uint64_t *descs;
 } ccl_dev_conn_t;
 
-/* The descriptor check. Every message carries the descriptor of the operation it belongs
- * to (ccl_core::desc: sequence number, kind, datatype, op, count, root; for Send/Recv the
- * pair's sequence number): the sender stores ccl_dev_plan_t.desc[step's src_buf] into the
- * slot's descriptor words before the data (so before the fence that precedes the tail
- * store); the receiver, once the message is there (SIMPLE: tail observed, then a fence;
- * LL: the flags, and for a mismatch also the tail), compares them with desc[dst_buf]. On a
- * mismatch thread 0 of the block fills its channel's record in the check area and sets the
- * area's stop word; every block of the communicator's kernels then stops (the stop word
- * counts as an abort) and, before it returns, sends a poison descriptor
- * (CCL_DESC_POISON_MARK, the sender's rank) as the next message on each of its outbound
- * connections, so that the peers waiting for it fail too instead of hanging.
+/* The descriptor check. The first message of every lane of an operation carries the
+ * descriptor of the operation (ccl_core::desc: sequence number, kind, datatype, op, count,
+ * root; for Send/Recv the pair's sequence number): the sender stores
+ * ccl_dev_plan_t.desc[step's src_buf] into the slot's descriptor words before the data (so
+ * before the fence that precedes the tail store); the receiver, once its lane's first
+ * message is there (SIMPLE: tail observed, then a fence; LL: the flags, and for a mismatch
+ * also the tail), compares them with desc[dst_buf]. Later messages of the lane carry no
+ * descriptor and are not compared: equal descriptors mean equal schedules on both sides
+ * (the plan is a function of the descriptor, the rank count and the tuning agreed at
+ * init), so a skipped operation, another collective, count, type, op or root always shows
+ * in a first message (its sequence number or fields differ; a slot's stale descriptor
+ * belongs to an earlier operation and never equals the wanted one). On a mismatch thread 0
+ * of the block fills its channel's record in the check area and sets the area's stop
+ * word; every block of the communicator's kernels then stops (the stop word counts as an
+ * abort) and, before it returns, sends a poison descriptor (CCL_DESC_POISON_MARK, the
+ * sender's rank) as the next message on each of its outbound connections, with
+ * CCL_TAIL_POISON set in that tail store: the receiver sees the bit in the tail it reads
+ * anyway, at any message, and fails too instead of hanging or consuming the poison as
+ * data.
  * Check area (mapped host memory, CCL_CHECK_BYTES): word 0 = stop; the record of channel c
  * at byte CCL_CHECK_RECORD_OFFSET(c) = {1, connection index, got[3], want[3]}. */
 #define CCL_DESC_WORDS 3
 #define CCL_DESC_POISON_MARK 0xBDull
+#define CCL_TAIL_POISON (1ull << 63)
 #define CCL_CHECK_RECORD_OFFSET(c) (64u + 64u * (uint64_t)(c))
 #define CCL_CHECK_BYTES CCL_CHECK_RECORD_OFFSET(CCL_MAX_CHANNELS)
 

@@ -452,7 +452,11 @@ __device__ inline bool check_stopped(const ccl_dev_plan_t &p) {
 // The abort flag (mapped host memory the host sets; NULL: never aborts), or the check's
 // stop word.
 __device__ inline bool abort_requested(const ccl_dev_plan_t &p) {
-  return (p.abort_flag && ccl_ld32(p.abort_flag) != 0) || check_stopped(p);
+  // Both words are mapped host memory, where every read crosses the bus: issue both loads
+  // before using either, so that they overlap (one round trip, not two in a row).
+  uint32_t a = p.abort_flag ? ccl_ld32(p.abort_flag) : 0u;
+  uint64_t s = p.check ? ccl_ld64(p.check) : 0u;
+  return a != 0u || s != 0u;
 }
 
 __device__ inline bool step_sends(uint32_t k) {
@@ -486,7 +490,12 @@ struct LaneState {
   uint64_t posted;   // messages this lane has sent on conn_out (its tail)
   uint64_t consumed; // messages this lane has consumed on conn_in (its head)
   uint32_t synced;   // LL: the receiver acknowledged conn_out's scrub (or none was needed)
+  uint32_t checked;  // descriptor check: CHECKED_IN first receive verified, CHECKED_OUT
+                     // first send's descriptor written (see ccl_device.h)
 };
+
+#define CHECKED_IN 1u
+#define CHECKED_OUT 2u
 
 // ---------------------------------------------------------------------------------------
 // LL protocol (CCL_PROTO_LL, see ccl_device.h): 16-byte lines {data0, flag0, data1, flag1}
@@ -558,6 +567,14 @@ __device__ void ll_scrub_block(const ccl_dev_conn_t &c) {
 // The descriptor check (see CCL_DESC_WORDS in ccl_device.h); thread 0 only
 // ---------------------------------------------------------------------------------------
 
+// Messages posted according to a tail value (without CCL_TAIL_POISON).
+__device__ inline uint64_t tail_count(uint64_t t) { return t & ~CCL_TAIL_POISON; }
+
+// A tail value read by a receiver about to consume message k: message k is the poison.
+__device__ inline bool poison_next(uint64_t t, uint64_t k) {
+  return (t & CCL_TAIL_POISON) != 0 && tail_count(t) == k + 1;
+}
+
 __device__ inline uint64_t *desc_slot(const ccl_dev_conn_t &c, uint64_t k) {
   return c.descs + (k % c.nslots) * CCL_DESC_WORDS;
 }
@@ -587,7 +604,7 @@ __device__ inline int desc_verdict(const ccl_dev_conn_t &c, uint64_t k, const ui
   desc_read(c, k, got);
   if (desc_equal(got, want)) return 0;
   if (ll) {
-    if (vload(c.tail) <= k) return 1;
+    if (tail_count(vload(c.tail)) <= k) return 1;
     __threadfence_system();
     desc_read(c, k, got);
     if (desc_equal(got, want)) return 0;
@@ -615,13 +632,13 @@ __device__ inline bool poison_waits(const ccl_dev_conn_t &c, uint64_t k) {
   return c.descs && ccl_ld64(&desc_slot(c, k)[1]) >> 56 == CCL_DESC_POISON_MARK;
 }
 
-// The poison descriptor as message k on c (the tail after a fence makes it visible in both
-// protocols; see desc_verdict).
+// The poison descriptor as message k on c, and the tail with CCL_TAIL_POISON (after a
+// fence: the receiver that sees the bit also sees the descriptor, in both protocols).
 __device__ void poison_conn(const ccl_dev_plan_t &p, const ccl_dev_conn_t &c, uint64_t k) {
   uint64_t w[CCL_DESC_WORDS] = {~0ull, (CCL_DESC_POISON_MARK << 56) | p.rank, 0};
   desc_write(c, k, w);
   __threadfence_system();
-  vstore(c.tail, k + 1);
+  vstore(c.tail, (k + 1) | CCL_TAIL_POISON);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -712,9 +729,10 @@ __global__ void __launch_bounds__(CCL_THREADS) ccl_plan_kernel(ccl_dev_plan_t p)
       if (ln.channel != ch || ln.n_steps == 0) continue;
       st[k].lane = i;
       st[k].pos = 0;
-      st[k].posted = ln.conn_out >= 0 ? vload(p.conns[ln.conn_out].tail) : 0;
+      st[k].posted = ln.conn_out >= 0 ? tail_count(vload(p.conns[ln.conn_out].tail)) : 0;
       st[k].consumed = ln.conn_in >= 0 ? vload(p.conns[ln.conn_in].head) : 0;
       st[k].synced = !ll || ln.conn_out < 0 || p.conns[ln.conn_out].ll_sync == 0;
+      st[k].checked = 0;
       k++;
     }
     n_mine = k;
@@ -761,6 +779,8 @@ __global__ void __launch_bounds__(CCL_THREADS) ccl_plan_kernel(ccl_dev_plan_t p)
       // Find a lane whose next step can run, starting after the last one served.
       d.go = -1;
       bool up = false, down = false;
+      // The chosen lane's inbound tail as read below (0: not read): carries the poison bit.
+      uint64_t tail_seen = 0;
       for (uint32_t t = 0; t < n_mine; t++) {
         uint32_t k = (cursor + t) % n_mine;
         LaneState &s = st[k];
@@ -771,20 +791,26 @@ __global__ void __launch_bounds__(CCL_THREADS) ccl_plan_kernel(ccl_dev_plan_t p)
           continue;
         }
         uint32_t kind = p.steps[ln.first_step + s.pos].kind;
+        tail_seen = 0;
         if (step_recvs(kind)) {
           const ccl_dev_conn_t &ci = p.conns[ln.conn_in];
           if (ll) {
             // Peek the flags of the slot's first line instead of tail (or the tail: a
             // poison message has no lines).
             const uint64_t *l0 = ll_slot(ci, s.consumed);
-            if (!ll_line_has(ccl_ld64(&l0[0]), ccl_ld64(&l0[1]), ll_flag(s.consumed + 1)) &&
-                !(p.check && ci.descs && vload(ci.tail) > s.consumed)) {
+            if (!ll_line_has(ccl_ld64(&l0[0]), ccl_ld64(&l0[1]), ll_flag(s.consumed + 1))) {
+              if (p.check && ci.descs) tail_seen = vload(ci.tail);
+              if (tail_count(tail_seen) <= s.consumed) {
+                up = true;
+                continue;
+              }
+            }
+          } else {
+            tail_seen = vload(ci.tail);
+            if (tail_count(tail_seen) <= s.consumed) {
               up = true;
               continue;
             }
-          } else if (vload(ci.tail) <= s.consumed) {
-            up = true;
-            continue;
           }
         }
         bool throttled = false;
@@ -832,11 +858,14 @@ __global__ void __launch_bounds__(CCL_THREADS) ccl_plan_kernel(ccl_dev_plan_t p)
         // Acquire: the data behind the observed tail/head is visible after this fence.
         __threadfence_system();
         if (p.check) {
-          // The descriptor check of the chosen step (see CCL_DESC_WORDS).
+          // The descriptor check of the chosen step (see CCL_DESC_WORDS): the lane's first
+          // receive of the operation is verified, later ones only for the poison bit of
+          // the tail already read; the first send carries the descriptor.
           LaneState &s = st[d.go];
           const ccl_dev_lane_t &ln = p.lanes[s.lane];
           const ccl_dev_step_t &stp = p.steps[ln.first_step + s.pos];
-          if (step_recvs(stp.kind) && p.conns[ln.conn_in].descs) {
+          if (step_recvs(stp.kind) && p.conns[ln.conn_in].descs &&
+              (!(s.checked & CHECKED_IN) || poison_next(tail_seen, s.consumed))) {
             uint64_t got[CCL_DESC_WORDS];
             const uint64_t *want = p.desc[stp.dst_buf % CCL_MAX_BUFS];
             int v = desc_verdict(p.conns[ln.conn_in], s.consumed, want, ll, got);
@@ -845,9 +874,13 @@ __global__ void __launch_bounds__(CCL_THREADS) ccl_plan_kernel(ccl_dev_plan_t p)
               d.stop = 1;
             }
             if (v != 0) d.go = -1;
+            else s.checked |= CHECKED_IN;
           }
-          if (d.go >= 0 && step_sends(stp.kind) && p.conns[ln.conn_out].descs)
+          if (d.go >= 0 && step_sends(stp.kind) && p.conns[ln.conn_out].descs &&
+              !(s.checked & CHECKED_OUT)) {
             desc_write(p.conns[ln.conn_out], s.posted, p.desc[stp.src_buf % CCL_MAX_BUFS]);
+            s.checked |= CHECKED_OUT;
+          }
         }
       }
       if (d.go < 0) {
