@@ -40,9 +40,7 @@ use ccl_core::device::api::{DeviceApi, Stream};
 use ccl_core::device::runtime::device_api;
 use ccl_core::{CollArgs, Comm, CommConfig, DataType};
 use ccl_optype::CollKind;
-use kernels::ffi::{
-    ccl_dev_plan_t, CCL_DESC_WORDS, CCL_MAX_BUFS, CCL_PROTO_SIMPLE, CCL_STALL_NONE,
-};
+use kernels::ffi::ccl_dev_plan_t;
 
 /// One item of part A's stream work.
 type Item<'a> = dyn FnMut() -> Result<(), String> + 'a;
@@ -91,42 +89,6 @@ fn parse_args() -> Opts {
     o
 }
 
-/// An empty plan: one block, no lanes, no local steps (the kernel starts and returns).
-fn empty_plan() -> ccl_dev_plan_t {
-    ccl_dev_plan_t {
-        n_channels: 1,
-        n_lanes: 0,
-        n_locals: 0,
-        n_steps: 0,
-        n_conns: 0,
-        unit: 4,
-        dtype: 0,
-        op: 0,
-        reduce: 0,
-        avg_divisor: 0,
-        scalar_bits: 0,
-        scalar_dev: std::ptr::null(),
-        steps: std::ptr::null(),
-        lanes: std::ptr::null(),
-        locals: std::ptr::null(),
-        conns: std::ptr::null(),
-        bufs: [std::ptr::null_mut(); CCL_MAX_BUFS],
-        frame: std::ptr::null_mut(),
-        frame_capacity: 0,
-        frame_block: 0,
-        proto: CCL_PROTO_SIMPLE,
-        reserved: 0,
-        abort_flag: std::ptr::null(),
-        throttle_gap_ns: 0,
-        stall_channel: CCL_STALL_NONE,
-        stall_after: 0,
-        check: std::ptr::null_mut(),
-        rank: 0,
-        reserved2: 0,
-        desc: [[0; CCL_DESC_WORDS]; CCL_MAX_BUFS],
-    }
-}
-
 /// Microseconds per item of `iters` items enqueued by `one` on `s`, then a synchronize.
 fn per_item(
     api: &dyn DeviceApi,
@@ -148,7 +110,7 @@ fn raw_costs(api: &Arc<dyn DeviceApi>, iters: usize) -> Result<(), String> {
     let s = api.stream_create().map_err(|e| e.to_string())?;
     let a = api.malloc(64).map_err(|e| e.to_string())?;
     let b = api.malloc(64).map_err(|e| e.to_string())?;
-    let plan = empty_plan();
+    let plan = ccl_dev_plan_t::idle();
     let host_fn = |api: &Arc<dyn DeviceApi>| {
         api.launch_host_fn(s, Box::new(|| {}))
             .map_err(|e| e.to_string())

@@ -26,7 +26,7 @@ use ccl_core::types::ResultCode;
 use ccl_core::{group_end, group_start, CollArgs, Comm, CommConfig, DataType, UniqueId};
 use ccl_optype::CollKind;
 use common::procs::{spawn_ranks, wait_all};
-use common::{hex, unhex, SUM};
+use common::{hex, settled_op, unhex, SUM};
 
 const ENV_UID: &str = "CCLD_LIVE_UID";
 const ENV_RANK: &str = "CCLD_LIVE_RANK";
@@ -467,10 +467,12 @@ fn sigkill_of_a_device_rank_fails_the_survivors_within_the_bound() {
     }
 }
 
-/// Blocker 10: no host function gates the kernels; one per operation remains (its
-/// completion), and the probe still records every operation's start and completion.
+/// Blocker 10, then `device::completion`: no host function runs on the stream at all (the
+/// completions are found by polling events; the kernels wait at their start gate instead),
+/// and the probe still records every operation's start and completion, with the counters
+/// of the schedule.
 #[test]
-fn one_host_function_per_operation_and_the_probe_still_sees_every_operation() {
+fn no_host_function_per_operation_and_the_probe_still_sees_every_operation() {
     let cs = comms(2);
     let d = emu::global();
     let count = 1000;
@@ -507,17 +509,14 @@ fn one_host_function_per_operation_and_the_probe_still_sees_every_operation() {
     let fns = emu::host_fns_on_this_thread() - fns0;
     assert_eq!(kernels, 2 * ops);
     assert_eq!(
-        fns, kernels,
-        "host functions per kernel (was 2 before blocker 10)"
+        fns, 0,
+        "host functions on the stream (2 per operation before blocker 10, then 1)"
     );
     assert!(recv.iter().all(|b| f32s(b).iter().all(|x| *x == 3.0)));
     for c in &cs {
         // The op log keeps the last FRAME_BLOCKS operations.
         for k in (ops - probe::FRAME_BLOCKS) as u64..ops as u64 {
-            let o = c
-                .op_log()
-                .get(k)
-                .unwrap_or_else(|| panic!("op {k} not logged"));
+            let o = settled_op(c, k).unwrap_or_else(|| panic!("op {k} not logged"));
             assert_eq!(o.state, probe::OpState::Completed, "op {k}: {o:?}");
         }
         c.destroy().unwrap();
@@ -572,4 +571,110 @@ fn plan_arrays_are_read_from_device_memory_unless_mapped_is_asked() {
         }
     }
     std::env::remove_var("CCLD_DEVICE_PLANS");
+}
+
+/// The start gate (`ccl_dev_plan_t.start_gate`, what replaced the host function between two
+/// kernels): a kernel with a frame waits, before it touches anything, until the gate word
+/// reaches its value; an abort ends the wait; a kernel without a frame does not wait.
+#[test]
+fn a_kernel_waits_at_its_start_gate_until_the_host_opens_it() {
+    use kernels::ffi::{ccl_dev_local_t, ccl_dev_plan_t, CCL_GATE_WORD, CCL_LOCAL_COPY};
+    setup();
+    let d = emu::global();
+    let abort = d.host_alloc_mapped(64).unwrap();
+    let frame = d.host_alloc_mapped(1 << 16).unwrap();
+    let gate = |v: u32| {
+        // SAFETY: the gate word lies in the live mapped abort memory (64 bytes).
+        unsafe { std::ptr::write_volatile((abort.host as *mut u32).add(CCL_GATE_WORD), v) }
+    };
+    let (src, dst) = (d.malloc(256).unwrap(), d.malloc(256).unwrap());
+    let local = d.malloc(64).unwrap();
+    let l = ccl_dev_local_t {
+        kind: CCL_LOCAL_COPY,
+        src_buf: 0,
+        dst_buf: 1,
+        reserved: 0,
+        src_off: 0,
+        dst_off: 0,
+        count: 64,
+    };
+    let read = |p: usize| {
+        let mut v = vec![0u8; 256];
+        // SAFETY: p is a live 256-byte emulated device block.
+        unsafe { d.memcpy(v.as_mut_ptr() as usize, p, 256).unwrap() };
+        v
+    };
+    // SAFETY: the blocks have the sizes written; the plan's arrays, buffers, frame and
+    // abort memory live until the end of the test, after every stream went idle.
+    unsafe {
+        d.memcpy(src, [9u8; 256].as_ptr() as usize, 256).unwrap();
+        d.memset(dst, 0, 256).unwrap();
+        d.memcpy(
+            local,
+            (&l as *const ccl_dev_local_t) as usize,
+            std::mem::size_of_val(&l),
+        )
+        .unwrap();
+    }
+    let mut bufs = [std::ptr::null_mut(); kernels::ffi::CCL_MAX_BUFS];
+    bufs[0] = src as *mut _;
+    bufs[1] = dst as *mut _;
+    let plan = |start_gate: u32, with_frame: bool| ccl_dev_plan_t {
+        n_locals: 1,
+        locals: local as *const _,
+        bufs,
+        frame: if with_frame {
+            frame.dev as *mut u64
+        } else {
+            std::ptr::null_mut()
+        },
+        frame_capacity: 1,
+        abort_flag: abort.dev as *const u32,
+        start_gate,
+        ..ccl_dev_plan_t::idle()
+    };
+    let s = d.stream_create().unwrap();
+    gate(4);
+    // SAFETY: see above.
+    unsafe { d.launch_plan(&plan(5, true), s).unwrap() };
+    std::thread::sleep(Duration::from_millis(150));
+    assert!(
+        !d.stream_query(s).unwrap(),
+        "the kernel ran past a closed gate"
+    );
+    assert_eq!(
+        read(dst),
+        vec![0u8; 256],
+        "nothing was written before the gate opened"
+    );
+    gate(5);
+    assert!(
+        wait_idle(&*d, s, Duration::from_secs(10)),
+        "the open gate did not let it run"
+    );
+    assert_eq!(read(dst), vec![9u8; 256]);
+    // No frame: no wait, whatever the gate says.
+    unsafe { d.memset(dst, 0, 256).unwrap() };
+    // SAFETY: see above.
+    unsafe { d.launch_plan(&plan(100, false), s).unwrap() };
+    assert!(
+        wait_idle(&*d, s, Duration::from_secs(10)),
+        "a kernel without frame waited"
+    );
+    assert_eq!(read(dst), vec![9u8; 256]);
+    // A closed gate and an abort: the kernel ends without touching anything. Wrapping
+    // comparison: u32::MAX is "before" 1.
+    gate(u32::MAX);
+    unsafe { d.memset(dst, 0, 256).unwrap() };
+    // SAFETY: see above.
+    unsafe { d.launch_plan(&plan(1, true), s).unwrap() };
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(!d.stream_query(s).unwrap(), "u32::MAX must not pass gate 1");
+    // SAFETY: the abort flag is the first word of the live mapped abort memory.
+    unsafe { std::ptr::write_volatile(abort.host as *mut u32, 1) };
+    assert!(
+        wait_idle(&*d, s, Duration::from_secs(10)),
+        "abort did not end the wait"
+    );
+    assert_eq!(read(dst), vec![0u8; 256], "an aborted kernel wrote");
 }

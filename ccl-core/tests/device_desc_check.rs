@@ -317,8 +317,7 @@ fn a_send_whose_receiver_rejected_it_fails_the_senders_next_call() {
 fn a_poison_after_the_first_message_stops_the_receiving_kernel() {
     use kernels::ffi::{
         ccl_check_record_offset, ccl_dev_conn_t, ccl_dev_lane_t, ccl_dev_plan_t, ccl_dev_step_t,
-        CCL_CHECK_BYTES, CCL_DESC_POISON_MARK, CCL_DESC_WORDS, CCL_MAX_BUFS, CCL_PROTO_SIMPLE,
-        CCL_STALL_NONE, CCL_STEP_RECV,
+        CCL_CHECK_BYTES, CCL_DESC_POISON_MARK, CCL_DESC_WORDS, CCL_MAX_BUFS, CCL_STEP_RECV,
     };
     std::env::set_var("CCLD_DEVICE_EMULATION", "1");
     let d = emu::global();
@@ -407,36 +406,18 @@ fn a_poison_after_the_first_message_stops_the_receiving_kernel() {
     let mut bufs = [std::ptr::null_mut(); CCL_MAX_BUFS];
     bufs[0] = out as *mut _;
     let plan = ccl_dev_plan_t {
-        n_channels: 1,
         n_lanes: 1,
-        n_locals: 0,
         n_steps: STEPS as u32,
         n_conns: 1,
-        unit: 4,
-        dtype: 0,
-        op: 0,
-        reduce: 0,
-        avg_divisor: 0,
-        scalar_bits: 0,
-        scalar_dev: std::ptr::null(),
         steps: arrays as *const _,
         lanes: (arrays + 1024) as *const _,
-        locals: std::ptr::null(),
         conns: (arrays + 2048) as *const _,
         bufs,
-        frame: std::ptr::null_mut(),
-        frame_capacity: 0,
-        frame_block: 0,
-        proto: CCL_PROTO_SIMPLE,
-        reserved: 0,
         abort_flag: abort.dev as *const u32,
-        throttle_gap_ns: 0,
-        stall_channel: CCL_STALL_NONE,
-        stall_after: 0,
         check: check.dev as *mut u64,
         rank: 1,
-        reserved2: 0,
         desc,
+        ..ccl_dev_plan_t::idle()
     };
     let s = d.stream_create().unwrap();
     // SAFETY: every array, buffer, FIFO and area above lives until the end of the test,

@@ -205,6 +205,8 @@ typedef struct ccl_dev_conn {
 #define CCL_DESC_WORDS 3
 #define CCL_DESC_POISON_MARK 0xBDull
 #define CCL_TAIL_POISON (1ull << 63)
+/* The start gate's 32-bit word in the abort flag's memory (see ccl_dev_plan_t.start_gate). */
+#define CCL_GATE_WORD 2
 #define CCL_CHECK_RECORD_OFFSET(c) (64u + 64u * (uint64_t)(c))
 #define CCL_CHECK_BYTES CCL_CHECK_RECORD_OFFSET(CCL_MAX_CHANNELS)
 
@@ -263,7 +265,8 @@ typedef struct ccl_dev_plan {
   uint32_t proto; /* CCL_PROTO_* */
   uint32_t reserved;
   /* Mapped host memory the host sets non-zero to make the kernel give up (ncclCommAbort);
-   * NULL: never aborts. */
+   * NULL: never aborts. Word CCL_GATE_WORD of the same memory is the start gate (see
+   * start_gate): with a frame, abort_flag points to at least (CCL_GATE_WORD + 1) words. */
   const uint32_t *abort_flag;
   /* Injected faults (CCLD_INJECT; the host backend's rules). Throttle: a send of a lane
    * flagged CCL_LANE_THROTTLED starts at least throttle_gap_ns after the previous such send
@@ -279,7 +282,12 @@ typedef struct ccl_dev_plan {
    * a Send/Recv group's per call). */
   uint64_t *check;
   uint32_t rank;
-  uint32_t reserved2;
+  /* The start gate: with a frame and an abort flag, every block waits, before it does
+   * anything, until abort_flag[CCL_GATE_WORD] - start_gate (32-bit, wrapping) is >= 0, or
+   * an abort. The host stores the gate word after it prepared the operation's frame block
+   * (ccl_core::device::completion): the frame words the kernel writes are then never
+   * cleared behind it, although no host function runs between two kernels. */
+  uint32_t start_gate;
   uint64_t desc[CCL_MAX_BUFS][CCL_DESC_WORDS];
 } ccl_dev_plan_t;
 

@@ -449,6 +449,12 @@ __device__ inline bool check_stopped(const ccl_dev_plan_t &p) {
   return p.check && ccl_ld64(p.check) != 0;
 }
 
+// The start gate is open (or there is none: no frame or no abort flag's memory).
+__device__ inline bool gate_open(const ccl_dev_plan_t &p) {
+  if (!p.frame || !p.abort_flag) return true;
+  return (int32_t)(ccl_ld32(p.abort_flag + CCL_GATE_WORD) - p.start_gate) >= 0;
+}
+
 // The abort flag (mapped host memory the host sets; NULL: never aborts), or the check's
 // stop word.
 __device__ inline bool abort_requested(const ccl_dev_plan_t &p) {
@@ -684,7 +690,24 @@ __global__ void __launch_bounds__(CCL_THREADS) ccl_plan_kernel(ccl_dev_plan_t p)
   if (p.scalar_dev) memcpy(&c.scalar_bits, p.scalar_dev, p.unit <= 8 ? p.unit : 8);
   // An aborted communicator's kernel touches nothing: its peers may have freed the FIFOs
   // it would read (ncclCommAbort of every rank).
-  if (threadIdx.x == 0) sh.dec[0].stop = abort_requested(p) ? 1u : 0u;
+  // The start gate (ccl_dev_plan_t.start_gate): the host prepares the frame block this
+  // kernel writes, then opens the gate.
+  if (threadIdx.x == 0) {
+    for (;;) {
+      bool open = gate_open(p);
+      if (abort_requested(p)) {
+        sh.dec[0].stop = 1u;
+        break;
+      }
+      if (open) {
+        sh.dec[0].stop = 0u;
+        break;
+      }
+#if !CCL_PLATFORM_HIP && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 700)
+      __nanosleep(200);
+#endif
+    }
+  }
   __syncthreads();
   if (sh.dec[0].stop) return;
 

@@ -241,15 +241,57 @@ pub struct ccl_dev_plan_t {
     /// The check area (`CCL_CHECK_BYTES` of mapped memory), null: no descriptor check.
     pub check: *mut u64,
     pub rank: u32,
-    pub reserved2: u32,
+    /// The start gate (`CCL_GATE_WORD`), see ccl_device.h.
+    pub start_gate: u32,
     /// The descriptor of each buffer index.
     pub desc: [[u64; CCL_DESC_WORDS]; CCL_MAX_BUFS],
+}
+
+impl ccl_dev_plan_t {
+    /// A plan with nothing to do: one channel, 4-byte units, Simple, no arrays, buffers,
+    /// frame, abort flag, check or fault (a base for plans built field by field).
+    pub fn idle() -> Self {
+        ccl_dev_plan_t {
+            n_channels: 1,
+            n_lanes: 0,
+            n_locals: 0,
+            n_steps: 0,
+            n_conns: 0,
+            unit: 4,
+            dtype: 0,
+            op: 0,
+            reduce: 0,
+            avg_divisor: 0,
+            scalar_bits: 0,
+            scalar_dev: std::ptr::null(),
+            steps: std::ptr::null(),
+            lanes: std::ptr::null(),
+            locals: std::ptr::null(),
+            conns: std::ptr::null(),
+            bufs: [std::ptr::null_mut(); CCL_MAX_BUFS],
+            frame: std::ptr::null_mut(),
+            frame_capacity: 0,
+            frame_block: 0,
+            proto: CCL_PROTO_SIMPLE,
+            reserved: 0,
+            abort_flag: std::ptr::null(),
+            throttle_gap_ns: 0,
+            stall_channel: CCL_STALL_NONE,
+            stall_after: 0,
+            check: std::ptr::null_mut(),
+            rank: 0,
+            start_gate: 0,
+            desc: [[0; CCL_DESC_WORDS]; CCL_MAX_BUFS],
+        }
+    }
 }
 
 /// `CCL_DESC_WORDS`: words of one message descriptor.
 pub const CCL_DESC_WORDS: usize = 3;
 /// `CCL_DESC_POISON_MARK`: top byte of descriptor word 1 in a poison message.
 pub const CCL_DESC_POISON_MARK: u64 = 0xBD;
+/// `CCL_GATE_WORD`: the start gate's 32-bit word index in the abort flag's memory.
+pub const CCL_GATE_WORD: usize = 2;
 /// `CCL_CHECK_RECORD_OFFSET(c)`: byte offset of channel `c`'s mismatch record.
 pub const fn ccl_check_record_offset(c: usize) -> usize {
     64 + 64 * c

@@ -388,6 +388,7 @@ fn constants_match_the_header() {
             CCL_MAX_LANES_PER_CHANNEL as i64,
         ),
         ("CCL_MAX_CHANNELS", CCL_MAX_CHANNELS as i64),
+        ("CCL_GATE_WORD", CCL_GATE_WORD as i64),
         ("CCL_IPC_HANDLE_BYTES", CCL_IPC_HANDLE_BYTES as i64),
         ("CCL_PTR_HOST", CCL_PTR_HOST.into()),
         ("CCL_PTR_DEVICE", CCL_PTR_DEVICE.into()),

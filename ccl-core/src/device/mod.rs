@@ -12,6 +12,7 @@ pub mod api;
 pub mod board;
 pub mod capture;
 pub mod check;
+pub(crate) mod completion;
 pub mod emu;
 pub mod emu_kernel;
 pub mod liveness;

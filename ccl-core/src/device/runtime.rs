@@ -53,6 +53,7 @@ use probe::{Frame, OpLog};
 
 use super::api::{CudaApi, DeviceApi, IpcHandle, Mapped, PtrInfo, PtrKind, Stream};
 use super::board::Board;
+use super::completion::Completions;
 use super::liveness::{local_peers, Watch, WatchCfg};
 use super::lower::{
     apply_fault, byte_copies, halved, lower, red_params, ByteCopy, ConnDir, ConnKey, FaultFields,
@@ -111,6 +112,8 @@ fn descs_off(t: &Tuning) -> usize {
 /// Offset of the check area ([`kernels::ffi::CCL_CHECK_BYTES`]) in the abort memory (the
 /// abort flag's cache line comes first).
 const CHECK_OFF: usize = 64;
+/// Offset of the start gate's word in the abort memory (`CCL_GATE_WORD`, ccl_device.h).
+const GATE_OFF: usize = 4 * kernels::ffi::CCL_GATE_WORD;
 /// Source of the zeroed FIFO counters.
 static ZEROS: [u8; SLOTS_OFF] = [0; SLOTS_OFF];
 /// Plan shapes whose arrays stay uploaded per communicator.
@@ -369,6 +372,8 @@ pub(crate) struct DeviceComm {
     order: Order,
     /// Kernel faults and dead peers (blocker 8).
     watch: Watch,
+    /// Completions of enqueued operations, run when their events complete (`completion`).
+    completions: Completions,
     /// Operation starts handed from the enqueue to the previous completion (blocker 10).
     starts: Arc<Starts>,
     /// Where kernels read plan arrays (`CCLD_DEVICE_PLANS`, blocker 9).
@@ -408,9 +413,9 @@ impl DeviceComm {
             }
             st.closed = true;
         }
-        // After a kernel fault the completion functions never run (CUDA skips host
-        // functions once the context faulted): wait briefly only.
-        // The watch may not have looked yet: the ordering event tells the same at once.
+        // After a kernel fault or a dead peer the kernels end within milliseconds (their
+        // completions run with the fault): wait briefly only. The watch may not have
+        // looked yet: the ordering event tells the same at once.
         let failed =
             self.watch.error().is_some() || self.api.event_query(self.order.event()).is_err();
         let limit = if failed {
@@ -420,6 +425,11 @@ impl DeviceComm {
         };
         let drained = self.inflight.wait_zero(limit);
         self.watch.stop();
+        if drained {
+            // Nothing is queued: stops the thread (undrained, the queue lives on with the
+            // leaked memory its completions read, until the communicator is dropped).
+            self.completions.stop();
+        }
         if !drained {
             tracing::warn!(target: "nccl::INIT", rank = self.rank,
                 "comm {:#018x}: operations still enqueued after {limit:?}; leaking their device memory",

@@ -235,7 +235,7 @@ pub fn run_case_proto(
             }
         }
     }
-    let abort = a.mapped(8)?;
+    let abort = a.mapped(64)?;
     let mut sendbufs = Vec::new();
     let mut recvbufs = Vec::new();
     let mut frames = Vec::new();
@@ -294,7 +294,7 @@ pub fn run_case_proto(
             stall_after: 0,
             check: std::ptr::null_mut(),
             rank: r as u32,
-            reserved2: 0,
+            start_gate: 0,
             desc: [[0; k::CCL_DESC_WORDS]; k::CCL_MAX_BUFS],
         });
     }
@@ -323,7 +323,7 @@ pub fn run_case_proto(
                 dev(q, "kernel")?;
             }
             if Instant::now() > deadline {
-                // SAFETY: abort.0 is mapped host memory of 8 bytes owned by `a`; the kernel
+                // SAFETY: abort.0 is mapped host memory of 64 bytes (the flag, then the start gate) owned by `a`; the kernel
                 // only reads it.
                 unsafe { std::ptr::write_volatile(abort.0.cast::<u32>(), 1) };
                 for s in &a.streams {

@@ -412,10 +412,7 @@ pub fn check_probe(
             ));
         }
     }
-    let snap = comm
-        .op_log()
-        .get(counter)
-        .ok_or_else(|| format!("op log has no op {counter}"))?;
+    let snap = settled_op(comm, counter).ok_or_else(|| format!("op log has no op {counter}"))?;
     if snap.state != probe::OpState::Completed || snap.end_ns < snap.start_ns {
         return Err(format!("op log entry {snap:?}"));
     }
@@ -427,6 +424,22 @@ pub fn check_probe(
         ));
     }
     Ok(())
+}
+
+/// The op log's entry of operation `counter` once it is no longer in flight (at most 5 s):
+/// on the device backend an operation's completion runs shortly after its stream went
+/// idle (an event polled by the communicator's completion thread, `device::completion`).
+pub fn settled_op(comm: &Comm, counter: u64) -> Option<probe::OpSnapshot> {
+    let t0 = std::time::Instant::now();
+    loop {
+        let snap = comm.op_log().get(counter)?;
+        if snap.state != probe::OpState::InFlight
+            || t0.elapsed() > std::time::Duration::from_secs(5)
+        {
+            return Some(snap);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
 }
 
 /// The reductions tested for `dt`, with raw op values; PreMulSum ops are created on

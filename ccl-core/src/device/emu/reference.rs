@@ -93,6 +93,8 @@ pub(super) struct Kernel {
     frame_capacity: u64,
     frame_block: u64,
     abort: usize,
+    /// `start_gate` (waited for only with a frame and an abort flag).
+    start_gate: u32,
     /// LL protocol (`CCL_PROTO_LL`): flag lines instead of data + `tail`.
     pub(super) ll: bool,
     /// Injected throttle: minimum gap between two sends of throttled lanes of a channel.
@@ -291,6 +293,7 @@ impl Kernel {
             frame_capacity: u64::from(p.frame_capacity),
             frame_block: u64::from(p.frame_block),
             abort: p.abort_flag as usize,
+            start_gate: p.start_gate,
             ll,
             throttle_gap: (p.throttle_gap_ns > 0).then(|| Duration::from_nanos(p.throttle_gap_ns)),
             stall,
@@ -298,6 +301,10 @@ impl Kernel {
     }
 
     pub(super) fn run(self) {
+        // The start gate (ccl_device.h): the host opens it once it prepared the frame block.
+        while !self.gate_open() && !self.aborted() {
+            std::thread::sleep(Duration::from_micros(20));
+        }
         if self.aborted() {
             // An aborted communicator's kernel touches nothing (its peers may have freed
             // the FIFOs it would read).
@@ -319,6 +326,17 @@ impl Kernel {
                 sc.spawn(move || me.channel(ch, &lanes));
             }
         });
+    }
+
+    fn gate_open(&self) -> bool {
+        if self.frame == 0 || self.abort == 0 {
+            return true;
+        }
+        let gate = self.abort + 4 * kernels::ffi::CCL_GATE_WORD;
+        // SAFETY: the gate word lies in the abort flag's mapped memory (at least one cache
+        // line), valid until the kernel finished (launch contract), 4-byte aligned.
+        let g = unsafe { AtomicU32::from_ptr(gate as *mut u32) }.load(Ordering::Acquire);
+        g.wrapping_sub(self.start_gate) as i32 >= 0
     }
 
     fn aborted(&self) -> bool {

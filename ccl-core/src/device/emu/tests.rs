@@ -80,7 +80,7 @@ pub(crate) fn empty_plan() -> ccl_dev_plan_t {
         stall_after: 0,
         check: std::ptr::null_mut(),
         rank: 0,
-        reserved2: 0,
+        start_gate: 0,
         desc: [[0; CCL_DESC_WORDS]; CCL_MAX_BUFS],
     }
 }
@@ -568,7 +568,7 @@ fn a_kernel_waiting_for_a_peer_that_never_comes_ends_on_abort() {
     let lowered = lower(&plan, 2).unwrap();
     let conns: Vec<ccl_dev_conn_t> = lowered.conns.iter().map(|_| conn_mem(&d, 64)).collect();
     let buf = d.malloc(400).unwrap();
-    let abort = d.host_alloc_mapped(4).unwrap();
+    let abort = d.host_alloc_mapped(64).unwrap();
     let mut p = empty_plan();
     p.n_lanes = lowered.lanes.len() as u32;
     p.n_steps = lowered.steps.len() as u32;
@@ -588,7 +588,7 @@ fn a_kernel_waiting_for_a_peer_that_never_comes_ends_on_abort() {
         !wait_idle(&d, s, Duration::from_millis(100)),
         "rank 1 never came"
     );
-    // SAFETY: the flag is 4-byte mapped memory.
+    // SAFETY: the flag is the first word of 64 bytes of mapped memory.
     unsafe { AtomicU32::from_ptr(abort.host as *mut u32) }.store(1, Ordering::Release);
     let t0 = Instant::now();
     assert!(
@@ -884,7 +884,7 @@ fn an_ll_receiver_in_the_middle_of_a_message_ends_on_abort() {
     }
     let steps = byte_steps(CCL_STEP_RECV, 16, 32);
     let dst = d.malloc(16).unwrap();
-    let abort = d.host_alloc_mapped(4).unwrap();
+    let abort = d.host_alloc_mapped(64).unwrap();
     let lane = lane_of(1, 0, -1);
     let mut p = ll_plan(&steps, &lane, &conn, dst);
     p.abort_flag = abort.dev as *const u32;
@@ -892,7 +892,7 @@ fn an_ll_receiver_in_the_middle_of_a_message_ends_on_abort() {
     // SAFETY: arrays live until the stream is idle.
     unsafe { d.launch_plan(&p, s).unwrap() };
     assert!(!wait_idle(&d, s, Duration::from_millis(100)));
-    // SAFETY: the flag is 4-byte mapped memory.
+    // SAFETY: the flag is the first word of 64 bytes of mapped memory.
     unsafe { AtomicU32::from_ptr(abort.host as *mut u32) }.store(1, Ordering::Release);
     assert!(
         wait_idle(&d, s, Duration::from_secs(2)),

@@ -359,6 +359,19 @@ impl DeviceComm {
                 return Err(e);
             }
         };
+        let completions = match Completions::start(
+            Arc::clone(&a.pre.api),
+            a.pre.device,
+            format!("ccl-dev-done-r{rank}"),
+        ) {
+            Ok(c) => c,
+            Err(e) => {
+                watch.stop();
+                let _ = order.destroy();
+                let _ = a.pre.api.stream_destroy(setup);
+                return Err(e);
+            }
+        };
         // CUDA's hardware queues (the emulator has none to share).
         let seat =
             (!a.pre.api.is_emulated()).then(|| crate::device::queues::register(a.pre.device, rank));
@@ -391,6 +404,7 @@ impl DeviceComm {
             proto: a.pre.proto,
             order,
             watch,
+            completions,
             starts: Arc::new(Starts::default()),
             plan_mem,
             _seat: seat,

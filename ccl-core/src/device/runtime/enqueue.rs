@@ -239,6 +239,8 @@ impl DeviceComm {
         if self.state.lock().closed {
             return Err(CclError::usage("communicator was destroyed"));
         }
+        // Completions that are due run first: a failure they find is this call's error.
+        self.completions.poll();
         // A kernel fault or a dead peer broke the communicator (blocker 8).
         if let Some(e) = self.watch.error() {
             return Err(e);
@@ -278,6 +280,8 @@ impl DeviceComm {
     /// The error that broke the communicator on the device (a kernel fault, a dead
     /// peer), for `ncclCommGetAsyncError`.
     pub(crate) fn async_error(&self) -> Option<CclError> {
+        // What completed on the device counts at once, not when the thread looks next.
+        self.completions.poll();
         self.watch.error()
     }
 
@@ -361,7 +365,7 @@ impl DeviceComm {
             stall_after: faults.stall_after,
             check: std::ptr::null_mut(),
             rank: self.rank as u32,
-            reserved2: 0,
+            start_gate: 0,
             desc: [[0; CCL_DESC_WORDS]; CCL_MAX_BUFS],
         };
         for (d, b) in p.bufs.iter_mut().zip(bufs) {
@@ -490,6 +494,8 @@ impl DeviceComm {
                 p.frame_capacity = self.frame.channel_capacity() as u32;
                 p.frame_block = block as u32;
             }
+            // Opened by this operation's start, below (ccl_device.h, start_gate).
+            p.start_gate = gate_value(counter);
         }
         let mut info = crate::op::type_set(item, self.nranks, &plan);
         info.proto = match proto {
@@ -533,6 +539,7 @@ impl DeviceComm {
             let op_log = Arc::clone(&self.op_log);
             let source = self.source.clone();
             let (comm_id, n_ch) = (self.comm_id, plan.n_channels);
+            let gate = self.abort_mem.host + GATE_OFF;
             move || {
                 if probing {
                     // As the operation starts (not at enqueue: the heartbeats' latest
@@ -547,6 +554,12 @@ impl DeviceComm {
                     }
                     op_log.start(counter, &info, probe::now_ns());
                 }
+                // The frame block is ready: the kernel may write it (its start gate).
+                // SAFETY: the gate word lies in the abort memory, mapped host memory that
+                // lives until shutdown, which waits for every operation (and so for every
+                // start) first; 4-byte aligned; the kernels only read it.
+                unsafe { AtomicU32::from_ptr(gate as *mut u32) }
+                    .store(gate_value(counter), Ordering::Release);
             }
         };
         self.inflight.add();
@@ -597,8 +610,14 @@ impl DeviceComm {
                 comm_id: self.comm_id,
                 board: self.board.clone(),
             });
-            // No CUDA call in here (CUDA forbids them in host functions): only host state.
-            move || {
+            // Host state only (it may run on a thread without a device).
+            move |fault: Option<String>| {
+                if let Some(detail) = fault {
+                    watch.fail(
+                        crate::device::liveness::kernel_fault(&detail),
+                        probe::Failure::cause(probe::FailureCause::Internal),
+                    );
+                }
                 if let Some(c) = &check {
                     if let Some((e, f)) = c.failure() {
                         // Once: later completions of the failed communicator find the
@@ -643,9 +662,9 @@ impl DeviceComm {
                 .iter()
                 .try_for_each(|c| unsafe { self.api.memcpy_async(c.dst, c.src, c.bytes, stream) }),
         };
-        // The completion function runs even when the launch failed (it releases memory and
-        // the in-flight count).
-        if let Err(e) = self.api.launch_host_fn(stream, Box::new(after)) {
+        // The completion runs even when the launch failed (it releases memory and the
+        // in-flight count).
+        if let Err(e) = self.completions.push(stream, Box::new(after)) {
             // It will never run (a faulted device): settle its counts here so that destroy
             // does not wait for it and no later start waits for its completion.
             let _ = self.starts.complete();
@@ -663,4 +682,9 @@ enum Work {
     Kernel(Box<ccl_dev_plan_t>),
     /// Byte copies (a plan that only moves bytes, see `byte_copies`).
     Copies(Vec<ByteCopy>),
+}
+
+/// The start gate's value of operation `counter` (`ccl_dev_plan_t.start_gate`; wraps).
+fn gate_value(counter: u64) -> u32 {
+    (counter as u32).wrapping_add(1)
 }
