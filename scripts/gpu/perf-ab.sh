@@ -57,7 +57,8 @@ for t in all_reduce broadcast all_gather; do
       "$out/logs/v_${t}_nvidia.txt" "$out/logs/v_${t}_old.txt" "$out/logs/v_${t}_new.txt"; echo; } >> "$r"
 done
 
-# 2. device_report (this build).
+# 2. device_report: this build (all parts), then the older build's parts A and B (the
+#    latency breakdown) when it has the program.
 if [ "$(left)" -gt 120 ]; then
   timeout -k 3 110 "${dir[new]}/examples/device_report" --iters 2000 --rounds 7 \
     > "$out/logs/report.txt" 2>&1
@@ -65,6 +66,12 @@ if [ "$(left)" -gt 120 ]; then
   { echo; cat "$out/logs/report.txt"; echo; } >> "$r"
 else
   echo "device_report: skipped (budget)" >> "$r"
+fi
+if [ -x "${dir[old]}/examples/device_report" ] && [ "$(left)" -gt 90 ]; then
+  timeout -k 3 40 "${dir[old]}/examples/device_report" --iters 2000 --parts A,B \
+    > "$out/logs/report-old.txt" 2>&1
+  { echo "device_report of the older build, parts A and B: exit $?"; echo
+    cat "$out/logs/report-old.txt"; echo; } >> "$r"
 fi
 
 # 3. Correctness of this build, ranks as threads 1 and 2 (the one-rank copy path included).

@@ -6,7 +6,7 @@
 //! on its stream the event is recorded there ([`Order::mark`]); an operation issued on a
 //! different stream than the previous one first makes its stream wait for the event
 //! ([`Order::join`], `cudaStreamWaitEvent`), so its kernel cannot start before the
-//! previous operation (kernel and completion host function) finished. Operations on one
+//! previous operation (its kernel or copies) finished. Operations on one
 //! stream need no wait: the stream orders them. The same event tells the liveness watch
 //! ([`super::liveness`]) whether the last operation is done or faulted.
 

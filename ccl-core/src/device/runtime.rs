@@ -25,10 +25,12 @@
 //!
 //! An operation: `crate::op::plan_for` -> `device::lower` -> arrays in mapped memory
 //! (cached by plan shape) -> on the user's stream: a wait for the communicator's event when
-//! the previous operation used another stream (`order`), the kernel (its probe start, `begin_op`, expected
-//! counts, `op_log.start`, runs at enqueue or in the previous completion, `starts`; only a
-//! `CCLD_INJECT` delay / not-entered adds a host function before it), a host function
-//! (`op_log.finish`, `Source::op_done`, the next start), the event record. The call returns
+//! the previous operation used another stream (`order`), the kernel (it waits at its start
+//! gate until its probe start, `begin_op`, expected counts, `op_log.start`, ran at enqueue
+//! or in the previous completion, `starts`; only a `CCLD_INJECT` delay / not-entered adds a
+//! host function before it), an event whose completion runs `op_log.finish`,
+//! `Source::op_done` and the next start (`completion`), the ordering event. A one-rank
+//! operation that only moves bytes runs as copies instead of the kernel. The call returns
 //! after the enqueue; the `liveness` watch reports kernel faults and dead peers.
 //!
 //! Rooms: this file holds the communicator's state, its memory handles, `abort` and

@@ -13,11 +13,14 @@
 //!   (nothing of the communicator runs on the device, so the frame and op log may move on;
 //!   the start time is then the enqueue time: work the user queued before it on the
 //!   stream counts as part of the operation);
-//! - otherwise in the completion host function of operation N - 1, which already runs
-//!   between kernel N - 1 and kernel N (the communicator's operations are serialized on
-//!   the device, see [`super::order`]), right after N - 1's finish was recorded.
+//! - otherwise in the completion of operation N - 1 (`super::completion`: run on the
+//!   communicator's completion thread once N - 1's event completed; the communicator's
+//!   operations are serialized on the device, see [`super::order`]), right after N - 1's
+//!   finish was recorded. Kernel N may already be running then: it waits at its start
+//!   gate, which the start opens last (`ccl_dev_plan_t.start_gate`).
 //!
-//! One host function per operation remains (the completion). [`Starts`] is the hand-off:
+//! No host function per operation remains (the completion is a polled event since
+//! 2026-11-27). [`Starts`] is the hand-off:
 //! a count of operations in flight and the queue of starts not run yet, behind one lock,
 //! so that a start is run exactly once, by exactly one of the two places.
 

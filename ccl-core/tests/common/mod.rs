@@ -383,6 +383,9 @@ pub fn check_probe(
     counter: u64,
     want: &[ccl_core::schedule::ExpectedCounts],
 ) -> Result<(), String> {
+    // First the operation's completion (it runs after the operation's start, which wrote
+    // the frame's header and block), then the frame.
+    let snap = settled_op(comm, counter).ok_or_else(|| format!("op log has no op {counter}"))?;
     let f = comm.probe_frame();
     let block = (counter % probe::FRAME_BLOCKS as u64) as usize;
     let tr = f.trace(block);
@@ -412,7 +415,6 @@ pub fn check_probe(
             ));
         }
     }
-    let snap = settled_op(comm, counter).ok_or_else(|| format!("op log has no op {counter}"))?;
     if snap.state != probe::OpState::Completed || snap.end_ns < snap.start_ns {
         return Err(format!("op log entry {snap:?}"));
     }

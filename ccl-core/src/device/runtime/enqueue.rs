@@ -651,7 +651,7 @@ impl DeviceComm {
         };
         let launched = match &work {
             // SAFETY: the arrays live in mapped memory handed back for reuse only by the
-            // completion host function and freed at shutdown after all operations); the
+            // completion and freed at shutdown after all operations); the
             // FIFOs, frame and abort flag live until shutdown; user buffers are valid until
             // completion (the enqueue contract).
             Work::Kernel(p) => unsafe { self.api.launch_plan(p, stream) },
