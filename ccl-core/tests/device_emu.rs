@@ -197,10 +197,6 @@ fn matrix(n: usize, proto: Option<&str>) {
     match proto {
         Some("LL") => assert_eq!(simple, 0, "NCCL_PROTO=LL launched Simple plans"),
         Some("Simple") => assert_eq!(ll, 0, "NCCL_PROTO=Simple launched LL plans"),
-        // One rank launches kernels only for reductions that change values (Avg): the
-        // rest are copies (`one_rank_copies_run_without_a_kernel`), so sizes that would
-        // pick LL and Simple both are not all launched.
-        _ if n == 1 => assert!(simple + ll > 0, "one rank: no kernel at all"),
         _ => assert!(
             simple > 0 && ll > 0,
             "auto: both protocols ({simple}, {ll})"
@@ -726,12 +722,12 @@ fn no_device_free_while_work_is_queued() {
     }
 }
 
-/// One rank: an operation that only moves bytes runs as copies on the stream, without a
-/// kernel (as NVIDIA's NCCL does); one whose reduction changes the values (integer Avg)
-/// still launches the kernel. Results are checked either way, and the probe logs every
-/// operation as completed.
+/// One rank: an operation that only moves bytes runs as copies on the stream, then an
+/// empty plan whose only work is its completion word (as NVIDIA's NCCL copies); one whose
+/// reduction changes the values (integer Avg) launches the kernel with its local step.
+/// Results are checked either way, and the probe logs every operation as completed.
 #[test]
-fn one_rank_copies_run_without_a_kernel() {
+fn one_rank_copies_run_as_copies() {
     let cs = comms(1);
     let c = &cs[0];
     let d = emu::global();
@@ -764,7 +760,7 @@ fn one_rank_copies_run_without_a_kernel() {
     };
     ccl_core::enqueue(c, bcast).unwrap();
     assert!(wait(s, Duration::from_secs(20)), "copies did not finish");
-    assert_eq!(launches(), k0, "no kernel for byte copies");
+    assert_eq!(launches(), k0 + 3, "one completion marker per operation");
     assert_eq!(recv, send);
     assert_eq!(inplace, send);
     let avg = CollArgs {
@@ -779,7 +775,7 @@ fn one_rank_copies_run_without_a_kernel() {
     };
     ccl_core::enqueue(c, avg).unwrap();
     assert!(wait(s, Duration::from_secs(20)), "kernel did not finish");
-    assert_eq!(launches(), k0 + 1, "integer Avg runs the kernel");
+    assert_eq!(launches(), k0 + 4, "integer Avg runs the kernel");
     assert_eq!(int_out, ints, "Avg over one rank");
     // Every operation is logged as completed.
     for k in 0..4 {

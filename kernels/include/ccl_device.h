@@ -268,6 +268,12 @@ typedef struct ccl_dev_plan {
    * NULL: never aborts. Word CCL_GATE_WORD of the same memory is the start gate (see
    * start_gate): with a frame, abort_flag points to at least (CCL_GATE_WORD + 1) words. */
   const uint32_t *abort_flag;
+  /* Completion words (mapped host memory, device pointer; NULL: none): when a block ends,
+   * however it ends, its thread 0 stores start_gate into done[blockIdx.x] after a system
+   * fence. The host finds an operation complete when every block's word holds its value,
+   * with plain loads: no CUDA call, so a kernel waiting at its start gate never waits for
+   * a host thread that waits for the CUDA driver (ccl_core::device::completion). */
+  uint32_t *done;
   /* Injected faults (CCLD_INJECT; the host backend's rules). Throttle: a send of a lane
    * flagged CCL_LANE_THROTTLED starts at least throttle_gap_ns after the previous such send
    * of its channel (0 = no throttle); the time is waiting downstream. Stall: the lanes of

@@ -436,10 +436,12 @@ __device__ void run_step(const ccl_dev_plan_t &p, const RedCtx &c, uint32_t kind
 __device__ inline uint64_t ccl_ld64(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 __device__ inline void ccl_st64(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 __device__ inline uint32_t ccl_ld32(const uint32_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+__device__ inline void ccl_st32(uint32_t *p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 #else
 __device__ inline uint64_t ccl_ld64(const uint64_t *p) { return *(const volatile uint64_t *)p; }
 __device__ inline void ccl_st64(uint64_t *p, uint64_t v) { *(volatile uint64_t *)p = v; }
 __device__ inline uint32_t ccl_ld32(const uint32_t *p) { return *(const volatile uint32_t *)p; }
+__device__ inline void ccl_st32(uint32_t *p, uint32_t v) { *(volatile uint32_t *)p = v; }
 #endif
 __device__ inline uint64_t vload(const uint64_t *p) { return ccl_ld64(p); }
 __device__ inline void vstore(uint64_t *p, uint64_t v) { ccl_st64(p, v); }
@@ -673,7 +675,8 @@ struct KernelShared {
   alignas(16) uint64_t ll_out[CCL_LL_MAX_CHUNK / 8];
 };
 
-__global__ void __launch_bounds__(CCL_THREADS) ccl_plan_kernel(ccl_dev_plan_t p) {
+// The plan kernel's work in one block (ccl_plan_kernel adds the completion word).
+__device__ inline void plan_block(const ccl_dev_plan_t &p) {
   CCL_BLOCK_SHARED(KernelShared, sh);
   LaneState *st = sh.st;
   uint32_t &n_mine = sh.n_mine;
@@ -1003,6 +1006,19 @@ __global__ void __launch_bounds__(CCL_THREADS) ccl_plan_kernel(ccl_dev_plan_t p)
       const ccl_dev_lane_t &ln = p.lanes[st[k].lane];
       if (ln.conn_out >= 0 && p.conns[ln.conn_out].descs)
         poison_conn(p, p.conns[ln.conn_out], st[k].posted);
+    }
+  }
+}
+
+__global__ void __launch_bounds__(CCL_THREADS) ccl_plan_kernel(ccl_dev_plan_t p) {
+  plan_block(p);
+  // The block's completion word (ccl_dev_plan_t.done), however the block ended (every
+  // return and break in plan_block is uniform across the block).
+  if (p.done) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence_system();
+      ccl_st32(&p.done[blockIdx.x], p.start_gate);
     }
   }
 }

@@ -235,6 +235,8 @@ pub struct ccl_dev_plan_t {
     pub proto: u32,
     pub reserved: u32,
     pub abort_flag: *const u32,
+    /// Completion words (one per block), see ccl_device.h.
+    pub done: *mut u32,
     pub throttle_gap_ns: u64,
     pub stall_channel: u32,
     pub stall_after: u32,
@@ -275,6 +277,7 @@ impl ccl_dev_plan_t {
             proto: CCL_PROTO_SIMPLE,
             reserved: 0,
             abort_flag: std::ptr::null(),
+            done: std::ptr::null_mut(),
             throttle_gap_ns: 0,
             stall_channel: CCL_STALL_NONE,
             stall_after: 0,

@@ -1,24 +1,34 @@
-//! Completion of device operations without a host function on the stream.
+//! Completion of device operations without a host function on the stream, and without a
+//! CUDA call on the host's side of it.
 //!
 //! An operation's completion work (the probe's finish record, memory hand-back, the next
 //! operation's probe start, the in-flight counts; `runtime/enqueue.rs`) used to run in a
 //! `cudaLaunchHostFunc` enqueued after the kernel. On an H200 that hand-over cost 21-24 us
-//! per operation on the stream (docs/gpu-results.md, run 2: a kernel alone 4.7 us, a kernel
-//! and a host function 28.8 us, a kernel and an event record 5.3 us), three times NVIDIA's
-//! whole small-message latency.
+//! per operation on the stream (docs/gpu-results.md, run 2: a kernel alone 4.2-4.7 us, a
+//! kernel and a host function 28.8-29.6 us), three times NVIDIA's whole small-message
+//! latency.
 //!
-//! Now the operation records a pooled event on its stream and queues its completion
-//! behind it ([`Completions::push`]); a thread per communicator polls the queue's front
-//! event and runs the completions in order as their events complete. Callers that need
+//! Now every block of the operation's kernel stores the operation's value into its
+//! completion word when it ends (`ccl_dev_plan_t.done`, mapped host memory); an operation
+//! that runs as copies launches an empty plan after them that does the same. The
+//! communicator's completion thread watches the front operation's words with plain loads
+//! and runs the completions in order ([`Completions::push`] queues one). Callers that need
 //! the completions up to date (`ncclCommGetAsyncError`, the next enqueue) run what is due
 //! on their own thread first ([`Completions::poll`]); one lock serializes the runs, so each
 //! completion runs exactly once and in enqueue order.
 //!
 //! What the host function also gave, the next kernel waiting until its probe start ran
-//! (that start clears the frame block the kernel writes), is now the kernel's start gate
+//! (that start clears the frame block the kernel writes), is the kernel's start gate
 //! (`ccl_dev_plan_t.start_gate`): the start stores the gate word after it prepared the
-//! block, and the kernel waits for it. The GPU no longer stops between two kernels; a
-//! kernel whose start is late waits on a word of mapped memory instead.
+//! block, and the kernel waits for it. A GPU that waits for a host thread must never wait
+//! for one that waits for the driver: a first version polled CUDA events here, and on the
+//! H200 a `cudaFreeHost` in another thread (which waits for the device to go idle) held the
+//! driver lock the event query needed while the kernel waited at its gate, for good. Hence
+//! words, not events: nothing between a kernel's end and the next kernel's gate calls CUDA.
+//!
+//! After a kernel fault no word is ever stored: once the communicator has failed (the
+//! liveness watch saw the fault) and the front operation stays incomplete for
+//! [`FAILED_GRACE`], its completion runs with the failure's text, and so on for the rest.
 //!
 //! The thread spins (yielding the CPU) while completions are queued and sleeps on a
 //! condition variable when none are; after a millisecond without a completion it polls
@@ -26,47 +36,73 @@
 
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::api::{DeviceApi, Event, Stream};
 use crate::error::{CclError, Result};
 
 /// An operation's completion work: runs once, on a host thread, with `Some(detail)` when
-/// the device reported an error for the operation's event (a kernel fault) instead of its
-/// completion. It must not call the device (it may run on a thread that holds no device).
+/// it runs because the communicator failed instead of the operation completing (a kernel
+/// fault). It must not call the device.
 pub(crate) type DoneFn = Box<dyn FnOnce(Option<String>) + Send + 'static>;
+
+/// The communicator's failure, if it failed (the liveness watch's error, as text).
+pub(crate) type FailedFn = Box<dyn Fn() -> Option<String> + Send + Sync + 'static>;
 
 /// How long the thread spins after the last completion before it polls every
 /// [`SLOW_POLL`].
 const SPIN_FOR: Duration = Duration::from_millis(1);
 /// The polling period after [`SPIN_FOR`] without a completion.
 const SLOW_POLL: Duration = Duration::from_micros(50);
+/// How long the front operation may stay incomplete once the communicator failed before
+/// its completion runs with the failure (aborted kernels end within microseconds and store
+/// their words; faulted ones never do).
+pub(crate) const FAILED_GRACE: Duration = Duration::from_millis(200);
+
+/// Where an operation's completion shows: `n` consecutive 32-bit words from host address
+/// `words` (mapped memory the kernel's blocks store into) all at or past `value` (32-bit,
+/// wrapping). `n == 0`: complete at once (an operation whose launch failed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Signal {
+    pub words: usize,
+    pub n: u32,
+    pub value: u32,
+}
+
+impl Signal {
+    /// Every word has reached the value.
+    fn reached(&self) -> bool {
+        (0..self.n as usize).all(|i| {
+            // SAFETY: the queue's contract (`Completions::push`): `n` aligned words of
+            // mapped memory that live until the completion ran.
+            let w = unsafe { AtomicU32::from_ptr((self.words as *mut u32).add(i)) }
+                .load(Ordering::Acquire);
+            reached(w, self.value)
+        })
+    }
+}
+
+/// `word` is at or past `value` (32-bit values that wrap: within 2^31 of each other).
+pub(crate) fn reached(word: u32, value: u32) -> bool {
+    word.wrapping_sub(value) as i32 >= 0
+}
 
 struct Queue {
-    pending: VecDeque<(Event, DoneFn)>,
-    /// Events of completed operations, for reuse (creating one per operation costs a
-    /// driver call).
-    spare: Vec<Event>,
+    pending: VecDeque<(Signal, DoneFn)>,
     stop: bool,
 }
 
 struct Shared {
-    api: Arc<dyn DeviceApi>,
-    device: i32,
     q: Mutex<Queue>,
     cv: Condvar,
     /// Held while completions are taken off the queue and run (one runner at a time).
     run: Mutex<()>,
-    /// The device call of a completion failed (a faulted device): later events are not
-    /// queried any more, their completions run with the same detail.
-    faulted: Mutex<Option<String>>,
-    thread_set_device: AtomicBool,
+    failed: FailedFn,
 }
 
-/// The completion queue of one communicator and its polling thread.
+/// The completion queue of one communicator and its thread.
 pub(crate) struct Completions {
     sh: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -79,20 +115,17 @@ impl std::fmt::Debug for Completions {
 }
 
 impl Completions {
-    /// The queue of a communicator on `device`, with its thread (`name` names it).
-    pub(crate) fn start(api: Arc<dyn DeviceApi>, device: i32, name: String) -> Result<Self> {
+    /// The queue of a communicator, with its thread (`name` names it); `failed` says
+    /// whether the communicator failed.
+    pub(crate) fn start(name: String, failed: FailedFn) -> Result<Self> {
         let sh = Arc::new(Shared {
-            api,
-            device,
             q: Mutex::new(Queue {
                 pending: VecDeque::new(),
-                spare: Vec::new(),
                 stop: false,
             }),
             cv: Condvar::new(),
             run: Mutex::new(()),
-            faulted: Mutex::new(None),
-            thread_set_device: AtomicBool::new(false),
+            failed,
         });
         let me = Arc::clone(&sh);
         let h = std::thread::Builder::new()
@@ -105,29 +138,17 @@ impl Completions {
         })
     }
 
-    /// Queues `done` behind the work enqueued so far on `s` (an event recorded on `s`).
-    /// On an error nothing was queued and `done` was not run: the caller settles what it
-    /// would have done.
-    pub(crate) fn push(&self, s: Stream, done: DoneFn) -> Result<()> {
-        let sh = &self.sh;
-        let spare = sh.q.lock().spare.pop();
-        let ev = match spare {
-            Some(e) => e,
-            None => sh.api.event_create()?,
-        };
-        if let Err(e) = sh.api.event_record(ev, s) {
-            sh.q.lock().spare.push(ev);
-            return Err(e);
-        }
-        sh.q.lock().pending.push_back((ev, done));
-        sh.cv.notify_one();
-        Ok(())
+    /// Queues `done`, to run once `sig` is reached and every completion queued before it
+    /// ran. The words of `sig` must stay valid until then.
+    pub(crate) fn push(&self, sig: Signal, done: DoneFn) {
+        self.sh.q.lock().pending.push_back((sig, done));
+        self.sh.cv.notify_one();
     }
 
-    /// Runs, on the calling thread, the completions whose events completed (in order).
-    /// Returns how many ran (0 also when another thread is running them now).
+    /// Runs, on the calling thread, the completions that are due (in order). Returns how
+    /// many ran (0 also when another thread is running them now).
     pub(crate) fn poll(&self) -> usize {
-        run_due(&self.sh, false)
+        run_due(&self.sh, None)
     }
 
     /// Completions queued and not run yet.
@@ -136,9 +157,8 @@ impl Completions {
         self.sh.q.lock().pending.len()
     }
 
-    /// Stops the thread, runs what is due, runs the completions still queued with an
-    /// error detail (a destroy that gave up waiting: none is lost) and destroys the
-    /// events. Idempotent.
+    /// Stops the thread, runs what is due, then the completions still queued with an
+    /// error detail (a destroy that gave up waiting: none is lost). Idempotent.
     pub(crate) fn stop(&self) {
         self.sh.q.lock().stop = true;
         self.sh.cv.notify_all();
@@ -147,21 +167,12 @@ impl Completions {
                 tracing::error!(target: "nccl::INIT", "the device completion thread panicked");
             }
         }
-        // Whatever is still queued (a destroy that gave up waiting) runs now, so that no
-        // completion is lost; its events are then destroyed.
-        run_due(&self.sh, true);
-        let (left, spare) = {
-            let mut q = self.sh.q.lock();
-            (std::mem::take(&mut q.pending), std::mem::take(&mut q.spare))
-        };
-        for (ev, done) in left {
-            done(Some(
-                "the communicator was destroyed before the operation completed".into(),
-            ));
-            let _ = self.sh.api.event_destroy(ev);
-        }
-        for ev in spare {
-            let _ = self.sh.api.event_destroy(ev);
+        let _run = self.sh.run.lock();
+        let left = std::mem::take(&mut self.sh.q.lock().pending);
+        for (sig, done) in left {
+            done((!sig.reached()).then(|| {
+                "the communicator was destroyed before the operation completed".to_string()
+            }));
         }
     }
 }
@@ -172,51 +183,38 @@ impl Drop for Completions {
     }
 }
 
-/// Runs the due completions in order; with `blocking` waits for another runner, else
-/// returns 0 when one is running.
-fn run_due(sh: &Shared, blocking: bool) -> usize {
-    let _run = if blocking {
-        sh.run.lock()
-    } else {
-        match sh.run.try_lock() {
-            Some(g) => g,
-            None => return 0,
-        }
+/// Runs the due completions in order; returns 0 when another runner is at it. With
+/// `failed_for` (the thread: since when the communicator is known to have failed), the
+/// front completion also runs when it stayed incomplete past [`FAILED_GRACE`].
+fn run_due(sh: &Shared, failed_for: Option<(Instant, &str)>) -> usize {
+    let Some(_run) = sh.run.try_lock() else {
+        return 0;
     };
     let mut ran = 0;
     loop {
-        let Some(ev) = sh.q.lock().pending.front().map(|(e, _)| *e) else {
+        let Some(sig) = sh.q.lock().pending.front().map(|(s, _)| *s) else {
             break;
         };
-        let fault = sh.faulted.lock().clone();
-        let outcome = match fault {
-            Some(f) => Some(f),
-            None => match sh.api.event_query(ev) {
-                Ok(true) => None,
-                Ok(false) => break,
-                Err(e) => {
-                    let d = e.to_string();
-                    *sh.faulted.lock() = Some(d.clone());
-                    Some(d)
-                }
-            },
-        };
-        let Some((ev, done)) = sh.q.lock().pending.pop_front() else {
-            break;
-        };
-        done(outcome.clone());
-        ran += 1;
-        if outcome.is_none() {
-            sh.q.lock().spare.push(ev);
+        let outcome = if sig.reached() {
+            None
         } else {
-            let _ = sh.api.event_destroy(ev);
-        }
+            match failed_for {
+                Some((since, why)) if since.elapsed() >= FAILED_GRACE => Some(why.to_string()),
+                _ => break,
+            }
+        };
+        let Some((_, done)) = sh.q.lock().pending.pop_front() else {
+            break;
+        };
+        done(outcome);
+        ran += 1;
     }
     ran
 }
 
 fn poll_loop(sh: &Shared) {
     let mut last = Instant::now();
+    let mut failed_since: Option<(Instant, String)> = None;
     loop {
         {
             let mut q = sh.q.lock();
@@ -228,12 +226,11 @@ fn poll_loop(sh: &Shared) {
                 return;
             }
         }
-        // Event queries need no current device on CUDA, but a thread that never had one
-        // would make the runtime create device 0's context: set the communicator's once.
-        if !sh.thread_set_device.swap(true, Ordering::AcqRel) {
-            let _ = sh.api.set_device(sh.device);
+        if failed_since.is_none() {
+            failed_since = (sh.failed)().map(|why| (Instant::now(), why));
         }
-        if run_due(sh, false) > 0 {
+        let failed = failed_since.as_ref().map(|(t, w)| (*t, w.as_str()));
+        if run_due(sh, failed) > 0 {
             last = Instant::now();
         } else if last.elapsed() < SPIN_FOR {
             std::thread::yield_now();
@@ -246,61 +243,116 @@ fn poll_loop(sh: &Shared) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::emu;
-    use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::{AtomicBool, AtomicUsize};
 
-    /// Completions run once each, in enqueue order, after the work before them on the
-    /// stream, whether the thread or a caller's `poll` runs them; `stop` runs what is left.
+    fn words(n: usize) -> Arc<Vec<AtomicU32>> {
+        Arc::new((0..n).map(|_| AtomicU32::new(0)).collect())
+    }
+
+    fn sig(w: &Arc<Vec<AtomicU32>>, n: u32, value: u32) -> Signal {
+        Signal {
+            words: w.as_ptr() as usize,
+            n,
+            value,
+        }
+    }
+
+    fn wait_for(what: &str, f: impl Fn() -> bool) {
+        let t0 = Instant::now();
+        while !f() {
+            assert!(t0.elapsed() < Duration::from_secs(10), "{what}");
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
     #[test]
-    fn completions_run_once_in_order_after_the_stream_work() {
-        std::env::set_var("CCLD_DEVICE_EMULATION", "1");
-        let d: Arc<dyn DeviceApi> = emu::global();
-        let c = Completions::start(Arc::clone(&d), 0, "test-completions".into()).unwrap();
-        let s = d.stream_create().unwrap();
-        let gate = Arc::new(AtomicBool::new(false));
-        let g = Arc::clone(&gate);
-        // Work that holds the stream until the gate opens.
-        d.launch_host_fn(
-            s,
-            Box::new(move || {
-                while !g.load(Ordering::Acquire) {
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-            }),
-        )
-        .unwrap();
+    fn wrapping_comparison_of_completion_values() {
+        assert!(reached(5, 5) && reached(6, 5) && !reached(4, 5));
+        assert!(reached(0, u32::MAX), "0 comes after u32::MAX");
+        assert!(!reached(u32::MAX, 1), "u32::MAX comes before 1");
+    }
+
+    /// Completions run once each, in enqueue order, when every word of their signal is
+    /// reached, whether the thread or a caller's `poll` runs them; `stop` runs what is
+    /// left with a detail.
+    #[test]
+    fn completions_run_once_in_order_when_their_words_are_reached() {
+        let c = Completions::start("test-done".into(), Box::new(|| None)).unwrap();
+        let w = words(4);
         let order = Arc::new(Mutex::new(Vec::new()));
         let runs = Arc::new(AtomicUsize::new(0));
-        for i in 0..50 {
+        for i in 0..50u32 {
             let (o, r) = (Arc::clone(&order), Arc::clone(&runs));
             c.push(
-                s,
+                sig(&w, 1 + i % 4, i + 1),
                 Box::new(move |fault| {
                     assert!(fault.is_none(), "{fault:?}");
                     o.lock().push(i);
                     r.fetch_add(1, Ordering::AcqRel);
                 }),
-            )
-            .unwrap();
-        }
-        std::thread::sleep(Duration::from_millis(30));
-        assert_eq!(c.poll(), 0, "nothing is due while the stream is held");
-        assert_eq!(runs.load(Ordering::Acquire), 0);
-        gate.store(true, Ordering::Release);
-        let t0 = Instant::now();
-        while runs.load(Ordering::Acquire) < 50 {
-            c.poll();
-            assert!(
-                t0.elapsed() < Duration::from_secs(10),
-                "completions did not run"
             );
-            std::thread::sleep(Duration::from_micros(200));
         }
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(c.poll(), 0, "no word reached yet");
+        // Operation 10's words (all 4 channels of ops 0..=10 written up to 11): 11 ran.
+        for x in w.iter() {
+            x.store(11, Ordering::Release);
+        }
+        wait_for("the first 11", || runs.load(Ordering::Acquire) == 11);
+        // Word 0 alone moves on: the 12th operation waits for its 4 words.
+        w[0].store(14, Ordering::Release);
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(
+            runs.load(Ordering::Acquire),
+            11,
+            "the 12th has 3 words at 11 < 12"
+        );
+        for x in w.iter() {
+            x.store(50, Ordering::Release);
+        }
+        wait_for("all 50", || runs.load(Ordering::Acquire) == 50);
         assert_eq!(*order.lock(), (0..50).collect::<Vec<_>>());
         assert_eq!(c.pending(), 0);
-        // The events went back to the pool for reuse.
-        assert_eq!(c.sh.q.lock().spare.len(), 50);
+        let late = Arc::new(AtomicBool::new(false));
+        let l = Arc::clone(&late);
+        c.push(
+            sig(&w, 1, 99),
+            Box::new(move |fault| {
+                assert!(fault.unwrap().contains("destroyed"));
+                l.store(true, Ordering::Release);
+            }),
+        );
         c.stop();
-        assert_eq!(runs.load(Ordering::Acquire), 50);
+        assert!(late.load(Ordering::Acquire), "stop ran the incomplete one");
+    }
+
+    /// Once the communicator failed, an operation whose words never come (a faulted
+    /// kernel) completes with the failure after the grace period; one that completes
+    /// normally meanwhile still reports no fault.
+    #[test]
+    fn a_failed_communicator_completes_what_never_ends_after_the_grace() {
+        let failed = Arc::new(Mutex::new(None::<String>));
+        let f = Arc::clone(&failed);
+        let c = Completions::start("test-done-fail".into(), Box::new(move || f.lock().clone()))
+            .unwrap();
+        let w = words(1);
+        let got = Arc::new(Mutex::new(Vec::new()));
+        for v in [1u32, 2] {
+            let g = Arc::clone(&got);
+            c.push(
+                sig(&w, 1, v),
+                Box::new(move |fault| g.lock().push((v, fault))),
+            );
+        }
+        w[0].store(1, Ordering::Release);
+        wait_for("op 1", || got.lock().len() == 1);
+        *failed.lock() = Some("device fault".into());
+        let t0 = Instant::now();
+        wait_for("op 2 after the grace", || got.lock().len() == 2);
+        assert!(t0.elapsed() >= FAILED_GRACE - Duration::from_millis(20));
+        assert_eq!(
+            *got.lock(),
+            vec![(1, None), (2, Some("device fault".to_string()))]
+        );
     }
 }

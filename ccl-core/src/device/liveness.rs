@@ -182,6 +182,11 @@ impl WatchHandle {
         self.0.completed.fetch_add(1, Ordering::AcqRel);
     }
 
+    /// The communicator's error, if it failed.
+    pub(crate) fn error(&self) -> Option<CclError> {
+        self.0.failure.lock().as_ref().map(|(e, _)| e.clone())
+    }
+
     /// The failure record of the communicator, if it failed.
     pub(crate) fn failure(&self) -> Option<probe::Failure> {
         self.0.failure.lock().as_ref().map(|(_, f)| f.clone())

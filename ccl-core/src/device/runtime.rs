@@ -49,13 +49,13 @@ use std::time::{Duration, Instant};
 use ccl_optype::CollKind;
 use kernels::ffi::{
     ccl_dev_conn_t, ccl_dev_lane_t, ccl_dev_local_t, ccl_dev_plan_t, ccl_dev_step_t,
-    CCL_CHECK_BYTES, CCL_DESC_WORDS, CCL_IPC_HANDLE_BYTES, CCL_MAX_BUFS,
+    CCL_CHECK_BYTES, CCL_DESC_WORDS, CCL_IPC_HANDLE_BYTES, CCL_MAX_BUFS, CCL_MAX_CHANNELS,
 };
 use probe::{Frame, OpLog};
 
 use super::api::{CudaApi, DeviceApi, IpcHandle, Mapped, PtrInfo, PtrKind, Stream};
 use super::board::Board;
-use super::completion::Completions;
+use super::completion::{Completions, Signal};
 use super::liveness::{local_peers, Watch, WatchCfg};
 use super::lower::{
     apply_fault, byte_copies, halved, lower, red_params, ByteCopy, ConnDir, ConnKey, FaultFields,
@@ -116,6 +116,12 @@ fn descs_off(t: &Tuning) -> usize {
 const CHECK_OFF: usize = 64;
 /// Offset of the start gate's word in the abort memory (`CCL_GATE_WORD`, ccl_device.h).
 const GATE_OFF: usize = 4 * kernels::ffi::CCL_GATE_WORD;
+/// Offset of the kernels' completion words (`ccl_dev_plan_t.done`, one 32-bit word per
+/// channel) in the abort memory, after the check area.
+const DONE_OFF: usize = CHECK_OFF + CCL_CHECK_BYTES;
+/// Bytes of the abort memory: the abort flag's cache line (flag, start gate), the check
+/// area, the completion words.
+const ABORT_MEM_BYTES: usize = DONE_OFF + 4 * CCL_MAX_CHANNELS;
 /// Source of the zeroed FIFO counters.
 static ZEROS: [u8; SLOTS_OFF] = [0; SLOTS_OFF];
 /// Plan shapes whose arrays stay uploaded per communicator.

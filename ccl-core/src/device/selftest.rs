@@ -289,6 +289,7 @@ pub fn run_case_proto(
             proto: proto.abi(),
             reserved: 0,
             abort_flag: abort.1.cast(),
+            done: std::ptr::null_mut(),
             throttle_gap_ns: 0,
             stall_channel: k::CCL_STALL_NONE,
             stall_after: 0,

@@ -95,6 +95,8 @@ pub(super) struct Kernel {
     abort: usize,
     /// `start_gate` (waited for only with a frame and an abort flag).
     start_gate: u32,
+    /// Completion words (`done`, one per channel; 0: none).
+    done: usize,
     /// LL protocol (`CCL_PROTO_LL`): flag lines instead of data + `tail`.
     pub(super) ll: bool,
     /// Injected throttle: minimum gap between two sends of throttled lanes of a channel.
@@ -264,7 +266,7 @@ impl Kernel {
         if needs_red && red.is_none() {
             return bad("reduction steps in a plan with reduce = 0".into());
         }
-        if p.frame as usize % 8 != 0 || p.abort_flag as usize % 4 != 0 {
+        if p.frame as usize % 8 != 0 || p.abort_flag as usize % 4 != 0 || p.done as usize % 4 != 0 {
             return bad("unaligned frame or abort flag".into());
         }
         let stall = match p.stall_channel {
@@ -294,6 +296,7 @@ impl Kernel {
             frame_block: u64::from(p.frame_block),
             abort: p.abort_flag as usize,
             start_gate: p.start_gate,
+            done: p.done as usize,
             ll,
             throttle_gap: (p.throttle_gap_ns > 0).then(|| Duration::from_nanos(p.throttle_gap_ns)),
             stall,
@@ -301,6 +304,19 @@ impl Kernel {
     }
 
     pub(super) fn run(self) {
+        self.run_blocks();
+        // Every block's completion word, however it ended (ccl_device.h, `done`).
+        if self.done != 0 {
+            for ch in 0..self.n_channels {
+                // SAFETY: `done` holds one 4-byte aligned word per channel of mapped memory
+                // that the launch contract keeps valid until the kernel finished.
+                unsafe { AtomicU32::from_ptr((self.done as *mut u32).add(ch)) }
+                    .store(self.start_gate, Ordering::Release);
+            }
+        }
+    }
+
+    fn run_blocks(&self) {
         // The start gate (ccl_device.h): the host opens it once it prepared the frame block.
         while !self.gate_open() && !self.aborted() {
             std::thread::sleep(Duration::from_micros(20));
@@ -314,7 +330,7 @@ impl Kernel {
         for l in &self.locals {
             self.local(l, &mut scratch);
         }
-        let me = &self;
+        let me = self;
         std::thread::scope(|sc| {
             for ch in 0..me.n_channels {
                 let lanes: Vec<usize> = (0..me.lanes.len())

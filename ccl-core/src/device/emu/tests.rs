@@ -75,6 +75,7 @@ pub(crate) fn empty_plan() -> ccl_dev_plan_t {
         proto: 0,
         reserved: 0,
         abort_flag: std::ptr::null(),
+        done: std::ptr::null_mut(),
         throttle_gap_ns: 0,
         stall_channel: CCL_STALL_NONE,
         stall_after: 0,

@@ -359,10 +359,10 @@ impl DeviceComm {
                 return Err(e);
             }
         };
+        let wh = watch.handle();
         let completions = match Completions::start(
-            Arc::clone(&a.pre.api),
-            a.pre.device,
             format!("ccl-dev-done-r{rank}"),
+            Box::new(move || wh.error().map(|e| e.to_string())),
         ) {
             Ok(c) => c,
             Err(e) => {

@@ -360,6 +360,7 @@ impl DeviceComm {
             proto: proto.abi(),
             reserved: 0,
             abort_flag: self.abort_mem.dev as *const u32,
+            done: std::ptr::null_mut(),
             throttle_gap_ns: faults.throttle_gap_ns,
             stall_channel: faults.stall_channel,
             stall_after: faults.stall_after,
@@ -494,8 +495,10 @@ impl DeviceComm {
                 p.frame_capacity = self.frame.channel_capacity() as u32;
                 p.frame_block = block as u32;
             }
-            // Opened by this operation's start, below (ccl_device.h, start_gate).
+            // Opened by this operation's start, below (ccl_device.h, start_gate); also the
+            // value the blocks store into their completion words.
             p.start_gate = gate_value(counter);
+            p.done = (self.abort_mem.dev + DONE_OFF) as *mut u32;
         }
         let mut info = crate::op::type_set(item, self.nranks, &plan);
         info.proto = match proto {
@@ -649,29 +652,48 @@ impl DeviceComm {
                 inflight.done();
             }
         };
+        let value = gate_value(counter);
         let launched = match &work {
             // SAFETY: the arrays live in mapped memory handed back for reuse only by the
             // completion and freed at shutdown after all operations); the
-            // FIFOs, frame and abort flag live until shutdown; user buffers are valid until
-            // completion (the enqueue contract).
+            // FIFOs, frame, abort memory and completion words live until shutdown; user
+            // buffers are valid until completion (the enqueue contract).
             Work::Kernel(p) => unsafe { self.api.launch_plan(p, stream) },
-            // SAFETY: each copy lies inside the operation's user buffers (`byte_copies`
-            // derives it from the plan's local steps over them), which stay valid until
-            // the operation completed (the enqueue contract); ordered on `stream`.
             Work::Copies(copies) => copies
                 .iter()
-                .try_for_each(|c| unsafe { self.api.memcpy_async(c.dst, c.src, c.bytes, stream) }),
+                // SAFETY: each copy lies inside the operation's user buffers (`byte_copies`
+                // derives it from the plan's local steps over them), which stay valid
+                // until the operation completed (the enqueue contract); ordered on
+                // `stream`.
+                .try_for_each(|c| unsafe { self.api.memcpy_async(c.dst, c.src, c.bytes, stream) })
+                // Then an empty plan whose one block stores the completion word.
+                .and_then(|()| {
+                    let p = ccl_dev_plan_t {
+                        abort_flag: self.abort_mem.dev as *const u32,
+                        done: (self.abort_mem.dev + DONE_OFF) as *mut u32,
+                        start_gate: value,
+                        // (No lanes: the protocol changes nothing; the operation's one.)
+                        proto: proto.abi(),
+                        ..ccl_dev_plan_t::idle()
+                    };
+                    // SAFETY: the plan has no arrays; the abort memory and completion
+                    // words live until shutdown.
+                    unsafe { self.api.launch_plan(&p, stream) }
+                }),
         };
         // The completion runs even when the launch failed (it releases memory and the
-        // in-flight count).
-        if let Err(e) = self.completions.push(stream, Box::new(after)) {
-            // It will never run (a faulted device): settle its counts here so that destroy
-            // does not wait for it and no later start waits for its completion.
-            let _ = self.starts.complete();
-            self.watch.handle().end();
-            self.inflight.done();
-            return Err(e);
-        }
+        // in-flight count): at once (in order) then, since no block will store its words.
+        let n = match (&work, &launched) {
+            (_, Err(_)) => 0,
+            (Work::Kernel(p), Ok(())) => p.n_channels,
+            (Work::Copies(_), Ok(())) => 1,
+        };
+        let signal = Signal {
+            words: self.abort_mem.host + DONE_OFF,
+            n,
+            value,
+        };
+        self.completions.push(signal, Box::new(after));
         launched.map_err(|e| crate::error::with_context(e, &label))
     }
 }

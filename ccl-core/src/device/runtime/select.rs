@@ -169,8 +169,8 @@ pub(crate) fn select(hint: Option<i32>, channels: usize, rank: usize) -> Result<
     api.preload_kernel()?;
     let bytes = Frame::total_bytes(channels);
     let m = api.host_alloc_mapped(bytes)?;
-    // The abort flag, then the descriptor check's area.
-    let abort = match api.host_alloc_mapped(CHECK_OFF + CCL_CHECK_BYTES) {
+    // The abort flag and start gate, the descriptor check's area, the completion words.
+    let abort = match api.host_alloc_mapped(ABORT_MEM_BYTES) {
         Ok(a) => a,
         Err(e) => {
             let _ = api.host_free(m.host);
