@@ -654,6 +654,7 @@ fn a_kernel_waits_at_its_start_gate_until_the_host_opens_it() {
     );
     assert_eq!(read(dst), vec![9u8; 256]);
     // No frame: no wait, whatever the gate says.
+    // SAFETY: dst is a live 256-byte block; the stream is idle.
     unsafe { d.memset(dst, 0, 256).unwrap() };
     // SAFETY: see above.
     unsafe { d.launch_plan(&plan(100, false), s).unwrap() };
@@ -665,6 +666,7 @@ fn a_kernel_waits_at_its_start_gate_until_the_host_opens_it() {
     // A closed gate and an abort: the kernel ends without touching anything. Wrapping
     // comparison: u32::MAX is "before" 1.
     gate(u32::MAX);
+    // SAFETY: dst is a live 256-byte block; the stream is idle.
     unsafe { d.memset(dst, 0, 256).unwrap() };
     // SAFETY: see above.
     unsafe { d.launch_plan(&plan(1, true), s).unwrap() };
