@@ -722,17 +722,18 @@ fn no_device_free_while_work_is_queued() {
     }
 }
 
-/// One rank: an operation that only moves bytes runs as copies on the stream, then an
-/// empty plan whose only work is its completion word (as NVIDIA's NCCL copies); one whose
-/// reduction changes the values (integer Avg) launches the kernel with its local step.
-/// Results are checked either way, and the probe logs every operation as completed.
+/// One rank: an operation that only moves bytes (from 64 KiB) runs as copies on the stream,
+/// then an empty plan whose only work is its completion word (as NVIDIA's NCCL copies); one
+/// whose reduction changes the values (integer Avg) launches the kernel with its local
+/// step. Results are checked either way, and the probe logs every operation as completed.
 #[test]
 fn one_rank_copies_run_as_copies() {
     let cs = comms(1);
     let c = &cs[0];
     let d = emu::global();
     let s = d.stream_create().expect("stream");
-    let count = 3000;
+    // 128 KiB: copies (from 64 KiB on; smaller ones run the kernel's local step).
+    let count = 1 << 15;
     let input: Vec<f32> = (0..count).map(|i| i as f32 * 0.5 - 7.0).collect();
     let send: Vec<u8> = input.iter().flat_map(|x| x.to_le_bytes()).collect();
     let mut recv = vec![0u8; count * 4];

@@ -28,8 +28,8 @@
 //! the previous operation used another stream (`order`), the kernel (it waits at its start
 //! gate until its probe start, `begin_op`, expected counts, `op_log.start`, ran at enqueue
 //! or in the previous completion, `starts`; only a `CCLD_INJECT` delay / not-entered adds a
-//! host function before it), an event whose completion runs `op_log.finish`,
-//! `Source::op_done` and the next start (`completion`), the ordering event. A one-rank
+//! host function before it); its blocks' completion words run `op_log.finish`,
+//! `Source::op_done` and the next start (`completion`); then the ordering event. A one-rank
 //! operation that only moves bytes runs as copies instead of the kernel. The call returns
 //! after the enqueue; the `liveness` watch reports kernel faults and dead peers.
 //!
@@ -380,7 +380,8 @@ pub(crate) struct DeviceComm {
     order: Order,
     /// Kernel faults and dead peers (blocker 8).
     watch: Watch,
-    /// Completions of enqueued operations, run when their events complete (`completion`).
+    /// Completions of enqueued operations, run when their completion words are reached
+    /// (`completion`).
     completions: Completions,
     /// Operation starts handed from the enqueue to the previous completion (blocker 10).
     starts: Arc<Starts>,

@@ -19,10 +19,10 @@
 //!   finish was recorded. Kernel N may already be running then: it waits at its start
 //!   gate, which the start opens last (`ccl_dev_plan_t.start_gate`).
 //!
-//! No host function per operation remains (the completion is a polled event since
-//! 2026-11-27). [`Starts`] is the hand-off:
-//! a count of operations in flight and the queue of starts not run yet, behind one lock,
-//! so that a start is run exactly once, by exactly one of the two places.
+//! No host function per operation remains (since 2026-11-27 the completion is found in
+//! words the kernel stores). [`Starts`] is the hand-off: a count of operations in flight
+//! and the queue of starts not run yet, behind one lock, so that a start is run exactly
+//! once, by exactly one of the two places.
 
 use parking_lot::Mutex;
 use std::collections::VecDeque;

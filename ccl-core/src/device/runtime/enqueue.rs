@@ -466,9 +466,11 @@ impl DeviceComm {
             None => None,
         };
         let scalar_dev = red.as_ref().map_or(0, |(_, d)| *d);
-        // A plan that only moves bytes (one rank) runs as copies on the stream, without
-        // the kernel: no plan upload, no launch (NVIDIA's NCCL copies too).
-        let mut work = match byte_copies(&lp, &bufs, rp.as_ref()) {
+        // A plan that only moves bytes (one rank) runs as copies on the stream instead of
+        // the kernel's local steps (NVIDIA's NCCL copies too), from COPY_MIN_BYTES on.
+        let copies = byte_copies(&lp, &bufs, rp.as_ref())
+            .filter(|c| c.is_empty() || c.iter().map(|x| x.bytes).sum::<usize>() >= COPY_MIN_BYTES);
+        let mut work = match copies {
             Some(copies) => Work::Copies(copies),
             None => Work::Kernel(Box::new(self.kernel_plan(
                 &label, &lp, proto, stream, &bufs, &faults, rp, scalar_dev, frees,
@@ -697,6 +699,14 @@ impl DeviceComm {
         launched.map_err(|e| crate::error::with_context(e, &label))
     }
 }
+
+/// Bytes from which a one-rank operation that only moves bytes runs as `cudaMemcpyAsync`
+/// (then an empty plan for its completion word) rather than as the kernel's local steps.
+/// On an H200 (docs/gpu-results.md, run 2) an 8-byte AllReduce took 8.3 us per operation
+/// through the kernel and 12.6 us as a copy and the empty plan, while at 128 MiB the
+/// kernel's 4 blocks moved 20 GB/s and the copy engine 1,900-2,000. Not measured between
+/// the two: 64 KiB keeps the kernel's share to a few microseconds.
+const COPY_MIN_BYTES: usize = 64 << 10;
 
 /// What an operation enqueues on its stream.
 enum Work {

@@ -168,25 +168,26 @@ pub(crate) fn select(hint: Option<i32>, channels: usize, rank: usize) -> Result<
     // Blocker 6: the kernel is loaded now, never lazily at a launch (see preload_kernel).
     api.preload_kernel()?;
     let bytes = Frame::total_bytes(channels);
-    let m = api.host_alloc_mapped(bytes)?;
+    let key = (api.is_emulated(), device, bytes);
+    let m = match parked_frames().take(key) {
+        Some(m) => m,
+        None => api.host_alloc_mapped(bytes)?,
+    };
     // The abort flag and start gate, the descriptor check's area, the completion words.
     let abort = match api.host_alloc_mapped(ABORT_MEM_BYTES) {
         Ok(a) => a,
         Err(e) => {
-            let _ = api.host_free(m.host);
+            parked_frames().put(key, m);
             return Err(e);
         }
     };
-    let a2 = Arc::clone(&api);
-    let host = m.host;
-    let release = Box::new(move || {
-        if let Err(e) = a2.host_free(host) {
-            tracing::warn!(target: "nccl::ALLOC", "freeing a probe frame: {e}");
-        }
-    });
-    // SAFETY: `m.host` is zeroed mapped memory of total_bytes(channels) bytes, page (or
-    // 256-byte) aligned, freed only by `release`; only the frame and kernels (through the
-    // device alias, plain aligned 8-byte stores) access it.
+    // Released when the frame's last reference drops, on whatever thread that is: parked
+    // for the next communicator, not freed (see `ParkedFrames`).
+    let release = Box::new(move || parked_frames().put(key, m));
+    // SAFETY: `m.host` is zeroed mapped memory of total_bytes(channels) bytes (fresh, or
+    // parked and zeroed by `take`), page (or 256-byte) aligned, never freed while the frame
+    // lives; only the frame and kernels (through the device alias, plain aligned 8-byte
+    // stores) access it.
     let frame = unsafe { Frame::from_external(m.host as *mut u64, channels, release) };
     tracing::info!(target: "nccl::INIT", rank = rank,
         "device backend ({}) on device {device}, protocols {}", api.name(),
@@ -199,4 +200,54 @@ pub(crate) fn select(hint: Option<i32>, channels: usize, rank: usize) -> Result<
         abort,
         proto: protos,
     }))
+}
+
+/// (emulated, device, bytes) of a probe frame's mapped block.
+type FrameKey = (bool, i32, usize);
+
+/// Mapped blocks of the probe frames of destroyed communicators, kept for the next
+/// communicators of the process instead of being freed.
+///
+/// A frame is released when its last reference drops, on whatever thread that is (the
+/// probe's diagnostic thread, usually, after the communicator's last records). There,
+/// `cudaFreeHost` waited for the whole device to go idle while holding the driver's lock:
+/// on an H200 it waited for another communicator's kernel that waited for a peer rank
+/// whose next launch waited for that lock (ranks as threads of one process; a hang in 2 of
+/// 5 runs of `device_report`). Parked blocks are reused by equal frames and freed only when
+/// the process exits; what stays allocated is bounded by the most frames alive at once.
+#[derive(Default)]
+pub(crate) struct ParkedFrames {
+    blocks: Mutex<Vec<(FrameKey, Mapped)>>,
+}
+
+impl ParkedFrames {
+    /// A parked block for `key`, zeroed (as a new frame needs it), if there is one.
+    pub(crate) fn take(&self, key: FrameKey) -> Option<Mapped> {
+        let m = {
+            let mut b = self.blocks.lock();
+            let i = b.iter().position(|(k, _)| *k == key)?;
+            b.swap_remove(i).1
+        };
+        // SAFETY: a parked block is `key.2` bytes of mapped memory that nothing uses any
+        // more (its frame was released, its communicator's kernels ended before).
+        unsafe { std::ptr::write_bytes(m.host as *mut u8, 0, key.2) };
+        Some(m)
+    }
+
+    /// Parks a block no frame uses any more.
+    pub(crate) fn put(&self, key: FrameKey, m: Mapped) {
+        self.blocks.lock().push((key, m));
+    }
+
+    /// Blocks parked now.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.blocks.lock().len()
+    }
+}
+
+/// The process's parked frame blocks.
+pub(crate) fn parked_frames() -> &'static ParkedFrames {
+    static PARKED: std::sync::OnceLock<ParkedFrames> = std::sync::OnceLock::new();
+    PARKED.get_or_init(ParkedFrames::default)
 }

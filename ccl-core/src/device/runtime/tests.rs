@@ -312,3 +312,28 @@ fn staged_segment_is_claimed_registered_and_released() {
     let e = api.host_unregister(0x1000).unwrap_err();
     assert!(e.to_string().contains("not registered"), "{e}");
 }
+
+/// Parked frame blocks go back only to frames of the same kind, device and size, zeroed.
+#[test]
+fn parked_frame_blocks_are_reused_zeroed_by_equal_frames_only() {
+    let d = crate::device::emu::global();
+    let p = select::ParkedFrames::default();
+    let bytes = 4096;
+    let m = d.host_alloc_mapped(bytes).unwrap();
+    // SAFETY: m is `bytes` of live mapped memory.
+    unsafe { std::ptr::write_bytes(m.host as *mut u8, 0x5A, bytes) };
+    p.put((true, 0, bytes), m);
+    assert!(p.take((true, 1, bytes)).is_none(), "another device");
+    assert!(p.take((true, 0, bytes * 2)).is_none(), "another size");
+    assert!(
+        p.take((false, 0, bytes)).is_none(),
+        "CUDA, not the emulator"
+    );
+    let got = p.take((true, 0, bytes)).expect("the parked block");
+    assert_eq!(got, m);
+    // SAFETY: as above.
+    let b = unsafe { std::slice::from_raw_parts(got.host as *const u8, bytes) };
+    assert!(b.iter().all(|x| *x == 0), "handed out zeroed");
+    assert_eq!(p.len(), 0);
+    d.host_free(got.host).unwrap();
+}
