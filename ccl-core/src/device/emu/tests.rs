@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use ccl_optype::CollKind;
-use kernels::ffi::{ccl_dev_conn_t, CCL_MAX_BUFS};
+use kernels::ffi::ccl_dev_conn_t;
 use probe::Frame;
 
 use super::reference::*;
@@ -51,39 +51,7 @@ fn conn_mem(d: &EmuDevice, slot_bytes: usize) -> ccl_dev_conn_t {
 }
 
 pub(crate) fn empty_plan() -> ccl_dev_plan_t {
-    ccl_dev_plan_t {
-        n_channels: 1,
-        n_lanes: 0,
-        n_locals: 0,
-        n_steps: 0,
-        n_conns: 0,
-        unit: 4,
-        dtype: 0,
-        op: 0,
-        reduce: 0,
-        avg_divisor: 0,
-        scalar_bits: 0,
-        scalar_dev: std::ptr::null(),
-        steps: std::ptr::null(),
-        lanes: std::ptr::null(),
-        locals: std::ptr::null(),
-        conns: std::ptr::null(),
-        bufs: [std::ptr::null_mut(); CCL_MAX_BUFS],
-        frame: std::ptr::null_mut(),
-        frame_capacity: 0,
-        frame_block: 0,
-        proto: 0,
-        reserved: 0,
-        abort_flag: std::ptr::null(),
-        done: std::ptr::null_mut(),
-        throttle_gap_ns: 0,
-        stall_channel: CCL_STALL_NONE,
-        stall_after: 0,
-        check: std::ptr::null_mut(),
-        rank: 0,
-        start_gate: 0,
-        desc: [[0; CCL_DESC_WORDS]; CCL_MAX_BUFS],
-    }
+    ccl_dev_plan_t::idle()
 }
 
 fn input_i32(r: usize, i: usize) -> i32 {
