@@ -277,7 +277,6 @@ pub fn run_case_proto(
             reduce: u32::from(reducing),
             avg_divisor: rp.avg_divisor,
             scalar_bits: rp.scalar_bits,
-            scalar_dev: std::ptr::null(),
             steps: a.upload(&l.steps)?.cast(),
             lanes: a.upload(&l.lanes)?.cast(),
             locals: a.upload(&l.locals)?.cast(),
@@ -285,18 +284,10 @@ pub fn run_case_proto(
             bufs,
             frame: frame.1.cast(),
             frame_capacity: cap,
-            frame_block: 0,
             proto: proto.abi(),
-            reserved: 0,
             abort_flag: abort.1.cast(),
-            done: std::ptr::null_mut(),
-            throttle_gap_ns: 0,
-            stall_channel: k::CCL_STALL_NONE,
-            stall_after: 0,
-            check: std::ptr::null_mut(),
             rank: r as u32,
-            start_gate: 0,
-            desc: [[0; k::CCL_DESC_WORDS]; k::CCL_MAX_BUFS],
+            ..k::ccl_dev_plan_t::idle()
         });
     }
     for _ in 0..n {

@@ -545,16 +545,10 @@ fn a_halved_plan_keeps_the_first_half_of_every_lane() {
 /// its input (PreMulSum, integer Avg's divisor); in place, nothing is left to copy.
 #[test]
 fn one_rank_byte_copies_do_what_the_kernel_does() {
-    let colls = [
-        CollKind::AllReduce,
-        CollKind::Reduce,
-        CollKind::ReduceScatter,
-        CollKind::Broadcast,
-        CollKind::AllGather,
-        CollKind::AlltoAll,
-        CollKind::Gather,
-        CollKind::Scatter,
-    ];
+    // Every collective (Send and Recv are not collective plans).
+    let colls = CollKind::ALL
+        .into_iter()
+        .filter(|c| !matches!(c, CollKind::Send | CollKind::Recv));
     let ops = [
         RedOpKind::Sum,
         RedOpKind::Prod,
