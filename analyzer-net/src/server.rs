@@ -32,7 +32,12 @@ use tonic::codegen::InterceptedService;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint, ServerTlsConfig};
 use tonic::{Request, Response, Status, Streaming};
 
+mod feed;
 mod ingest;
+mod process;
+
+pub use feed::{DiagnosisFeed, Feed, IncidentFeed};
+pub use process::ShardProcess;
 
 use crate::auth::{AuthInterceptor, TokenInterceptor};
 use crate::codec::IngestFastPath;
@@ -859,36 +864,6 @@ pub struct ServerHandle {
     incidents: broadcast::Sender<Incident>,
 }
 
-/// The incidents a shard makes from the moment of subscription on (each once), read
-/// without an RPC: what a process hosting a shard prints for the user (`CCLD_REPORT`).
-#[derive(Debug)]
-pub struct IncidentFeed {
-    rx: broadcast::Receiver<Incident>,
-    lagged: u64,
-}
-
-impl IncidentFeed {
-    /// The next incident if one is waiting (never blocks). Incidents the feed could not
-    /// keep (more than 1024 unread) are skipped and counted in [`Self::lagged`]; `None`
-    /// also once the shard has stopped.
-    pub fn try_next(&mut self) -> Option<Incident> {
-        loop {
-            match self.rx.try_recv() {
-                Ok(d) => return Some(d),
-                Err(broadcast::error::TryRecvError::Lagged(n)) => self.lagged += n,
-                Err(
-                    broadcast::error::TryRecvError::Empty | broadcast::error::TryRecvError::Closed,
-                ) => return None,
-            }
-        }
-    }
-
-    /// Incidents skipped because the reader fell behind.
-    pub fn lagged(&self) -> u64 {
-        self.lagged
-    }
-}
-
 /// Merges shard answers: drops repeated ids (the first copy stays), orders newest first
 /// (ties by id, so every shard answers alike) and keeps at most `limit`.
 fn newest_first_unique<T>(all: &mut Vec<T>, limit: usize, key: impl Fn(&T) -> (&String, u64)) {
@@ -901,52 +876,15 @@ fn newest_first_unique<T>(all: &mut Vec<T>, limit: usize, key: impl Fn(&T) -> (&
     all.truncate(limit);
 }
 
-/// The diagnoses a shard makes from the moment of subscription on (the shard's `Watch`
-/// broadcast, read without an RPC): for a process that runs a shard in-process and wants
-/// to surface its diagnoses itself (the embedded hub of `probe`).
-#[derive(Debug)]
-pub struct DiagnosisFeed {
-    rx: broadcast::Receiver<Diagnosis>,
-    lagged: u64,
-}
-
-impl DiagnosisFeed {
-    /// The next diagnosis if one is waiting (never blocks). Diagnoses the feed could not
-    /// keep (more than 1024 unread) are skipped and counted in [`Self::lagged`]; `None`
-    /// also once the shard has stopped.
-    pub fn try_next(&mut self) -> Option<Diagnosis> {
-        loop {
-            match self.rx.try_recv() {
-                Ok(d) => return Some(d),
-                Err(broadcast::error::TryRecvError::Lagged(n)) => self.lagged += n,
-                Err(
-                    broadcast::error::TryRecvError::Empty | broadcast::error::TryRecvError::Closed,
-                ) => return None,
-            }
-        }
-    }
-
-    /// Diagnoses skipped because the reader fell behind.
-    pub fn lagged(&self) -> u64 {
-        self.lagged
-    }
-}
-
 impl ServerHandle {
     /// A feed of the diagnoses this shard makes from now on.
     pub fn subscribe(&self) -> DiagnosisFeed {
-        DiagnosisFeed {
-            rx: self.diagnoses.subscribe(),
-            lagged: 0,
-        }
+        Feed::new(&self.diagnoses)
     }
 
     /// A feed of the incidents this shard makes from now on.
     pub fn subscribe_incidents(&self) -> IncidentFeed {
-        IncidentFeed {
-            rx: self.incidents.subscribe(),
-            lagged: 0,
-        }
+        Feed::new(&self.incidents)
     }
 
     /// Stops accepting, lets open calls finish for up to `grace`, then returns.
@@ -1173,127 +1111,5 @@ pub async fn start(
     })
 }
 
-/// A shard running on its own runtime thread, so that it can be killed outright
-/// (every connection dropped) as a crashed process would be. Used by tests, benchmarks
-/// and `ccld simulate --spawn`.
-#[derive(Debug)]
-pub struct ShardProcess {
-    /// gRPC address.
-    pub addr: SocketAddr,
-    /// Metrics address.
-    pub metrics_addr: Option<SocketAddr>,
-    /// Metrics of the shard.
-    pub metrics: Arc<Metrics>,
-    rt: Option<tokio::runtime::Runtime>,
-    handle: Option<ServerHandle>,
-    diagnoses: broadcast::Sender<Diagnosis>,
-    incidents: broadcast::Sender<Incident>,
-}
-
-impl ShardProcess {
-    /// Starts a shard on a fresh multi-thread runtime with `workers` threads.
-    pub fn spawn(
-        cfg: ServerConfig,
-        listen: SocketAddr,
-        listener: Option<std::net::TcpListener>,
-        workers: usize,
-    ) -> Result<Self, ServeError> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(workers.max(1))
-            .enable_all()
-            .thread_name("ccld-shard")
-            .build()
-            .map_err(ServeError::Runtime)?;
-        let h = rt.block_on(start(cfg, listen, listener))?;
-        Ok(Self {
-            addr: h.addr,
-            metrics_addr: h.metrics_addr,
-            metrics: h.metrics.clone(),
-            diagnoses: h.diagnoses.clone(),
-            incidents: h.incidents.clone(),
-            rt: Some(rt),
-            handle: Some(h),
-        })
-    }
-
-    /// A feed of the diagnoses this shard makes from now on.
-    pub fn subscribe(&self) -> DiagnosisFeed {
-        DiagnosisFeed {
-            rx: self.diagnoses.subscribe(),
-            lagged: 0,
-        }
-    }
-
-    /// A feed of the incidents this shard makes from now on.
-    pub fn subscribe_incidents(&self) -> IncidentFeed {
-        IncidentFeed {
-            rx: self.incidents.subscribe(),
-            lagged: 0,
-        }
-    }
-
-    /// Graceful stop (open calls get up to one second).
-    pub fn stop(mut self) {
-        if let (Some(rt), Some(h)) = (self.rt.take(), self.handle.take()) {
-            let _ = rt.block_on(h.shutdown(Duration::from_secs(1)));
-            rt.shutdown_timeout(Duration::from_secs(1));
-        }
-    }
-
-    /// Abrupt stop: the runtime and every connection are dropped at once.
-    pub fn kill(mut self) {
-        self.handle.take();
-        if let Some(rt) = self.rt.take() {
-            rt.shutdown_timeout(Duration::from_millis(100));
-        }
-    }
-}
-
-impl Drop for ShardProcess {
-    fn drop(&mut self) {
-        self.handle.take();
-        if let Some(rt) = self.rt.take() {
-            rt.shutdown_timeout(Duration::from_millis(100));
-        }
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use ccld_wire::Evidence;
-
-    #[test]
-    fn class_names() {
-        assert_eq!(class_name(AnomalyClass::H1NotEntered as i32), "H1");
-        assert_eq!(class_name(AnomalyClass::S3MixedSlow as i32), "S3");
-        assert_eq!(class_name(99), "unspecified");
-    }
-
-    #[test]
-    fn diag_ids() {
-        assert_eq!(format_diag_id(StoredDiagnosis::make_id(2, 17)), "s2-17");
-    }
-
-    #[test]
-    fn latency_is_measured_from_detectability() {
-        let mut d = Diagnosis {
-            class: AnomalyClass::H3Hardware as i32,
-            onset_ns: 1_000,
-            detected_at_ns: 10_000,
-            evidence: Some(Evidence {
-                hang_threshold_ns: 5_000,
-                window_end_ns: 9_000,
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        assert_eq!(location_latency_ns(&d), 4_000);
-        d.class = AnomalyClass::S1ComputationSlow as i32;
-        assert_eq!(location_latency_ns(&d), 1_000);
-        d.evidence = None;
-        assert_eq!(location_latency_ns(&d), 9_000);
-        d.detected_at_ns = 0;
-        assert_eq!(location_latency_ns(&d), 0);
-    }
-}
+mod tests;
