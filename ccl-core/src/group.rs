@@ -561,8 +561,11 @@ pub fn expected_counts(comm: &Comm, ops: &[CollArgs]) -> Result<Vec<ExpectedCoun
         None => *comm.tuning(),
     };
     let (rank, n) = (comm.rank() as usize, comm.nranks() as usize);
-    if comm.device_comm().is_some() {
-        return Ok(crate::op::plan_for(&item, rank, n, &tuning)?.expected_counts());
+    if let Some(d) = comm.device_comm() {
+        // With the descriptor check, zero-count operations' descriptor-only messages too.
+        return Ok(d
+            .plan_of(&item, &tuning, crate::desc::check_on())?
+            .expected_counts());
     }
     // Host: Ring or Tree (crate::hostalgo).
     executor::expected_counts(&item, rank, n, &tuning)

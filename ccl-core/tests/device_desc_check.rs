@@ -206,17 +206,31 @@ fn another_count_fails_every_rank_ll_at_rank_0() {
     mismatch(4, "LL", 0, ar(256), ar(255));
 }
 
-/// Many consistent operations of both protocols and changing sizes: the check never fires.
+/// A zero-count call where the peers move data: the zero-count operation still exchanges
+/// one descriptor-only message around the ring, so it is caught like any other count.
+#[test]
+fn a_zero_count_call_among_real_ones_fails_every_rank() {
+    mismatch(3, "Simple", 1, ar(ELEMS), ar(0));
+}
+
+#[test]
+fn a_zero_count_call_among_real_ones_fails_every_rank_ll() {
+    mismatch(4, "LL", 3, ar(64), ar(0));
+}
+
+/// Many consistent operations of both protocols and changing sizes (zero-count ones too):
+/// the check never fires.
 #[test]
 fn consistent_calls_never_trip_the_check() {
     let n = 3;
     let cs = comms(n, "LL,Simple");
     let mut rk = ranks(n);
     let seq: Vec<Call> = (0..40)
-        .map(|i| match i % 4 {
+        .map(|i| match i % 5 {
             0 => ar(ELEMS),
             1 => ar(7),
             2 => ag(ELEMS / n),
+            3 => ar(0),
             _ => ar(300 + i),
         })
         .collect();
@@ -233,6 +247,18 @@ fn consistent_calls_never_trip_the_check() {
 /// fails through the communicator's poison board within a watch period or two.
 #[test]
 fn a_send_whose_receiver_rejected_it_fails_the_senders_next_call() {
+    rejected_send(100);
+}
+
+/// The same with a Send of count 0: it still carries its descriptor (a descriptor-only
+/// message on the pair's link), so the Recv of 50 does not wait for data that never comes.
+#[test]
+fn a_zero_count_send_met_by_a_real_recv_fails_both_ranks() {
+    rejected_send(0);
+}
+
+/// Rank 0 sends `send_count` elements to rank 1, which receives 50.
+fn rejected_send(send_count: usize) {
     std::env::set_var("CCLD_PEER_CHECK_MS", "100");
     let cs = comms(2, "Simple");
     let d = emu::global();
@@ -256,7 +282,7 @@ fn a_send_whose_receiver_rejected_it_fails_the_senders_next_call() {
                     stream: s,
                 };
                 let first = if r == 0 {
-                    call(CollKind::Send, 100, 1)
+                    call(CollKind::Send, send_count, 1)
                 } else {
                     call(CollKind::Recv, 50, 0)
                 };
@@ -287,8 +313,10 @@ fn a_send_whose_receiver_rejected_it_fails_the_senders_next_call() {
     let (_, e1, _) = &out[1];
     assert_eq!(e1.code(), ResultCode::InvalidUsage, "{e1}");
     assert!(
-        e1.to_string()
-            .contains("rank 1 called Send/Recv pair seq 0 count 50 datatype 7 but rank 0 called Send/Recv pair seq 0 count 100"),
+        e1.to_string().contains(&format!(
+            "rank 1 called Send/Recv pair seq 0 count 50 datatype 7 but rank 0 called \
+                 Send/Recv pair seq 0 count {send_count}"
+        )),
         "{e1}"
     );
     let (enqueued, e0, took) = &out[0];

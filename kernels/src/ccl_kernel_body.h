@@ -822,10 +822,11 @@ __device__ inline void plan_block(const ccl_dev_plan_t &p) {
           const ccl_dev_conn_t &ci = p.conns[ln.conn_in];
           if (ll) {
             // Peek the flags of the slot's first line instead of tail (or the tail: a
-            // poison message has no lines).
+            // poison message and a descriptor-only message, count 0, have no lines).
             const uint64_t *l0 = ll_slot(ci, s.consumed);
             if (!ll_line_has(ccl_ld64(&l0[0]), ccl_ld64(&l0[1]), ll_flag(s.consumed + 1))) {
-              if (p.check && ci.descs) tail_seen = vload(ci.tail);
+              if ((p.check && ci.descs) || p.steps[ln.first_step + s.pos].count == 0)
+                tail_seen = vload(ci.tail);
               if (tail_count(tail_seen) <= s.consumed) {
                 up = true;
                 continue;
@@ -979,15 +980,18 @@ __device__ inline void plan_block(const ccl_dev_plan_t &p) {
     __threadfence_system();
     __syncthreads();
     if (threadIdx.x == 0) {
+      // The probe counts data messages: a descriptor-only message (count 0) is not one,
+      // as on the host backend (ccl_core::schedule::Lane::step_counts).
+      const uint64_t counted = stp.count != 0 ? 1 : 0;
       if (step_sends(stp.kind)) {
         s.posted++;
         vstore(p.conns[ln.conn_out].tail, s.posted);
-        sends++;
+        sends += counted;
       }
       if (step_recvs(stp.kind)) {
         s.consumed++;
         vstore(p.conns[ln.conn_in].head, s.consumed);
-        recvs++;
+        recvs += counted;
       }
       if (send_word) {
         __threadfence_system();

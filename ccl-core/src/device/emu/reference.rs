@@ -225,7 +225,8 @@ impl Kernel {
             };
             for s in &steps[l.first_step as usize..end as usize] {
                 let nb = (s.count as usize).saturating_mul(unit);
-                if s.count == 0 || s.kind > CCL_STEP_RECV_REDUCE_COPY {
+                // (count 0: a descriptor-only message of a zero-count operation)
+                if s.kind > CCL_STEP_RECV_REDUCE_COPY {
                     return bad(format!("lane {li}: step kind {} count {}", s.kind, s.count));
                 }
                 let recvs = s.kind != CCL_STEP_SEND;
@@ -485,8 +486,9 @@ impl Kernel {
                     let cin = (l.conn_in >= 0).then(|| self.conns[l.conn_in as usize]);
                     let cout = (l.conn_out >= 0).then(|| self.conns[l.conn_out as usize]);
                     if let (true, Some(c)) = (rcv, cin) {
-                        if self.ll {
-                            // The first line of the slot carries this message's flags.
+                        if self.ll && st.count > 0 {
+                            // The first line of the slot carries this message's flags (a
+                            // descriptor-only message, count 0, has none: its tail, below).
                             let slot = c.slots + ((r.consumed % c.nslots) as usize) * c.slot_bytes;
                             if !ll_line_ready(slot, ll_flag(r.consumed + 1)) {
                                 r.wait = Blocked::Up;
@@ -546,15 +548,17 @@ impl Kernel {
                     if let (true, Some(slot)) = (self.ll, ll_slot_out) {
                         ll_pack(slot, &ll_out, ll_flag(r.posted + 1));
                     }
+                    // The probe counts data messages, not descriptor-only ones (count 0).
+                    let counted = u64::from(st.count != 0);
                     if let (true, Some(c)) = (rcv, cin) {
                         r.consumed += 1;
                         Self::counter(c.head).store(r.consumed, Ordering::Release);
-                        recvs += 1;
+                        recvs += counted;
                     }
                     if let (true, Some(c)) = (snd, cout) {
                         r.posted += 1;
                         Self::counter(c.tail).store(r.posted, Ordering::Release);
-                        sends += 1;
+                        sends += counted;
                     }
                     self.store_counts(ch, sends, recvs);
                     r.pos += 1;

@@ -716,7 +716,8 @@ impl DeviceComm {
 
     /// The p2p peers `item` needs (AlltoAll/Gather/Scatter and Send/Recv groups).
     pub(crate) fn p2p_peers_of(&self, item: &WorkItem) -> Result<Vec<usize>> {
-        let plan = crate::op::plan_for(item, self.rank, self.nranks, &self.tuning)?;
+        // Zero-count calls included: they exchange a descriptor-only message when checking.
+        let plan = self.plan_of(item, &self.tuning, crate::desc::check_on())?;
         Ok(plan
             .lanes
             .iter()

@@ -2,6 +2,7 @@
 //! lowered plan, and `enqueue` (launch, completion, probe records).
 
 use super::*;
+use crate::schedule::Plan;
 
 impl DeviceComm {
     /// A spare device block of at least `bytes` (the smallest that fits), else a new one.
@@ -234,6 +235,18 @@ impl DeviceComm {
         }
     }
 
+    /// The plan `item` runs with `tuning`. With the descriptor check on, a zero-count
+    /// operation still carries its descriptor, as on the host backend: one
+    /// descriptor-only message on each link it would use (a receiver of an LL message
+    /// without lines finds it by the tail, which a checking kernel reads).
+    pub(crate) fn plan_of(&self, item: &WorkItem, tuning: &Tuning, checking: bool) -> Result<Plan> {
+        let mut plan = crate::op::plan_for(item, self.rank, self.nranks, tuning)?;
+        if checking {
+            crate::desc::add_descriptor_only_steps(&mut plan, item, self.rank, self.nranks);
+        }
+        Ok(plan)
+    }
+
     /// Enqueues one work item on `stream` (0 = default stream) and returns.
     pub(crate) fn enqueue(&self, item: &WorkItem, stream: Stream) -> Result<()> {
         if self.state.lock().closed {
@@ -379,7 +392,9 @@ impl DeviceComm {
     ) -> Result<()> {
         let label = item.label();
         let proto = self.protocol_of(item);
-        let plan = crate::op::plan_for(item, self.rank, self.nranks, &self.plan_tuning(proto))?;
+        // Decided once per operation (the benchmark may switch it between operations).
+        let checking = crate::desc::check_on();
+        let plan = self.plan_of(item, &self.plan_tuning(proto), checking)?;
         // CCLD_INJECT: the faults of the operation this call becomes (its counter is taken
         // below; calls on one communicator are serialized, as NCCL requires), applied with
         // the host executor's rules (see `inject`).
@@ -466,7 +481,7 @@ impl DeviceComm {
         // and the operation's sequence-space identity for the probe: taken for every
         // operation that is enqueued, launched or copied, and for no other.
         let (descs, seq_id) = self.seqs.lock().descriptors(item);
-        let checking = crate::desc::check_on() && matches!(work, Work::Kernel(_));
+        let checking = checking && matches!(work, Work::Kernel(_));
         let counter = self.op_counter.fetch_add(1, Ordering::AcqRel);
         let block = (counter % probe::FRAME_BLOCKS as u64) as usize;
         // Probing can be paused at run time (`Comm::set_probing`): decided once per operation.
