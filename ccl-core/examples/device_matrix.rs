@@ -435,13 +435,13 @@ fn procs_main(o: &Opts, cases: &[DevCase], passed: &mut usize, failed: &mut usiz
 
 /// Host-staged FIFO segments in `/dev/shm` created by one of `pids`.
 fn staging_left(pids: &[u32]) -> Vec<String> {
-    let Ok(dir) = std::fs::read_dir(ccl_core::transport::shm::SHM_DIR) else {
+    let Ok(dir) = std::fs::read_dir(ccl_core::internal::transport::shm::SHM_DIR) else {
         return Vec::new();
     };
     dir.flatten()
         .filter_map(|e| e.file_name().to_str().map(str::to_string))
         .filter(|name| {
-            ccl_core::transport::shm::stale_candidate_pid(
+            ccl_core::internal::transport::shm::stale_candidate_pid(
                 ccl_core::device::runtime::STAGING_PREFIX,
                 name,
             )

@@ -17,7 +17,7 @@
 //!
 //! C. Ranks as threads sharing the GPU (`--ranks`, default 2): AllReduce float32 sum at
 //!    8 B, 1 MiB and 16 MiB with the descriptor check on and off (the benchmark-only hook
-//!    `ccl_core::desc::bench_only_set_check`), interleaved in rounds, order alternating;
+//!    `ccl_core::internal::desc::bench_only_set_check`), interleaved in rounds, order alternating;
 //!    the median of the per-round ratios (issue 17's targets: busbw ratio >= 0.997 at
 //!    >= 1 MiB, <= 3 % extra latency at 8 B).
 //!
@@ -317,7 +317,7 @@ fn desc_check_cost(api: &Arc<dyn DeviceApi>, device: i32, o: &Opts) -> Result<()
                     let on = (k == 0) == (round % 2 == 0);
                     barrier.wait();
                     if r == 0 {
-                        ccl_core::desc::bench_only_set_check(on);
+                        ccl_core::internal::desc::bench_only_set_check(on);
                     }
                     barrier.wait();
                     let (us, _) = time_ops(&*api2, c, a, it)?;
@@ -329,7 +329,7 @@ fn desc_check_cost(api: &Arc<dyn DeviceApi>, device: i32, o: &Opts) -> Result<()
         }
         barrier.wait();
         if r == 0 {
-            ccl_core::desc::bench_only_set_check(true);
+            ccl_core::internal::desc::bench_only_set_check(true);
         }
         Ok(out)
     })?;

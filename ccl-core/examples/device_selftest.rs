@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use ccl_core::device::{choose_backend, probe_device, selftest, Backend};
-use ccl_core::proto::Proto;
+use ccl_core::internal::proto::Proto;
 use ccl_core::DataType;
 use ccl_optype::CollKind;
 

@@ -156,7 +156,7 @@ fn matrix_rank() {
             .iter()
             .enumerate()
             .all(|(i, v)| *v == (prev * 100_000 + i) as u32));
-        let want = ccl_core::group::expected_counts(&comm, &order).unwrap();
+        let want = ccl_core::internal::group::expected_counts(&comm, &order).unwrap();
         check_probe(&comm, before, &want).expect("sendrecv probe");
     }
     comm.destroy().expect("destroy");
@@ -496,10 +496,11 @@ fn sigkill_of_a_rank_fails_the_survivors_within_the_bound_and_leaves_no_shm() {
     let _ = std::fs::remove_dir_all(&log_dir);
     let left = shm_entries(&hash);
     assert!(left.is_empty(), "segments left in /dev/shm: {left:?}");
-    let mine: Vec<String> = shm_entries(&format!("{}-", ccl_core::channel::SEGMENT_PREFIX))
-        .into_iter()
-        .filter(|n| pids.iter().any(|p| n.ends_with(&format!("-{p}"))))
-        .collect();
+    let mine: Vec<String> =
+        shm_entries(&format!("{}-", ccl_core::internal::channel::SEGMENT_PREFIX))
+            .into_iter()
+            .filter(|n| pids.iter().any(|p| n.ends_with(&format!("-{p}"))))
+            .collect();
     assert!(
         mine.is_empty(),
         "segments of the job's processes left: {mine:?}"

@@ -178,7 +178,8 @@ fn sendrecv_ring(comm: &Arc<Comm>, dt: DataType, count: usize) -> Result<(), Str
     if comm.ops_started() != before + 1 {
         return Err("a p2p group must count as one operation".into());
     }
-    let want = ccl_core::group::expected_counts(comm, &order).map_err(|e| e.to_string())?;
+    let want =
+        ccl_core::internal::group::expected_counts(comm, &order).map_err(|e| e.to_string())?;
     check_probe(comm, before, &want).map_err(|e| format!("sendrecv {dt:?} x{count}: {e}"))
 }
 

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use ccl_core::device::api::{DeviceApi, Stream};
 use ccl_core::device::emu;
-use ccl_core::group::expected_counts;
+use ccl_core::internal::group::expected_counts;
 use ccl_core::{group_end, group_start, CollArgs, Comm, DataType};
 use ccl_optype::CollKind;
 use common::*;
@@ -312,7 +312,7 @@ fn every_collective_on_8_ranks_simple() {
 /// of each launch.
 #[test]
 fn small_operations_use_ll_and_large_ones_simple() {
-    use ccl_core::proto::{Proto, LL_THRESHOLD_BYTES};
+    use ccl_core::internal::proto::{Proto, LL_THRESHOLD_BYTES};
     let n = 4;
     let cs = comms_proto(n, Some("ll,SIMPLE"));
     let small = 1000; // 4000 bytes per rank
@@ -348,7 +348,8 @@ fn small_operations_use_ll_and_large_ones_simple() {
         (CollKind::AllGather, 7, Proto::Ll),
     ];
     for (coll, count, want) in cases {
-        let got = ccl_core::group::protocol_of(&cs[0], &[probe_args(coll, count)]).unwrap();
+        let got =
+            ccl_core::internal::group::protocol_of(&cs[0], &[probe_args(coll, count)]).unwrap();
         assert_eq!(got, Some(want), "{coll:?} {count}");
         let before = emu::launches_on_this_thread();
         run(&cs, coll, DataType::Int32, Red::Sum, SUM, count);
@@ -377,7 +378,7 @@ fn small_operations_use_ll_and_large_ones_simple() {
         ..probe_args(CollKind::AllReduce, 10)
     };
     assert_eq!(
-        ccl_core::group::protocol_of(&cs[0], &[p2p]).unwrap(),
+        ccl_core::internal::group::protocol_of(&cs[0], &[p2p]).unwrap(),
         Some(Proto::Simple)
     );
     sendrecv_ring(&cs, 300);

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use ccl_core::bootstrap::get_unique_id;
 use ccl_core::device::emu;
 use ccl_core::device::runtime::{device_api, STAGING_PREFIX};
-use ccl_core::transport::shm::{stale_candidate_pid, SHM_DIR};
+use ccl_core::internal::transport::shm::{stale_candidate_pid, SHM_DIR};
 use ccl_core::{Comm, CommConfig, UniqueId};
 use common::procs::{spawn_ranks, wait_all, Job};
 use common::{hex, unhex};

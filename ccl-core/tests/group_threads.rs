@@ -193,7 +193,7 @@ fn nested_groups_run_at_the_outermost_end_and_two_comms_share_a_group() {
     let mut rb = vec![vec![0f32; 1000]; 2];
     group_start().unwrap();
     group_start().unwrap();
-    assert_eq!(ccl_core::group::group_depth(), 2);
+    assert_eq!(ccl_core::internal::group::group_depth(), 2);
     for r in 0..2 {
         enqueue(&a[r], allreduce_args(&send[r], &mut ra[r])).unwrap();
     }
@@ -203,7 +203,7 @@ fn nested_groups_run_at_the_outermost_end_and_two_comms_share_a_group() {
         enqueue(&b[r], allreduce_args(&send[r], &mut rb[r])).unwrap();
     }
     group_end().unwrap();
-    assert_eq!(ccl_core::group::group_depth(), 0);
+    assert_eq!(ccl_core::internal::group::group_depth(), 0);
     assert!(ra.iter().chain(&rb).all(|v| v.iter().all(|x| *x == 3.0)));
     // Unbalanced end.
     let e = group_end().unwrap_err();

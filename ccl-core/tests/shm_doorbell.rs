@@ -6,7 +6,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ccl_core::transport::shm::{Backoff, Doorbell, ShmRegion};
+use ccl_core::internal::transport::shm::{Backoff, Doorbell, ShmRegion};
 
 fn bounded<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
     let (tx, rx) = mpsc::channel();

@@ -6,7 +6,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ccl_core::transport::shm::{
+use ccl_core::internal::transport::shm::{
     segment_name, Backoff, Carve, Doorbell, FifoLayout, FifoReceiver, FifoSender, ShmRegion,
 };
 use ccl_core::CclError;

@@ -5,7 +5,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ccl_core::transport::shm::{
+use ccl_core::internal::transport::shm::{
     segment_name, Backoff, Carve, Doorbell, FifoLayout, FifoReceiver, FifoSender, ShmRegion,
     SHM_DIR,
 };

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ccl_core::transport::shm::{
+use ccl_core::internal::transport::shm::{
     is_not_found, pid_alive, remove_stale_segments, segment_name, Doorbell, FifoLayout,
     FifoReceiver, FifoSender, ShmRegion, SHM_DIR,
 };

@@ -191,7 +191,7 @@ unsafe fn init_rank(
     );
     let nonblocking = cfg.blocking == Some(false);
     // Inside ncclGroupStart/End the init completes at the outermost ncclGroupEnd.
-    let comm = ccl_core::group::init_rank(nranks, id, rank, cfg)?;
+    let comm = ccl_core::init_rank(nranks, id, rank, cfg)?;
     let h = handles::register(comm.clone());
     // SAFETY: forwarded caller contract (checked non-null above).
     unsafe { put(out, h, "comm")? };

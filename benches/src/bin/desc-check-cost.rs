@@ -6,7 +6,7 @@
 //! cargo run --release -p benches --bin desc-check-cost -- [--ranks 2,4] [--max-bytes 64M] [--rounds 15] [--block-ms 100]
 //! ```
 //! Ranks are threads of this process (host backend). "off" uses a benchmark-only hook
-//! (`ccl_core::desc::bench_only_set_check`), not a user setting: the check cannot be
+//! (`ccl_core::internal::desc::bench_only_set_check`), not a user setting: the check cannot be
 //! turned off in a job. Each round runs a block of iterations (about `--block-ms`) in one
 //! state then the other, order alternating, and gives one paired ratio; the columns are the
 //! median busbw ratio on/off (targets: >= 0.997 at >= 1 MiB) and the median extra latency
@@ -84,7 +84,7 @@ fn measure(comms: &[Arc<Comm>], count: usize, iters: usize, rounds: usize) -> Ve
                     };
                     for on in order {
                         if r == 0 {
-                            ccl_core::desc::bench_only_set_check(on);
+                            ccl_core::internal::desc::bench_only_set_check(on);
                         }
                         barrier.wait();
                         let t0 = Instant::now();
@@ -102,7 +102,7 @@ fn measure(comms: &[Arc<Comm>], count: usize, iters: usize, rounds: usize) -> Ve
         .collect();
     let mut per_rank: Vec<Vec<(f64, f64)>> =
         hs.into_iter().map(|h| h.join().expect("rank")).collect();
-    ccl_core::desc::bench_only_set_check(true);
+    ccl_core::internal::desc::bench_only_set_check(true);
     per_rank.swap_remove(0)
 }
 

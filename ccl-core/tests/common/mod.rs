@@ -16,7 +16,7 @@ pub mod procs;
 
 use std::sync::Arc;
 
-use ccl_core::group::expected_counts;
+use ccl_core::internal::group::expected_counts;
 use ccl_core::{CollArgs, Comm, DataType};
 use ccl_optype::CollKind;
 
@@ -381,7 +381,7 @@ pub fn run_case(comm: &Arc<Comm>, c: &Case, b: &mut Bufs) -> Result<(), String> 
 pub fn check_probe(
     comm: &Comm,
     counter: u64,
-    want: &[ccl_core::schedule::ExpectedCounts],
+    want: &[ccl_core::internal::schedule::ExpectedCounts],
 ) -> Result<(), String> {
     // First the operation's completion (it runs after the operation's start, which wrote
     // the frame's header and block), then the frame.

@@ -18,7 +18,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use ccl_core::device::api::{DeviceApi, Stream};
-use ccl_core::group::expected_counts;
+use ccl_core::internal::group::expected_counts;
 use ccl_core::{group_end, group_start, CollArgs, Comm, CommConfig, DataType};
 use ccl_optype::CollKind;
 

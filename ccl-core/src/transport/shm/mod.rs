@@ -11,7 +11,7 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use ccl_core::transport::shm::{Backoff, Carve, Doorbell, FifoLayout, FifoReceiver, FifoSender, ShmRegion};
+//! use ccl_core::internal::transport::shm::{Backoff, Carve, Doorbell, FifoLayout, FifoReceiver, FifoSender, ShmRegion};
 //!
 //! let layout = FifoLayout::for_buffer(64 << 10, 8)?; // NCCL_BUFFSIZE split into 8 slots
 //! let mut c = Carve::new();
