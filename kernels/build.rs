@@ -106,7 +106,8 @@ fn main() {
 }
 
 /// The bindgen output as committed: what a build uses where libclang cannot be loaded, and
-/// what the `bindings` test compares the generated file with.
+/// what `kernels/tests/abi.rs::the_committed_bindings_are_bindgens_output` compares the
+/// generated file with.
 const CHECKED_IN_BINDINGS: &str = "src/ccl_device_sys.rs";
 
 /// The Rust bindings of `include/ccl_device.h` and `include/ccl_sim.h` (types, constants,

@@ -778,7 +778,8 @@ impl Worker {
             (LocalKind::Reduce, Some(r)) => {
                 if mem::overlap(src, dst, nb) {
                     self.scratch.resize(nb, 0);
-                    // SAFETY: src range valid (as above); the scratch is ours.
+                    // SAFETY: [src, src + nb) lies inside the operation's buffers (schedule
+                    // bounds, enqueue contract); the scratch is ours.
                     r.load(&mut self.scratch[..nb], unsafe { mem::src(src, 0, nb) });
                     // SAFETY: dst range valid; the src slice above is no longer used.
                     unsafe { mem::dst(dst, 0, nb) }.copy_from_slice(&self.scratch[..nb]);

@@ -635,7 +635,8 @@ fn a_kernel_waits_at_its_start_gate_until_the_host_opens_it() {
     };
     let s = d.stream_create().unwrap();
     gate(4);
-    // SAFETY: see above.
+    // SAFETY: the plan's arrays, buffers, frame and abort memory live until the end of
+    // the test, after every stream went idle.
     unsafe { d.launch_plan(&plan(5, true), s).unwrap() };
     std::thread::sleep(Duration::from_millis(150));
     assert!(
@@ -656,7 +657,8 @@ fn a_kernel_waits_at_its_start_gate_until_the_host_opens_it() {
     // No frame: no wait, whatever the gate says.
     // SAFETY: dst is a live 256-byte block; the stream is idle.
     unsafe { d.memset(dst, 0, 256).unwrap() };
-    // SAFETY: see above.
+    // SAFETY: the plan's arrays, buffers, frame and abort memory live until the end of
+    // the test, after every stream went idle.
     unsafe { d.launch_plan(&plan(100, false), s).unwrap() };
     assert!(
         wait_idle(&*d, s, Duration::from_secs(10)),
@@ -668,7 +670,8 @@ fn a_kernel_waits_at_its_start_gate_until_the_host_opens_it() {
     gate(u32::MAX);
     // SAFETY: dst is a live 256-byte block; the stream is idle.
     unsafe { d.memset(dst, 0, 256).unwrap() };
-    // SAFETY: see above.
+    // SAFETY: the plan's arrays, buffers, frame and abort memory live until the end of
+    // the test, after every stream went idle.
     unsafe { d.launch_plan(&plan(1, true), s).unwrap() };
     std::thread::sleep(Duration::from_millis(50));
     assert!(!d.stream_query(s).unwrap(), "u32::MAX must not pass gate 1");

@@ -86,8 +86,8 @@ unsafe fn put<T>(p: *mut T, v: T, what: &str) -> Result<()> {
     if p.is_null() {
         return Err(CclError::arg(format!("{what} is NULL")));
     }
-    // SAFETY: non-null, and valid for writes by the caller's contract; `write_unaligned`
-    // makes no alignment assumption.
+    // SAFETY: non-null, and valid for writes as NCCL's API requires of the C caller (the
+    // export's `# Safety`); `write_unaligned` makes no alignment assumption.
     unsafe { p.write_unaligned(v) };
     Ok(())
 }
@@ -100,7 +100,8 @@ unsafe fn c_str(p: *const c_char) -> Option<String> {
     if p.is_null() {
         None
     } else {
-        // SAFETY: non-null and NUL-terminated by the caller's contract.
+        // SAFETY: non-null and NUL-terminated, as NCCL's API requires of the C caller (the
+        // export's `# Safety`).
         Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
     }
 }
@@ -135,10 +136,12 @@ unsafe fn read_config(cfg: *const NcclConfig, with_env: bool) -> Result<CommConf
     // SAFETY: the caller's struct has `size` readable bytes (its own sizeof) and n <= size.
     unsafe { std::ptr::copy_nonoverlapping(cfg.cast::<u8>(), image.as_mut_ptr(), n) };
     let raw = config::parse_image(&image)?;
-    // SAFETY: commName is null or a NUL-terminated string (caller's contract).
+    // SAFETY: commName is null or a NUL-terminated string (NCCL's API requires it of the C
+    // caller: the export's `# Safety`).
     let name = unsafe { c_str(raw.comm_name as *const c_char) };
     if raw.net_name != 0 {
-        // SAFETY: netName is null or a NUL-terminated string (caller's contract).
+        // SAFETY: netName is null or a NUL-terminated string (NCCL's API requires it of the C
+        // caller: the export's `# Safety`).
         let net = unsafe { c_str(raw.net_name as *const c_char) };
         tracing::info!(target: "nccl::ENV", "ncclConfig_t.netName {:?} ignored by the host backend", net);
     }
@@ -173,9 +176,10 @@ unsafe fn init_rank(
     rank: c_int,
     cfg: *const NcclConfig,
 ) -> Result<()> {
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `out` is null or writable (this function's `# Safety`).
     unsafe { put(out, std::ptr::null_mut(), "comm")? };
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `cfg` is null or a config as `read_config` requires (this function's
+    // `# Safety`).
     let cfg = unsafe { read_config(cfg, true)? };
     check_rank_args(nranks, rank)?;
     ccl_core::debug::show_version();
@@ -193,7 +197,7 @@ unsafe fn init_rank(
     // Inside ncclGroupStart/End the init completes at the outermost ncclGroupEnd.
     let comm = ccl_core::init_rank(nranks, id, rank, cfg)?;
     let h = handles::register(comm.clone());
-    // SAFETY: forwarded caller contract (checked non-null above).
+    // SAFETY: `out` is writable (this function's `# Safety`; `put` above found it non-null).
     unsafe { put(out, h, "comm")? };
     if nonblocking {
         return comm.async_error();
@@ -271,7 +275,8 @@ export! {
                 return Err(CclError::arg("ptr is NULL"));
             }
             let p = mem::alloc(size)?.ptr;
-            // SAFETY: `ptr` is non-null and writable (caller's contract).
+            // SAFETY: `ptr` is non-null and writable (NCCL's API requires it of the C caller:
+            // the export's `# Safety`).
             unsafe { put(ptr, p as *mut c_void, "ptr") }
         })
     }
@@ -380,7 +385,8 @@ export! {
             let devs = if devlist.is_null() {
                 None
             } else {
-                // SAFETY: a non-null devlist holds ndev ints (caller's contract).
+                // SAFETY: a non-null devlist holds ndev ints (NCCL's API requires it of the C
+                // caller: the export's `# Safety`).
                 Some(unsafe { std::slice::from_raw_parts(devlist, n) }.to_vec())
             };
             if let Some(d) = &devs {
@@ -398,7 +404,8 @@ export! {
             }
             for (i, c) in comms.into_iter().enumerate() {
                 let h = handles::register(c);
-                // SAFETY: comm points to ndev writable handles (caller's contract).
+                // SAFETY: comm points to ndev writable handles (NCCL's API requires it of the C
+                // caller: the export's `# Safety`).
                 unsafe { comm.add(i).write_unaligned(h) };
             }
             Ok(())
@@ -424,7 +431,8 @@ export! {
             if comm_ids.is_null() {
                 return Err(CclError::arg("commIds is NULL"));
             }
-            // SAFETY: comm_ids holds nId >= 1 ids (caller's contract); read unaligned copy.
+            // SAFETY: comm_ids holds nId >= 1 ids (NCCL's API requires it of the C caller: the
+            // export's `# Safety`); read unaligned copy.
             let id = unsafe { comm_ids.read_unaligned() };
             // SAFETY: `newcomm` is null or writable and `config` null or a valid
             // ncclConfig_t, as nccl.h requires of the C caller.

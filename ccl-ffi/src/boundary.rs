@@ -192,11 +192,11 @@ mod tests {
             // SAFETY: the pointer is to a live thread-local CString of this thread.
             assert_eq!(unsafe { CStr::from_ptr(p) }.to_str().unwrap(), "comm broke");
             let p = last_error_ptr(None);
-            // SAFETY: as above.
+            // SAFETY: the pointer is to a live thread-local CString of this thread.
             assert_eq!(unsafe { CStr::from_ptr(p) }.to_bytes(), b"");
             set_last_error("mine\0with nul");
             let p = last_error_ptr(Some("comm broke".into()));
-            // SAFETY: as above.
+            // SAFETY: the pointer is to a live thread-local CString of this thread.
             let got = unsafe { CStr::from_ptr(p) };
             assert_eq!(got.to_str().unwrap(), "mine?with nul");
         })

@@ -33,7 +33,7 @@ fn version_and_error_strings() {
     let s = |c| {
         // SAFETY: ncclGetErrorString returns static NUL-terminated strings.
         let p = unsafe { ncclGetErrorString(c) };
-        // SAFETY: as above.
+        // SAFETY: p is a static NUL-terminated string (ncclGetErrorString's result).
         unsafe { CStr::from_ptr(p) }.to_str().unwrap()
     };
     assert_eq!(s(0), "no error");
@@ -149,14 +149,14 @@ fn config_is_read_by_size_magic_and_version() {
     // ...but not in a struct whose version predates the field (junk ignored): the call gets
     // past config parsing to the next check (nranks 0, so nothing touches the network).
     let mut img = old_config(nccl_version(2, 13, 0), 24, NCCL_API_MAGIC, 9);
-    // SAFETY: as above.
+    // SAFETY: the image holds 24 valid bytes (more are readable, as junk).
     let r = unsafe { ncclCommInitRankConfig(&mut comm, 0, id, 0, img.as_mut_ptr().cast()) };
     assert_eq!(r, INVALID_ARGUMENT);
     assert!(last_error().contains("nranks 0"), "{}", last_error());
     // A size smaller than the header.
     let mut img = old_config(23007, 8, NCCL_API_MAGIC, 0);
     let mut comm = null_mut();
-    // SAFETY: as above.
+    // SAFETY: the image holds its 8 header bytes (more are readable, as junk).
     let r = unsafe { ncclCommInitRankConfig(&mut comm, 1, id, 0, img.as_mut_ptr().cast()) };
     assert_eq!(r, INVALID_ARGUMENT);
 }

@@ -48,7 +48,8 @@ fn result(code: i32) -> Result<(), DevError> {
 /// them) until this call returns; memory other agents (other ranks, the host) access
 /// concurrently must be the counters, LL lines and frame words the protocol defines.
 pub unsafe fn launch_plan(plan: &ffi::ccl_dev_plan_t) -> Result<(), DevError> {
-    // SAFETY: forwarded to the caller's contract.
+    // SAFETY: every pointer of `plan` is valid as `ccl_sim_launch_plan` needs until it
+    // returns (this function's `# Safety`, the same requirement).
     result(unsafe { ffi::ccl_sim_launch_plan(plan) })
 }
 

@@ -155,7 +155,8 @@ fn touch_pages(v: &mut [u64]) {
         i += WORDS_PER_PAGE;
     }
     if n > 0 {
-        // SAFETY: n - 1 < v.len(), as above.
+        // SAFETY: n - 1 < v.len(), so p.add(n - 1) is the last element of the unique
+        // borrow of `v`, aligned for u64.
         unsafe { std::ptr::write_volatile(p.add(n - 1), 0) };
     }
 }

@@ -239,8 +239,9 @@ impl Nccl {
         let rb = call.recv as *mut c_void;
         let (c, t, op, root) = (call.count, call.dtype, call.op, call.root);
         let missing = |n: &'static str| NcclError { code: 5, call: n };
-        // SAFETY: (all arms) buffer validity is the caller's contract (see above); the
-        // function pointers have the public prototypes.
+        // SAFETY: (all arms) sb and rb are valid for the sizes NCCL derives from count,
+        // dtype and the communicator's size: the engine allocates every buffer that large
+        // (`run`'s contract); the function pointers have the public prototypes.
         let code = unsafe {
             match call.kind {
                 CallKind::AllReduce => (self.all_reduce)(sb, rb, c, t, op, comm, s),

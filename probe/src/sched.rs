@@ -297,7 +297,7 @@ mod tests {
                     // SAFETY: kill with a valid signal on our own child's pid.
                     unsafe { libc::kill(pid, libc::SIGSTOP) };
                     std::thread::sleep(Duration::from_millis(ms));
-                    // SAFETY: as above.
+                    // SAFETY: kill with a valid signal on our own child's pid.
                     unsafe { libc::kill(pid, libc::SIGCONT) };
                 }
             } else if let Some((_, v)) = line.split_once("FROZEN_NS=") {
@@ -407,7 +407,9 @@ mod tests {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let s2 = std::sync::Arc::clone(&stop);
         let competitor = std::thread::spawn(move || {
-            // SAFETY: as above.
+            // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes within it (cpu
+            // is below CPU_SETSIZE: it came from sched_getcpu); sched_setaffinity(0, ...)
+            // reads `size_of` bytes of it for the calling thread.
             unsafe {
                 let mut set: libc::cpu_set_t = std::mem::zeroed();
                 libc::CPU_SET(cpu as usize, &mut set);

@@ -427,7 +427,7 @@ fn malformed_plans_are_rejected_at_launch() {
     assert!(unsafe { d.launch_plan(&p, s) }.is_err());
     let mut p = empty_plan();
     p.proto = 2; // LL128: not implemented
-                 // SAFETY: as above.
+    // SAFETY: the plan has no arrays (rejected before any is read).
     let e = unsafe { d.launch_plan(&p, s) }.unwrap_err();
     assert!(e.to_string().contains("protocol"), "{e}");
     // An LL step larger than the LL payload of its slot (32 of 64 bytes).
@@ -457,7 +457,8 @@ fn malformed_plans_are_rejected_at_launch() {
     // 8 elements (32 bytes) fit.
     let fits = [ccl_dev_step_t { count: 8, ..big[0] }];
     p.steps = fits.as_ptr();
-    // SAFETY: as above; the kernel runs before the arrays die (synchronized below).
+    // SAFETY: steps (`fits`), lane, conns and buf are live until the synchronize below,
+    // which waits for the kernel.
     unsafe { d.launch_plan(&p, s) }.unwrap();
     d.stream_synchronize(s).unwrap();
     let mut p = empty_plan();
@@ -797,7 +798,7 @@ fn stale_bytes_that_look_like_flags_are_scrubbed_before_the_sender_may_write() {
     let dst = d.malloc(total).unwrap();
     let lane = lane_of(recv_steps.len() as u32, 0, -1);
     let rp = ll_plan(&recv_steps, &lane, &conn, dst);
-    // SAFETY: as above.
+    // SAFETY: recv_steps, lane, conn and dst outlive the kernel (the waits below).
     unsafe { d.launch_plan(&rp, s_recv).unwrap() };
     assert!(
         !wait_idle(&d, s_recv, Duration::from_millis(100)),
@@ -807,7 +808,7 @@ fn stale_bytes_that_look_like_flags_are_scrubbed_before_the_sender_may_write() {
     assert_eq!(unsafe { *conn[0].head.add(1) }, 3, "scrub published");
     let send_lane = lane_of(send_steps.len() as u32, -1, 0);
     let sp = ll_plan(&send_steps, &send_lane, &conn, src);
-    // SAFETY: as above.
+    // SAFETY: send_steps, send_lane, conn and src outlive the kernel (the waits below).
     unsafe { d.launch_plan(&sp, s_send).unwrap() };
     assert!(wait_idle(&d, s_send, Duration::from_secs(5)));
     assert!(wait_idle(&d, s_recv, Duration::from_secs(5)));

@@ -331,7 +331,7 @@ fn parked_frame_blocks_are_reused_zeroed_by_equal_frames_only() {
     );
     let got = p.take((true, 0, bytes)).expect("the parked block");
     assert_eq!(got, m);
-    // SAFETY: as above.
+    // SAFETY: got == m: `bytes` of live mapped memory, nothing writes it during the read.
     let b = unsafe { std::slice::from_raw_parts(got.host as *const u8, bytes) };
     assert!(b.iter().all(|x| *x == 0), "handed out zeroed");
     assert_eq!(p.len(), 0);
