@@ -10,6 +10,7 @@
 pub mod analyzer_util;
 /// End-to-end harness (ranks as threads, `CCLD_INJECT`, embedded analyzer) shared by e2e tests.
 pub mod e2e_harness;
+pub mod netns;
 /// Side-by-side benchmarks of issue 18: our `all_reduce_perf` under `ccl-run`, the OpenMPI
 /// peer, memcpy bandwidth, output parsing and medians (`bench-peers`, `lowp-bench`).
 pub mod peers;

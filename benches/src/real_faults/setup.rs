@@ -33,7 +33,7 @@ pub fn workspace_root() -> PathBuf {
 
 /// target/<profile> of the running binary (a test in target/<profile>/deps, or a bin in
 /// target/<profile>).
-fn profile_dir() -> Result<PathBuf, String> {
+pub fn profile_dir() -> Result<PathBuf, String> {
     let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
     let mut dir = exe
         .parent()
@@ -81,7 +81,7 @@ pub fn run_bounded(cmd: &mut Command, limit: Duration) -> (bool, String) {
 }
 
 /// `cargo build` of `args` with the profile of `lib_dir` (a no-op when up to date).
-fn cargo_build(lib_dir: &Path, args: &[&str]) -> Result<(), String> {
+pub fn cargo_build(lib_dir: &Path, args: &[&str]) -> Result<(), String> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.args(["build", "--quiet"]).args(args);

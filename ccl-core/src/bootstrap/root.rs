@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::wire::{
-    prepare, read_full, write_full, Header, ReadFail, Registration, Reply, ReplyError,
+    prepare, read_full, write_full, Header, PeerInfo, ReadFail, Registration, Reply, ReplyError,
     HEADER_BYTES, MAX_REGISTER_BODY, TYPE_REGISTER, TYPE_REPLY,
 };
 use crate::error::{CclError, Result};
@@ -229,8 +229,16 @@ fn run(listener: TcpListener, addr: SocketAddr, magic: u64, idle: Duration) {
                     }
                     Decision::Complete(r) => {
                         streams.insert(rank, stream);
-                        for (rk, s) in streams.iter_mut() {
-                            reply(s, magic, &r, *rk);
+                        let order = match &r {
+                            Reply::Table(t) => {
+                                delivery_order(t, (std::process::id(), super::host_identity().1))
+                            }
+                            Reply::Error(..) => streams.keys().copied().collect(),
+                        };
+                        for rk in order {
+                            if let Some(s) = streams.get_mut(&rk) {
+                                reply(s, magic, &r, rk);
+                            }
                         }
                         tracing::info!(target: T, %addr, nranks, "bootstrap root: job formed, root exits");
                         return;
@@ -251,6 +259,24 @@ fn run(listener: TcpListener, addr: SocketAddr, magic: u64, idle: Duration) {
             return;
         }
     }
+}
+
+/// The ranks of `table` in the order the root sends them the table: ranks of other
+/// processes first, ranks of the root's own process (`own` = pid, host hash) last. A rank
+/// in the root's process may fail right after reading the table (ranks on two hosts, on
+/// the host backend) and end the process, root thread included; the other ranks must have
+/// their table by then, or they see the root vanish instead of the reason.
+pub(super) fn delivery_order(table: &[PeerInfo], own: (u32, u64)) -> Vec<u32> {
+    let (mut others, mut mine): (Vec<u32>, Vec<u32>) = (Vec::new(), Vec::new());
+    for (r, p) in table.iter().enumerate() {
+        if (p.pid, p.host_hash) == own {
+            mine.push(r as u32);
+        } else {
+            others.push(r as u32);
+        }
+    }
+    others.extend(mine);
+    others
 }
 
 /// Reads and validates one registration; `None` (after a warning) for anything else.
@@ -410,6 +436,22 @@ mod tests {
             "{}",
             usage(&d)
         );
+    }
+
+    #[test]
+    fn the_roots_own_process_gets_the_table_last() {
+        let p = |pid: u32, host_hash: u64| PeerInfo {
+            addr: "127.0.0.1:1".parse().unwrap(),
+            pid,
+            host_hash,
+            host: "h".into(),
+        };
+        // Ranks 0 and 2 share the root's process; rank 1 is another process on the same
+        // host, rank 3 the same pid on another host.
+        let t = [p(10, 7), p(11, 7), p(10, 7), p(10, 8)];
+        assert_eq!(delivery_order(&t, (10, 7)), vec![1, 3, 0, 2]);
+        // The root in none of them (a standalone root): rank order.
+        assert_eq!(delivery_order(&t, (99, 7)), vec![0, 1, 2, 3]);
     }
 
     #[test]

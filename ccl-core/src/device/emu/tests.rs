@@ -426,7 +426,8 @@ fn malformed_plans_are_rejected_at_launch() {
     // SAFETY: the plan has no arrays.
     assert!(unsafe { d.launch_plan(&p, s) }.is_err());
     let mut p = empty_plan();
-    p.proto = 2; // LL128: not implemented
+    // LL128: not implemented.
+    p.proto = 2;
     // SAFETY: the plan has no arrays (rejected before any is read).
     let e = unsafe { d.launch_plan(&p, s) }.unwrap_err();
     assert!(e.to_string().contains("protocol"), "{e}");

@@ -1,0 +1,150 @@
+//! Network namespaces as "hosts", for tests that need several machines (issue 14): one
+//! namespace per host, each joined by a veth pair to a bridge that lives in a namespace of
+//! its own (nothing is attached to this machine's network: traffic stays inside), with
+//! addresses `10.231.<net>.<host + 1>/24`. A process of host `h` runs under
+//! `ip netns exec <ns> unshare --mount --uts` with its own hostname (`ccldhost<h>`) and a
+//! private `/dev/shm` (a fresh tmpfs), so that nothing can pass between "hosts" through
+//! shared memory and the library sees different hosts. Everything is removed when the
+//! [`Hosts`] value drops, also after a failed assertion.
+//!
+//! Needs root (CI runs as root) and iproute2; [`Hosts::create`] fails with the reason
+//! otherwise, and a test skips on it only outside CI.
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::process::Command;
+
+/// A set of namespaced "hosts" joined by one bridge.
+#[derive(Debug)]
+pub struct Hosts {
+    /// Prefix of this set's namespace and interface names (unique per process and set).
+    prefix: String,
+    /// Third octet of the set's subnet.
+    net: u8,
+    /// Namespaces created so far (hosts, then the bridge's), removed on drop.
+    namespaces: Vec<String>,
+    n: usize,
+}
+
+/// Runs `ip ARGS`, failing with its stderr.
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run ip (iproute2): {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+impl Hosts {
+    /// Creates `n` hosts (at most 250). `set` (0..=9) tells apart the sets one process
+    /// creates at the same time.
+    pub fn create(n: usize, set: u8) -> Result<Hosts, String> {
+        if n == 0 || n > 250 || set > 9 {
+            return Err(format!(
+                "Hosts::create({n}, {set}): 1..=250 hosts, set 0..=9"
+            ));
+        }
+        let pid = std::process::id();
+        // Interface names have at most 15 bytes: "cd" + 5 digits + set + 'v'/'w' + index.
+        let prefix = format!("cd{:05}{set}", pid % 100_000);
+        let net = ((pid as usize * 10 + set as usize) % 250) as u8;
+        let mut h = Hosts {
+            prefix,
+            net,
+            namespaces: Vec::new(),
+            n,
+        };
+        h.build()?;
+        Ok(h)
+    }
+
+    fn build(&mut self) -> Result<(), String> {
+        let br = format!("{}b", self.prefix);
+        ip(&["netns", "add", &br])?;
+        self.namespaces.push(br.clone());
+        ip(&["-n", &br, "link", "add", "br0", "type", "bridge"])?;
+        ip(&["-n", &br, "link", "set", "br0", "up"])?;
+        for i in 0..self.n {
+            let ns = self.namespace(i);
+            ip(&["netns", "add", &ns])?;
+            self.namespaces.push(ns.clone());
+            let (v, w) = (
+                format!("{}v{i}", self.prefix),
+                format!("{}w{i}", self.prefix),
+            );
+            // Both ends are created in the bridge's namespace, then one moves to the host:
+            // nothing appears in this machine's own namespace.
+            ip(&[
+                "-n", &br, "link", "add", &w, "type", "veth", "peer", "name", &v,
+            ])?;
+            ip(&["-n", &br, "link", "set", &v, "netns", &ns])?;
+            ip(&["-n", &br, "link", "set", &w, "master", "br0", "up"])?;
+            let addr = format!("{}/24", self.addr(i));
+            ip(&["-n", &ns, "addr", "add", &addr, "dev", &v])?;
+            ip(&["-n", &ns, "link", "set", &v, "up"])?;
+            ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+        }
+        Ok(())
+    }
+
+    /// Number of hosts.
+    pub fn len(&self) -> usize {
+        self.n
+    }
+
+    /// Whether the set has no host (never: `create` refuses 0).
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// Namespace of host `h`.
+    pub fn namespace(&self, h: usize) -> String {
+        format!("{}h{h}", self.prefix)
+    }
+
+    /// Interface of host `h` (its end of the veth pair).
+    pub fn interface(&self, h: usize) -> String {
+        format!("{}v{h}", self.prefix)
+    }
+
+    /// Address of host `h`.
+    pub fn addr(&self, h: usize) -> Ipv4Addr {
+        Ipv4Addr::new(10, 231, self.net, h as u8 + 1)
+    }
+
+    /// Host name the processes of host `h` see.
+    pub fn hostname(&self, h: usize) -> String {
+        format!("ccldhost{h}")
+    }
+
+    /// A command that runs `program` on host `h`: in its network namespace, with its own
+    /// host name and a private `/dev/shm`. Arguments and environment are the caller's.
+    pub fn command(&self, h: usize, program: &Path) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.namespace(h)])
+            .args(["unshare", "--mount", "--uts", "--propagation", "private"])
+            .args(["sh", "-c"])
+            .arg("hostname \"$1\" && mount -t tmpfs -o mode=1777 tmpfs /dev/shm && shift && exec \"$@\"")
+            .arg("sh")
+            .arg(self.hostname(h))
+            .arg(program);
+        c
+    }
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        // Deleting a namespace deletes its interfaces (and so both ends of each veth).
+        for ns in self.namespaces.iter().rev() {
+            let _ = ip(&["netns", "del", ns]);
+        }
+    }
+}
