@@ -110,11 +110,6 @@ impl Hosts {
         format!("{}h{h}", self.prefix)
     }
 
-    /// Interface of host `h` (its end of the veth pair).
-    pub fn interface(&self, h: usize) -> String {
-        format!("{}v{h}", self.prefix)
-    }
-
     /// Address of host `h`.
     pub fn addr(&self, h: usize) -> Ipv4Addr {
         Ipv4Addr::new(10, 231, self.net, h as u8 + 1)
