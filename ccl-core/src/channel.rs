@@ -26,9 +26,12 @@ use std::time::Duration;
 use crate::bootstrap::Bootstrap;
 use crate::error::{CclError, Result};
 use crate::transport::shm::{
-    align_up, segment_name_for_pid, Doorbell, FifoLayout, FifoReceiver, FifoSender, LlLayout,
-    LlReceiver, LlSender, SharedWord, ShmRegion, CACHE_LINE,
+    align_up, process_alive, segment_name_for_pid, Doorbell, FifoLayout, FifoReceiver, FifoSender,
+    LlLayout, LlReceiver, LlSender, SharedWord, ShmRegion, CACHE_LINE,
 };
+use crate::transport::socket::frame::StreamId;
+use crate::transport::socket::proxy::{Inbound, Outbound};
+use crate::transport::socket::Remote;
 
 /// Byte offset of the poison word in each rank's doorbell segment (after the doorbell);
 /// the descriptor check (`desc.rs`) stores a poison value there.
@@ -137,8 +140,11 @@ pub(crate) struct Transport {
     pub tree: HashMap<usize, PeerLinks, RankHash>,
     /// Lazily created p2p links by peer.
     pub p2p: HashMap<usize, PeerLinks, RankHash>,
-    /// Pids of all ranks (for liveness checks).
+    /// Pids of all ranks (for liveness checks of ranks on this host).
     pub pids: Vec<u32>,
+    /// The socket transport, when some peer is on another host (or shared memory is
+    /// disabled): its proxy thread serves every link to such a peer.
+    remote: Option<Remote>,
 }
 
 fn stride(layout: FifoLayout) -> Result<usize> {
@@ -190,13 +196,14 @@ enum PairKind {
 /// call this for `me` at the same point of its program.
 fn connect_pairs(
     boot: &Bootstrap,
-    me: usize,
     new: &[usize],
     kind: PairKind,
     layout: FifoLayout,
     nch: usize,
     abort: &AtomicBool,
+    mut rem: Option<&mut Remote>,
 ) -> Result<Vec<(usize, PeerLinks)>> {
+    let me = boot.rank();
     let (seg_kind, ready, ack) = match kind {
         PairKind::P2p => (KIND_P2P, TAG_P2P_READY, TAG_P2P_ACK),
         PairKind::Tree => (KIND_TREE, TAG_TREE_READY, TAG_TREE_ACK),
@@ -210,9 +217,16 @@ fn connect_pairs(
             .ok_or_else(|| CclError::arg("NCCL_BUFFSIZE x channels overflows"))?,
     };
     let ll = kind == PairKind::Tree;
+    let is_remote =
+        |p: usize, rem: &Option<&mut Remote>| rem.as_ref().is_some_and(|r| r.is_remote(p));
     let mut created = Vec::with_capacity(new.len());
     for &p in new {
-        let region = Arc::new(ShmRegion::create(&name(boot, seg_kind, p, me, me), bytes)?);
+        // A remote peer's messages arrive in private memory, filled by the proxy.
+        let region = Arc::new(if is_remote(p, &rem) {
+            ShmRegion::anonymous(bytes)?
+        } else {
+            ShmRegion::create(&name(boot, seg_kind, p, me, me), bytes)?
+        });
         let rx = receivers(&region, layout, nch)?;
         let ll_rx = if ll {
             Some(LlReceiver::new(Arc::clone(&region), ll_at, LL_LAYOUT)?)
@@ -223,9 +237,23 @@ fn connect_pairs(
         created.push((p, region, rx, ll_rx));
     }
     let mut txs = Vec::with_capacity(new.len());
-    for &p in new {
+    for (p, in_region, _, _) in &created {
+        let p = *p;
         recv_patiently(boot, p, ready, abort)?;
-        let region = Arc::new(ShmRegion::open(&name(boot, seg_kind, me, p, p))?);
+        let region = match rem.as_deref_mut() {
+            Some(r) if r.is_remote(p) => {
+                let out = Arc::new(ShmRegion::anonymous(bytes)?);
+                let link = PairLink {
+                    kind,
+                    layout,
+                    nch,
+                    ll_at,
+                };
+                attach_pair(r, p, link, &out, in_region, abort)?;
+                out
+            }
+            _ => Arc::new(ShmRegion::open(&name(boot, seg_kind, me, p, p))?),
+        };
         let ll_tx = if ll {
             Some(LlSender::new(Arc::clone(&region), ll_at, LL_LAYOUT)?)
         } else {
@@ -237,7 +265,9 @@ fn connect_pairs(
     let mut out = Vec::with_capacity(new.len());
     for ((p, region, rx, ll_rx), (tx, ll_tx)) in created.into_iter().zip(txs) {
         recv_patiently(boot, p, ack, abort)?;
-        region.unlink()?;
+        if !is_remote(p, &rem) {
+            region.unlink()?;
+        }
         out.push((
             p,
             PeerLinks {
@@ -249,6 +279,98 @@ fn connect_pairs(
         ));
     }
     Ok(out)
+}
+
+/// The shape of a pairwise link: its kind, FIFO layout, channels and where its LL FIFO
+/// starts (Tree links).
+#[derive(Clone, Copy, Debug)]
+struct PairLink {
+    kind: PairKind,
+    layout: FifoLayout,
+    nch: usize,
+    ll_at: usize,
+}
+
+/// Hands the proxy its ends of a pairwise link with remote `peer`: it reads what this rank
+/// commits to `out` and fills `inb` with what the peer sends, one stream per channel (and
+/// one for the LL FIFO of a Tree link).
+fn attach_pair(
+    rem: &mut Remote,
+    peer: usize,
+    link: PairLink,
+    out: &Arc<ShmRegion>,
+    inb: &Arc<ShmRegion>,
+    abort: &AtomicBool,
+) -> Result<()> {
+    let outs = receivers(out, link.layout, link.nch)?;
+    let ins = senders(inb, link.layout, link.nch)?;
+    for (c, (o, i)) in outs.into_iter().zip(ins).enumerate() {
+        let id = match link.kind {
+            PairKind::P2p => StreamId::p2p(c),
+            PairKind::Tree => StreamId::tree(c),
+        };
+        rem.attach(
+            peer,
+            id,
+            Some(Outbound::Fifo(o)),
+            Some(Inbound::Fifo(i)),
+            abort,
+        )?;
+    }
+    if link.kind == PairKind::Tree {
+        let o = LlReceiver::new(Arc::clone(out), link.ll_at, LL_LAYOUT)?;
+        let i = LlSender::new(Arc::clone(inb), link.ll_at, LL_LAYOUT)?;
+        rem.attach(
+            peer,
+            StreamId::tree_ll(),
+            Some(Outbound::Ll(o)),
+            Some(Inbound::Ll(i)),
+            abort,
+        )?;
+    }
+    Ok(())
+}
+
+/// Hands the proxy its ends of the ring's remote links: what this rank commits to `next`
+/// (when remote) and what `prev` sends (when remote), one stream per channel. With two
+/// ranks both are the same peer and share each channel's stream.
+fn attach_ring(
+    rem: &mut Remote,
+    (prev, inb): (usize, &Arc<ShmRegion>),
+    (next, out): (usize, &Arc<ShmRegion>),
+    layout: FifoLayout,
+    nch: usize,
+) -> Result<()> {
+    let never = AtomicBool::new(false);
+    let mut outs = if rem.is_remote(next) {
+        receivers(out, layout, nch)?
+    } else {
+        Vec::new()
+    }
+    .into_iter();
+    let mut ins = if rem.is_remote(prev) {
+        senders(inb, layout, nch)?
+    } else {
+        Vec::new()
+    }
+    .into_iter();
+    for c in 0..nch {
+        let o = outs.next().map(Outbound::Fifo);
+        let i = ins.next().map(Inbound::Fifo);
+        let id = StreamId::ring(c);
+        match (rem.is_remote(next), rem.is_remote(prev)) {
+            (true, true) if next == prev => rem.attach(next, id, o, i, &never)?,
+            (to_next, from_prev) => {
+                if to_next {
+                    rem.attach(next, id, o, None, &never)?;
+                }
+                if from_prev {
+                    rem.attach(prev, id, None, i, &never)?;
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Waits for a handshake message without a deadline: like a send in NCCL, a p2p operation
@@ -281,17 +403,23 @@ fn recv_patiently(boot: &Bootstrap, peer: usize, tag: u32, abort: &AtomicBool) -
 impl Transport {
     /// Collective over the communicator: creates this rank's doorbell and inbound ring
     /// segment, maps every peer's doorbell and the next rank's ring segment, then unlinks
-    /// its own segments.
+    /// its own segments. Peers on another host (all peers with `sockets_in_host`) are
+    /// reached through the socket transport instead ([`Remote`]).
     pub(crate) fn connect(
         boot: &Bootstrap,
         max_channels: usize,
         p2p_channels: usize,
         layout: FifoLayout,
+        sockets_in_host: bool,
     ) -> Result<Self> {
         let n = boot.nranks();
         let me = boot.rank();
         let prev = (me + n - 1) % n;
         let next = (me + 1) % n;
+        let my_host = boot.peer_host_hash(me);
+        let remote: Vec<bool> = (0..n)
+            .map(|p| p != me && (sockets_in_host || boot.peer_host_hash(p) != my_host))
+            .collect();
         let my_bell_region = Arc::new(ShmRegion::create(
             &name(boot, KIND_BELL, me, me, me),
             2 * CACHE_LINE,
@@ -299,11 +427,13 @@ impl Transport {
         let current = current_words(&my_bell_region)?;
         let bell = Arc::new(Doorbell::new(Arc::clone(&my_bell_region), 0)?);
         let poison = SharedWord::new(Arc::clone(&my_bell_region), POISON_OFFSET)?;
+        let ring_bytes = seg_bytes(layout, max_channels)?;
         let ring_in = if n > 1 {
-            Some(Arc::new(ShmRegion::create(
-                &name(boot, KIND_RING, prev, me, me),
-                seg_bytes(layout, max_channels)?,
-            )?))
+            Some(Arc::new(if remote[prev] {
+                ShmRegion::anonymous(ring_bytes)?
+            } else {
+                ShmRegion::create(&name(boot, KIND_RING, prev, me, me), ring_bytes)?
+            }))
         } else {
             None
         };
@@ -312,6 +442,19 @@ impl Transport {
             ring.rx = receivers(r, layout, max_channels)?;
         }
         boot.barrier()?;
+        // Every rank agrees on whether any pair is remote (the hosts and the flag are the
+        // same everywhere), so every rank joins this collective step or none.
+        let mut rem = if remote.iter().any(|r| *r) {
+            let my_poison = SharedWord::new(Arc::clone(&my_bell_region), POISON_OFFSET)?;
+            Some(Remote::connect(
+                boot,
+                remote.clone(),
+                Arc::clone(&bell),
+                my_poison,
+            )?)
+        } else {
+            None
+        };
         let mut peer_bells = Vec::with_capacity(n);
         let mut peer_poison = Vec::with_capacity(n);
         let mut peer_current = Vec::with_capacity(n);
@@ -322,19 +465,34 @@ impl Transport {
                 peer_current.push(None);
                 continue;
             }
+            if let Some(r) = rem.as_ref().filter(|r| r.is_remote(p)) {
+                peer_bells.push(Some(r.peer_bell()?));
+                peer_poison.push(Some(r.poison_word(p)?));
+                peer_current.push(None);
+                continue;
+            }
             let region = Arc::new(ShmRegion::open(&name(boot, KIND_BELL, p, p, p))?);
             peer_current.push(Some(current_words(&region)?));
             peer_poison.push(Some(SharedWord::new(Arc::clone(&region), POISON_OFFSET)?));
             peer_bells.push(Some(Doorbell::new(region, 0)?));
         }
+        let mut ring_out = None;
         if n > 1 {
-            let region = Arc::new(ShmRegion::open(&name(boot, KIND_RING, me, next, next))?);
+            let region = Arc::new(if remote[next] {
+                ShmRegion::anonymous(ring_bytes)?
+            } else {
+                ShmRegion::open(&name(boot, KIND_RING, me, next, next))?
+            });
             ring.tx = senders(&region, layout, max_channels)?;
+            ring_out = Some(region);
         }
         boot.barrier()?;
         my_bell_region.unlink()?;
-        if let Some(r) = &ring_in {
+        if let (Some(r), false) = (&ring_in, remote[prev]) {
             r.unlink()?;
+        }
+        if let (Some(r), Some(inb), Some(out)) = (rem.as_mut(), &ring_in, &ring_out) {
+            attach_ring(r, (prev, inb), (next, out), layout, max_channels)?;
         }
         tracing::info!(target: "nccl::SHM", rank = me,
             "comm {:#018x} ring {prev} -> {me} -> {next}: {max_channels} channel(s) x {} slots of {} bytes, segments unlinked",
@@ -355,6 +513,7 @@ impl Transport {
             tree: HashMap::default(),
             p2p: HashMap::default(),
             pids: (0..n).map(|r| boot.peer_pid(r)).collect(),
+            remote: rem,
         };
         // The Tree algorithm's links are made here, by every rank at the same point, and
         // not on first use: ranks that disagree on an operation (an inconsistent call) may
@@ -370,16 +529,31 @@ impl Transport {
             peers.dedup();
             let links = connect_pairs(
                 boot,
-                me,
                 &peers,
                 PairKind::Tree,
                 layout,
                 1,
                 &AtomicBool::new(false),
+                t.remote.as_mut(),
             )?;
             t.tree.extend(links);
         }
         Ok(t)
+    }
+
+    /// Whether some peer is reached through the socket transport.
+    pub(crate) fn uses_sockets(&self) -> bool {
+        self.remote.is_some()
+    }
+
+    /// Why `peer` can no longer take part (its process exited, or its connection was
+    /// lost), `None` while it can. Ranks of this process are never checked.
+    pub(crate) fn peer_gone(&self, peer: usize) -> Option<String> {
+        if let Some(r) = self.remote.as_ref().filter(|r| r.is_remote(peer)) {
+            return r.lost(peer);
+        }
+        let pid = *self.pids.get(peer)?;
+        (pid != std::process::id() && !process_alive(pid)).then(|| "process exited".to_string())
     }
 
     /// The segment of this rank's doorbell (to make more handles on it).
@@ -410,12 +584,12 @@ impl Transport {
         let me = self.rank;
         let links = connect_pairs(
             boot,
-            me,
             &new,
             PairKind::P2p,
             self.layout,
             self.p2p_channels,
             abort,
+            self.remote.as_mut(),
         )?;
         self.p2p.extend(links);
         tracing::debug!(target: "nccl::P2P", rank = me,

@@ -35,7 +35,7 @@ use crate::op::{plan_for, type_set, CollOp, RedSpec, ScalarArg, WorkItem};
 use crate::reduce::Reducer;
 use crate::schedule::Tuning;
 use crate::schedule::{self, Lane, LinkKind, LocalKind, Plan, StepKind};
-use crate::transport::shm::{process_alive, Backoff};
+use crate::transport::shm::Backoff;
 use crate::types::{DataType, RedOpKind};
 
 /// Completion of a submitted job, waited on by `group_end`.
@@ -134,7 +134,9 @@ impl WorkerHandle {
         boot: Arc<Bootstrap>,
         transport: Transport,
     ) -> Result<Self> {
-        let spin = spin_budget(shared.nranks)?;
+        // A rank with remote peers shares its CPUs with its socket proxy thread as well.
+        let busy = shared.nranks * if transport.uses_sockets() { 2 } else { 1 };
+        let spin = spin_budget(busy)?;
         let tree_steps = crate::tree::steps(shared.rank, shared.nranks);
         let sel = Selection::parse(
             crate::env::var(crate::hostalgo::ENV_ALGO)?.as_deref(),
@@ -743,9 +745,11 @@ impl Worker {
     /// Fails with `Remote` (cause PEER_LOST, with the peer's rank, pid and host for the
     /// probe) when a peer's process exited.
     fn check_peers(&mut self) -> Result<()> {
-        let me = std::process::id();
         for (r, &pid) in self.t.pids.iter().enumerate() {
-            if pid != me && !process_alive(pid) {
+            if r == self.t.rank {
+                continue;
+            }
+            if let Some(detail) = self.t.peer_gone(r) {
                 let host = self.boot.peer_host(r).to_string();
                 self.failure = Some(probe::Failure {
                     cause: probe::FailureCause::PeerLost,
@@ -753,12 +757,12 @@ impl Worker {
                         rank: u32::try_from(r).unwrap_or(u32::MAX),
                         pid,
                         host: host.clone(),
-                        detail: "process exited".into(),
+                        detail: detail.clone(),
                     }),
                     mismatch: None,
                 });
                 return Err(CclError::Remote(format!(
-                    "rank {r} (pid {pid}, host {host}) exited"
+                    "rank {r} (pid {pid}, host {host}): {detail}"
                 )));
             }
         }

@@ -38,9 +38,11 @@ impl Worker {
     }
 }
 
-pub(super) fn spin_budget(nranks: usize) -> Result<Duration> {
+/// The spin budget of a rank among `busy` threads that wait for each other (the
+/// communicator's ranks, and their socket proxies where they have some).
+pub(super) fn spin_budget(busy: usize) -> Result<Duration> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let default = if nranks <= cores { DEFAULT_SPIN_US } else { 0 };
+    let default = if busy <= cores { DEFAULT_SPIN_US } else { 0 };
     let us = crate::env::u64_or(ENV_SPIN_US, default)?;
     Ok(Duration::from_micros(us.min(10_000_000)))
 }

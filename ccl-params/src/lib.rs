@@ -362,7 +362,56 @@ pub const NCCL_P2P_DISABLE: Param = Param {
     name: "NCCL_P2P_DISABLE",
     kind: Kind::Flag,
     default: "0",
-    doc: "1: no peer-to-peer/IPC between GPUs (NVIDIA's meaning). Device backend: ranks of other processes are reached through host-staged shared memory (pinned `/dev/shm` FIFOs) instead of CUDA IPC. Read by device communicators only (a value other than 0/1 fails their init); the host backend always uses shared memory and ignores it",
+    doc: "1: no peer-to-peer/IPC between GPUs (NVIDIA's meaning). Device backend: ranks of other processes are reached through host-staged shared memory (pinned `/dev/shm` FIFOs) instead of CUDA IPC. Host backend: together with `NCCL_SHM_DISABLE=1`, ranks of one host talk over the socket transport, as NCCL falls back to its network transport when both are off",
+    scope: Scope::Runtime,
+    alias_of: None,
+};
+
+/// `NCCL_SHM_DISABLE`.
+pub const NCCL_SHM_DISABLE: Param = Param {
+    name: "NCCL_SHM_DISABLE",
+    kind: Kind::Flag,
+    default: "0",
+    doc: "1: no shared-memory transport (NVIDIA's meaning). Host backend: together with `NCCL_P2P_DISABLE=1`, ranks of one host talk over the socket transport; alone it changes nothing (in-host links stay peer-to-peer, as in NCCL). Every rank must set the same value",
+    scope: Scope::Runtime,
+    alias_of: None,
+};
+
+/// `NCCL_HOSTID`.
+pub const NCCL_HOSTID: Param = Param {
+    name: "NCCL_HOSTID",
+    kind: Kind::Text,
+    default: "host name and boot id",
+    doc: "what identifies this host (NVIDIA's meaning): ranks with the same value share memory, others talk over sockets",
+    scope: Scope::Runtime,
+    alias_of: None,
+};
+
+/// `NCCL_SOCKET_NTHREADS`.
+pub const NCCL_SOCKET_NTHREADS: Param = Param {
+    name: "NCCL_SOCKET_NTHREADS",
+    kind: Kind::Int {
+        min: 1,
+        max: 16,
+        suffixes: false,
+    },
+    default: "1",
+    doc: "socket transport: helper threads per connection in NCCL; here a factor of the TCP connections per channel and peer (`NCCL_SOCKET_NTHREADS` x `NCCL_NSOCKS_PERTHREAD`, at most 64), all served by the communicator's one proxy thread",
+    scope: Scope::Runtime,
+    alias_of: None,
+};
+
+/// `NCCL_NSOCKS_PERTHREAD`.
+pub const NCCL_NSOCKS_PERTHREAD: Param = Param {
+    name: "NCCL_NSOCKS_PERTHREAD",
+    kind: Kind::Int {
+        min: 1,
+        max: 64,
+        suffixes: false,
+    },
+    default: "1",
+    doc:
+        "socket transport: sockets per helper thread (NVIDIA's meaning); see `NCCL_SOCKET_NTHREADS`",
     scope: Scope::Runtime,
     alias_of: None,
 };
@@ -783,6 +832,10 @@ pub const ALL: &[&Param] = &[
     &NCCL_MAX_NCHANNELS,
     &NCCL_BUFFSIZE,
     &NCCL_P2P_DISABLE,
+    &NCCL_SHM_DISABLE,
+    &NCCL_HOSTID,
+    &NCCL_SOCKET_NTHREADS,
+    &NCCL_NSOCKS_PERTHREAD,
     &CUDA_DEVICE_MAX_CONNECTIONS,
     &NCCL_ALGO,
     &NCCL_PROTO,

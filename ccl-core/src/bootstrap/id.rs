@@ -243,7 +243,7 @@ pub fn parse_comm_id(value: &str) -> Result<SocketAddr> {
 
 /// 16 random bytes from the OS (`/dev/urandom`); falls back to hashing the std random
 /// hasher keys, the clock, the pid and a counter.
-pub(super) fn random_nonce() -> [u8; 16] {
+pub(crate) fn random_nonce() -> [u8; 16] {
     use std::io::Read;
     let mut out = [0u8; 16];
     if let Ok(mut f) = std::fs::File::open("/dev/urandom") {

@@ -28,6 +28,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub(crate) use id::random_nonce;
 pub use id::{
     build_id, hash64, parse_comm_id, parse_id, IdInfo, IdKind, UniqueId, COMM_ID_MAGIC, ID_MAGIC,
     UNIQUE_ID_BYTES,
@@ -155,8 +156,24 @@ fn host_identity() -> (String, u64) {
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| "localhost".into());
     let boot = read_trimmed("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-    let hash = hash64(SEED_HOST, format!("{name}\n{boot}").as_bytes());
-    (name, hash)
+    (
+        name.clone(),
+        host_hash(&name, &boot, host_id_override().as_deref()),
+    )
+}
+
+/// `NCCL_HOSTID`, read leniently: a text variable, only empty counts as unset.
+fn host_id_override() -> Option<String> {
+    ccl_params::NCCL_HOSTID.raw().ok().flatten()
+}
+
+/// The hash that decides which ranks share a host (and may share memory): of the host name
+/// and boot id, or of `NCCL_HOSTID` alone when it is set (NVIDIA's rule).
+fn host_hash(name: &str, boot_id: &str, host_id: Option<&str>) -> u64 {
+    match host_id {
+        Some(id) => hash64(SEED_HOST, format!("NCCL_HOSTID\n{id}").as_bytes()),
+        None => hash64(SEED_HOST, format!("{name}\n{boot_id}").as_bytes()),
+    }
 }
 
 /// One rank's handle on the bootstrap network of one communicator.
@@ -579,6 +596,21 @@ mod tests {
             })
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
+    }
+
+    #[test]
+    fn nccl_hostid_alone_decides_the_host() {
+        let a = host_hash("node-a", "boot-1", None);
+        assert_ne!(a, host_hash("node-b", "boot-1", None));
+        assert_ne!(a, host_hash("node-a", "boot-2", None));
+        assert_eq!(
+            host_hash("node-a", "boot-1", Some("rack7")),
+            host_hash("node-b", "boot-2", Some("rack7"))
+        );
+        assert_ne!(
+            host_hash("node-a", "boot-1", Some("rack7")),
+            host_hash("node-a", "boot-1", Some("rack8"))
+        );
     }
 
     #[test]

@@ -54,22 +54,24 @@ impl Comm {
     /// Second half of init, given a bootstrap: checks the host, connects the transport,
     /// starts the worker.
     fn attach(&self, boot: Bootstrap) -> Result<()> {
-        let me_host = boot.peer_host_hash(self.rank);
-        for r in 0..self.nranks {
-            if boot.peer_host_hash(r) != me_host {
+        note_algo_proto_env()?;
+        // NVIDIA's rule: with both peer-to-peer and shared memory disabled, ranks of one
+        // host talk over the network transport.
+        let sockets_in_host = crate::env::bool_or(&ccl_params::NCCL_P2P_DISABLE, false)?
+            && crate::env::bool_or(&ccl_params::NCCL_SHM_DISABLE, false)?;
+        self.check_same_tuning(&boot, sockets_in_host)?;
+        self.check_same_backend(&boot)?;
+        let pre = self.dev_pre.lock().take();
+        if let Some(pre) = pre {
+            let me_host = boot.peer_host_hash(self.rank);
+            if let Some(r) = (0..self.nranks).find(|&r| boot.peer_host_hash(r) != me_host) {
                 return Err(CclError::usage(format!(
-                    "the host backend needs all ranks on one host: rank {r} is on {}, rank {} on {}",
+                    "the device backend needs all ranks on one host: rank {r} is on {}, rank {} on {}",
                     boot.peer_host(r),
                     self.rank,
                     boot.peer_host(self.rank)
                 )));
             }
-        }
-        note_algo_proto_env()?;
-        self.check_same_tuning(&boot)?;
-        self.check_same_backend(&boot)?;
-        let pre = self.dev_pre.lock().take();
-        if let Some(pre) = pre {
             return self.attach_device(boot, pre);
         }
         let boot = Arc::new(boot);
@@ -78,6 +80,7 @@ impl Comm {
             self.tuning.max_channels,
             self.tuning.p2p_channels(),
             self.tuning.layout(),
+            sockets_in_host,
         )?;
         let bell = Doorbell::new(Arc::clone(transport.bell_region()), 0)?;
         let poison = crate::transport::shm::SharedWord::new(
@@ -273,9 +276,10 @@ impl Comm {
 
     /// Every rank must use the same FIFO layout and channel bounds (schedules and segment
     /// layouts depend on them): compares them over the bootstrap.
-    fn check_same_tuning(&self, boot: &Bootstrap) -> Result<()> {
+    fn check_same_tuning(&self, boot: &Bootstrap, sockets_in_host: bool) -> Result<()> {
         let t = &self.tuning;
-        let mine: Vec<u8> = [t.buffsize, t.min_channels, t.max_channels]
+        let flag = usize::from(sockets_in_host);
+        let mine: Vec<u8> = [t.buffsize, t.min_channels, t.max_channels, flag]
             .iter()
             .flat_map(|v| (*v as u64).to_le_bytes())
             .collect();
@@ -286,7 +290,7 @@ impl Comm {
                     .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
                     .collect();
                 return Err(CclError::usage(format!(
-                    "rank {r} uses NCCL_BUFFSIZE/min/max channels {vals:?}, rank {} uses [{}, {}, {}]: set the same NCCL_BUFFSIZE, NCCL_MIN_CTAS/NCCL_MAX_CTAS and config on every rank",
+                    "rank {r} uses NCCL_BUFFSIZE/min/max channels/sockets within a host {vals:?}, rank {} uses [{}, {}, {}, {flag}]: set the same NCCL_BUFFSIZE, NCCL_MIN_CTAS/NCCL_MAX_CTAS, NCCL_P2P_DISABLE/NCCL_SHM_DISABLE and config on every rank",
                     self.rank, t.buffsize, t.min_channels, t.max_channels
                 )));
             }

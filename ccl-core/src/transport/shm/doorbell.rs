@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::bell;
 use super::region::{ClaimKind, ShmRegion};
 use crate::error::Result;
+use crate::transport::wake::EventFd;
 
 /// A `u32` futex word at `offset` in a region: any process/thread can ring it; its owner
 /// sleeps on it.
@@ -19,6 +20,9 @@ pub struct Doorbell {
     offset: usize,
     seq: *const AtomicU32,
     sleepers: *const AtomicU32,
+    /// Signalled with every wake: the owner may sleep in `poll(2)` instead of on the futex
+    /// (the socket transport's proxy, [`Doorbell::with_event`]).
+    event: Option<Arc<EventFd>>,
 }
 
 // SAFETY: the pointers address two atomic words inside the mapping owned by `region` (kept
@@ -51,7 +55,20 @@ impl Doorbell {
             sleepers: unsafe { p.add(4) }.cast::<AtomicU32>(),
             region,
             offset,
+            event: None,
         })
+    }
+
+    /// A handle that also signals `event` whenever it wakes the owner: for an owner that
+    /// sleeps in `poll(2)` on `event` after [`Doorbell::announce`] (in-process only).
+    pub fn with_event(
+        region: Arc<ShmRegion>,
+        offset: usize,
+        event: Arc<EventFd>,
+    ) -> Result<Doorbell> {
+        let mut d = Doorbell::new(region, offset)?;
+        d.event = Some(event);
+        Ok(d)
     }
 
     fn seq(&self) -> &AtomicU32 {
@@ -132,7 +149,10 @@ impl bell::BellWords for Doorbell {
     }
 
     fn futex_wake(&self) {
-        futex_wake(Doorbell::seq(self))
+        futex_wake(Doorbell::seq(self));
+        if let Some(e) = &self.event {
+            e.signal();
+        }
     }
 }
 

@@ -1,0 +1,383 @@
+//! Wire format of the socket transport. Pure code: bytes in, values or errors out.
+//!
+//! A connection joins two ranks of one communicator for one [`StreamId`]. The rank that
+//! connects (the lower of the pair) first sends a [`Hello`] (48 bytes):
+//!
+//! | bytes  | field                                                   |
+//! |--------|---------------------------------------------------------|
+//! | 0..8   | magic [`HELLO_MAGIC`] ("CCLDSOK1")                       |
+//! | 8..12  | version ([`VERSION`])                                   |
+//! | 12..16 | stream id                                               |
+//! | 16..24 | communicator hash                                       |
+//! | 24..28 | sender's rank                                           |
+//! | 28..32 | receiver's rank                                         |
+//! | 32..48 | the communicator's secret (agreed at bootstrap)         |
+//!
+//! Then each direction carries the frames of its stream, little-endian:
+//! - a data stream (one channel of a ring, Tree or p2p link): a [`DataHeader`] of 32 bytes
+//!   (payload length, [`DATA_TAG`], the three descriptor words of the FIFO message), then
+//!   the payload;
+//! - the control stream (one per pair of ranks): [`Control`] frames of 16 bytes.
+//!
+//! Every field is checked on receipt: a wrong magic, tag, version, communicator, rank or
+//! secret, or a length over the receiving slot, is an error naming what was wrong, and the
+//! connection is dropped.
+
+use crate::transport::shm::FifoLayout;
+
+/// Magic of a [`Hello`] ("CCLDSOK1").
+pub(crate) const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"CCLDSOK1");
+/// Version of this wire format.
+pub(crate) const VERSION: u32 = 1;
+/// Bytes of a [`Hello`].
+pub(crate) const HELLO_BYTES: usize = 48;
+/// Bytes of a [`DataHeader`].
+pub(crate) const DATA_HEADER_BYTES: usize = 32;
+/// Second word of every [`DataHeader`].
+pub(crate) const DATA_TAG: u32 = 0xDA7A_C01D;
+/// Bytes of a [`Control`] frame.
+pub(crate) const CONTROL_BYTES: usize = 16;
+/// Second word of every [`Control`] frame.
+const CONTROL_TAG: u32 = 0xC0DE_C01D;
+/// Bytes of the communicator's secret.
+pub(crate) const SECRET_BYTES: usize = 16;
+
+/// Which stream of a pair of ranks a connection carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct StreamId(pub u32);
+
+const KIND_SHIFT: u32 = 24;
+const RING: u32 = 1;
+const TREE: u32 = 2;
+const TREE_LL: u32 = 3;
+const P2P: u32 = 4;
+
+impl StreamId {
+    /// The pair's control stream (poison words, goodbye, liveness).
+    pub(crate) const CONTROL: StreamId = StreamId(0);
+
+    /// Channel `c` of the ring link.
+    pub(crate) fn ring(c: usize) -> StreamId {
+        Self::of(RING, c)
+    }
+
+    /// Channel `c` of a Tree link (Simple protocol).
+    pub(crate) fn tree(c: usize) -> StreamId {
+        Self::of(TREE, c)
+    }
+
+    /// The LL FIFO of a Tree link.
+    pub(crate) fn tree_ll() -> StreamId {
+        Self::of(TREE_LL, 0)
+    }
+
+    /// Channel `c` of a p2p link.
+    pub(crate) fn p2p(c: usize) -> StreamId {
+        Self::of(P2P, c)
+    }
+
+    fn of(kind: u32, c: usize) -> StreamId {
+        // Channels are at most 32 (Tuning's bound), far below 2^24.
+        StreamId((kind << KIND_SHIFT) | (c as u32 & ((1 << KIND_SHIFT) - 1)))
+    }
+
+    /// Whether a peer may name this stream in its hello.
+    pub(crate) fn is_known(self) -> bool {
+        self == Self::CONTROL || (RING..=P2P).contains(&(self.0 >> KIND_SHIFT))
+    }
+}
+
+impl std::fmt::Display for StreamId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let c = self.0 & ((1 << KIND_SHIFT) - 1);
+        match self.0 >> KIND_SHIFT {
+            0 => write!(f, "control"),
+            RING => write!(f, "ring channel {c}"),
+            TREE => write!(f, "tree channel {c}"),
+            TREE_LL => write!(f, "tree LL"),
+            P2P => write!(f, "p2p channel {c}"),
+            k => write!(f, "unknown stream kind {k}"),
+        }
+    }
+}
+
+/// The first bytes of every connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Hello {
+    pub stream: StreamId,
+    pub comm_hash: u64,
+    pub from: u32,
+    pub to: u32,
+    pub secret: [u8; SECRET_BYTES],
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    let mut w = [0u8; 4];
+    w.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(w)
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(w)
+}
+
+impl Hello {
+    pub(crate) fn encode(&self) -> [u8; HELLO_BYTES] {
+        let mut b = [0u8; HELLO_BYTES];
+        b[0..8].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
+        b[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        b[12..16].copy_from_slice(&self.stream.0.to_le_bytes());
+        b[16..24].copy_from_slice(&self.comm_hash.to_le_bytes());
+        b[24..28].copy_from_slice(&self.from.to_le_bytes());
+        b[28..32].copy_from_slice(&self.to.to_le_bytes());
+        b[32..48].copy_from_slice(&self.secret);
+        b
+    }
+
+    /// Decodes a hello and checks it against what this rank expects: its communicator,
+    /// itself as receiver, a sender among `nranks` other than itself, a known stream and
+    /// the communicator's secret (compared in constant time).
+    pub(crate) fn decode_checked(
+        b: &[u8; HELLO_BYTES],
+        comm_hash: u64,
+        me: usize,
+        nranks: usize,
+        secret: &[u8; SECRET_BYTES],
+    ) -> Result<Hello, String> {
+        let magic = u64_at(b, 0);
+        if magic != HELLO_MAGIC {
+            return Err(format!(
+                "not a ccld socket-transport hello (magic {magic:#018x})"
+            ));
+        }
+        let version = u32_at(b, 8);
+        if version != VERSION {
+            return Err(format!(
+                "socket-transport version {version}, this library speaks {VERSION}"
+            ));
+        }
+        let mut s = [0u8; SECRET_BYTES];
+        s.copy_from_slice(&b[32..48]);
+        let h = Hello {
+            stream: StreamId(u32_at(b, 12)),
+            comm_hash: u64_at(b, 16),
+            from: u32_at(b, 24),
+            to: u32_at(b, 28),
+            secret: s,
+        };
+        if !same_secret(&h.secret, secret) {
+            return Err("wrong secret (not a rank of this job's communicator)".into());
+        }
+        if h.comm_hash != comm_hash {
+            return Err(format!(
+                "for communicator {:#018x}, this is {comm_hash:#018x}",
+                h.comm_hash
+            ));
+        }
+        if h.to as usize != me {
+            return Err(format!("addressed to rank {}, this is rank {me}", h.to));
+        }
+        if h.from as usize >= nranks || h.from as usize == me {
+            return Err(format!(
+                "from rank {}, not a peer of rank {me} among {nranks} ranks",
+                h.from
+            ));
+        }
+        if !h.stream.is_known() {
+            return Err(format!("unknown stream id {:#010x}", h.stream.0));
+        }
+        Ok(h)
+    }
+}
+
+/// Constant-time comparison: a peer guessing the secret learns nothing from timing.
+fn same_secret(a: &[u8; SECRET_BYTES], b: &[u8; SECRET_BYTES]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Header of one FIFO message on a data stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct DataHeader {
+    pub len: usize,
+    pub desc: [u64; FifoLayout::DESC_WORDS],
+}
+
+impl DataHeader {
+    pub(crate) fn encode(&self) -> [u8; DATA_HEADER_BYTES] {
+        let mut b = [0u8; DATA_HEADER_BYTES];
+        // Lengths are at most a FIFO slot (1 GiB bound), so they fit u32.
+        b[0..4].copy_from_slice(&(self.len as u32).to_le_bytes());
+        b[4..8].copy_from_slice(&DATA_TAG.to_le_bytes());
+        for (i, d) in self.desc.iter().enumerate() {
+            b[8 + 8 * i..16 + 8 * i].copy_from_slice(&d.to_le_bytes());
+        }
+        b
+    }
+
+    /// Decodes a header whose payload must fit `max_len` bytes (the receiving slot).
+    pub(crate) fn decode(b: &[u8; DATA_HEADER_BYTES], max_len: usize) -> Result<Self, String> {
+        let tag = u32_at(b, 4);
+        if tag != DATA_TAG {
+            return Err(format!(
+                "corrupt data frame (tag {tag:#010x}, expected {DATA_TAG:#010x})"
+            ));
+        }
+        let len = u32_at(b, 0) as usize;
+        if len > max_len {
+            return Err(format!(
+                "data frame of {len} bytes, the receiving slot holds {max_len}"
+            ));
+        }
+        let mut desc = [0u64; FifoLayout::DESC_WORDS];
+        for (i, d) in desc.iter_mut().enumerate() {
+            *d = u64_at(b, 8 + 8 * i);
+        }
+        Ok(DataHeader { len, desc })
+    }
+}
+
+/// A frame of the control stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Control {
+    /// The sender detected an inconsistent call: store this poison value in the
+    /// receiver's poison word (`desc::poison_value`).
+    Poison(u64),
+    /// The sender is closing the communicator: the connections that follow close cleanly.
+    Bye,
+}
+
+const CONTROL_POISON: u32 = 1;
+const CONTROL_BYE: u32 = 2;
+
+impl Control {
+    pub(crate) fn encode(&self) -> [u8; CONTROL_BYTES] {
+        let (kind, value) = match *self {
+            Control::Poison(v) => (CONTROL_POISON, v),
+            Control::Bye => (CONTROL_BYE, 0),
+        };
+        let mut b = [0u8; CONTROL_BYTES];
+        b[0..4].copy_from_slice(&kind.to_le_bytes());
+        b[4..8].copy_from_slice(&CONTROL_TAG.to_le_bytes());
+        b[8..16].copy_from_slice(&value.to_le_bytes());
+        b
+    }
+
+    pub(crate) fn decode(b: &[u8; CONTROL_BYTES]) -> Result<Control, String> {
+        let tag = u32_at(b, 4);
+        if tag != CONTROL_TAG {
+            return Err(format!("corrupt control frame (tag {tag:#010x})"));
+        }
+        match (u32_at(b, 0), u64_at(b, 8)) {
+            (CONTROL_POISON, v) if v != 0 => Ok(Control::Poison(v)),
+            (CONTROL_BYE, _) => Ok(Control::Bye),
+            (k, v) => Err(format!("unknown control frame (kind {k}, value {v:#x})")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SECRET: [u8; SECRET_BYTES] = *b"0123456789abcdef";
+
+    fn hello() -> Hello {
+        Hello {
+            stream: StreamId::ring(3),
+            comm_hash: 0xfeed,
+            from: 1,
+            to: 2,
+            secret: SECRET,
+        }
+    }
+
+    #[test]
+    fn a_hello_round_trips_and_is_checked() {
+        let b = hello().encode();
+        assert_eq!(
+            Hello::decode_checked(&b, 0xfeed, 2, 4, &SECRET).unwrap(),
+            hello()
+        );
+        let err = |b: &[u8; HELLO_BYTES], comm: u64, me: usize| {
+            Hello::decode_checked(b, comm, me, 4, &SECRET).unwrap_err()
+        };
+        assert!(err(&b, 0xbeef, 2).contains("communicator"));
+        assert!(err(&b, 0xfeed, 3).contains("addressed to rank 2"));
+        let mut other = SECRET;
+        other[15] ^= 1;
+        let e = Hello::decode_checked(&b, 0xfeed, 2, 4, &other).unwrap_err();
+        assert!(e.contains("wrong secret"), "{e}");
+        let mut junk = b;
+        junk[0] ^= 0xff;
+        assert!(err(&junk, 0xfeed, 2).contains("magic"));
+        let mut v2 = b;
+        v2[8] = 9;
+        assert!(err(&v2, 0xfeed, 2).contains("version 9"));
+        let mut far = hello();
+        far.from = 4;
+        assert!(err(&far.encode(), 0xfeed, 2).contains("from rank 4"));
+        let mut own = hello();
+        own.from = 2;
+        assert!(err(&own.encode(), 0xfeed, 2).contains("from rank 2"));
+        let mut odd = hello();
+        odd.stream = StreamId(9 << 24);
+        assert!(err(&odd.encode(), 0xfeed, 2).contains("unknown stream"));
+    }
+
+    #[test]
+    fn stream_ids_are_distinct_and_named() {
+        let ids = [
+            StreamId::CONTROL,
+            StreamId::ring(0),
+            StreamId::ring(31),
+            StreamId::tree(0),
+            StreamId::tree_ll(),
+            StreamId::p2p(0),
+            StreamId::p2p(7),
+        ];
+        for (i, a) in ids.iter().enumerate() {
+            assert!(a.is_known());
+            for b in &ids[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
+        assert_eq!(StreamId::p2p(7).to_string(), "p2p channel 7");
+        assert_eq!(StreamId::CONTROL.to_string(), "control");
+    }
+
+    #[test]
+    fn data_headers_round_trip_and_reject_junk_and_oversize() {
+        let h = DataHeader {
+            len: 4096,
+            desc: [1, u64::MAX, 7],
+        };
+        assert_eq!(DataHeader::decode(&h.encode(), 4096).unwrap(), h);
+        let e = DataHeader::decode(&h.encode(), 4095).unwrap_err();
+        assert!(e.contains("4096 bytes") && e.contains("4095"), "{e}");
+        let mut junk = h.encode();
+        junk[5] ^= 0x10;
+        assert!(DataHeader::decode(&junk, 1 << 20)
+            .unwrap_err()
+            .contains("corrupt"));
+        let zero = DataHeader {
+            len: 0,
+            desc: [5, 6, 7],
+        };
+        assert_eq!(DataHeader::decode(&zero.encode(), 0).unwrap(), zero);
+    }
+
+    #[test]
+    fn control_frames_round_trip_and_reject_junk() {
+        for c in [Control::Poison(0x1234), Control::Bye] {
+            assert_eq!(Control::decode(&c.encode()).unwrap(), c);
+        }
+        assert!(Control::decode(&[0u8; CONTROL_BYTES]).is_err());
+        let mut zero_poison = Control::Poison(1).encode();
+        zero_poison[8] = 0;
+        assert!(Control::decode(&zero_poison)
+            .unwrap_err()
+            .contains("unknown control"));
+    }
+}

@@ -1,0 +1,358 @@
+//! The socket transport: FIFO messages between ranks on different hosts (or on one host
+//! with `NCCL_P2P_DISABLE=1` and `NCCL_SHM_DISABLE=1`) over TCP.
+//!
+//! The executor does not know about sockets. For a remote peer it gets FIFOs in private
+//! (anonymous) memory instead of a peer's `/dev/shm` segment, a doorbell that wakes this
+//! communicator's proxy thread ([`proxy`]) instead of the peer's, and a private word in
+//! place of the peer's poison word. The proxy moves the messages between those FIFOs and
+//! one TCP connection per stream: each channel of a ring, Tree or p2p link, plus one
+//! control connection per pair of ranks ([`frame::StreamId`]).
+//!
+//! Set-up ([`Remote::connect`], collective): each rank listens on the address its
+//! bootstrap connection uses (so `NCCL_SOCKET_IFNAME`/`NCCL_SOCKET_FAMILY` choose the
+//! interface, as for the bootstrap), and one allgather shares the listeners and rank 0's
+//! random secret. Of each pair, the lower rank connects and sends a [`frame::Hello`]
+//! naming the communicator, both ranks, the stream and the secret; the higher rank accepts,
+//! checks every field and drops (with a `WARN`) a connection that fails any check.
+//! Connecting never waits for the peer, and accepting waits only for lower ranks, so no
+//! order of set-up calls deadlocks.
+//!
+//! Failure: the end of a control connection without a goodbye (a killed process, a reset)
+//! marks the peer lost; TCP keep-alive and `TCP_USER_TIMEOUT` bound the time to notice a
+//! link that went silent ([`LINK_TIMEOUT`]). The executor's peer check
+//! (`CCLD_PEER_CHECK_MS`) then fails the operation with `ncclRemoteError`.
+
+pub(crate) mod frame;
+pub(crate) mod proxy;
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use frame::{Hello, StreamId, HELLO_BYTES, SECRET_BYTES};
+use proxy::{Cmd, DataStream, Inbound, Outbound, Proxy, ProxyLocal};
+
+use crate::bootstrap::Bootstrap;
+use crate::error::{CclError, Result};
+use crate::transport::shm::{Doorbell, SharedWord, ShmRegion, CACHE_LINE};
+use crate::transport::wake::{poll, EventFd};
+
+/// How long a silent link may stay unanswered before the peer counts as lost (TCP
+/// keep-alive probes after 1 s idle, every 1 s, 3 of them; `TCP_USER_TIMEOUT` for data that
+/// stays unacknowledged).
+pub(crate) const LINK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long reading a hello may take before the connection is dropped.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One rank's socket transport in one communicator.
+#[derive(Debug)]
+pub(crate) struct Remote {
+    me: usize,
+    comm_hash: u64,
+    secret: [u8; SECRET_BYTES],
+    /// Which ranks this rank reaches over sockets.
+    remote: Vec<bool>,
+    addrs: Vec<Option<SocketAddr>>,
+    listener: TcpListener,
+    /// Accepted and checked connections not yet claimed by a set-up step.
+    stash: HashMap<(usize, StreamId), TcpStream>,
+    timeout: Duration,
+    /// Offset 0: the proxy's doorbell; from [`CACHE_LINE`]: one word per rank where the
+    /// executor stores a poison value for that peer.
+    wake_region: Arc<ShmRegion>,
+    wake: Arc<EventFd>,
+    proxy: Proxy,
+}
+
+fn encode_offer(secret: &[u8; SECRET_BYTES], addr: SocketAddr) -> Vec<u8> {
+    let mut v = secret.to_vec();
+    v.extend_from_slice(addr.to_string().as_bytes());
+    v
+}
+
+fn decode_offer(b: &[u8]) -> Result<([u8; SECRET_BYTES], SocketAddr)> {
+    let bad = || CclError::Remote("malformed socket-transport offer from a peer".into());
+    if b.len() <= SECRET_BYTES {
+        return Err(bad());
+    }
+    let mut s = [0u8; SECRET_BYTES];
+    s.copy_from_slice(&b[..SECRET_BYTES]);
+    let addr = std::str::from_utf8(&b[SECRET_BYTES..])
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .ok_or_else(bad)?;
+    Ok((s, addr))
+}
+
+/// Keep-alive and user timeout on a connection ([`LINK_TIMEOUT`]), `TCP_NODELAY`.
+fn tune(s: &TcpStream) -> Result<()> {
+    s.set_nodelay(true)
+        .map_err(|e| CclError::sys("socket transport: TCP_NODELAY", e))?;
+    let fd = s.as_raw_fd();
+    let set = |level: libc::c_int, opt: libc::c_int, v: libc::c_int| {
+        // SAFETY: `fd` is an open socket owned by `s` for the call; the option value is a
+        // c_int on our stack, passed with its size.
+        unsafe {
+            libc::setsockopt(
+                fd,
+                level,
+                opt,
+                (&v as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        }
+    };
+    let ms = LINK_TIMEOUT.as_millis() as libc::c_int;
+    let rcs = [
+        set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
+        set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 1),
+        set(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 1),
+        set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 3),
+        set(libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, ms),
+    ];
+    if rcs.iter().any(|r| *r != 0) {
+        return Err(CclError::sys(
+            "socket transport: keep-alive options",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
+}
+
+impl Remote {
+    /// Collective over the communicator (every rank calls it when any pair is remote):
+    /// listens, shares listeners and the secret, starts the proxy and connects the control
+    /// stream with every remote peer. `exec_bell` and `poison` are this rank's doorbell and
+    /// poison word.
+    pub(crate) fn connect(
+        boot: &Bootstrap,
+        remote: Vec<bool>,
+        exec_bell: Arc<Doorbell>,
+        poison: SharedWord,
+    ) -> Result<Remote> {
+        let me = boot.rank();
+        let n = boot.nranks();
+        let ip: IpAddr = boot
+            .peer_addr(me)
+            .map_or_else(|| boot.listen_addr().ip(), |a| a.ip());
+        let listener = TcpListener::bind(SocketAddr::new(ip, 0))
+            .map_err(|e| CclError::sys(&format!("socket transport: listening on {ip}"), e))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| CclError::sys("socket transport: listener", e))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| CclError::sys("socket transport: listener address", e))?;
+        let offers = boot.allgather(&encode_offer(&crate::bootstrap::random_nonce(), addr))?;
+        let mut addrs = Vec::with_capacity(n);
+        let mut secret = [0u8; SECRET_BYTES];
+        for (r, b) in offers.iter().enumerate() {
+            let (s, a) =
+                decode_offer(b).map_err(|e| crate::error::with_context(e, &format!("rank {r}")))?;
+            if r == 0 {
+                secret = s;
+            }
+            addrs.push(remote[r].then_some(a));
+        }
+        let wake = Arc::new(EventFd::new()?);
+        let wake_region = Arc::new(ShmRegion::anonymous(CACHE_LINE + 8 * n)?);
+        let proxy = Proxy::start(ProxyLocal {
+            rank: me,
+            nranks: n,
+            exec_bell,
+            poison,
+            wake_bell: Doorbell::new(Arc::clone(&wake_region), 0)?,
+            wake: Arc::clone(&wake),
+            flush: LINK_TIMEOUT,
+        })?;
+        let mut r = Remote {
+            me,
+            comm_hash: boot.comm_hash(),
+            secret,
+            remote,
+            addrs,
+            listener,
+            stash: HashMap::new(),
+            timeout: boot.timeout(),
+            wake_region,
+            wake,
+            proxy,
+        };
+        let never = AtomicBool::new(false);
+        for p in 0..n {
+            if !r.remote[p] {
+                continue;
+            }
+            let sock = r.stream(p, StreamId::CONTROL, &never)?;
+            let poison_out = r.poison_word(p)?;
+            r.proxy.add(Cmd::Control {
+                peer: p,
+                sock,
+                poison_out,
+            })?;
+        }
+        tracing::info!(target: "nccl::NET", rank = me,
+            "comm {:#018x}: socket transport on {addr} to ranks {:?}", r.comm_hash,
+            (0..n).filter(|&p| r.remote[p]).collect::<Vec<_>>());
+        Ok(r)
+    }
+
+    /// Whether `peer` is reached over sockets.
+    pub(crate) fn is_remote(&self, peer: usize) -> bool {
+        self.remote.get(peer).copied().unwrap_or(false)
+    }
+
+    /// Why the connection to `peer` was lost, `None` while it is fine.
+    pub(crate) fn lost(&self, peer: usize) -> Option<String> {
+        self.proxy.peers.lost(peer)
+    }
+
+    /// The doorbell the executor rings for a remote peer: it wakes the proxy.
+    pub(crate) fn peer_bell(&self) -> Result<Doorbell> {
+        Doorbell::with_event(Arc::clone(&self.wake_region), 0, Arc::clone(&self.wake))
+    }
+
+    /// The word standing for `peer`'s poison word: the proxy sends what is stored there.
+    pub(crate) fn poison_word(&self, peer: usize) -> Result<SharedWord> {
+        SharedWord::new(Arc::clone(&self.wake_region), CACHE_LINE + 8 * peer)
+    }
+
+    /// Connects stream `id` with `peer` and hands it to the proxy with the FIFO ends the
+    /// proxy serves.
+    pub(crate) fn attach(
+        &mut self,
+        peer: usize,
+        id: StreamId,
+        out: Option<Outbound>,
+        inb: Option<Inbound>,
+        abort: &AtomicBool,
+    ) -> Result<()> {
+        let sock = self.stream(peer, id, abort)?;
+        self.proxy.add(Cmd::Data(Box::new(DataStream {
+            peer,
+            id,
+            sock,
+            out,
+            inb,
+        })))
+    }
+
+    /// The connection of stream `id` with `peer`, non-blocking and tuned: the lower rank
+    /// connects, the higher accepts.
+    fn stream(&mut self, peer: usize, id: StreamId, abort: &AtomicBool) -> Result<TcpStream> {
+        let s = if self.me < peer {
+            self.connect_to(peer, id)?
+        } else {
+            self.accept_from(peer, id, abort)?
+        };
+        tune(&s)?;
+        s.set_nonblocking(true)
+            .map_err(|e| CclError::sys("socket transport: non-blocking mode", e))?;
+        Ok(s)
+    }
+
+    fn connect_to(&self, peer: usize, id: StreamId) -> Result<TcpStream> {
+        let addr = self.addrs[peer].ok_or_else(|| {
+            CclError::Internal(format!("no socket-transport address for rank {peer}"))
+        })?;
+        let mut s = TcpStream::connect_timeout(&addr, self.timeout).map_err(|e| {
+            CclError::Remote(format!(
+                "socket transport: connecting to rank {peer} at {addr} ({id}): {e}"
+            ))
+        })?;
+        let hello = Hello {
+            stream: id,
+            comm_hash: self.comm_hash,
+            from: self.me as u32,
+            to: peer as u32,
+            secret: self.secret,
+        };
+        s.write_all(&hello.encode()).map_err(|e| {
+            CclError::Remote(format!(
+                "socket transport: greeting rank {peer} at {addr} ({id}): {e}"
+            ))
+        })?;
+        Ok(s)
+    }
+
+    fn accept_from(&mut self, peer: usize, id: StreamId, abort: &AtomicBool) -> Result<TcpStream> {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            if let Some(s) = self.stash.remove(&(peer, id)) {
+                return Ok(s);
+            }
+            if abort.load(Ordering::Acquire) {
+                return Err(CclError::Aborted(format!(
+                    "ncclCommAbort called while waiting for rank {peer} to connect ({id})"
+                )));
+            }
+            if Instant::now() >= deadline {
+                return Err(CclError::Timeout(format!(
+                    "socket transport: rank {peer} did not connect its {id} within {:?}",
+                    self.timeout
+                )));
+            }
+            match self.listener.accept() {
+                Ok((s, from)) => self.admit(s, from),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    let mut fds = [libc::pollfd {
+                        fd: self.listener.as_raw_fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    }];
+                    poll(&mut fds, Duration::from_millis(100))?;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(CclError::sys("socket transport: accept", e)),
+            }
+        }
+    }
+
+    /// Reads and checks the hello of an accepted connection; stashes it, or drops it with a
+    /// `WARN` naming what was wrong.
+    fn admit(&mut self, mut s: TcpStream, from: SocketAddr) {
+        let mut b = [0u8; HELLO_BYTES];
+        let read = s
+            .set_nonblocking(false)
+            .and_then(|()| s.set_read_timeout(Some(HELLO_TIMEOUT)))
+            .and_then(|()| s.read_exact(&mut b));
+        let n = self.remote.len();
+        let checked = match read {
+            Ok(()) => Hello::decode_checked(&b, self.comm_hash, self.me, n, &self.secret),
+            Err(e) => Err(format!("no complete hello ({e})")),
+        };
+        match checked {
+            Ok(h) if self.is_remote(h.from as usize) => {
+                let _ = s.set_read_timeout(None);
+                self.stash.insert((h.from as usize, h.stream), s);
+            }
+            Ok(h) => tracing::warn!(target: "nccl::NET", rank = self.me,
+                "socket transport: dropping a connection from {from} claiming rank {}, which this rank reaches through shared memory", h.from),
+            Err(why) => tracing::warn!(target: "nccl::NET", rank = self.me,
+                "socket transport: dropping a connection from {from}: {why}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offers_round_trip_and_junk_is_an_error() {
+        let a: SocketAddr = "10.1.2.3:4567".parse().unwrap();
+        let s = *b"0123456789abcdef";
+        assert_eq!(decode_offer(&encode_offer(&s, a)).unwrap(), (s, a));
+        let v6: SocketAddr = "[fe80::1%2]:99".parse().unwrap();
+        assert_eq!(decode_offer(&encode_offer(&s, v6)).unwrap().1, v6);
+        assert!(decode_offer(&s).is_err());
+        let mut junk = s.to_vec();
+        junk.extend_from_slice(b"not an address");
+        assert!(decode_offer(&junk).is_err());
+    }
+}

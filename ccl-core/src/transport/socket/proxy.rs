@@ -1,0 +1,713 @@
+//! The proxy thread of one communicator's socket transport: it moves FIFO messages
+//! between the executor's local FIFOs and TCP connections, with non-blocking I/O and
+//! `poll(2)`, so that one slow peer never stops the others.
+//!
+//! - Outbound: the executor commits into a local FIFO as it would for a peer on this host;
+//!   the proxy writes the message (a [`DataHeader`] and the payload, straight from the
+//!   slot) to the stream's socket and releases the slot once all of it is written.
+//! - Inbound: the proxy reads a header, reserves a slot in the executor's local receive
+//!   FIFO and reads the payload straight into it, then commits. While the FIFO is full it
+//!   stops reading that socket (TCP's window then slows the sender).
+//! - Control: per remote peer, a stream carrying poison values (an inconsistent call
+//!   detected here or there) and a goodbye at destroy. The end of that stream without a
+//!   goodbye means the peer's process or link is gone ([`PeerStates`]).
+//!
+//! The executor rings the proxy's doorbell (made with [`Doorbell::with_event`]) after a
+//! commit or release on a remote link; the proxy sleeps in `poll` on its sockets and that
+//! doorbell's eventfd, and rings the executor's doorbell when it committed or released.
+
+use std::io::{ErrorKind, IoSlice, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use super::frame::{Control, DataHeader, StreamId, CONTROL_BYTES, DATA_HEADER_BYTES};
+use crate::error::{CclError, Result};
+use crate::transport::shm::{
+    Doorbell, FifoLayout, FifoReceiver, FifoSender, LlReceiver, LlSender, SharedWord,
+};
+use crate::transport::wake::{poll, EventFd};
+
+/// The executor's send FIFO of a remote link, read by the proxy.
+#[derive(Debug)]
+pub(crate) enum Outbound {
+    Fifo(FifoReceiver),
+    Ll(LlReceiver),
+}
+
+impl Outbound {
+    #[allow(clippy::type_complexity)]
+    fn peek(&mut self) -> Result<Option<(&[u8], [u64; FifoLayout::DESC_WORDS])>> {
+        match self {
+            Outbound::Fifo(f) => f.try_peek_with_desc(),
+            Outbound::Ll(f) => f.try_peek_with_desc(),
+        }
+    }
+
+    fn release(&mut self) {
+        match self {
+            Outbound::Fifo(f) => f.release(),
+            Outbound::Ll(f) => f.release(),
+        }
+    }
+}
+
+/// The executor's receive FIFO of a remote link, filled by the proxy.
+#[derive(Debug)]
+pub(crate) enum Inbound {
+    Fifo(FifoSender),
+    Ll(LlSender),
+}
+
+impl Inbound {
+    /// The largest message a slot holds.
+    fn cap(&self) -> usize {
+        match self {
+            Inbound::Fifo(f) => f.layout().slot_bytes,
+            Inbound::Ll(f) => f.cap(),
+        }
+    }
+
+    fn reserve(&mut self) -> Option<&mut [u8]> {
+        match self {
+            Inbound::Fifo(f) => f.try_reserve(),
+            Inbound::Ll(f) => f.try_reserve(),
+        }
+    }
+
+    fn commit(&mut self, h: &DataHeader) -> Result<()> {
+        match self {
+            Inbound::Fifo(f) => {
+                // A slot is reserved and `h.len` fits it (checked by `DataHeader::decode`).
+                f.commit_with_desc(h.len, h.desc);
+                Ok(())
+            }
+            Inbound::Ll(f) => f.commit_with_desc(h.len, h.desc),
+        }
+    }
+}
+
+/// One connection carrying one stream (a channel of a link) with one peer; either side
+/// may be absent (a ring link's connection carries one direction unless the ring has two
+/// ranks).
+#[derive(Debug)]
+pub(crate) struct DataStream {
+    pub peer: usize,
+    pub id: StreamId,
+    pub sock: TcpStream,
+    pub out: Option<Outbound>,
+    pub inb: Option<Inbound>,
+}
+
+/// What the proxy knows of each peer's connection (indexed by rank).
+#[derive(Debug)]
+pub(crate) struct PeerStates {
+    state: Vec<AtomicU8>,
+    reason: Mutex<Vec<Option<String>>>,
+}
+
+const OPEN: u8 = 0;
+const CLOSED: u8 = 1;
+const LOST: u8 = 2;
+
+impl PeerStates {
+    pub(crate) fn new(n: usize) -> PeerStates {
+        PeerStates {
+            state: (0..n).map(|_| AtomicU8::new(OPEN)).collect(),
+            reason: Mutex::new(vec![None; n]),
+        }
+    }
+
+    /// Why the connection to `peer` was lost (`None`: open, or closed with a goodbye).
+    pub(crate) fn lost(&self, peer: usize) -> Option<String> {
+        if self.state.get(peer)?.load(Ordering::Acquire) != LOST {
+            return None;
+        }
+        Some(
+            self.reason.lock()[peer]
+                .clone()
+                .unwrap_or_else(|| "connection lost".into()),
+        )
+    }
+
+    fn mark(&self, peer: usize, to: u8, why: Option<String>) {
+        let Some(s) = self.state.get(peer) else {
+            return;
+        };
+        if s.load(Ordering::Acquire) != OPEN {
+            return;
+        }
+        self.reason.lock()[peer] = why;
+        s.store(to, Ordering::Release);
+    }
+}
+
+/// Messages from the set-up code (init, lazy p2p connections) to the proxy.
+pub(crate) enum Cmd {
+    Data(Box<DataStream>),
+    Control {
+        peer: usize,
+        sock: TcpStream,
+        /// The word where this rank's executor stores a poison value for `peer`.
+        poison_out: SharedWord,
+    },
+}
+
+/// The handle of a running proxy: stops and joins it on drop, after it flushed what the
+/// executor committed and said goodbye to every peer.
+#[derive(Debug)]
+pub(crate) struct Proxy {
+    cmds: Sender<Cmd>,
+    wake: Arc<EventFd>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    pub peers: Arc<PeerStates>,
+}
+
+/// What the proxy thread needs of its rank.
+pub(crate) struct ProxyLocal {
+    pub rank: usize,
+    pub nranks: usize,
+    /// The executor's doorbell (rung after a commit or release here).
+    pub exec_bell: Arc<Doorbell>,
+    /// This rank's poison word (set when a peer sends a poison value).
+    pub poison: SharedWord,
+    /// The proxy's own doorbell (announced before sleeping), and its eventfd.
+    pub wake_bell: Doorbell,
+    pub wake: Arc<EventFd>,
+    /// How long a destroy waits for committed data to leave.
+    pub flush: Duration,
+}
+
+impl Proxy {
+    pub(crate) fn start(local: ProxyLocal) -> Result<Proxy> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let peers = Arc::new(PeerStates::new(local.nranks));
+        let wake = Arc::clone(&local.wake);
+        let (s, p) = (Arc::clone(&stop), Arc::clone(&peers));
+        let thread = std::thread::Builder::new()
+            .name(format!("ccld-proxy-{}", local.rank))
+            .spawn(move || Loop::new(local, rx, s, p).run())
+            .map_err(|e| CclError::sys("starting the socket proxy thread", e))?;
+        Ok(Proxy {
+            cmds: tx,
+            wake,
+            stop,
+            thread: Some(thread),
+            peers,
+        })
+    }
+
+    /// Hands a connected stream to the proxy.
+    pub(crate) fn add(&self, cmd: Cmd) -> Result<()> {
+        self.cmds
+            .send(cmd)
+            .map_err(|_| CclError::Internal("the socket proxy thread has stopped".into()))?;
+        self.wake.signal();
+        Ok(())
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        self.wake.signal();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+struct Data {
+    s: DataStream,
+    /// Bytes of the current outbound message (header + payload) written so far.
+    sent: usize,
+    hdr: [u8; DATA_HEADER_BYTES],
+    hdr_len: usize,
+    /// The decoded header of the message being received.
+    incoming: Option<DataHeader>,
+    got: usize,
+    /// Inbound side waits for a free slot.
+    blocked: bool,
+    done: bool,
+}
+
+struct Ctl {
+    peer: usize,
+    sock: TcpStream,
+    poison_out: SharedWord,
+    poison_sent: bool,
+    out: Vec<u8>,
+    sent: usize,
+    buf: [u8; CONTROL_BYTES],
+    got: usize,
+    bye_seen: bool,
+    bye_queued: bool,
+    done: bool,
+}
+
+struct Loop {
+    l: ProxyLocal,
+    cmds: Receiver<Cmd>,
+    stop: Arc<AtomicBool>,
+    peers: Arc<PeerStates>,
+    data: Vec<Data>,
+    ctl: Vec<Ctl>,
+    /// Set when something was committed or released: ring the executor once per round.
+    ring_exec: bool,
+}
+
+/// Rounds without progress spent yielding before the proxy sleeps in `poll`.
+const IDLE_YIELDS: u32 = 64;
+/// The longest sleep in `poll` (a lost wake-up costs at most this).
+const MAX_SLEEP: Duration = Duration::from_millis(20);
+
+fn would_block(e: &std::io::Error) -> bool {
+    matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted)
+}
+
+impl Loop {
+    fn new(
+        l: ProxyLocal,
+        cmds: Receiver<Cmd>,
+        stop: Arc<AtomicBool>,
+        peers: Arc<PeerStates>,
+    ) -> Loop {
+        Loop {
+            l,
+            cmds,
+            stop,
+            peers,
+            data: Vec::new(),
+            ctl: Vec::new(),
+            ring_exec: false,
+        }
+    }
+
+    fn run(mut self) {
+        let mut idle = 0u32;
+        loop {
+            self.take_cmds();
+            if self.stop.load(Ordering::Acquire) {
+                self.finish();
+                return;
+            }
+            if self.round() {
+                idle = 0;
+                continue;
+            }
+            idle += 1;
+            if idle < IDLE_YIELDS {
+                std::thread::yield_now();
+                continue;
+            }
+            // Announce, re-check, then sleep: a ring after the announcement signals the
+            // eventfd, one before it is seen by the re-check.
+            let _seen = self.l.wake_bell.announce();
+            if !self.round() && !self.stop.load(Ordering::Acquire) {
+                self.sleep();
+            } else {
+                idle = 0;
+            }
+            self.l.wake.drain();
+            self.l.wake_bell.unannounce();
+        }
+    }
+
+    fn take_cmds(&mut self) {
+        loop {
+            match self.cmds.try_recv() {
+                Ok(Cmd::Data(s)) => self.data.push(Data {
+                    s: *s,
+                    sent: 0,
+                    hdr: [0; DATA_HEADER_BYTES],
+                    hdr_len: 0,
+                    incoming: None,
+                    got: 0,
+                    blocked: false,
+                    done: false,
+                }),
+                Ok(Cmd::Control {
+                    peer,
+                    sock,
+                    poison_out,
+                }) => self.ctl.push(Ctl {
+                    peer,
+                    sock,
+                    poison_out,
+                    poison_sent: false,
+                    out: Vec::new(),
+                    sent: 0,
+                    buf: [0; CONTROL_BYTES],
+                    got: 0,
+                    bye_seen: false,
+                    bye_queued: false,
+                    done: false,
+                }),
+                Err(TryRecvError::Empty | TryRecvError::Disconnected) => return,
+            }
+        }
+    }
+
+    /// One pass over every connection; whether anything moved.
+    fn round(&mut self) -> bool {
+        let mut progress = false;
+        for i in 0..self.data.len() {
+            progress |= self.pump_out(i);
+            progress |= self.pump_in(i);
+        }
+        for i in 0..self.ctl.len() {
+            progress |= self.pump_ctl(i);
+        }
+        if self.ring_exec {
+            self.ring_exec = false;
+            self.l.exec_bell.ring_if_waiting();
+        }
+        progress
+    }
+
+    fn sleep(&mut self) {
+        let mut fds = Vec::with_capacity(1 + self.data.len() + self.ctl.len());
+        fds.push(libc::pollfd {
+            fd: self.l.wake.fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        for d in &self.data {
+            if d.done {
+                continue;
+            }
+            let mut ev = 0;
+            if d.s.inb.is_some() && !d.blocked {
+                ev |= libc::POLLIN;
+            }
+            if d.sent > 0 {
+                ev |= libc::POLLOUT;
+            }
+            if ev != 0 {
+                fds.push(libc::pollfd {
+                    fd: d.s.sock.as_raw_fd(),
+                    events: ev,
+                    revents: 0,
+                });
+            }
+        }
+        for c in &self.ctl {
+            if c.done {
+                continue;
+            }
+            let mut ev = libc::POLLIN;
+            if c.sent < c.out.len() {
+                ev |= libc::POLLOUT;
+            }
+            fds.push(libc::pollfd {
+                fd: c.sock.as_raw_fd(),
+                events: ev,
+                revents: 0,
+            });
+        }
+        if let Err(e) = poll(&mut fds, MAX_SLEEP) {
+            tracing::warn!(target: "nccl::NET", rank = self.l.rank, "socket proxy: {e}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// A data stream failed: its peer is lost (the executor fails its operations with
+    /// `ncclRemoteError` at its next peer check).
+    fn fail_data(&mut self, i: usize, why: String) {
+        let d = &mut self.data[i];
+        d.done = true;
+        let _ = d.s.sock.shutdown(Shutdown::Both);
+        tracing::warn!(target: "nccl::NET", rank = self.l.rank,
+            "connection to rank {} ({}) failed: {why}", d.s.peer, d.s.id);
+        let peer = d.s.peer;
+        self.peers.mark(peer, LOST, Some(why));
+        self.ring_exec = true;
+    }
+
+    fn pump_out(&mut self, i: usize) -> bool {
+        let mut progress = false;
+        loop {
+            let d = &mut self.data[i];
+            if d.done {
+                return progress;
+            }
+            let Some(out) = d.s.out.as_mut() else {
+                return progress;
+            };
+            let (payload, desc) = match out.peek() {
+                Ok(Some(m)) => m,
+                Ok(None) => return progress,
+                Err(e) => {
+                    let why = format!("local send FIFO is corrupt: {e}");
+                    self.fail_data(i, why);
+                    return true;
+                }
+            };
+            let hdr = DataHeader {
+                len: payload.len(),
+                desc,
+            }
+            .encode();
+            let total = DATA_HEADER_BYTES + payload.len();
+            while d.sent < total {
+                let r = if d.sent < DATA_HEADER_BYTES {
+                    d.s.sock
+                        .write_vectored(&[IoSlice::new(&hdr[d.sent..]), IoSlice::new(payload)])
+                } else {
+                    d.s.sock.write(&payload[d.sent - DATA_HEADER_BYTES..])
+                };
+                match r {
+                    Ok(0) => {
+                        self.fail_data(i, "connection closed while sending".into());
+                        return true;
+                    }
+                    Ok(n) => {
+                        d.sent += n;
+                        progress = true;
+                    }
+                    Err(e) if would_block(&e) => return progress,
+                    Err(e) => {
+                        self.fail_data(i, format!("send failed: {e}"));
+                        return true;
+                    }
+                }
+            }
+            out.release();
+            d.sent = 0;
+            self.ring_exec = true;
+        }
+    }
+
+    fn pump_in(&mut self, i: usize) -> bool {
+        let mut progress = false;
+        loop {
+            let d = &mut self.data[i];
+            if d.done {
+                return progress;
+            }
+            let Some(inb) = d.s.inb.as_mut() else {
+                return progress;
+            };
+            let h = match d.incoming {
+                Some(h) => h,
+                None => {
+                    match d.s.sock.read(&mut d.hdr[d.hdr_len..]) {
+                        Ok(0) => {
+                            // End of stream between messages: the peer closed it (destroy);
+                            // a lost peer shows on the control stream.
+                            d.done = true;
+                            let why = (d.hdr_len > 0).then(|| {
+                                format!(
+                                    "truncated frame header ({} of {DATA_HEADER_BYTES} bytes)",
+                                    d.hdr_len
+                                )
+                            });
+                            if let Some(why) = why {
+                                self.fail_data(i, why);
+                            }
+                            return true;
+                        }
+                        Ok(n) => {
+                            d.hdr_len += n;
+                            progress = true;
+                        }
+                        Err(e) if would_block(&e) => return progress,
+                        Err(e) => {
+                            self.fail_data(i, format!("receive failed: {e}"));
+                            return true;
+                        }
+                    }
+                    if d.hdr_len < DATA_HEADER_BYTES {
+                        continue;
+                    }
+                    d.hdr_len = 0;
+                    match DataHeader::decode(&d.hdr, inb.cap()) {
+                        Ok(h) => {
+                            d.incoming = Some(h);
+                            d.got = 0;
+                            h
+                        }
+                        Err(why) => {
+                            self.fail_data(i, why);
+                            return true;
+                        }
+                    }
+                }
+            };
+            let Some(slot) = inb.reserve() else {
+                d.blocked = true;
+                return progress;
+            };
+            d.blocked = false;
+            while d.got < h.len {
+                match d.s.sock.read(&mut slot[d.got..h.len]) {
+                    Ok(0) => {
+                        let why = format!(
+                            "connection closed in the middle of a {}-byte message ({} received)",
+                            h.len, d.got
+                        );
+                        self.fail_data(i, why);
+                        return true;
+                    }
+                    Ok(n) => {
+                        d.got += n;
+                        progress = true;
+                    }
+                    Err(e) if would_block(&e) => return progress,
+                    Err(e) => {
+                        self.fail_data(i, format!("receive failed: {e}"));
+                        return true;
+                    }
+                }
+            }
+            if let Err(e) = inb.commit(&h) {
+                self.fail_data(i, format!("local receive FIFO: {e}"));
+                return true;
+            }
+            d.incoming = None;
+            d.got = 0;
+            self.ring_exec = true;
+        }
+    }
+
+    fn pump_ctl(&mut self, i: usize) -> bool {
+        let mut progress = false;
+        let stopping = self.stop.load(Ordering::Acquire);
+        let c = &mut self.ctl[i];
+        if c.done {
+            return false;
+        }
+        if !c.poison_sent {
+            let v = c.poison_out.get().load(Ordering::Acquire);
+            if v != 0 {
+                c.out.extend_from_slice(&Control::Poison(v).encode());
+                c.poison_sent = true;
+            }
+        }
+        if stopping && !c.bye_queued {
+            c.out.extend_from_slice(&Control::Bye.encode());
+            c.bye_queued = true;
+        }
+        while c.sent < c.out.len() {
+            match c.sock.write(&c.out[c.sent..]) {
+                Ok(0) => break,
+                Ok(n) => {
+                    c.sent += n;
+                    progress = true;
+                }
+                Err(e) if would_block(&e) => break,
+                Err(_) => break, // a dead peer shows on the read side
+            }
+        }
+        if c.sent == c.out.len() {
+            c.out.clear();
+            c.sent = 0;
+        }
+        loop {
+            let c = &mut self.ctl[i];
+            match c.sock.read(&mut c.buf[c.got..]) {
+                Ok(0) => {
+                    c.done = true;
+                    let peer = c.peer;
+                    if c.bye_seen {
+                        self.peers.mark(peer, CLOSED, None);
+                    } else {
+                        let why =
+                            "connection closed without a goodbye (process exited or link lost)";
+                        tracing::warn!(target: "nccl::NET", rank = self.l.rank,
+                            "rank {peer}: {why}");
+                        self.peers.mark(peer, LOST, Some(why.into()));
+                        self.ring_exec = true;
+                    }
+                    return true;
+                }
+                Ok(n) => {
+                    c.got += n;
+                    progress = true;
+                }
+                Err(e) if would_block(&e) => return progress,
+                Err(e) => {
+                    c.done = true;
+                    let peer = c.peer;
+                    let why = format!("connection failed: {e}");
+                    tracing::warn!(target: "nccl::NET", rank = self.l.rank, "rank {peer}: {why}");
+                    self.peers.mark(peer, LOST, Some(why));
+                    self.ring_exec = true;
+                    return true;
+                }
+            }
+            if c.got < CONTROL_BYTES {
+                continue;
+            }
+            c.got = 0;
+            match Control::decode(&c.buf) {
+                Ok(Control::Poison(v)) => {
+                    // The first poison wins (as for shared memory, `desc::on_mismatch`).
+                    let _ = self.l.poison.get().compare_exchange(
+                        0,
+                        v,
+                        Ordering::Release,
+                        Ordering::Relaxed,
+                    );
+                    self.l.exec_bell.ring();
+                }
+                Ok(Control::Bye) => c.bye_seen = true,
+                Err(why) => {
+                    c.done = true;
+                    let _ = c.sock.shutdown(Shutdown::Both);
+                    let peer = c.peer;
+                    tracing::warn!(target: "nccl::NET", rank = self.l.rank,
+                        "control connection to rank {peer}: {why}; dropping it");
+                    self.peers.mark(peer, LOST, Some(why));
+                    self.ring_exec = true;
+                    return true;
+                }
+            }
+        }
+    }
+
+    /// Destroy: sends what the executor committed (bounded by `flush`), says goodbye on
+    /// every control stream, then closes everything.
+    fn finish(&mut self) {
+        let deadline = Instant::now() + self.l.flush;
+        loop {
+            let moved = (0..self.data.len()).fold(false, |m, i| self.pump_out(i) | m);
+            let pending = self.data.iter().any(|d| {
+                !d.done
+                    && (d.sent > 0
+                        || matches!(&d.s.out, Some(Outbound::Fifo(f)) if f.pending() > 0))
+            });
+            if !pending || Instant::now() >= deadline {
+                break;
+            }
+            if !moved {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+        for i in 0..self.ctl.len() {
+            self.pump_ctl(i);
+        }
+        let deadline = Instant::now() + Duration::from_millis(200).min(self.l.flush);
+        while self.ctl.iter().any(|c| !c.done && c.sent < c.out.len()) && Instant::now() < deadline
+        {
+            for i in 0..self.ctl.len() {
+                self.pump_ctl(i);
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        for d in &self.data {
+            let _ = d.s.sock.shutdown(Shutdown::Write);
+        }
+        for c in &self.ctl {
+            let _ = c.sock.shutdown(Shutdown::Write);
+        }
+    }
+}
