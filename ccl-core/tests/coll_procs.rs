@@ -328,7 +328,10 @@ fn proc_rank_entry() {
     }
 }
 
-fn spawn_job(n: usize, mode: &str, extra: &[(&str, &str)]) -> Job {
+/// Starts the `n` rank processes of test `mode`, rank `r` on "host" `hosts[r]`
+/// (`NCCL_HOSTID`; no variable when `hosts` is empty): ranks with different host ids talk
+/// over the socket transport.
+fn spawn_job_on(n: usize, mode: &str, extra: &[(&str, &str)], hosts: &[&str]) -> Job {
     let id = get_unique_id().expect("unique id");
     spawn_ranks(
         n,
@@ -340,9 +343,12 @@ fn spawn_job(n: usize, mode: &str, extra: &[(&str, &str)]) -> Job {
                 (ENV_NRANKS.to_string(), n.to_string()),
             ];
             v.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+            if let Some(h) = hosts.get(r) {
+                v.push(("NCCL_HOSTID".to_string(), h.to_string()));
+            }
             v
         },
-        &[],
+        &["NCCL_HOSTID", "NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE"],
     )
 }
 
@@ -351,7 +357,13 @@ fn matrix(n: usize) {
 }
 
 fn job(n: usize, mode: &str) {
-    let mut job = spawn_job(n, mode, &[("NCCL_BUFFSIZE", "65536")]);
+    job_on(n, mode, &[], &[]);
+}
+
+fn job_on(n: usize, mode: &str, extra: &[(&str, &str)], hosts: &[&str]) {
+    let mut env = vec![("NCCL_BUFFSIZE", "65536")];
+    env.extend_from_slice(extra);
+    let mut job = spawn_job_on(n, mode, &env, hosts);
     let codes = wait_all(&mut job.children, Duration::from_secs(200));
     let lines: Vec<(usize, String)> = job.lines.try_iter().collect();
     assert!(
@@ -385,6 +397,38 @@ fn eight_processes_make_progress() {
     job(8, "smoke");
 }
 
+/// The socket transport: two "hosts" (`NCCL_HOSTID`) of two processes each, so every ring
+/// has shared-memory and socket links, every Tree and p2p link of a pair across hosts
+/// goes over TCP.
+#[test]
+fn matrix_two_hosts_of_two_processes() {
+    job_on(4, "matrix", &[], &["a", "a", "b", "b"]);
+}
+
+/// Three "hosts" with uneven ranks (2, 1, 1), interleaved so that no ring neighbours share
+/// a host but ranks 0 and 2 do.
+#[test]
+fn matrix_three_uneven_hosts() {
+    job_on(4, "matrix", &[], &["x", "y", "x", "z"]);
+}
+
+/// `NCCL_P2P_DISABLE=1` + `NCCL_SHM_DISABLE=1`: ranks of one host talk over sockets too
+/// (NVIDIA's fallback to its network transport).
+#[test]
+fn matrix_sockets_within_one_host() {
+    job_on(
+        3,
+        "matrix",
+        &[("NCCL_P2P_DISABLE", "1"), ("NCCL_SHM_DISABLE", "1")],
+        &[],
+    );
+}
+
+#[test]
+fn eight_processes_on_four_hosts_make_progress() {
+    job_on(8, "smoke", &[], &["a", "b", "c", "d", "a", "b", "c", "d"]);
+}
+
 fn shm_entries(needle: &str) -> Vec<String> {
     std::fs::read_dir("/dev/shm")
         .map(|d| {
@@ -398,19 +442,37 @@ fn shm_entries(needle: &str) -> Vec<String> {
 
 #[test]
 fn sigkill_of_a_rank_fails_the_survivors_within_the_bound_and_leaves_no_shm() {
+    sigkill_of_the_last_rank(&[]);
+}
+
+/// The victim (rank 2) shares "host" b with rank 1 and is remote to rank 0: rank 1 finds its
+/// process gone, rank 0 its connection closed without a goodbye.
+#[test]
+fn sigkill_of_a_remote_rank_fails_the_survivors_within_the_bound() {
+    sigkill_of_the_last_rank(&["a", "b", "b"]);
+}
+
+fn sigkill_of_the_last_rank(hosts: &[&str]) {
     let n = 3;
     let victim = n - 1;
-    let log_dir = std::env::temp_dir().join(format!("ccld-kill-{}", std::process::id()));
+    let log_dir = std::env::temp_dir().join(format!(
+        "ccld-kill-{}-{}",
+        std::process::id(),
+        hosts.len()
+    ));
     std::fs::create_dir_all(&log_dir).expect("log dir");
     let pattern = log_dir.join("warn.%p.log").to_string_lossy().into_owned();
-    let mut job = spawn_job(
+    let mut job = spawn_job_on(
         n,
         "kill",
         &[
             ("NCCL_DEBUG", "WARN"),
             ("NCCL_DEBUG_FILE", pattern.as_str()),
         ],
+        hosts,
     );
+    let remote_to_victim =
+        |r: usize| !hosts.is_empty() && hosts.get(r) != hosts.get(victim);
     let mut hash = None;
     let mut running = false;
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -474,9 +536,14 @@ fn sigkill_of_a_rank_fails_the_survivors_within_the_bound_and_leaves_no_shm() {
         "survivors took {took:?} after the kill"
     );
     for (r, rec) in recs.iter().enumerate() {
+        let detail = if remote_to_victim(r) {
+            "connection closed without a goodbye (process exited or link lost)"
+        } else {
+            "process exited"
+        };
         assert_eq!(
             rec.as_deref(),
-            Some(format!("REC {r} PeerLost {victim} {} process exited", pids[victim]).as_str()),
+            Some(format!("REC {r} PeerLost {victim} {} {detail}", pids[victim]).as_str()),
             "rank {r}: the probe's FAILED record, delivered before the call returned"
         );
     }
@@ -509,8 +576,19 @@ fn sigkill_of_a_rank_fails_the_survivors_within_the_bound_and_leaves_no_shm() {
 
 #[test]
 fn an_inconsistent_call_fails_every_process_rank() {
+    inconsistent_call_on(&[]);
+}
+
+/// The same across two "hosts" with every ring link remote: the detector's poison reaches
+/// the other ranks over the control connections.
+#[test]
+fn an_inconsistent_call_fails_every_rank_across_hosts() {
+    inconsistent_call_on(&["a", "b", "a", "b"]);
+}
+
+fn inconsistent_call_on(hosts: &[&str]) {
     let n = 4;
-    let mut job = spawn_job(n, "mismatch", &[]);
+    let mut job = spawn_job_on(n, "mismatch", &[], hosts);
     let codes = wait_all(&mut job.children, Duration::from_secs(60));
     let lines: Vec<(usize, String)> = job.lines.try_iter().collect();
     assert!(
