@@ -1,14 +1,17 @@
-//! Ranks on two "hosts": network namespaces with their own host names and `/dev/shm`
-//! (`benches::netns`), joined by a bridge. The host backend runs on one host only today
-//! (issue 14 brings a socket transport), so a job spread over two hosts must fail at init on
-//! every rank with an error that names both hosts: never a hang, a crash, or ranks that
-//! talk through memory they do not share. The ranks are NVIDIA-style processes
-//! (`all_reduce_perf` under `mpirun`-style launcher variables, the unique id through a
-//! rendezvous file), started from outside.
+//! Jobs across "hosts": network namespaces with their own host names and `/dev/shm`
+//! (`benches::netns`), joined by a bridge, so that ranks of different hosts can only talk
+//! over the socket transport. The ranks are NVIDIA-style processes (nccl-tests binaries
+//! under `mpirun`-style launcher variables, the unique id through a rendezvous file, each
+//! host's bootstrap address from `CCLD_BOOTSTRAP_IP`), started from outside; ranks of one
+//! host share its namespace, hostname and `/dev/shm`, so they use shared memory.
+//!
+//! Every collective runs with `-c 1`: each rank's result is compared element-wise with the
+//! expected values, and a wrong element fails the job (exit 7).
 //!
 //! Needs root for the namespaces: skips with the reason elsewhere, fails in CI (`CI` set).
 
 use std::io::Read;
+use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
@@ -43,68 +46,160 @@ fn finish(mut child: Child, deadline: Instant) -> (Option<std::process::ExitStat
     (status, text)
 }
 
-#[test]
-fn ranks_on_two_hosts_fail_init_naming_both_hosts() {
-    let hosts = match Hosts::create(2, 0) {
-        Ok(h) => h,
-        Err(why) if in_ci() => panic!("network namespaces are needed in CI: {why}"),
-        Err(why) => {
-            eprintln!("skipped: cannot create network namespaces here: {why}");
-            return;
-        }
-    };
-    let lib_dir = profile_dir().expect("profile dir");
-    cargo_build(&lib_dir, &["-p", "ccl-ffi", "--lib"]).expect("build libnccl.so.2");
-    cargo_build(
-        &lib_dir,
-        &["-p", "nccl-tests-compat", "--bin", "all_reduce_perf"],
-    )
-    .expect("build all_reduce_perf");
-    let uid = lib_dir.join(format!("netns-hosts-uid-{}", std::process::id()));
-    let _ = std::fs::remove_file(&uid);
-    let t0 = Instant::now();
-    let children: Vec<Child> = (0..hosts.len())
-        .map(|h| {
-            hosts
-                .command(h, &lib_dir.join("all_reduce_perf"))
-                .args(["-b", "8", "-e", "8", "-n", "1", "-w", "0", "-c", "1"])
-                .env("OMPI_COMM_WORLD_SIZE", hosts.len().to_string())
-                .env("OMPI_COMM_WORLD_RANK", h.to_string())
-                .env("OMPI_COMM_WORLD_LOCAL_RANK", "0")
-                .env("NCCL_TESTS_UID_FILE", &uid)
-                .env("CCLD_BOOTSTRAP_IP", hosts.addr(h).to_string())
-                .env("LD_LIBRARY_PATH", &lib_dir)
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("start a rank")
+/// Starts the ranks given as arguments (global rank numbers) on one host, each with
+/// `OMPI_COMM_WORLD_RANK`/`_LOCAL_RANK`, running `$PROG $ARGS`; exits with the last
+/// failing rank's status.
+const HOST_LAUNCHER: &str = r#"rc=0; pids=""; i=0
+for r in "$@"; do
+  OMPI_COMM_WORLD_RANK=$r OMPI_COMM_WORLD_LOCAL_RANK=$i "$PROG" $ARGS &
+  pids="$pids $!"; i=$((i+1))
+done
+for p in $pids; do wait $p || rc=$?; done
+exit $rc"#;
+
+/// The test's hosts and built binaries.
+struct Cluster {
+    hosts: Hosts,
+    bin: std::path::PathBuf,
+    /// Ranks per host.
+    per_host: Vec<usize>,
+}
+
+impl Cluster {
+    /// `None` (after saying why) where namespaces cannot be made outside CI.
+    fn new(per_host: &[usize], set: u8) -> Option<Cluster> {
+        let hosts = match Hosts::create(per_host.len(), set) {
+            Ok(h) => h,
+            Err(why) if in_ci() => panic!("network namespaces are needed in CI: {why}"),
+            Err(why) => {
+                eprintln!("skipped: cannot create network namespaces here: {why}");
+                return None;
+            }
+        };
+        let bin = profile_dir().expect("profile dir");
+        cargo_build(&bin, &["-p", "ccl-ffi", "--lib"]).expect("build libnccl.so.2");
+        cargo_build(&bin, &["-p", "nccl-tests-compat", "--bins"]).expect("build nccl-tests");
+        Some(Cluster {
+            hosts,
+            bin,
+            per_host: per_host.to_vec(),
         })
-        .collect();
-    let deadline = t0 + Duration::from_secs(60);
-    let results: Vec<_> = children.into_iter().map(|c| finish(c, deadline)).collect();
-    let _ = std::fs::remove_file(&uid);
-    for (h, (status, out)) in results.iter().enumerate() {
-        let status = status.unwrap_or_else(|| panic!("rank {h} still ran after 60 s:\n{out}"));
-        assert!(
-            !status.success(),
-            "rank {h} succeeded across two hosts:\n{out}"
-        );
-        assert!(
-            status.code().is_some(),
-            "rank {h} died by a signal ({status}), not an error exit:\n{out}"
-        );
-        assert!(
-            out.contains("needs all ranks on one host")
-                && out.contains(&hosts.hostname(0))
-                && out.contains(&hosts.hostname(1)),
-            "rank {h}: the error does not name the one-host limit and both hosts:\n{out}"
-        );
-        let line = out
-            .lines()
-            .find(|l| l.contains("one host"))
-            .unwrap_or_default();
-        eprintln!("rank {h}: {line}");
     }
-    eprintln!("both ranks refused in {:?}", t0.elapsed());
+
+    /// Runs `program args` on every rank; returns each host's (status, output).
+    fn run(&self, program: &str, args: &[&str]) -> Vec<(Option<std::process::ExitStatus>, String)> {
+        let total: usize = self.per_host.iter().sum();
+        let uid = self.bin.join(format!(
+            "netns-uid-{}-{}",
+            std::process::id(),
+            self.hosts.namespace(0)
+        ));
+        let _ = std::fs::remove_file(&uid);
+        let mut first = 0;
+        let children: Vec<Child> = self
+            .per_host
+            .iter()
+            .enumerate()
+            .map(|(h, &k)| {
+                let ranks: Vec<String> = (first..first + k).map(|r| r.to_string()).collect();
+                first += k;
+                self.hosts
+                    .command(h, Path::new("/bin/sh"))
+                    .args(["-c", HOST_LAUNCHER, "sh"])
+                    .args(&ranks)
+                    .env("PROG", self.bin.join(program))
+                    .env("ARGS", args.join(" "))
+                    .env("OMPI_COMM_WORLD_SIZE", total.to_string())
+                    .env("NCCL_TESTS_UID_FILE", &uid)
+                    .env("CCLD_BOOTSTRAP_IP", self.hosts.addr(h).to_string())
+                    .env("LD_LIBRARY_PATH", &self.bin)
+                    .env_remove("NCCL_HOSTID")
+                    .env_remove("NCCL_COMM_ID")
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .expect("start a host's ranks")
+            })
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let out = children.into_iter().map(|c| finish(c, deadline)).collect();
+        let _ = std::fs::remove_file(&uid);
+        out
+    }
+
+    /// Every nccl-tests collective, results checked element-wise (`-c 1`), on this layout.
+    fn every_collective(&self) {
+        let t0 = Instant::now();
+        let sizes = ["-b", "8", "-e", "1M", "-f", "32", "-c", "1", "-n", "2", "-w", "1"];
+        let mut jobs: Vec<(&str, Vec<&str>)> = [
+            "all_reduce_perf",
+            "all_gather_perf",
+            "reduce_scatter_perf",
+            "broadcast_perf",
+            "reduce_perf",
+            "alltoall_perf",
+            "sendrecv_perf",
+            "gather_perf",
+            "scatter_perf",
+            "hypercube_perf",
+        ]
+        .iter()
+        .map(|p| (*p, sizes.to_vec()))
+        .collect();
+        // Every datatype and reduction once, small sizes.
+        jobs.push((
+            "all_reduce_perf",
+            vec![
+                "-b", "4", "-e", "4K", "-f", "32", "-c", "1", "-n", "1", "-w", "0", "-d", "all",
+                "-o", "all",
+            ],
+        ));
+        for (program, args) in &jobs {
+            let results = self.run(program, args);
+            let mut checked = false;
+            for (h, (status, out)) in results.iter().enumerate() {
+                let status = status.unwrap_or_else(|| {
+                    panic!("{program} {args:?}: host {h} still ran after 120 s:\n{out}")
+                });
+                assert!(
+                    status.success(),
+                    "{program} {args:?} on {:?} ranks per host: host {h} failed ({status}):\n{out}",
+                    self.per_host
+                );
+                checked |= out.contains("# Out of bounds values : 0 OK");
+            }
+            assert!(
+                checked,
+                "{program}: no host printed the result check:\n{results:?}"
+            );
+        }
+        eprintln!(
+            "{} jobs on {:?} ranks per host in {:?}",
+            jobs.len(),
+            self.per_host,
+            t0.elapsed()
+        );
+    }
+}
+
+#[test]
+fn two_hosts_of_two_ranks_run_every_collective() {
+    if let Some(c) = Cluster::new(&[2, 2], 0) {
+        c.every_collective();
+    }
+}
+
+#[test]
+fn four_hosts_of_one_rank_run_every_collective() {
+    if let Some(c) = Cluster::new(&[1, 1, 1, 1], 1) {
+        c.every_collective();
+    }
+}
+
+#[test]
+fn three_hosts_with_uneven_ranks_run_every_collective() {
+    if let Some(c) = Cluster::new(&[2, 1, 3], 2) {
+        c.every_collective();
+    }
 }
