@@ -131,7 +131,9 @@ impl Cluster {
     /// Every nccl-tests collective, results checked element-wise (`-c 1`), on this layout.
     fn every_collective(&self) {
         let t0 = Instant::now();
-        let sizes = ["-b", "8", "-e", "1M", "-f", "32", "-c", "1", "-n", "2", "-w", "1"];
+        let sizes = [
+            "-b", "8", "-e", "1M", "-f", "32", "-c", "1", "-n", "2", "-w", "1",
+        ];
         let mut jobs: Vec<(&str, Vec<&str>)> = [
             "all_reduce_perf",
             "all_gather_perf",

@@ -455,11 +455,8 @@ fn sigkill_of_a_remote_rank_fails_the_survivors_within_the_bound() {
 fn sigkill_of_the_last_rank(hosts: &[&str]) {
     let n = 3;
     let victim = n - 1;
-    let log_dir = std::env::temp_dir().join(format!(
-        "ccld-kill-{}-{}",
-        std::process::id(),
-        hosts.len()
-    ));
+    let log_dir =
+        std::env::temp_dir().join(format!("ccld-kill-{}-{}", std::process::id(), hosts.len()));
     std::fs::create_dir_all(&log_dir).expect("log dir");
     let pattern = log_dir.join("warn.%p.log").to_string_lossy().into_owned();
     let mut job = spawn_job_on(
@@ -471,8 +468,7 @@ fn sigkill_of_the_last_rank(hosts: &[&str]) {
         ],
         hosts,
     );
-    let remote_to_victim =
-        |r: usize| !hosts.is_empty() && hosts.get(r) != hosts.get(victim);
+    let remote_to_victim = |r: usize| !hosts.is_empty() && hosts.get(r) != hosts.get(victim);
     let mut hash = None;
     let mut running = false;
     let deadline = Instant::now() + Duration::from_secs(60);

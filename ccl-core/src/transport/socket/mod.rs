@@ -342,6 +342,237 @@ impl Remote {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bootstrap::get_unique_id;
+    use crate::transport::shm::FifoLayout;
+    use frame::{DataHeader, DATA_HEADER_BYTES};
+    use proxy::{Inbound, PeerStates};
+
+    /// This rank's doorbell and poison word, as `Transport::connect` makes them.
+    fn local_words() -> (Arc<Doorbell>, SharedWord) {
+        let region = Arc::new(ShmRegion::anonymous(2 * CACHE_LINE).unwrap());
+        (
+            Arc::new(Doorbell::new(Arc::clone(&region), 0).unwrap()),
+            SharedWord::new(region, 8).unwrap(),
+        )
+    }
+
+    /// Two ranks (threads) of one communicator, each reaching the other over sockets.
+    fn pair() -> Vec<Remote> {
+        let id = get_unique_id().unwrap();
+        let hs: Vec<_> = (0..2)
+            .map(|r| {
+                std::thread::spawn(move || {
+                    let boot = Bootstrap::init(
+                        &id,
+                        2,
+                        r,
+                        Arc::new(AtomicBool::new(false)),
+                        Duration::from_secs(20),
+                    )
+                    .unwrap();
+                    let (bell, poison) = local_words();
+                    Remote::connect(&boot, vec![r == 1, r == 0], bell, poison).unwrap()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    }
+
+    /// Whether the other end dropped `s` (end of stream or reset) within 10 s.
+    fn dropped(mut s: TcpStream) -> bool {
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut b = [0u8; 8];
+        match s.read(&mut b) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+        }
+    }
+
+    #[test]
+    fn junk_wrong_secrets_and_truncated_hellos_are_dropped_and_the_real_peer_gets_through() {
+        let mut ranks = pair();
+        let addr = ranks[1].listener.local_addr().unwrap();
+        let good = Hello {
+            stream: StreamId::p2p(0),
+            comm_hash: ranks[1].comm_hash,
+            from: 0,
+            to: 1,
+            secret: ranks[1].secret,
+        };
+        let mut bad_secret = good;
+        bad_secret.secret[0] ^= 1;
+        let mut other_comm = good;
+        other_comm.comm_hash ^= 1;
+        let sends: [&[u8]; 4] = [
+            &[0x5a; HELLO_BYTES],
+            &bad_secret.encode(),
+            &other_comm.encode(),
+            &good.encode()[..10],
+        ];
+        let mut junk = Vec::new();
+        for bytes in sends {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.write_all(bytes).unwrap();
+            if bytes.len() < HELLO_BYTES {
+                s.shutdown(std::net::Shutdown::Write).unwrap();
+            }
+            junk.push(s);
+        }
+        let (r0, r1) = ranks.split_at_mut(1);
+        let mut real = r0[0].connect_to(1, StreamId::p2p(0)).unwrap();
+        let mut got = r1[0]
+            .accept_from(0, StreamId::p2p(0), &AtomicBool::new(false))
+            .expect("the real peer's connection is accepted past the junk");
+        for (i, s) in junk.into_iter().enumerate() {
+            assert!(dropped(s), "junk connection {i} was not dropped");
+        }
+        real.write_all(b"ping").unwrap();
+        let mut b = [0u8; 4];
+        got.read_exact(&mut b).unwrap();
+        assert_eq!(&b, b"ping");
+        // Nothing was lost: both control connections are still up.
+        assert_eq!(ranks[0].lost(1), None);
+        assert_eq!(ranks[1].lost(0), None);
+    }
+
+    #[test]
+    fn a_missing_peer_is_a_timeout_naming_it_not_a_hang() {
+        let mut ranks = pair();
+        ranks[1].timeout = Duration::from_millis(300);
+        let e = ranks[1]
+            .accept_from(0, StreamId::tree(0), &AtomicBool::new(false))
+            .unwrap_err();
+        assert!(
+            matches!(&e, CclError::Timeout(m) if m.contains("rank 0") && m.contains("tree channel 0")),
+            "{e:?}"
+        );
+        let e = ranks[1]
+            .accept_from(0, StreamId::tree(0), &AtomicBool::new(true))
+            .unwrap_err();
+        assert!(matches!(e, CclError::Aborted(_)), "{e:?}");
+    }
+
+    /// A proxy serving one inbound stream whose other end the test writes.
+    fn proxy_with_inbound() -> (Proxy, TcpStream, FifoReceiverEnd) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let feed = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (sock, _) = listener.accept().unwrap();
+        sock.set_nonblocking(true).unwrap();
+        let (bell, poison) = local_words();
+        let wake_region = Arc::new(ShmRegion::anonymous(CACHE_LINE).unwrap());
+        let wake = Arc::new(EventFd::new().unwrap());
+        let proxy = Proxy::start(ProxyLocal {
+            rank: 0,
+            nranks: 2,
+            exec_bell: bell,
+            poison,
+            wake_bell: Doorbell::new(wake_region, 0).unwrap(),
+            wake,
+            flush: Duration::from_millis(100),
+        })
+        .unwrap();
+        let layout = FifoLayout::for_buffer(4096, 4).unwrap();
+        let fifo = Arc::new(ShmRegion::anonymous(layout.bytes()).unwrap());
+        let tx = crate::transport::shm::FifoSender::new(Arc::clone(&fifo), 0, layout).unwrap();
+        let rx = crate::transport::shm::FifoReceiver::new(fifo, 0, layout).unwrap();
+        proxy
+            .add(Cmd::Data(Box::new(DataStream {
+                peer: 1,
+                id: StreamId::ring(0),
+                sock,
+                out: None,
+                inb: Some(Inbound::Fifo(tx)),
+            })))
+            .unwrap();
+        (proxy, feed, rx)
+    }
+
+    type FifoReceiverEnd = crate::transport::shm::FifoReceiver;
+
+    fn lost_within(peers: &PeerStates, peer: usize) -> Option<String> {
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(10) {
+            if let Some(why) = peers.lost(peer) {
+                return Some(why);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        None
+    }
+
+    #[test]
+    fn a_message_arrives_whole_with_its_descriptor() {
+        let (proxy, mut feed, mut rx) = proxy_with_inbound();
+        let h = DataHeader {
+            len: 5,
+            desc: [7, 8, 9],
+        };
+        // Written in pieces: the proxy reassembles a header and payload split anywhere.
+        let mut bytes = h.encode().to_vec();
+        bytes.extend_from_slice(b"hello");
+        for chunk in bytes.chunks(3) {
+            feed.write_all(chunk).unwrap();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let t0 = Instant::now();
+        loop {
+            if let Some((data, desc)) = rx.try_peek_with_desc().unwrap() {
+                assert_eq!((data, desc), (&b"hello"[..], [7, 8, 9]));
+                break;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(10), "no message");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(proxy.peers.lost(1), None);
+    }
+
+    #[test]
+    fn a_corrupt_frame_drops_the_connection_and_loses_the_peer() {
+        let (proxy, mut feed, mut rx) = proxy_with_inbound();
+        feed.write_all(&[0xee; DATA_HEADER_BYTES]).unwrap();
+        let why = lost_within(&proxy.peers, 1).expect("peer marked lost");
+        assert!(why.contains("corrupt data frame"), "{why}");
+        assert!(dropped(feed));
+        assert!(
+            rx.try_peek_checked().unwrap().is_none(),
+            "junk was delivered"
+        );
+    }
+
+    #[test]
+    fn an_oversized_frame_is_refused_before_any_byte_lands() {
+        let (proxy, mut feed, mut rx) = proxy_with_inbound();
+        let h = DataHeader {
+            len: 1 << 20,
+            desc: [1, 2, 3],
+        };
+        feed.write_all(&h.encode()).unwrap();
+        let why = lost_within(&proxy.peers, 1).expect("peer marked lost");
+        assert!(why.contains("1048576 bytes"), "{why}");
+        assert!(rx.try_peek_checked().unwrap().is_none());
+    }
+
+    #[test]
+    fn a_truncated_message_loses_the_peer_and_delivers_nothing() {
+        let (proxy, mut feed, mut rx) = proxy_with_inbound();
+        let h = DataHeader {
+            len: 100,
+            desc: [1, 2, 3],
+        };
+        feed.write_all(&h.encode()).unwrap();
+        feed.write_all(&[1u8; 50]).unwrap();
+        drop(feed);
+        let why = lost_within(&proxy.peers, 1).expect("peer marked lost");
+        assert!(
+            why.contains("middle of a 100-byte message (50 received)"),
+            "{why}"
+        );
+        assert!(rx.try_peek_checked().unwrap().is_none());
+    }
 
     #[test]
     fn offers_round_trip_and_junk_is_an_error() {
