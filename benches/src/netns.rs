@@ -120,6 +120,52 @@ impl Hosts {
         format!("ccldhost{h}")
     }
 
+    /// The host's end of its veth pair (inside its namespace): where a test shapes or cuts
+    /// the host's link.
+    pub fn link(&self, h: usize) -> String {
+        format!("{}v{h}", self.prefix)
+    }
+
+    /// Runs `ip ARGS` inside host `h`'s namespace (`ip -n NS ARGS`), failing with its
+    /// stderr: e.g. `["qdisc", "add", "dev", &link, "root", "tbf", ...]`.
+    pub fn ip(&self, h: usize, args: &[&str]) -> Result<(), String> {
+        let ns = self.namespace(h);
+        let mut all = vec!["-n", ns.as_str()];
+        all.extend_from_slice(args);
+        ip(&all)
+    }
+
+    /// A command that starts ranks `ranks` (global numbers) of a job of `total` ranks on
+    /// host `h`, each running `program args` with the `mpirun`-style variables
+    /// `OMPI_COMM_WORLD_SIZE`/`_RANK`/`_LOCAL_RANK`, the host's bootstrap address
+    /// (`CCLD_BOOTSTRAP_IP`) and `LD_LIBRARY_PATH=lib_dir`; the unique id goes through the
+    /// rendezvous file `uid` (`NCCL_TESTS_UID_FILE`). The launcher prints `@@PID <rank>
+    /// <pid>` for each rank it starts and exits with the last failing rank's status.
+    #[allow(clippy::too_many_arguments)]
+    pub fn ranks_command(
+        &self,
+        h: usize,
+        ranks: std::ops::Range<usize>,
+        total: usize,
+        program: &Path,
+        args: &[&str],
+        uid: &Path,
+        lib_dir: &Path,
+    ) -> Command {
+        let mut c = self.command(h, Path::new("/bin/sh"));
+        c.args(["-c", HOST_LAUNCHER, "sh"])
+            .args(ranks.map(|r| r.to_string()))
+            .env("PROG", program)
+            .env("ARGS", args.join(" "))
+            .env("OMPI_COMM_WORLD_SIZE", total.to_string())
+            .env("NCCL_TESTS_UID_FILE", uid)
+            .env("CCLD_BOOTSTRAP_IP", self.addr(h).to_string())
+            .env("LD_LIBRARY_PATH", lib_dir)
+            .env_remove("NCCL_HOSTID")
+            .env_remove("NCCL_COMM_ID");
+        c
+    }
+
     /// A command that runs `program` on host `h`: in its network namespace, with its own
     /// host name and a private `/dev/shm`. Arguments and environment are the caller's.
     pub fn command(&self, h: usize, program: &Path) -> Command {
@@ -134,6 +180,15 @@ impl Hosts {
         c
     }
 }
+
+/// Starts the ranks given as arguments on one host (see [`Hosts::ranks_command`]).
+const HOST_LAUNCHER: &str = r#"rc=0; pids=""; i=0
+for r in "$@"; do
+  OMPI_COMM_WORLD_RANK=$r OMPI_COMM_WORLD_LOCAL_RANK=$i "$PROG" $ARGS &
+  echo "@@PID $r $!"; pids="$pids $!"; i=$((i+1))
+done
+for p in $pids; do wait $p || rc=$?; done
+exit $rc"#;
 
 impl Drop for Hosts {
     fn drop(&mut self) {

@@ -11,7 +11,6 @@
 //! Needs root for the namespaces: skips with the reason elsewhere, fails in CI (`CI` set).
 
 use std::io::Read;
-use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
@@ -45,17 +44,6 @@ fn finish(mut child: Child, deadline: Instant) -> (Option<std::process::ExitStat
     }
     (status, text)
 }
-
-/// Starts the ranks given as arguments (global rank numbers) on one host, each with
-/// `OMPI_COMM_WORLD_RANK`/`_LOCAL_RANK`, running `$PROG $ARGS`; exits with the last
-/// failing rank's status.
-const HOST_LAUNCHER: &str = r#"rc=0; pids=""; i=0
-for r in "$@"; do
-  OMPI_COMM_WORLD_RANK=$r OMPI_COMM_WORLD_LOCAL_RANK=$i "$PROG" $ARGS &
-  pids="$pids $!"; i=$((i+1))
-done
-for p in $pids; do wait $p || rc=$?; done
-exit $rc"#;
 
 /// The test's hosts and built binaries.
 struct Cluster {
@@ -101,20 +89,17 @@ impl Cluster {
             .iter()
             .enumerate()
             .map(|(h, &k)| {
-                let ranks: Vec<String> = (first..first + k).map(|r| r.to_string()).collect();
                 first += k;
                 self.hosts
-                    .command(h, Path::new("/bin/sh"))
-                    .args(["-c", HOST_LAUNCHER, "sh"])
-                    .args(&ranks)
-                    .env("PROG", self.bin.join(program))
-                    .env("ARGS", args.join(" "))
-                    .env("OMPI_COMM_WORLD_SIZE", total.to_string())
-                    .env("NCCL_TESTS_UID_FILE", &uid)
-                    .env("CCLD_BOOTSTRAP_IP", self.hosts.addr(h).to_string())
-                    .env("LD_LIBRARY_PATH", &self.bin)
-                    .env_remove("NCCL_HOSTID")
-                    .env_remove("NCCL_COMM_ID")
+                    .ranks_command(
+                        h,
+                        first - k..first,
+                        total,
+                        &self.bin.join(program),
+                        args,
+                        &uid,
+                        &self.bin,
+                    )
                     .stdin(Stdio::null())
                     .stdout(Stdio::piped())
                     .stderr(Stdio::piped())

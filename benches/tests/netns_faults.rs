@@ -1,0 +1,210 @@
+//! Real link faults across "hosts" (`benches::netns`), applied from outside, no
+//! `CCLD_INJECT`: four hosts with one rank each run `all_reduce_perf` in a loop under the
+//! default embedded analyzer (the windows shortened as in the real-faults matrix,
+//! incidents read from `CCLD_REPORT=FILE.jsonl` as a user would), then one host's link or
+//! process is hit:
+//! - its process is SIGKILLed: H1 naming that rank, exited;
+//! - its link is rate-limited (`tc qdisc ... tbf`): communication-slow naming that rank;
+//! - its link is taken down (`ip link set ... down`): a hang naming that rank.
+//!
+//! Each at two positions of the ring. Needs root: skips elsewhere, fails in CI.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use benches::netns::Hosts;
+use benches::real_faults::run::WINDOW_ENV;
+use benches::real_faults::setup::{cargo_build, profile_dir};
+use benches::real_faults::{parse_incidents, Incident};
+
+const RANKS: usize = 4;
+
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+#[derive(Clone, Copy, Debug)]
+enum LinkFault {
+    Kill,
+    RateLimit,
+    Down,
+}
+
+/// The job's launchers (one process group each); killed on drop.
+struct Job {
+    children: Vec<Child>,
+    pids: Arc<Mutex<Vec<Option<u32>>>>,
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            // SAFETY: kill(2) of the process group this test started; no memory passed.
+            unsafe { libc::kill(-(c.id() as i32), libc::SIGKILL) };
+            let _ = c.wait();
+        }
+    }
+}
+
+fn start(hosts: &Hosts, bin: &std::path::Path, report: &std::path::Path) -> Job {
+    let uid = bin.join(format!("netns-faults-uid-{}", std::process::id()));
+    let _ = std::fs::remove_file(&uid);
+    let pids = Arc::new(Mutex::new(vec![None; RANKS]));
+    let args = [
+        "-b", "1M", "-e", "1M", "-n", "100000000", "-w", "2", "-c", "0",
+    ];
+    let children = (0..RANKS)
+        .map(|h| {
+            let mut c = hosts
+                .ranks_command(h, h..h + 1, RANKS, &bin.join("all_reduce_perf"), &args, &uid, bin);
+            c.envs(WINDOW_ENV.iter().map(|(k, v)| (*k, *v)))
+                .env("CCLD_REPORT", report)
+                .env_remove("CCLD_ANALYZER")
+                .env_remove("CCLD_INJECT")
+                .process_group(0)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null());
+            let mut child = c.spawn().expect("start a host");
+            let out = child.stdout.take().expect("stdout");
+            let pids = Arc::clone(&pids);
+            std::thread::spawn(move || {
+                for line in BufReader::new(out).lines().map_while(Result::ok) {
+                    let mut w = line.split_whitespace();
+                    if let (Some("@@PID"), Some(r), Some(p)) = (w.next(), w.next(), w.next()) {
+                        if let (Ok(r), Ok(p)) = (r.parse::<usize>(), p.parse::<u32>()) {
+                            pids.lock().unwrap()[r] = Some(p);
+                        }
+                    }
+                }
+            });
+            child
+        })
+        .collect();
+    Job { children, pids }
+}
+
+fn incidents(report: &std::path::Path) -> Vec<Incident> {
+    let text = std::fs::read_to_string(report).unwrap_or_default();
+    let done = text.rfind('\n').map_or("", |i| &text[..=i]);
+    parse_incidents(done).unwrap_or_default()
+}
+
+/// Runs the job, applies `fault` to host `victim` after a warm-up, and returns what the
+/// analyzer reported within 15 s (and 2 s more after the first incident), with the delay.
+fn run(fault: LinkFault, victim: usize, set: u8) -> Option<(Vec<Incident>, Option<Duration>)> {
+    let hosts = match Hosts::create(RANKS, set) {
+        Ok(h) => h,
+        Err(why) if in_ci() => panic!("network namespaces are needed in CI: {why}"),
+        Err(why) => {
+            eprintln!("skipped: cannot create network namespaces here: {why}");
+            return None;
+        }
+    };
+    let bin = profile_dir().expect("profile dir");
+    cargo_build(&bin, &["-p", "ccl-ffi", "--lib"]).expect("build libnccl.so.2");
+    cargo_build(&bin, &["-p", "nccl-tests-compat", "--bin", "all_reduce_perf"])
+        .expect("build all_reduce_perf");
+    let report = bin.join(format!("netns-faults-{}.jsonl", std::process::id()));
+    let _ = std::fs::remove_file(&report);
+    let job = start(&hosts, &bin, &report);
+    let t0 = Instant::now();
+    while job.pids.lock().unwrap().iter().any(Option::is_none) {
+        assert!(t0.elapsed() < Duration::from_secs(30), "ranks did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Training runs; the analyzer learns its baseline.
+    std::thread::sleep(Duration::from_secs(5));
+    let before = incidents(&report);
+    assert!(before.is_empty(), "incidents before the fault: {before:?}");
+    let link = hosts.link(victim);
+    let fault_at = Instant::now();
+    match fault {
+        LinkFault::Kill => {
+            let pid = job.pids.lock().unwrap()[victim].expect("victim pid");
+            // SAFETY: kill(2) of a rank process this test started; no memory passed.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+        LinkFault::RateLimit => {
+            let ns = hosts.namespace(victim);
+            let out = std::process::Command::new("tc")
+                .args(["-n", &ns, "qdisc", "add", "dev", &link, "root", "tbf"])
+                .args(["rate", "40mbit", "burst", "32kb", "latency", "50ms"])
+                .output()
+                .expect("run tc");
+            assert!(
+                out.status.success(),
+                "tc: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        LinkFault::Down => hosts
+            .ip(victim, &["link", "set", &link, "down"])
+            .expect("take the link down"),
+    }
+    let mut first = None;
+    let deadline = fault_at + Duration::from_secs(15);
+    let mut seen = Vec::new();
+    while Instant::now() < deadline {
+        seen = incidents(&report);
+        if !seen.is_empty() && first.is_none() {
+            first = Some(fault_at.elapsed());
+        }
+        if first.is_some_and(|d| fault_at.elapsed() > d + Duration::from_secs(2)) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(job);
+    let _ = std::fs::remove_file(&report);
+    Some((seen, first))
+}
+
+fn check(fault: LinkFault, victim: usize, set: u8, classes: &[&str], exited: bool) {
+    let Some((seen, delay)) = run(fault, victim, set) else {
+        return;
+    };
+    eprintln!("{fault:?} of host {victim}: after {delay:?}:");
+    for i in &seen {
+        eprintln!("  {} {}", i.describe(), i.summary);
+    }
+    let first = seen
+        .first()
+        .unwrap_or_else(|| panic!("{fault:?} of host {victim}: no diagnosis within 15 s"));
+    assert!(
+        classes.contains(&first.class.as_str()) && first.roots == [victim as u32],
+        "{fault:?} of host {victim}: first incident {} ({}), expected {classes:?} [{victim}]",
+        first.describe(),
+        first.summary
+    );
+    assert_eq!(first.exited, exited, "{}", first.summary);
+    for i in &seen {
+        assert!(
+            i.roots.iter().all(|r| *r == victim as u32),
+            "an incident names a rank other than {victim}: {} ({})",
+            i.describe(),
+            i.summary
+        );
+    }
+}
+
+#[test]
+fn killing_a_remote_rank_is_named_as_its_process_death() {
+    check(LinkFault::Kill, 1, 3, &["H1"], true);
+    check(LinkFault::Kill, 2, 4, &["H1"], true);
+}
+
+#[test]
+fn a_rate_limited_link_is_named_communication_slow() {
+    check(LinkFault::RateLimit, 1, 5, &["S2"], false);
+    check(LinkFault::RateLimit, 3, 6, &["S2"], false);
+}
+
+#[test]
+fn a_link_taken_down_is_named_as_a_hang_at_its_rank() {
+    check(LinkFault::Down, 2, 7, &["H1"], false);
+    check(LinkFault::Down, 3, 8, &["H1"], false);
+}
