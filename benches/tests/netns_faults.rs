@@ -54,14 +54,31 @@ fn start(hosts: &Hosts, bin: &std::path::Path, report: &std::path::Path) -> Job 
     let _ = std::fs::remove_file(&uid);
     let pids = Arc::new(Mutex::new(vec![None; RANKS]));
     let args = [
-        "-b", "1M", "-e", "1M", "-n", "100000000", "-w", "2", "-c", "0",
+        "-b",
+        "1M",
+        "-e",
+        "1M",
+        "-n",
+        "100000000",
+        "-w",
+        "2",
+        "-c",
+        "0",
     ];
     let children = (0..RANKS)
         .map(|h| {
-            let mut c = hosts
-                .ranks_command(h, h..h + 1, RANKS, &bin.join("all_reduce_perf"), &args, &uid, bin);
+            let mut c = hosts.ranks_command(
+                h,
+                h..h + 1,
+                RANKS,
+                &bin.join("all_reduce_perf"),
+                &args,
+                &uid,
+                bin,
+            );
             c.envs(WINDOW_ENV.iter().map(|(k, v)| (*k, *v)))
                 .env("CCLD_REPORT", report)
+                .env("NCCL_ALGO", "Ring")
                 .env_remove("CCLD_ANALYZER")
                 .env_remove("CCLD_INJECT")
                 .process_group(0)
@@ -106,14 +123,20 @@ fn run(fault: LinkFault, victim: usize, set: u8) -> Option<(Vec<Incident>, Optio
     };
     let bin = profile_dir().expect("profile dir");
     cargo_build(&bin, &["-p", "ccl-ffi", "--lib"]).expect("build libnccl.so.2");
-    cargo_build(&bin, &["-p", "nccl-tests-compat", "--bin", "all_reduce_perf"])
-        .expect("build all_reduce_perf");
+    cargo_build(
+        &bin,
+        &["-p", "nccl-tests-compat", "--bin", "all_reduce_perf"],
+    )
+    .expect("build all_reduce_perf");
     let report = bin.join(format!("netns-faults-{}.jsonl", std::process::id()));
     let _ = std::fs::remove_file(&report);
     let job = start(&hosts, &bin, &report);
     let t0 = Instant::now();
     while job.pids.lock().unwrap().iter().any(Option::is_none) {
-        assert!(t0.elapsed() < Duration::from_secs(30), "ranks did not start");
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "ranks did not start"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     // Training runs; the analyzer learns its baseline.

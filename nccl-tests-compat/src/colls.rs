@@ -61,6 +61,14 @@ pub struct Counts {
 }
 
 impl Coll {
+    /// Whether the in-place run's wrong elements are counted and printed: not for SendRecv
+    /// and AlltoAll, whose in-place forms overwrite data that peers may still be reading
+    /// (nccl-tests sets `reportErrors = in_place ? 0 : 1` in their `InitData` and prints
+    /// `N/A` in the `#wrong` column).
+    pub fn reports_in_place_errors(self) -> bool {
+        !matches!(self, Coll::SendRecv | Coll::AlltoAll)
+    }
+
     /// Binary name.
     pub fn program(self) -> &'static str {
         match self {

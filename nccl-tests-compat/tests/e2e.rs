@@ -65,10 +65,16 @@ fn assert_clean(bin: &str, r: &Run, expect_rows: usize) {
     );
     let rs = rows(&r.stdout);
     assert_eq!(rs.len(), expect_rows, "{bin}\n{}", r.stdout);
+    // nccl-tests does not report in-place errors of these two (`N/A`).
+    let in_place = if bin.starts_with("sendrecv_perf") || bin.starts_with("alltoall_perf") {
+        None
+    } else {
+        Some(0.0)
+    };
     for row in &rs {
         assert_eq!(
             row.wrong,
-            [Some(0.0), Some(0.0)],
+            [Some(0.0), in_place],
             "{bin}: {row:?}\n{}",
             r.stdout
         );

@@ -315,14 +315,42 @@ impl FifoReceiver {
         Ok(Some((self.slot_slice(slot, len), d)))
     }
 
+    /// The committed message `ahead` places after the next one (0: the next one) and its
+    /// descriptor, `Ok(None)` while fewer are committed, `Err(Remote)` when the producer's
+    /// counters or length word are corrupt. For a consumer that forwards messages before it
+    /// frees them: it frees them in order with [`FifoReceiver::release_oldest`] (the socket
+    /// transport frees a slot once the remote receiver consumed its message, so that the
+    /// sender sees the same back-pressure as over shared memory).
+    #[allow(clippy::type_complexity)]
+    pub fn try_peek_ahead(
+        &mut self,
+        ahead: usize,
+    ) -> Result<Option<(&[u8], [u64; FifoLayout::DESC_WORDS])>> {
+        let Some((slot, len)) = self
+            .c
+            .peek_ahead(&self.f, ahead as u64)
+            .map_err(|c| self.f.corrupt(c))?
+        else {
+            return Ok(None);
+        };
+        let d = self.c.desc_of(&self.f, slot);
+        Ok(Some((self.slot_slice(slot, len), d)))
+    }
+
+    /// Frees the oldest committed message (one a peek has seen); `false` when there is
+    /// none.
+    pub fn release_oldest(&mut self) -> bool {
+        self.c.release_oldest(&self.f)
+    }
+
     /// The committed slot's `len` bytes (after a successful `peek_slot`).
     fn slot_slice(&self, slot: usize, len: usize) -> &[u8] {
         let p = self.f.slot_ptr(slot);
-        // SAFETY: `peek_slot` found tail < head (head loaded Acquire), so the producer has
-        // published this slot and will not write it again until we store tail+1 in
-        // `release`, which needs `&mut self` and so ends this borrow first; len <= slot_bytes
-        // (checked by `peek_slot`) keeps the slice inside the slot; this process holds the
-        // only consumer claim on the FIFO.
+        // SAFETY: `peek_slot` (or `peek_ahead`) found the slot's count below head (loaded
+        // Acquire), so the producer has published this slot and will not write it again
+        // until our tail passes it in `release`/`release_oldest`, which need `&mut self` and
+        // so end this borrow first; len <= slot_bytes (checked by the peek) keeps the slice
+        // inside the slot; this process holds the only consumer claim on the FIFO.
         unsafe { std::slice::from_raw_parts(p, len) }
     }
 

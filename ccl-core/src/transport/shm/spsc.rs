@@ -204,6 +204,62 @@ impl Consumer {
         d
     }
 
+    /// `(slot, len)` of the committed slot `ahead` places after the next one (0: the next
+    /// one), `None` while fewer are committed. Changes nothing that `release` frees: a
+    /// consumer that forwards messages before it frees them (the socket transport's
+    /// proxy) frees them in order with [`Consumer::release_oldest`].
+    pub(crate) fn peek_ahead<F: FifoWords>(
+        &mut self,
+        f: &F,
+        ahead: u64,
+    ) -> Result<Option<(usize, usize)>, Corrupt> {
+        let want = self.tail.saturating_add(ahead);
+        if want >= self.head_cache {
+            // Acquire: as in `peek`.
+            let head = f.head().load(Ordering::Acquire);
+            if head < self.head_cache || head - self.tail > f.nslots() as u64 {
+                return Err(Corrupt::Head {
+                    head,
+                    seen: self.head_cache,
+                    tail: self.tail,
+                });
+            }
+            self.head_cache = head;
+            if want >= head {
+                return Ok(None);
+            }
+        }
+        let slot = f.slot_of(want);
+        let len = f.len_word(slot).load(Ordering::Relaxed);
+        match usize::try_from(len) {
+            Ok(l) if l <= f.slot_bytes() => Ok(Some((slot, l))),
+            _ => Err(Corrupt::Len { slot, len }),
+        }
+    }
+
+    /// The descriptor of `slot` (one returned by [`Consumer::peek_ahead`]).
+    pub(crate) fn desc_of<F: FifoWords>(&self, f: &F, slot: usize) -> [u64; DESC_WORDS] {
+        let mut d = [0u64; DESC_WORDS];
+        for (w, v) in d.iter_mut().enumerate() {
+            // Relaxed: ordered by the Acquire load of head that made the slot visible.
+            *v = f.desc_word(slot, w).load(Ordering::Relaxed);
+        }
+        d
+    }
+
+    /// Frees the oldest committed slot; `false` (nothing done) when none is known to be
+    /// committed (seen by a peek).
+    pub(crate) fn release_oldest<F: FifoWords>(&mut self, f: &F) -> bool {
+        if self.tail >= self.head_cache {
+            return false;
+        }
+        self.peeked = false;
+        self.tail += 1;
+        // Release: our reads of the slot happen before the producer reuses it.
+        f.tail().store(self.tail, Ordering::Release);
+        true
+    }
+
     /// Frees the peeked slot for the producer; `false` (nothing done) without a peek.
     pub(crate) fn release<F: FifoWords>(&mut self, f: &F) -> bool {
         if !self.peeked {

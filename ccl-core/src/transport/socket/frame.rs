@@ -16,7 +16,8 @@
 //! Then each direction carries the frames of its stream, little-endian:
 //! - a data stream (one channel of a ring, Tree or p2p link): a [`DataHeader`] of 32 bytes
 //!   (payload length, [`DATA_TAG`], the three descriptor words of the FIFO message), then
-//!   the payload;
+//!   the payload; and, the other way, credit frames (32 bytes: a count, a tag, zeros) for
+//!   the messages the receiver consumed ([`StreamFrame`]);
 //! - the control stream (one per pair of ranks): [`Control`] frames of 16 bytes.
 //!
 //! Every field is checked on receipt: a wrong magic, tag, version, communicator, rank or
@@ -238,6 +239,46 @@ impl DataHeader {
     }
 }
 
+/// Second word of a credit frame on a data stream.
+const CREDIT_TAG: u32 = 0xC4ED_C01D;
+
+/// What a data stream carries: FIFO messages one way, and credits the other way (the
+/// receiver consumed that many messages, so the sender may free their slots).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum StreamFrame {
+    Data(DataHeader),
+    Credit(u32),
+}
+
+impl StreamFrame {
+    /// A credit frame for `n` consumed messages (at least 1).
+    pub(crate) fn credit(n: u32) -> [u8; DATA_HEADER_BYTES] {
+        let mut b = [0u8; DATA_HEADER_BYTES];
+        b[0..4].copy_from_slice(&n.to_le_bytes());
+        b[4..8].copy_from_slice(&CREDIT_TAG.to_le_bytes());
+        b
+    }
+
+    /// Decodes a frame header: a data header whose payload fits `max_len` bytes, or a
+    /// credit of 1..=`max_credit` messages.
+    pub(crate) fn decode(
+        b: &[u8; DATA_HEADER_BYTES],
+        max_len: usize,
+        max_credit: u32,
+    ) -> Result<StreamFrame, String> {
+        if u32_at(b, 4) != CREDIT_TAG {
+            return DataHeader::decode(b, max_len).map(StreamFrame::Data);
+        }
+        let n = u32_at(b, 0);
+        if n == 0 || n > max_credit || b[8..].iter().any(|x| *x != 0) {
+            return Err(format!(
+                "corrupt credit frame ({n} messages, at most {max_credit} outstanding)"
+            ));
+        }
+        Ok(StreamFrame::Credit(n))
+    }
+}
+
 /// A frame of the control stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Control {
@@ -366,6 +407,29 @@ mod tests {
             desc: [5, 6, 7],
         };
         assert_eq!(DataHeader::decode(&zero.encode(), 0).unwrap(), zero);
+    }
+
+    #[test]
+    fn credits_round_trip_and_are_bounded() {
+        assert_eq!(
+            StreamFrame::decode(&StreamFrame::credit(3), 0, 8).unwrap(),
+            StreamFrame::Credit(3)
+        );
+        assert!(StreamFrame::decode(&StreamFrame::credit(9), 0, 8)
+            .unwrap_err()
+            .contains("9 messages"));
+        assert!(StreamFrame::decode(&StreamFrame::credit(0), 0, 8).is_err());
+        let mut dirty = StreamFrame::credit(1);
+        dirty[20] = 1;
+        assert!(StreamFrame::decode(&dirty, 0, 8).is_err());
+        let h = DataHeader {
+            len: 4,
+            desc: [1, 2, 3],
+        };
+        assert_eq!(
+            StreamFrame::decode(&h.encode(), 4, 8).unwrap(),
+            StreamFrame::Data(h)
+        );
     }
 
     #[test]

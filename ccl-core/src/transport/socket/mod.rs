@@ -345,7 +345,7 @@ mod tests {
     use crate::bootstrap::get_unique_id;
     use crate::transport::shm::FifoLayout;
     use frame::{DataHeader, DATA_HEADER_BYTES};
-    use proxy::{Inbound, PeerStates};
+    use proxy::{Inbound, Outbound, PeerStates};
 
     /// This rank's doorbell and poison word, as `Transport::connect` makes them.
     fn local_words() -> (Arc<Doorbell>, SharedWord) {
@@ -492,6 +492,94 @@ mod tests {
     }
 
     type FifoReceiverEnd = crate::transport::shm::FifoReceiver;
+
+    /// A proxy of rank `rank` serving one stream with `peer`.
+    fn proxy_serving(
+        rank: usize,
+        peer: usize,
+        sock: TcpStream,
+        out: Option<Outbound>,
+        inb: Option<Inbound>,
+    ) -> Proxy {
+        sock.set_nonblocking(true).unwrap();
+        let (bell, poison) = local_words();
+        let wake_region = Arc::new(ShmRegion::anonymous(CACHE_LINE).unwrap());
+        let proxy = Proxy::start(ProxyLocal {
+            rank,
+            nranks: 2,
+            exec_bell: bell,
+            poison,
+            wake_bell: Doorbell::new(wake_region, 0).unwrap(),
+            wake: Arc::new(EventFd::new().unwrap()),
+            flush: Duration::from_millis(100),
+        })
+        .unwrap();
+        proxy
+            .add(Cmd::Data(Box::new(DataStream {
+                peer,
+                id: StreamId::ring(0),
+                sock,
+                out,
+                inb,
+            })))
+            .unwrap();
+        proxy
+    }
+
+    fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+        let t0 = Instant::now();
+        while !f() {
+            assert!(t0.elapsed() < Duration::from_secs(10), "{what}");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// Over shared memory a sender gets a slot back when the receiver consumes a message;
+    /// over sockets too (the probe's wait metrics mean the same): a sent message keeps its
+    /// slot until the peer's credit.
+    #[test]
+    fn the_sender_gets_a_slot_back_only_when_the_remote_receiver_consumes() {
+        use crate::transport::shm::{FifoReceiver, FifoSender};
+        let layout = FifoLayout::for_buffer(4096, 4).unwrap();
+        let fifo = || Arc::new(ShmRegion::anonymous(layout.bytes()).unwrap());
+        let (a_fifo, b_fifo) = (fifo(), fifo());
+        let mut send = FifoSender::new(Arc::clone(&a_fifo), 0, layout).unwrap();
+        let a_out = FifoReceiver::new(a_fifo, 0, layout).unwrap();
+        let b_in = FifoSender::new(Arc::clone(&b_fifo), 0, layout).unwrap();
+        let mut recv = FifoReceiver::new(b_fifo, 0, layout).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a_sock = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (b_sock, _) = listener.accept().unwrap();
+        let a = proxy_serving(0, 1, a_sock, Some(Outbound::Fifo(a_out)), None);
+        let b = proxy_serving(1, 0, b_sock, None, Some(Inbound::Fifo(b_in)));
+        for i in 0..4u8 {
+            let slot = send.try_reserve().expect("a free slot");
+            slot[..3].copy_from_slice(&[i, i, i]);
+            send.commit_with_desc(3, [u64::from(i), 0, 9]);
+        }
+        wait_until("all four messages delivered", || recv.pending() == 4);
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            send.try_reserve().is_none(),
+            "a slot came back before the receiver consumed anything"
+        );
+        let (data, desc) = recv.try_peek_with_desc().unwrap().unwrap();
+        assert_eq!((data, desc), (&[0u8, 0, 0][..], [0, 0, 9]));
+        recv.release();
+        wait_until("the slot comes back after one consumed message", || {
+            send.try_reserve().is_some()
+        });
+        send.try_reserve().expect("the slot that came back")[0] = 4;
+        send.commit_with_desc(1, [4, 0, 9]);
+        for i in 1..5u8 {
+            wait_until("the next message", || recv.pending() > 0);
+            let (data, desc) = recv.try_peek_with_desc().unwrap().unwrap();
+            assert_eq!(desc, [u64::from(i), 0, 9]);
+            assert!(data.iter().all(|x| *x == i), "message {i}: {data:?}");
+            recv.release();
+        }
+        assert_eq!((a.peers.lost(1), b.peers.lost(0)), (None, None));
+    }
 
     fn lost_within(peers: &PeerStates, peer: usize) -> Option<String> {
         let t0 = Instant::now();

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::frame::{Control, DataHeader, StreamId, CONTROL_BYTES, DATA_HEADER_BYTES};
+use super::frame::{Control, DataHeader, StreamFrame, StreamId, CONTROL_BYTES, DATA_HEADER_BYTES};
 use crate::error::{CclError, Result};
 use crate::transport::shm::{
     Doorbell, FifoLayout, FifoReceiver, FifoSender, LlReceiver, LlSender, SharedWord,
@@ -42,18 +42,13 @@ pub(crate) enum Outbound {
 }
 
 impl Outbound {
+    /// The next message to send: for a Simple FIFO the one after the `unacked` messages
+    /// already sent (their slots stay taken until the peer's credit), for LL the next one.
     #[allow(clippy::type_complexity)]
-    fn peek(&mut self) -> Result<Option<(&[u8], [u64; FifoLayout::DESC_WORDS])>> {
+    fn peek(&mut self, unacked: usize) -> Result<Option<(&[u8], [u64; FifoLayout::DESC_WORDS])>> {
         match self {
-            Outbound::Fifo(f) => f.try_peek_with_desc(),
+            Outbound::Fifo(f) => f.try_peek_ahead(unacked),
             Outbound::Ll(f) => f.try_peek_with_desc(),
-        }
-    }
-
-    fn release(&mut self) {
-        match self {
-            Outbound::Fifo(f) => f.release(),
-            Outbound::Ll(f) => f.release(),
         }
     }
 }
@@ -229,6 +224,16 @@ struct Data {
     s: DataStream,
     /// Bytes of the current outbound message (header + payload) written so far.
     sent: usize,
+    /// Simple-FIFO messages sent whose slots wait for the peer's credit: the executor sees
+    /// its send FIFO drain only as fast as the remote executor consumes, as over shared
+    /// memory (the wait metrics of the probe then mean the same).
+    unacked: usize,
+    /// Credits owed to the peer (messages the executor consumed from the receive FIFO).
+    credit_owed: u64,
+    /// Messages the executor had consumed at the last look.
+    consumed_seen: u64,
+    /// A credit frame being written, and how much of it is written.
+    credit_frame: Option<([u8; DATA_HEADER_BYTES], usize)>,
     hdr: [u8; DATA_HEADER_BYTES],
     hdr_len: usize,
     /// The decoded header of the message being received.
@@ -237,6 +242,29 @@ struct Data {
     /// Inbound side waits for a free slot.
     blocked: bool,
     done: bool,
+}
+
+impl Data {
+    /// Whether frames can arrive: the inbound side, or credits for a Simple outbound side.
+    fn reads(&self) -> bool {
+        self.s.inb.is_some() || matches!(self.s.out, Some(Outbound::Fifo(_)))
+    }
+
+    /// Whether something is half written or owed.
+    fn writing(&self) -> bool {
+        self.sent > 0 || self.credit_frame.is_some() || self.credit_owed > 0
+    }
+
+    /// Counts the messages the executor consumed since the last look as credits owed.
+    fn note_consumed(&mut self) {
+        if let Some(Inbound::Fifo(f)) = &self.s.inb {
+            let consumed = f.committed() - f.in_flight() as u64;
+            if consumed > self.consumed_seen {
+                self.credit_owed += consumed - self.consumed_seen;
+                self.consumed_seen = consumed;
+            }
+        }
+    }
 }
 
 struct Ctl {
@@ -327,6 +355,10 @@ impl Loop {
                 Ok(Cmd::Data(s)) => self.data.push(Data {
                     s: *s,
                     sent: 0,
+                    unacked: 0,
+                    credit_owed: 0,
+                    consumed_seen: 0,
+                    credit_frame: None,
                     hdr: [0; DATA_HEADER_BYTES],
                     hdr_len: 0,
                     incoming: None,
@@ -385,10 +417,10 @@ impl Loop {
                 continue;
             }
             let mut ev = 0;
-            if d.s.inb.is_some() && !d.blocked {
+            if d.reads() && !d.blocked {
                 ev |= libc::POLLIN;
             }
-            if d.sent > 0 {
+            if d.writing() {
                 ev |= libc::POLLOUT;
             }
             if ev != 0 {
@@ -432,17 +464,48 @@ impl Loop {
         self.ring_exec = true;
     }
 
+    /// Writes what the stream owes its socket: a credit frame between messages, the
+    /// message being written, then the next committed ones.
     fn pump_out(&mut self, i: usize) -> bool {
         let mut progress = false;
+        self.data[i].note_consumed();
         loop {
             let d = &mut self.data[i];
             if d.done {
                 return progress;
             }
+            if let Some((frame, written)) = d.credit_frame.as_mut() {
+                match d.s.sock.write(&frame[*written..]) {
+                    Ok(0) => {
+                        self.fail_data(i, "connection closed while sending".into());
+                        return true;
+                    }
+                    Ok(n) => {
+                        *written += n;
+                        progress = true;
+                        if *written == DATA_HEADER_BYTES {
+                            d.credit_frame = None;
+                        }
+                        continue;
+                    }
+                    Err(e) if would_block(&e) => return progress,
+                    Err(e) => {
+                        self.fail_data(i, format!("send failed: {e}"));
+                        return true;
+                    }
+                }
+            }
+            if d.sent == 0 && d.credit_owed > 0 {
+                let n = u32::try_from(d.credit_owed).unwrap_or(u32::MAX);
+                d.credit_owed -= u64::from(n);
+                d.credit_frame = Some((StreamFrame::credit(n), 0));
+                continue;
+            }
+            let unacked = d.unacked;
             let Some(out) = d.s.out.as_mut() else {
                 return progress;
             };
-            let (payload, desc) = match out.peek() {
+            let (payload, desc) = match out.peek(unacked) {
                 Ok(Some(m)) => m,
                 Ok(None) => return progress,
                 Err(e) => {
@@ -480,9 +543,15 @@ impl Loop {
                     }
                 }
             }
-            out.release();
             d.sent = 0;
-            self.ring_exec = true;
+            match out {
+                // The slot stays taken until the peer's credit (`pump_in`).
+                Outbound::Fifo(_) => d.unacked += 1,
+                Outbound::Ll(f) => {
+                    f.release();
+                    self.ring_exec = true;
+                }
+            }
         }
     }
 
@@ -493,9 +562,9 @@ impl Loop {
             if d.done {
                 return progress;
             }
-            let Some(inb) = d.s.inb.as_mut() else {
+            if !d.reads() {
                 return progress;
-            };
+            }
             let h = match d.incoming {
                 Some(h) => h,
                 None => {
@@ -529,8 +598,24 @@ impl Loop {
                         continue;
                     }
                     d.hdr_len = 0;
-                    match DataHeader::decode(&d.hdr, inb.cap()) {
-                        Ok(h) => {
+                    let cap = d.s.inb.as_ref().map_or(0, Inbound::cap);
+                    match StreamFrame::decode(&d.hdr, cap, d.unacked as u32) {
+                        Ok(StreamFrame::Credit(n)) => {
+                            if let Some(Outbound::Fifo(f)) = d.s.out.as_mut() {
+                                for _ in 0..n {
+                                    f.release_oldest();
+                                }
+                            }
+                            d.unacked -= n as usize;
+                            self.ring_exec = true;
+                            continue;
+                        }
+                        Ok(StreamFrame::Data(_)) if d.s.inb.is_none() => {
+                            let why = "data on a stream that only sends".to_string();
+                            self.fail_data(i, why);
+                            return true;
+                        }
+                        Ok(StreamFrame::Data(h)) => {
                             d.incoming = Some(h);
                             d.got = 0;
                             h
@@ -541,6 +626,9 @@ impl Loop {
                         }
                     }
                 }
+            };
+            let Some(inb) = d.s.inb.as_mut() else {
+                return progress;
             };
             let Some(slot) = inb.reserve() else {
                 d.blocked = true;
@@ -683,7 +771,7 @@ impl Loop {
             let pending = self.data.iter().any(|d| {
                 !d.done
                     && (d.sent > 0
-                        || matches!(&d.s.out, Some(Outbound::Fifo(f)) if f.pending() > 0))
+                        || matches!(&d.s.out, Some(Outbound::Fifo(f)) if f.pending() > d.unacked))
             });
             if !pending || Instant::now() >= deadline {
                 break;
