@@ -105,6 +105,32 @@ fn start(hosts: &Hosts, bin: &std::path::Path, report: &std::path::Path) -> Job 
     Job { children, pids }
 }
 
+/// Every host but `victim` ends with nccl-tests' NCCL-error status (3) within the socket
+/// transport's link timeout (5 s) plus a peer check and margin: a silent link is found.
+fn survivors_fail(job: &mut Job, victim: usize, fault_at: Instant) {
+    let limit = Duration::from_secs(12);
+    for (h, c) in job.children.iter_mut().enumerate() {
+        if h == victim {
+            continue;
+        }
+        let status = loop {
+            if let Some(s) = c.try_wait().expect("wait") {
+                break s;
+            }
+            assert!(
+                fault_at.elapsed() < limit,
+                "host {h} still runs {limit:?} after its peer's link went down"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert_eq!(status.code(), Some(3), "host {h}: {status}");
+        eprintln!(
+            "host {h} failed with {status} {:?} after the link went down",
+            fault_at.elapsed()
+        );
+    }
+}
+
 fn incidents(report: &std::path::Path) -> Vec<Incident> {
     let text = std::fs::read_to_string(report).unwrap_or_default();
     let done = text.rfind('\n').map_or("", |i| &text[..=i]);
@@ -131,7 +157,7 @@ fn run(fault: LinkFault, victim: usize, set: u8) -> Option<(Vec<Incident>, Optio
     .expect("build all_reduce_perf");
     let report = bin.join(format!("netns-faults-{}.jsonl", std::process::id()));
     let _ = std::fs::remove_file(&report);
-    let job = start(&hosts, &bin, &report);
+    let mut job = start(&hosts, &bin, &report);
     let t0 = Instant::now();
     while job.pids.lock().unwrap().iter().any(Option::is_none) {
         assert!(
@@ -181,6 +207,9 @@ fn run(fault: LinkFault, victim: usize, set: u8) -> Option<(Vec<Incident>, Optio
             break;
         }
         std::thread::sleep(Duration::from_millis(100));
+    }
+    if matches!(fault, LinkFault::Down) {
+        survivors_fail(&mut job, victim, fault_at);
     }
     drop(job);
     if std::env::var_os("CCLD_KEEP_REPORT").is_some() {

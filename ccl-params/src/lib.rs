@@ -266,7 +266,7 @@ pub const NCCL_SOCKET_IFNAME: Param = Param {
     name: "NCCL_SOCKET_IFNAME",
     kind: Kind::Text,
     default: "NCCL's order (`ib*`, others, `docker*`, `lo*`)",
-    doc: "interface for the bootstrap root; `^` excludes, `=` exact",
+    doc: "interface for the bootstrap root, and so for each rank's bootstrap and socket-transport listeners; `^` excludes, `=` exact",
     scope: Scope::Runtime,
     alias_of: None,
 };
@@ -396,7 +396,7 @@ pub const NCCL_SOCKET_NTHREADS: Param = Param {
         suffixes: false,
     },
     default: "1",
-    doc: "socket transport: helper threads per connection in NCCL; here a factor of the TCP connections per channel and peer (`NCCL_SOCKET_NTHREADS` x `NCCL_NSOCKS_PERTHREAD`, at most 64), all served by the communicator's one proxy thread",
+    doc: "socket transport, NVIDIA's meaning: helper threads per connection, each with `NCCL_NSOCKS_PERTHREAD` sockets. Not read yet: here every channel of a link has its own TCP connection (so `NCCL_MIN_CTAS`/`NCCL_MAX_CTAS` set the connections per peer), served by the communicator's one proxy thread",
     scope: Scope::Runtime,
     alias_of: None,
 };
@@ -410,8 +410,7 @@ pub const NCCL_NSOCKS_PERTHREAD: Param = Param {
         suffixes: false,
     },
     default: "1",
-    doc:
-        "socket transport: sockets per helper thread (NVIDIA's meaning); see `NCCL_SOCKET_NTHREADS`",
+    doc: "socket transport, NVIDIA's meaning: sockets per helper thread (at most 64 per connection with `NCCL_SOCKET_NTHREADS`). Not read yet (see `NCCL_SOCKET_NTHREADS`)",
     scope: Scope::Runtime,
     alias_of: None,
 };
