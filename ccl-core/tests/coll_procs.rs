@@ -228,6 +228,10 @@ impl probe::diag::Sink for PrintFailed {
 }
 
 fn kill_rank() {
+    // As in a C program: SIGPIPE kills (Rust binaries ignore it), so a library write to a
+    // dead peer's socket that raises it ends this survivor instead of failing its call.
+    // SAFETY: restores the default disposition of one signal; no handler is involved.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     // NCCL_DEBUG=WARN and NCCL_DEBUG_FILE come from the test: the survivors' WARN lines.
     ccl_core::debug::init();
     probe::diag::start_with(probe::diag::DiagConfig::default(), || {
@@ -450,6 +454,13 @@ fn sigkill_of_a_rank_fails_the_survivors_within_the_bound_and_leaves_no_shm() {
 #[test]
 fn sigkill_of_a_remote_rank_fails_the_survivors_within_the_bound() {
     sigkill_of_the_last_rank(&["a", "b", "b"]);
+}
+
+/// The victim (rank 2) is the ring successor of remote rank 1, whose sends go to the dead
+/// socket: the survivor (SIGPIPE at its default, as in a C program) fails its call.
+#[test]
+fn sigkill_of_a_remote_successor_fails_its_sender() {
+    sigkill_of_the_last_rank(&["a", "b", "a"]);
 }
 
 fn sigkill_of_the_last_rank(hosts: &[&str]) {

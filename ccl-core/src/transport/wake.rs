@@ -43,6 +43,26 @@ impl EventFd {
     }
 }
 
+/// Writes `bufs` to the socket `fd` in one `sendmsg(2)` with `MSG_NOSIGNAL` and
+/// `MSG_DONTWAIT`: a peer that closed its end is an `EPIPE` error, never a `SIGPIPE` that
+/// would kill a host program which keeps the default disposition (`writev`, which std's
+/// `write_vectored` uses, raises it).
+pub fn send_vectored(fd: RawFd, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
+    // SAFETY: msghdr is plain data; all-zero is a valid empty header.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    // IoSlice is ABI-compatible with iovec on Unix (documented); sendmsg only reads them.
+    msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = bufs.len() as _;
+    // SAFETY: `msg` points at `bufs`, live and unchanged for the call; `fd` is the caller's
+    // open socket.
+    let r = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(r as usize)
+    }
+}
+
 /// `poll(2)` over `fds`, at most `timeout`; EINTR counts as "nothing ready".
 pub fn poll(fds: &mut [libc::pollfd], timeout: Duration) -> Result<()> {
     let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
@@ -60,6 +80,36 @@ pub fn poll(fds: &mut [libc::pollfd], timeout: Duration) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{IoSlice, Read};
+    use std::net::{TcpListener, TcpStream};
+
+    #[test]
+    fn send_vectored_sends_all_parts_and_a_closed_peer_is_an_error_not_a_signal() {
+        // As in a C host program (Rust test binaries ignore SIGPIPE): a send that raised it
+        // would end this test's process (nextest runs each test in its own).
+        // SAFETY: restores the default disposition of one signal; no handler is involved.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut b, _) = l.accept().unwrap();
+        let n = send_vectored(a.as_raw_fd(), &[IoSlice::new(b"abc"), IoSlice::new(b"de")]).unwrap();
+        assert_eq!(n, 5);
+        let mut got = [0u8; 5];
+        b.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"abcde");
+        drop(b);
+        // The first send after the peer closed may succeed (the RST comes back); a later
+        // one fails with EPIPE or ECONNRESET, and this process is still alive.
+        let mut failed = false;
+        for _ in 0..100 {
+            if send_vectored(a.as_raw_fd(), &[IoSlice::new(&[0u8; 1024])]).is_err() {
+                failed = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(failed, "sending to a closed peer never failed");
+    }
 
     #[test]
     fn a_signal_wakes_poll_and_drain_clears_it() {

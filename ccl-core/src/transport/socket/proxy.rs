@@ -32,7 +32,7 @@ use crate::error::{CclError, Result};
 use crate::transport::shm::{
     Doorbell, FifoLayout, FifoReceiver, FifoSender, LlReceiver, LlSender, SharedWord,
 };
-use crate::transport::wake::{poll, EventFd};
+use crate::transport::wake::{poll, send_vectored, EventFd};
 
 /// The executor's send FIFO of a remote link, read by the proxy.
 #[derive(Debug)]
@@ -451,8 +451,9 @@ impl Loop {
         }
     }
 
-    /// A data stream failed: its peer is lost (the executor fails its operations with
-    /// `ncclRemoteError` at its next peer check).
+    /// A data stream broke the protocol (junk, a frame that does not fit, data lost in the
+    /// middle of a message): the connection is dropped and its peer is lost (the executor
+    /// fails its operations with `ncclRemoteError` at its next peer check).
     fn fail_data(&mut self, i: usize, why: String) {
         let d = &mut self.data[i];
         d.done = true;
@@ -466,6 +467,20 @@ impl Loop {
 
     /// Writes what the stream owes its socket: a credit frame between messages, the
     /// message being written, then the next committed ones.
+    /// A data stream's socket ended or failed between frames (the peer destroyed its
+    /// communicator, died, or its link went silent): the stream stops. Whether the peer is
+    /// lost is the control connection's call (it ends without a goodbye on a death, and
+    /// its keep-alive notices a silent link), so a peer that destroyed cleanly while this
+    /// rank still sent it credits is not reported lost.
+    fn end_data(&mut self, i: usize, why: String) {
+        let d = &mut self.data[i];
+        d.done = true;
+        let _ = d.s.sock.shutdown(Shutdown::Both);
+        tracing::debug!(target: "nccl::NET", rank = self.l.rank,
+            "connection to rank {} ({}) ended: {why}", d.s.peer, d.s.id);
+        self.ring_exec = true;
+    }
+
     fn pump_out(&mut self, i: usize) -> bool {
         let mut progress = false;
         self.data[i].note_consumed();
@@ -477,7 +492,7 @@ impl Loop {
             if let Some((frame, written)) = d.credit_frame.as_mut() {
                 match d.s.sock.write(&frame[*written..]) {
                     Ok(0) => {
-                        self.fail_data(i, "connection closed while sending".into());
+                        self.end_data(i, "connection closed while sending".into());
                         return true;
                     }
                     Ok(n) => {
@@ -490,7 +505,7 @@ impl Loop {
                     }
                     Err(e) if would_block(&e) => return progress,
                     Err(e) => {
-                        self.fail_data(i, format!("send failed: {e}"));
+                        self.end_data(i, format!("send failed: {e}"));
                         return true;
                     }
                 }
@@ -522,14 +537,17 @@ impl Loop {
             let total = DATA_HEADER_BYTES + payload.len();
             while d.sent < total {
                 let r = if d.sent < DATA_HEADER_BYTES {
-                    d.s.sock
-                        .write_vectored(&[IoSlice::new(&hdr[d.sent..]), IoSlice::new(payload)])
+                    send_vectored(
+                        d.s.sock.as_raw_fd(),
+                        &[IoSlice::new(&hdr[d.sent..]), IoSlice::new(payload)],
+                    )
                 } else {
+                    // std's `write` on a socket is send(2) with MSG_NOSIGNAL.
                     d.s.sock.write(&payload[d.sent - DATA_HEADER_BYTES..])
                 };
                 match r {
                     Ok(0) => {
-                        self.fail_data(i, "connection closed while sending".into());
+                        self.end_data(i, "connection closed while sending".into());
                         return true;
                     }
                     Ok(n) => {
@@ -538,7 +556,7 @@ impl Loop {
                     }
                     Err(e) if would_block(&e) => return progress,
                     Err(e) => {
-                        self.fail_data(i, format!("send failed: {e}"));
+                        self.end_data(i, format!("send failed: {e}"));
                         return true;
                     }
                 }
@@ -589,6 +607,10 @@ impl Loop {
                             progress = true;
                         }
                         Err(e) if would_block(&e) => return progress,
+                        Err(e) if d.hdr_len == 0 => {
+                            self.end_data(i, format!("receive failed: {e}"));
+                            return true;
+                        }
                         Err(e) => {
                             self.fail_data(i, format!("receive failed: {e}"));
                             return true;
