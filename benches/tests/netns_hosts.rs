@@ -17,10 +17,6 @@ use std::time::{Duration, Instant};
 use benches::netns::Hosts;
 use benches::real_faults::setup::{cargo_build, profile_dir};
 
-fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
-}
-
 /// Waits for `child` at most until `deadline`; kills it past that. (exited, output).
 fn finish(mut child: Child, deadline: Instant) -> (Option<std::process::ExitStatus>, String) {
     let status = loop {
@@ -56,14 +52,7 @@ struct Cluster {
 impl Cluster {
     /// `None` (after saying why) where namespaces cannot be made outside CI.
     fn new(per_host: &[usize], set: u8) -> Option<Cluster> {
-        let hosts = match Hosts::create(per_host.len(), set) {
-            Ok(h) => h,
-            Err(why) if in_ci() => panic!("network namespaces are needed in CI: {why}"),
-            Err(why) => {
-                eprintln!("skipped: cannot create network namespaces here: {why}");
-                return None;
-            }
-        };
+        let hosts = Hosts::for_test(per_host.len(), set)?;
         let bin = profile_dir().expect("profile dir");
         cargo_build(&bin, &["-p", "ccl-ffi", "--lib"]).expect("build libnccl.so.2");
         cargo_build(&bin, &["-p", "nccl-tests-compat", "--bins"]).expect("build nccl-tests");

@@ -165,43 +165,20 @@ impl Consumer {
 
     /// `(slot, len)` of the next committed slot, `None` while empty.
     pub(crate) fn peek<F: FifoWords>(&mut self, f: &F) -> Result<Option<(usize, usize)>, Corrupt> {
-        if self.tail == self.head_cache {
-            // Acquire: the slot data and length the producer wrote before this head are
-            // visible.
-            let head = f.head().load(Ordering::Acquire);
-            if head < self.head_cache || head - self.tail > f.nslots() as u64 {
-                return Err(Corrupt::Head {
-                    head,
-                    seen: self.head_cache,
-                    tail: self.tail,
-                });
-            }
-            self.head_cache = head;
-            if head == self.tail {
-                return Ok(None);
-            }
+        let next = self.peek_ahead(f, 0)?;
+        if next.is_some() {
+            self.peeked = true;
         }
-        let slot = f.slot_of(self.tail);
-        let len = f.len_word(slot).load(Ordering::Relaxed);
-        let len = match usize::try_from(len) {
-            Ok(l) if l <= f.slot_bytes() => l,
-            _ => return Err(Corrupt::Len { slot, len }),
-        };
-        self.peeked = true;
-        Ok(Some((slot, len)))
+        Ok(next)
     }
 
     /// The descriptor of the peeked slot (zeros without one).
     pub(crate) fn desc<F: FifoWords>(&self, f: &F) -> [u64; DESC_WORDS] {
-        let mut d = [0u64; DESC_WORDS];
         if self.peeked {
-            let slot = f.slot_of(self.tail);
-            for (w, v) in d.iter_mut().enumerate() {
-                // Relaxed: ordered by the Acquire load of head that made the slot visible.
-                *v = f.desc_word(slot, w).load(Ordering::Relaxed);
-            }
+            self.desc_of(f, f.slot_of(self.tail))
+        } else {
+            [0; DESC_WORDS]
         }
-        d
     }
 
     /// `(slot, len)` of the committed slot `ahead` places after the next one (0: the next
@@ -215,7 +192,8 @@ impl Consumer {
     ) -> Result<Option<(usize, usize)>, Corrupt> {
         let want = self.tail.saturating_add(ahead);
         if want >= self.head_cache {
-            // Acquire: as in `peek`.
+            // Acquire: the slot data and length the producer wrote before this head are
+            // visible.
             let head = f.head().load(Ordering::Acquire);
             if head < self.head_cache || head - self.tail > f.nslots() as u64 {
                 return Err(Corrupt::Head {
