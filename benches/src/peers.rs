@@ -125,7 +125,13 @@ pub fn run_ours(
         .args(["-f", &factor.to_string(), "-d", dtype, "-o", "sum"])
         .args(["-c", "1", "-w", "5", "-n", &iters.to_string()])
         .env("LD_LIBRARY_PATH", dir))?;
-    let mut rows = parse_nccl_tests(&out)?;
+    allreduce_rows(&out, ranks)
+}
+
+/// The rows of an `all_reduce_perf` output over `ranks` ranks, busbw recomputed with
+/// [`allreduce_busbw`]; an error without any row or with wrong results.
+pub fn allreduce_rows(out: &str, ranks: usize) -> Result<Vec<Row>, String> {
+    let mut rows = parse_nccl_tests(out)?;
     for r in &mut rows {
         r.busbw = allreduce_busbw(r.bytes, r.time_us, ranks);
     }

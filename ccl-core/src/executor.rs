@@ -743,7 +743,8 @@ impl Worker {
     }
 
     /// Fails with `Remote` (cause PEER_LOST, with the peer's rank, pid and host for the
-    /// probe) when a peer's process exited.
+    /// probe) when a peer is gone: its process exited (same host) or its socket transport
+    /// connection was lost ([`Transport::peer_gone`]).
     fn check_peers(&mut self) -> Result<()> {
         for (r, &pid) in self.t.pids.iter().enumerate() {
             if r == self.t.rank {

@@ -26,7 +26,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use benches::netns::Hosts;
-use benches::peers::{allreduce_busbw, median, parse_mpi, parse_nccl_tests, release_dir, Row};
+use benches::peers::{allreduce_rows, median, parse_mpi, release_dir, Row};
 
 const TCP_BYTES: u64 = 256 << 20;
 const TCP_PORT: u16 = 24_117;
@@ -233,14 +233,7 @@ fn ours(hosts: &Hosts, dir: &Path, n: usize, o: &Opts) -> Result<Vec<Row>, Strin
     if let Some(f) = failed {
         return Err(f);
     }
-    let mut rows = parse_nccl_tests(&text)?;
-    for r in &mut rows {
-        r.busbw = allreduce_busbw(r.bytes, r.time_us, n);
-    }
-    if rows.is_empty() {
-        return Err(format!("no result lines:\n{text}"));
-    }
-    Ok(rows)
+    allreduce_rows(&text, n)
 }
 
 /// OpenMPI's MPI_Allreduce with the TCP BTL on `n` hosts x 1 rank.
