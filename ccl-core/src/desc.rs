@@ -12,6 +12,8 @@
 //! On a mismatch the receiver fails the operation with `ncclInvalidUsage` and poisons its
 //! peers: it stores [`poison_value`] into the poison word next to every peer's doorbell, so
 //! that peers blocked in the operation fail too (`ncclRemoteError`) instead of hanging.
+//! A rank that finds a peer it waits on gone poisons the others the same way
+//! ([`peer_lost_poison_value`]), so that ranks not waiting on that peer name it too.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -210,18 +212,7 @@ pub(crate) fn on_mismatch(
 ) -> (CclError, Failure) {
     let text = m.text(rank, comm_id);
     tracing::warn!(target: "nccl::COLL", rank, "{text}");
-    let v = poison_value(rank, collectives);
-    for (p, w) in t.peer_poison.iter().enumerate() {
-        if let Some(w) = w {
-            // The first poison wins; Release: pairs with the Acquire in `check_poison`.
-            let _ = w
-                .get()
-                .compare_exchange(0, v, Ordering::Release, Ordering::Relaxed);
-            if let Some(Some(b)) = t.peer_bells.get(p) {
-                b.ring();
-            }
-        }
-    }
+    poison_peers(t, poison_value(rank, collectives));
     let f = Failure {
         cause: FailureCause::Inconsistent,
         peer_lost: None,
@@ -230,38 +221,53 @@ pub(crate) fn on_mismatch(
     (CclError::InvalidUsage(text), f)
 }
 
-/// The error of a poisoned rank (`ncclRemoteError`), `None` while `word` is clear.
-///
-/// `collectives`: the collectives this rank has issued (its current one included), or
-/// `None` (idle: any poison counts). A poison is ignored while this rank is in a collective
-/// the detecting rank had completed (fewer collectives issued than the detector's count):
-/// every rank's part of such an operation is consistent and was sent, so it completes;
-/// failing it would fail a consistent call.
-pub(crate) fn poison_error(
-    word: &SharedWord,
-    rank: usize,
-    collectives: Option<u64>,
-) -> Option<CclError> {
-    let (by, at) = poison_decode(word.get().load(Ordering::Acquire))?;
-    if collectives.is_some_and(|c| c < at) {
-        return None;
-    }
-    Some(CclError::Remote(format!(
-        "rank {by} detected an inconsistent call (in its collective #{}) and failed; rank {rank} fails too: the communicator is unusable",
-        at.saturating_sub(1)
-    )))
-}
-
-/// Fails with `ncclRemoteError` (cause PEER_FAILED, WARN line) once a peer poisoned this
-/// rank.
-pub(crate) fn check_poison(t: &Transport, rank: usize, collectives: u64) -> Result<(), CclError> {
-    match poison_error(&t.poison, rank, Some(collectives)) {
-        None => Ok(()),
-        Some(e) => {
-            tracing::warn!(target: "nccl::COLL", rank, "{e}");
-            Err(e)
+/// Stores the poison value `v` into every peer's poison word (the first poison wins) and
+/// rings their doorbells, so that peers blocked in an operation notice it.
+pub(crate) fn poison_peers(t: &Transport, v: u64) {
+    for (p, w) in t.peer_poison.iter().enumerate() {
+        if let Some(w) = w {
+            // Release: pairs with the Acquire in `poisoned`.
+            let _ = w
+                .get()
+                .compare_exchange(0, v, Ordering::Release, Ordering::Relaxed);
+            if let Some(Some(b)) = t.peer_bells.get(p) {
+                b.ring();
+            }
         }
     }
+}
+
+/// The poison in `word` that fails this rank's current operation, `None` while clear.
+///
+/// `collectives`: the collectives this rank has issued, its current one included. A poison
+/// is ignored while this rank is in a collective the detecting rank had completed (fewer
+/// collectives issued than the detector's count): this rank's part of such an operation
+/// does not depend on the detector's failure (an inconsistent call elsewhere, or a peer this
+/// rank is not waiting on), so it may complete; failing it would fail a good call. A rank
+/// that does wait on a lost peer finds that out by itself.
+pub(crate) fn poisoned(word: &SharedWord, collectives: u64) -> Option<Poison> {
+    let p = poison_decode(word.get().load(Ordering::Acquire))?;
+    (collectives >= p.at()).then_some(p)
+}
+
+/// The communicator's error once a peer poisoned this rank, whatever this rank runs
+/// (`ncclCommGetAsyncError`), `None` while `word` is clear.
+pub(crate) fn poison_async_error(word: &SharedWord, rank: usize) -> Option<CclError> {
+    Some(match poison_decode(word.get().load(Ordering::Acquire))? {
+        Poison::Inconsistent { by, at } => inconsistent_poison_error(by, at, rank),
+        Poison::PeerLost { lost, .. } => CclError::Remote(format!(
+            "rank {lost} was lost (its process exited or its connection broke); rank {rank} fails too: the communicator is unusable"
+        )),
+    })
+}
+
+/// The error of a rank poisoned after rank `by` detected an inconsistent call in the
+/// collective it counted as its `at`-th (`ncclRemoteError`).
+pub(crate) fn inconsistent_poison_error(by: usize, at: u64, rank: usize) -> CclError {
+    CclError::Remote(format!(
+        "rank {by} detected an inconsistent call (in its collective #{}) and failed; rank {rank} fails too: the communicator is unusable",
+        at.saturating_sub(1)
+    ))
 }
 
 /// Sequence numbers of the descriptors: the communicator's collective sequence and one
@@ -342,20 +348,61 @@ fn with_peer_seqs(
     id
 }
 
-/// Bits of the collective count in a poison word.
-const POISON_COUNT_BITS: u32 = 39;
+/// How a rank poisoned with a lost peer ([`Poison::PeerLost`]) describes the loss while it
+/// does not see it itself (its connection to the peer still drains, or it has none).
+pub const LOST_ELSEWHERE: &str = "gone (process exited or connection lost; found by another rank)";
 
-/// The poison word value a rank that detected a mismatch after issuing `collectives`
-/// collectives stores into its peers' poison words (never 0; the count saturates at 2^39-1).
-pub fn poison_value(rank: usize, collectives: u64) -> u64 {
-    let max = (1u64 << POISON_COUNT_BITS) - 1;
-    (1 << 63) | (collectives.min(max) << 24) | (rank as u64 & 0xFF_FFFF)
+/// Bits of the collective count in a poison word.
+const POISON_COUNT_BITS: u32 = 38;
+/// Bit 63: the word holds a poison. Bit 62: its kind is a lost peer.
+const POISON_SET: u64 = 1 << 63;
+const POISON_LOST: u64 = 1 << 62;
+
+/// What a poison word says (bits: set, kind, 38-bit collective count, 24-bit rank).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Poison {
+    /// Rank `by` detected an inconsistent call after issuing `at` collectives.
+    Inconsistent { by: usize, at: u64 },
+    /// A rank found peer `lost` gone (process exited, connection lost) after issuing `at`
+    /// collectives.
+    PeerLost { lost: usize, at: u64 },
 }
 
-/// `(detecting rank, its collective count)` of a poison word, `None` when clear.
-pub fn poison_decode(v: u64) -> Option<(usize, u64)> {
+impl Poison {
+    /// The detecting rank's collective count.
+    pub fn at(&self) -> u64 {
+        match *self {
+            Poison::Inconsistent { at, .. } | Poison::PeerLost { at, .. } => at,
+        }
+    }
+}
+
+fn poison_word(kind: u64, rank: usize, collectives: u64) -> u64 {
     let max = (1u64 << POISON_COUNT_BITS) - 1;
-    (v >> 63 == 1).then_some(((v & 0xFF_FFFF) as usize, (v >> 24) & max))
+    POISON_SET | kind | (collectives.min(max) << 24) | (rank as u64 & 0xFF_FFFF)
+}
+
+/// The poison word value a rank that detected a mismatch after issuing `collectives`
+/// collectives stores into its peers' poison words (never 0; the count saturates at 2^38-1).
+pub fn poison_value(rank: usize, collectives: u64) -> u64 {
+    poison_word(0, rank, collectives)
+}
+
+/// The poison word value a rank that found peer `lost` gone after issuing `collectives`
+/// collectives stores into its peers' poison words (never 0; the count saturates).
+pub fn peer_lost_poison_value(lost: usize, collectives: u64) -> u64 {
+    poison_word(POISON_LOST, lost, collectives)
+}
+
+/// What a poison word says, `None` when clear.
+pub fn poison_decode(v: u64) -> Option<Poison> {
+    let max = (1u64 << POISON_COUNT_BITS) - 1;
+    let (rank, at) = ((v & 0xFF_FFFF) as usize, (v >> 24) & max);
+    (v & POISON_SET != 0).then_some(if v & POISON_LOST != 0 {
+        Poison::PeerLost { lost: rank, at }
+    } else {
+        Poison::Inconsistent { by: rank, at }
+    })
 }
 
 /// The descriptors of a work item by buffer index (what its steps' `src_buf`/`dst_buf`
@@ -541,12 +588,21 @@ mod tests {
         assert_eq!(poison_decode(0), None);
         for (r, c, want) in [
             (0usize, 0u64, 0u64),
-            (7, 1 << 38 | 5, 1 << 38 | 5),
-            (0xFF_FFFF, u64::MAX, (1 << 39) - 1),
+            (7, 1 << 37 | 5, 1 << 37 | 5),
+            (0xFF_FFFF, u64::MAX, (1 << 38) - 1),
         ] {
             let v = poison_value(r, c);
             assert_ne!(v, 0);
-            assert_eq!(poison_decode(v), Some((r, want)));
+            assert_eq!(
+                poison_decode(v),
+                Some(Poison::Inconsistent { by: r, at: want })
+            );
+            let v = peer_lost_poison_value(r, c);
+            assert_ne!(v, 0);
+            assert_eq!(
+                poison_decode(v),
+                Some(Poison::PeerLost { lost: r, at: want })
+            );
         }
     }
 

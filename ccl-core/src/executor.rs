@@ -303,6 +303,42 @@ struct LaneRun<'p> {
     wait: Wait,
 }
 
+impl LaneRun<'_> {
+    /// The peer this lane is blocked on, if it is.
+    fn waits_on(&self) -> Option<usize> {
+        match self.wait {
+            Wait::None => None,
+            Wait::Upstream => self.lane.recv_from,
+            Wait::Downstream => self.lane.send_to,
+        }
+    }
+}
+
+/// When an executor waiting without progress next checks its peers
+/// ([`Worker::check_peers`]).
+pub(super) struct PeerCheck {
+    next: Instant,
+    every: Duration,
+    /// A peer was seen gone at the last check; the next pass without progress checks
+    /// again at once.
+    suspect: bool,
+}
+
+impl PeerCheck {
+    pub(super) fn new(start: Instant, every: Duration) -> PeerCheck {
+        PeerCheck {
+            next: start + every,
+            every,
+            suspect: false,
+        }
+    }
+
+    /// The operation moved on: a peer seen gone may have left its last messages.
+    pub(super) fn progressed(&mut self) {
+        self.suspect = false;
+    }
+}
+
 /// Per-channel send throttle of an injected S2/S3 fault.
 struct Throttle {
     gap: Duration,
@@ -647,8 +683,7 @@ impl Worker {
         let mut backoff = Backoff::with_spin(self.spin);
         let mut spin_checked = false;
         let mut episode = WaitEpisode::default();
-        let check_every = self.shared.tuning.peer_check;
-        let mut next_check = t_start + check_every;
+        let mut peer_check = PeerCheck::new(t_start, self.shared.tuning.peer_check);
         while !lanes.is_empty() {
             let mut progressed = false;
             for lr in lanes.iter_mut() {
@@ -686,13 +721,14 @@ impl Worker {
                     bell.unannounce();
                 }
                 backoff.reset();
+                peer_check.progressed();
                 continue;
             }
             self.check_poison()?;
             let now = Instant::now();
-            if now >= next_check {
-                self.check_peers()?;
-                next_check = now + check_every;
+            let waited_on = lanes.iter().filter_map(LaneRun::waits_on);
+            if self.check_peers(&mut peer_check, now, waited_on)? {
+                continue;
             }
             if block.is_some() {
                 episode.snoozing(now, lanes.iter().map(|lr| (lr.lane.channel, lr.wait)));
@@ -734,40 +770,89 @@ impl Worker {
         e
     }
 
-    /// See [`crate::desc::check_poison`]; records the probe's failure.
+    /// Fails with `ncclRemoteError` once a peer poisoned this rank ([`crate::desc::poisoned`]):
+    /// cause PEER_FAILED (with a WARN line) after an inconsistent call, PEER_LOST naming
+    /// the lost peer after another rank found it gone.
     fn check_poison(&mut self) -> Result<()> {
-        let issued = self.seqs.collectives();
-        crate::desc::check_poison(&self.t, self.shared.rank, issued).inspect_err(|_| {
-            self.failure = Some(probe::Failure::cause(probe::FailureCause::PeerFailed));
-        })
-    }
-
-    /// Fails with `Remote` (cause PEER_LOST, with the peer's rank, pid and host for the
-    /// probe) when a peer is gone: its process exited (same host) or its socket transport
-    /// connection was lost ([`Transport::peer_gone`]).
-    fn check_peers(&mut self) -> Result<()> {
-        for (r, &pid) in self.t.pids.iter().enumerate() {
-            if r == self.t.rank {
-                continue;
+        let rank = self.shared.rank;
+        match crate::desc::poisoned(&self.t.poison, self.seqs.collectives()) {
+            None => Ok(()),
+            Some(crate::desc::Poison::Inconsistent { by, at }) => {
+                let e = crate::desc::inconsistent_poison_error(by, at, rank);
+                tracing::warn!(target: "nccl::COLL", rank, "{e}");
+                self.failure = Some(probe::Failure::cause(probe::FailureCause::PeerFailed));
+                Err(e)
             }
-            if let Some(detail) = self.t.peer_gone(r) {
-                let host = self.boot.peer_host(r).to_string();
-                self.failure = Some(probe::Failure {
-                    cause: probe::FailureCause::PeerLost,
-                    peer_lost: Some(probe::PeerLost {
-                        rank: u32::try_from(r).unwrap_or(u32::MAX),
-                        pid,
-                        host: host.clone(),
-                        detail: detail.clone(),
-                    }),
-                    mismatch: None,
-                });
-                return Err(CclError::Remote(format!(
-                    "rank {r} (pid {pid}, host {host}): {detail}"
-                )));
+            Some(crate::desc::Poison::PeerLost { lost, .. }) => {
+                // This rank may not see the loss yet (its connection to the peer still
+                // drains, or it has none).
+                let detail = self
+                    .t
+                    .peer_gone(lost)
+                    .unwrap_or_else(|| crate::desc::LOST_ELSEWHERE.to_string());
+                Err(self.peer_lost(lost, detail))
             }
         }
-        Ok(())
+    }
+
+    /// When due ([`PeerCheck`]), whether a peer in `waited_on` (those the operation is
+    /// blocked on) is gone: its process exited (same host) or its socket transport
+    /// connection was lost ([`Transport::peer_gone`]). Peers the operation does not wait on
+    /// are not checked: one that finished its part and exited fails nothing.
+    ///
+    /// A first sighting returns `Ok(true)`: poll once more, so that what the peer
+    /// committed before it went is used first. A second one without progress in between
+    /// fails with `Remote` (cause PEER_LOST, with the peer's rank, pid and host for the
+    /// probe) and poisons the other ranks with the loss, so that every rank names it.
+    fn check_peers(
+        &mut self,
+        check: &mut PeerCheck,
+        now: Instant,
+        waited_on: impl IntoIterator<Item = usize>,
+    ) -> Result<bool> {
+        if now < check.next && !check.suspect {
+            return Ok(false);
+        }
+        check.next = now + check.every;
+        let me = self.t.rank;
+        let gone = waited_on
+            .into_iter()
+            .filter(|&r| r != me)
+            .find_map(|r| self.t.peer_gone(r).map(|d| (r, d)));
+        match gone {
+            None => {
+                check.suspect = false;
+                Ok(false)
+            }
+            Some(_) if !check.suspect => {
+                check.suspect = true;
+                Ok(true)
+            }
+            Some((r, detail)) => {
+                let v = crate::desc::peer_lost_poison_value(r, self.seqs.collectives());
+                crate::desc::poison_peers(&self.t, v);
+                Err(self.peer_lost(r, detail))
+            }
+        }
+    }
+
+    /// The error (`Remote`) and probe failure (cause PEER_LOST) of an operation that lost
+    /// peer `r` (its pid and host from the bootstrap; `detail`: how it was lost).
+    fn peer_lost(&mut self, r: usize, detail: String) -> CclError {
+        let pid = self.t.pids.get(r).copied().unwrap_or(0);
+        let host = self.boot.peer_host(r).to_string();
+        let e = CclError::Remote(format!("rank {r} (pid {pid}, host {host}): {detail}"));
+        self.failure = Some(probe::Failure {
+            cause: probe::FailureCause::PeerLost,
+            peer_lost: Some(probe::PeerLost {
+                rank: u32::try_from(r).unwrap_or(u32::MAX),
+                pid,
+                host,
+                detail,
+            }),
+            mismatch: None,
+        });
+        e
     }
 
     fn run_local(&mut self, ctx: &OpCtx<'_>, l: &schedule::LocalStep) -> Result<()> {

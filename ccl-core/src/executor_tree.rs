@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::{mem, ring_bell, Worker};
+use super::{mem, ring_bell, PeerCheck, Worker};
 use crate::error::{CclError, Result};
 use crate::hostalgo::{HostAlgo, HostProto, Selection};
 use crate::op::{CollOp, WorkItem};
@@ -48,7 +48,7 @@ struct Waiter {
     backoff: Backoff,
     bell: Arc<Doorbell>,
     announced: Option<u32>,
-    next_check: Instant,
+    peer_check: PeerCheck,
     /// Whether the first wait checked for a peer on this rank's CPU.
     spin_checked: bool,
 }
@@ -70,7 +70,7 @@ impl Worker {
             backoff: Backoff::with_spin(self.spin),
             bell: Arc::clone(&self.t.bell),
             announced: None,
-            next_check: op.t_start + self.shared.tuning.peer_check,
+            peer_check: PeerCheck::new(op.t_start, self.shared.tuning.peer_check),
             spin_checked: false,
         };
         let mut acc = std::mem::take(&mut self.scratch);
@@ -286,6 +286,7 @@ impl Worker {
                     w.bell.unannounce();
                 }
                 w.backoff.reset();
+                w.peer_check.progressed();
                 return Ok(v);
             }
             if self.shared.abort.load(Ordering::Acquire) {
@@ -298,10 +299,8 @@ impl Worker {
             if w.backoff.is_parking() {
                 self.check_partner(op, peer)?;
             }
-            let now = Instant::now();
-            if now >= w.next_check {
-                self.check_peers()?;
-                w.next_check = now + self.shared.tuning.peer_check;
+            if self.check_peers(&mut w.peer_check, Instant::now(), [peer])? {
+                continue;
             }
             if !w.spin_checked {
                 // First wait of the operation: no spinning if a peer shares our CPU.

@@ -314,13 +314,13 @@ impl Comm {
             self.mark_broken(&e);
             return Err(e);
         }
-        // A peer that detected an inconsistent call poisoned this rank: the communicator is
-        // unusable even if this rank's own operations completed.
+        // A peer that detected an inconsistent call or a lost peer poisoned this rank: the
+        // communicator is unusable even if this rank's own operations completed.
         if let Some(e) = self
             .rt
             .get()
             .and_then(|rt| rt.poison.as_ref())
-            .and_then(|w| crate::desc::poison_error(w, self.rank, None))
+            .and_then(|w| crate::desc::poison_async_error(w, self.rank))
         {
             self.mark_broken(&e);
             return Err(e);

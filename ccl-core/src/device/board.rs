@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use super::runtime::{sweep_stale_staging, STAGING_PREFIX};
 use crate::bootstrap::Bootstrap;
-use crate::desc::{poison_decode, poison_value};
+use crate::desc::{poison_decode, poison_value, Poison};
 use crate::error::Result;
 use crate::transport::shm::{segment_name_for_pid, SharedWord, ShmRegion};
 
@@ -66,6 +66,9 @@ impl Board {
 
     /// The rank that poisoned the communicator, if one did.
     pub fn poisoned_by(&self) -> Option<usize> {
-        poison_decode(self.word.get().load(Ordering::Acquire)).map(|(by, _)| by)
+        match poison_decode(self.word.get().load(Ordering::Acquire))? {
+            Poison::Inconsistent { by, .. } => Some(by),
+            Poison::PeerLost { .. } => None,
+        }
     }
 }

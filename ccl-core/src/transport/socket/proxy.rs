@@ -279,6 +279,9 @@ struct Ctl {
     bye_seen: bool,
     bye_queued: bool,
     done: bool,
+    /// The stream ended without a goodbye: the peer is marked lost, with this reason, once
+    /// its inbound data streams ended too or at the deadline ([`Loop::settle_losses`]).
+    losing: Option<(Instant, String)>,
 }
 
 struct Loop {
@@ -296,6 +299,11 @@ struct Loop {
 const IDLE_YIELDS: u32 = 64;
 /// The longest sleep in `poll` (a lost wake-up costs at most this).
 const MAX_SLEEP: Duration = Duration::from_millis(20);
+/// How long a peer whose control stream ended without a goodbye may still deliver what
+/// its data streams hold before it is marked lost. A process that exits closes every
+/// socket at once, so its data streams end (after their last bytes) within this; what is
+/// still in flight from a peer that finished its part and exited is not lost.
+const LOSS_DRAIN: Duration = Duration::from_millis(250);
 
 fn would_block(e: &std::io::Error) -> bool {
     matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted)
@@ -382,6 +390,7 @@ impl Loop {
                     bye_seen: false,
                     bye_queued: false,
                     done: false,
+                    losing: None,
                 }),
                 Err(TryRecvError::Empty | TryRecvError::Disconnected) => return,
             }
@@ -398,6 +407,7 @@ impl Loop {
         for i in 0..self.ctl.len() {
             progress |= self.pump_ctl(i);
         }
+        self.settle_losses();
         if self.ring_exec {
             self.ring_exec = false;
             self.l.exec_bell.ring_if_waiting();
@@ -734,8 +744,7 @@ impl Loop {
                             "connection closed without a goodbye (process exited or link lost)";
                         tracing::warn!(target: "nccl::NET", rank = self.l.rank,
                             "rank {peer}: {why}");
-                        self.peers.mark(peer, LOST, Some(why.into()));
-                        self.ring_exec = true;
+                        c.losing = Some((Instant::now() + LOSS_DRAIN, why.into()));
                     }
                     return true;
                 }
@@ -749,8 +758,7 @@ impl Loop {
                     let peer = c.peer;
                     let why = format!("connection failed: {e}");
                     tracing::warn!(target: "nccl::NET", rank = self.l.rank, "rank {peer}: {why}");
-                    self.peers.mark(peer, LOST, Some(why));
-                    self.ring_exec = true;
+                    c.losing = Some((Instant::now() + LOSS_DRAIN, why));
                     return true;
                 }
             }
@@ -780,6 +788,28 @@ impl Loop {
                     self.ring_exec = true;
                     return true;
                 }
+            }
+        }
+    }
+
+    /// Marks lost each peer whose control stream ended without a goodbye once its inbound
+    /// data streams ended too (everything it sent was delivered) or its drain time is over.
+    fn settle_losses(&mut self) {
+        let now = Instant::now();
+        for c in &mut self.ctl {
+            let Some((deadline, _)) = &c.losing else {
+                continue;
+            };
+            let draining = self
+                .data
+                .iter()
+                .any(|d| d.s.peer == c.peer && d.s.inb.is_some() && !d.done);
+            if draining && now < *deadline {
+                continue;
+            }
+            if let Some((_, why)) = c.losing.take() {
+                self.peers.mark(c.peer, LOST, Some(why));
+                self.ring_exec = true;
             }
         }
     }
