@@ -443,6 +443,80 @@ pub(crate) fn slow_links(chans: &[Vec<Option<ChanWait>>]) -> (Vec<u32>, Vec<Slow
     (roots.into_iter().map(|(r, _)| r).collect(), links)
 }
 
+/// A slow link found by [`slow_wires`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct WireLink {
+    /// Channel.
+    pub channel: u32,
+    /// Sender.
+    pub from: u32,
+    /// Receiver.
+    pub to: u32,
+    /// The share of the receiver's operation time its inbound messages spent on the wire.
+    pub wire: f64,
+    /// The median share of the channel's links.
+    pub median: f64,
+}
+
+/// S2 by time on the wire (socket transport), for rings where the wait metrics cannot tell:
+/// a ring advances in lockstep and every rank waits upstream alike, because no data piles
+/// up in front of a slow link (each lane moves one chunk through its steps at a time). The
+/// receiving proxy measures how long each inbound message took from its first byte to its
+/// last; on a slow link that share of the window stands out from the channel's other links.
+///
+/// Rule: per channel, the receiver with the largest wire share, provided it is at least
+/// [`LINK_MARGIN`] and exceeds the channel's median by [`LINK_MARGIN`]; the link's sender
+/// (the rank whose ring next it is) gets a vote. The senders with the most votes are the
+/// root: a rate limit or a slow NIC on a host's egress slows every link it sends on. (A
+/// receiver's slow ingress looks the same on one ring order; the reason says so.)
+///
+/// `chans[channel][rank]`: `(wire share, ring next)` of that rank, the share `None` without
+/// the metric. Returns (roots, links).
+pub(crate) fn slow_wires(chans: &[Vec<(Option<f64>, u32)>]) -> (Vec<u32>, Vec<WireLink>) {
+    let mut links = Vec::new();
+    let mut scratch = Vec::new();
+    for (c, ranks) in chans.iter().enumerate() {
+        scratch.clear();
+        scratch.extend(ranks.iter().filter_map(|w| w.0));
+        if scratch.len() < 2 {
+            continue;
+        }
+        let med = median(&mut scratch);
+        let best = ranks
+            .iter()
+            .enumerate()
+            .filter_map(|(j, w)| w.0.map(|s| (j, s)))
+            .max_by(|a, b| a.1.total_cmp(&b.1));
+        let Some((to, share)) = best else { continue };
+        if share < LINK_MARGIN || share - med < LINK_MARGIN {
+            continue;
+        }
+        let from = ranks.iter().position(|w| w.1 as usize == to);
+        let Some(from) = from.filter(|&f| f != to) else {
+            continue;
+        };
+        links.push(WireLink {
+            channel: c as u32,
+            from: from as u32,
+            to: to as u32,
+            wire: share,
+            median: med,
+        });
+    }
+    let mut votes: HashMap<u32, u32> = HashMap::new();
+    for l in &links {
+        *votes.entry(l.from).or_default() += 1;
+    }
+    let top = votes.values().copied().max().unwrap_or(0);
+    let mut roots: Vec<u32> = votes
+        .iter()
+        .filter(|(_, v)| **v == top)
+        .map(|(r, _)| *r)
+        .collect();
+    roots.sort_unstable();
+    (roots, links)
+}
+
 /// S2 when no slow link stands out: the rank that waited least. In a lockstep ring a rank
 /// that is slow itself (starved of CPU, descheduled, a slow copy engine) makes every other
 /// rank wait for it, while its own lost time is not waiting: its wait fraction (up + down,
@@ -835,6 +909,48 @@ mod tests {
         assert!(least_waiting(&[flat]).is_empty());
         // Too few ranks with metrics.
         assert!(least_waiting(&[vec![w(0.5, 0.0), None, w(0.0, 0.0)]]).is_empty());
+    }
+
+    /// A ring 0 -> 1 -> 2 -> 3 -> 0 on every channel, each rank's wire share given.
+    fn wire_ring(shares: &[Option<f64>]) -> Vec<(Option<f64>, u32)> {
+        let n = shares.len() as u32;
+        (0..n).map(|j| (shares[j as usize], (j + 1) % n)).collect()
+    }
+
+    #[test]
+    fn slow_wires_names_the_sender_of_the_link_whose_messages_crawl() {
+        // Link 1 -> 2 is slow: rank 2's inbound messages spend 25% of the window on the wire.
+        let ch = wire_ring(&[Some(0.01), Some(0.012), Some(0.25), Some(0.008)]);
+        let (roots, links) = slow_wires(&[ch.clone(), ch]);
+        assert_eq!(roots, vec![1]);
+        assert_eq!(links.len(), 2);
+        assert_eq!((links[0].from, links[0].to, links[1].channel), (1, 2, 1));
+        assert!((links[0].wire - 0.25).abs() < 1e-12);
+        // Another ring order on channel 1 (0 -> 2 -> 1 -> 3 -> 0) with the sender 1 slow
+        // again: its receiver there is 3; the votes still name rank 1 alone.
+        let other = vec![
+            (Some(0.01), 2),
+            (Some(0.01), 3),
+            (Some(0.02), 1),
+            (Some(0.3), 0),
+        ];
+        let ch0 = wire_ring(&[Some(0.01), Some(0.012), Some(0.25), Some(0.008)]);
+        assert_eq!(slow_wires(&[ch0, other]).0, vec![1]);
+    }
+
+    #[test]
+    fn slow_wires_needs_a_share_that_stands_out() {
+        // Uniform (a slow network everywhere), small, or missing metrics: nothing named.
+        let uniform = wire_ring(&[Some(0.3), Some(0.31), Some(0.29), Some(0.3)]);
+        let small = wire_ring(&[Some(0.0), Some(0.01), Some(0.09), Some(0.0)]);
+        let missing = wire_ring(&[None, None, Some(0.5), None]);
+        for ch in [uniform, small, missing] {
+            assert_eq!(slow_wires(&[ch]), (Vec::new(), Vec::new()));
+        }
+        // Ranks without the metric (their inbound link is shared memory) are not compared,
+        // but still name the sender when the slow receiver is theirs.
+        let mixed = wire_ring(&[None, Some(0.02), Some(0.4), Some(0.01)]);
+        assert_eq!(slow_wires(&[mixed]).0, vec![1]);
     }
 
     #[test]

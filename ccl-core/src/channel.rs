@@ -19,7 +19,7 @@
 //! creating handle drops.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -539,6 +539,15 @@ impl Transport {
             t.tree.extend(links);
         }
         Ok(t)
+    }
+
+    /// The wire-time counter of ring channel `ch`'s messages from `prev` when `prev` is
+    /// reached over sockets (see the socket proxy's `DataStream::wire`), else `None`.
+    pub(crate) fn ring_wire(&self, prev: usize, ch: usize) -> Option<Arc<AtomicU64>> {
+        self.remote
+            .as_ref()?
+            .wire_ns(prev, StreamId::ring(ch))
+            .cloned()
     }
 
     /// Whether some peer is reached through the socket transport.

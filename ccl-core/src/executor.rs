@@ -651,6 +651,7 @@ impl Worker {
         // path out of the loop must withdraw it.
         let bell = Arc::clone(&self.t.bell);
         let mut announced: Option<u32> = None;
+        let wire = block.map(|_| self.ring_wire_marks(plan));
         let r = self.run_lanes(
             &ctx,
             &mut lanes,
@@ -664,7 +665,35 @@ impl Worker {
         if announced.is_some() {
             bell.unannounce();
         }
+        if let (Some(b), Some(marks)) = (block, wire) {
+            for (ch, counter, start) in marks {
+                let ns = counter.load(Ordering::Relaxed).saturating_sub(start);
+                frame.add_wire(b, ch, ns);
+            }
+        }
         r
+    }
+
+    /// Per ring channel of `plan` whose messages come from a peer over sockets: the
+    /// channel, its wire-time counter and the counter's value now. The growth until the
+    /// operation ends is charged to the channel ([`probe::Frame::add_wire`]); messages of
+    /// a neighbouring operation that overlap it blur that by at most one message.
+    fn ring_wire_marks(&self, plan: &Plan) -> Vec<(usize, Arc<AtomicU64>, u64)> {
+        if !self.t.uses_sockets() {
+            return Vec::new();
+        }
+        let mut marks: Vec<(usize, Arc<AtomicU64>, u64)> = Vec::new();
+        for l in plan.lanes.iter().filter(|l| l.link == LinkKind::Ring) {
+            let Some(prev) = l.recv_from else { continue };
+            if marks.iter().any(|m| m.0 == l.channel) {
+                continue;
+            }
+            if let Some(c) = self.t.ring_wire(prev, l.channel) {
+                let v = c.load(Ordering::Relaxed);
+                marks.push((l.channel, c, v));
+            }
+        }
+        marks
     }
 
     /// The progress loop of [`Worker::run_plan`].

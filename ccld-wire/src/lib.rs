@@ -15,6 +15,11 @@ mod generated {
 
 pub use generated::*;
 
+/// Key in [`ChannelStat::ext`]: nanoseconds the channel's inbound messages spent on the wire
+/// in the operation (socket transport: from a message's first byte to its last, measured by
+/// the receiving proxy; absent where nothing was measured).
+pub const EXT_WIRE_NS: &str = "wire_ns";
+
 /// NCCL's name of a collective value (`"AllReduce"`), `"?"` for an unknown value.
 pub fn coll_name(v: i32) -> &'static str {
     match CollKind::try_from(v) {

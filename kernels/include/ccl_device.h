@@ -76,8 +76,9 @@ typedef struct ccl_probing_frame8 {
 /* Extension slots (probe::Frame, after the base frame, never inside it): per block and
  * channel CCL_FRAME_EXT_WORDS 64-bit words: cumulative ns the channel waited for upstream
  * data, cumulative ns it waited for a free downstream slot (or a throttled link), then the
- * send and receive steps the schedule expects (written by the host at begin_op). */
-#define CCL_FRAME_EXT_WORDS 4
+ * send and receive steps the schedule expects (written by the host at begin_op), then the
+ * ns inbound messages spent on the wire (host socket transport only). */
+#define CCL_FRAME_EXT_WORDS 5
 #define CCL_FRAME_TOTAL_BYTES(cap) \
   (CCL_FRAME_BYTES(cap) + CCL_FRAME_BLOCKS * (uint64_t)(cap) * 8u * CCL_FRAME_EXT_WORDS)
 /* Byte offset of channel ch's upstream wait (ns) in block b; the downstream wait follows

@@ -139,6 +139,7 @@ struct ChanDone {
     down: u64,
     exp_send: u64,
     exp_recv: u64,
+    wire: u64,
 }
 
 /// One channel's counters in `block` of `frame`.
@@ -153,6 +154,7 @@ fn chan_done(frame: &Frame, block: usize, c: usize) -> ChanDone {
         down: w.downstream_ns,
         exp_send,
         exp_recv,
+        wire: w.wire_ns,
     }
 }
 
@@ -161,6 +163,8 @@ const INLINE_CHANS: usize = 4;
 
 /// The channels of a completion: inline up to [`INLINE_CHANS`] (no allocation on the
 /// collective path for the host backend's default of at most 4 channels), else on the heap.
+/// The inline variant is large on purpose (it replaces an allocation per operation).
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 enum DoneChans {
     Inline(usize, [ChanDone; INLINE_CHANS]),

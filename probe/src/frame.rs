@@ -178,8 +178,10 @@ impl Drop for Words {
 /// Extension words per channel and block, stored after the base layout (never inside it):
 /// nanoseconds the channel waited for data from its upstream peer, and for a free slot at
 /// its downstream peer (or for the throttled link), in the block's operation; then the send
-/// and receive steps the schedule expects on the channel for the whole operation.
-pub const EXT_WORDS_PER_CHANNEL: usize = 4;
+/// and receive steps the schedule expects on the channel for the whole operation; then the
+/// nanoseconds the channel's inbound messages spent on the wire (socket transport: from a
+/// message's first byte to its last, measured by the receiving proxy; 0 elsewhere).
+pub const EXT_WORDS_PER_CHANNEL: usize = 5;
 
 /// Bytes of the extension area of a frame with `n_channels` channels.
 pub const fn ext_bytes(n_channels: usize) -> usize {
@@ -193,6 +195,8 @@ pub struct ChannelWaits {
     pub upstream_ns: u64,
     /// Nanoseconds spent waiting for downstream free slots.
     pub downstream_ns: u64,
+    /// Nanoseconds the inbound messages spent on the wire (socket transport only).
+    pub wire_ns: u64,
 }
 
 impl Frame {
@@ -305,6 +309,15 @@ impl Frame {
         }
     }
 
+    /// Adds `ns` of inbound messages on the wire to `channel` of `block` (extension slot).
+    #[inline]
+    pub fn add_wire(&self, block: usize, channel: usize, ns: u64) {
+        if channel < self.n_channels {
+            let w = &self.words[self.ext_word(block, channel) + 4];
+            w.store(w.load(Ordering::Relaxed) + ns, Ordering::Release);
+        }
+    }
+
     /// Adds `send`/`recv` steps to what `channel` of `block` is expected to do in the
     /// block's operation (extension slots; the writer calls it right after `begin_op`, once
     /// per lane of the schedule).
@@ -340,6 +353,7 @@ impl Frame {
         ChannelWaits {
             upstream_ns: self.words[w].load(Ordering::Acquire),
             downstream_ns: self.words[w + 1].load(Ordering::Acquire),
+            wire_ns: self.words[w + 4].load(Ordering::Acquire),
         }
     }
 
@@ -625,6 +639,8 @@ mod tests {
         f.add_wait_upstream(b, 1, 70);
         f.add_wait_downstream(b, 1, 5);
         f.add_wait_downstream(b, 1, 6);
+        f.add_wire(b, 1, 5);
+        f.add_wire(b, 7, 1); // out of range: ignored
         f.add_wait_upstream(b, 9, 1); // out of range: ignored
         f.add_expected(b, 1, 6, 4);
         f.add_expected(b, 1, 1, 0);
@@ -640,7 +656,8 @@ mod tests {
             f.waits(b, 1),
             ChannelWaits {
                 upstream_ns: 70,
-                downstream_ns: 11
+                downstream_ns: 11,
+                wire_ns: 5,
             }
         );
         assert_eq!(f.waits(b, 0), ChannelWaits::default());
@@ -650,7 +667,7 @@ mod tests {
         f.begin_op(1, 3 + FRAME_BLOCKS as u64, 2);
         assert_eq!(f.waits(b, 1), ChannelWaits::default(), "reused block reset");
         assert_eq!(f.expected(b, 1), (0, 0), "expected counts reset too");
-        assert_eq!(ext_bytes(8), 8 * 8 * 32);
+        assert_eq!(ext_bytes(8), 8 * 8 * 40);
     }
 
     #[test]

@@ -508,6 +508,7 @@ pub(super) fn locate_slow(
     let mut s2: Vec<u32> = Vec::new();
     let mut lockstep = false;
     let mut by_links = false;
+    let mut wire_links: Vec<locate::WireLink> = Vec::new();
     let mut by_least_wait = false;
     let mut by_latecomer = false;
     let cpu_wait: Vec<Option<f64>> = comm.ranks.iter().map(RankInfo::win_cpu_wait).collect();
@@ -537,10 +538,32 @@ pub(super) fn locate_slow(
                 );
             }
             let (roots, found) = locate::slow_links(&chans);
+            let wires: Vec<Vec<(Option<f64>, u32)>> = (0..nch)
+                .map(|ch| {
+                    comm.ranks
+                        .iter()
+                        .enumerate()
+                        .map(|(j, ri)| {
+                            let a = ri.win_ch.get(ch);
+                            let share = a
+                                .filter(|a| a.has_wire && a.dur_ns > 0)
+                                // A message of the next operation may start arriving
+                                // before this one ends: the share can pass 1 by a little.
+                                .map(|a| (a.wire_ns as f64 / a.dur_ns as f64).min(1.0));
+                            let next = a.map_or((j as u32 + 1) % comm.nranks.max(1), |a| a.next);
+                            (share, next)
+                        })
+                        .collect()
+                })
+                .collect();
+            let (by_wire, found_wires) = locate::slow_wires(&wires);
             if !roots.is_empty() {
                 s2 = roots;
                 links = found;
                 by_links = true;
+            } else if !by_wire.is_empty() {
+                s2 = by_wire;
+                wire_links = found_wires;
             } else {
                 let r = locate::least_waiting(&chans);
                 if !r.is_empty() {
@@ -549,7 +572,8 @@ pub(super) fn locate_slow(
                 }
             }
         }
-        if !by_links && !by_least_wait && algo == wire::Algorithm::Ring as i32 {
+        let by_wire = !wire_links.is_empty();
+        if !by_links && !by_wire && !by_least_wait && algo == wire::Algorithm::Ring as i32 {
             let r = locate::usual_latecomer(
                 &comm
                     .ranks
@@ -562,7 +586,7 @@ pub(super) fn locate_slow(
                 by_latecomer = true;
             }
         }
-        if !by_links && !by_least_wait && !by_latecomer {
+        if !by_links && !by_wire && !by_least_wait && !by_latecomer {
             let rates: Vec<(f64, f64, u64)> = comm
                 .ranks
                 .iter()
@@ -597,6 +621,7 @@ pub(super) fn locate_slow(
         if kind_s != SlowKind::Computation {
             s2 = vec![jr.rank];
             links.clear();
+            wire_links.clear();
             (by_links, by_least_wait, by_latecomer, lockstep) = (false, false, false, false);
         }
     }
@@ -683,6 +708,26 @@ pub(super) fn locate_slow(
                     })
                     .collect();
                 format!("end of the slow link(s) {}", desc.join("; "))
+            } else if !wire_links.is_empty() {
+                let desc: Vec<String> = wire_links
+                    .iter()
+                    .filter(|l| l.from == j)
+                    .take(4)
+                    .map(|l| {
+                        format!(
+                            "ch {}: {} -> {} (its messages spent {:.0}% of the receiver's time on the wire, median link {:.0}%)",
+                            l.channel,
+                            l.from,
+                            l.to,
+                            l.wire * 100.0,
+                            l.median * 100.0
+                        )
+                    })
+                    .collect();
+                format!(
+                    "sender of the slow link(s) {}: its egress (or the receiver's ingress) is slow",
+                    desc.join("; ")
+                )
             } else if by_latecomer {
                 "entered last in most of the window's rounds while every rank communicated slowly: the others waited for it inside the operations too (CPU starvation, descheduling)".to_string()
             } else if by_least_wait {
@@ -693,6 +738,13 @@ pub(super) fn locate_slow(
                 "lowest SendRate/RecvRate among its peers".to_string()
             };
             add(j, AnomalyClass::S2CommunicationSlow, reason, &mut roots);
+            if let (Some(l), Some(x)) = (
+                wire_links.iter().find(|l| l.from == j),
+                roots.iter_mut().find(|x| x.rank == j),
+            ) {
+                x.link_peer = Some(l.to);
+                x.channel = Some(l.channel);
+            }
             if by_links {
                 if let (Some(l), Some(x)) = (
                     links.iter().find(|l| l.from == j || l.to == j),
@@ -724,6 +776,11 @@ pub(super) fn locate_slow(
             }
             _ => format!("{} has a slow transport", ranks_phrase(comm, &s2)),
         }
+    } else if !wire_links.is_empty() {
+        format!(
+            "{} sends over a slow link (its messages crawl on the wire)",
+            ranks_phrase(comm, &s2)
+        )
     } else if by_latecomer {
         format!(
             "{} holds the ring back (entered last in most rounds)",

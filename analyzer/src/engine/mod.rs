@@ -513,6 +513,12 @@ impl Engine {
                     a.up_ns = a.up_ns.saturating_add(ch.wait_upstream_ns.unwrap_or(0));
                     a.down_ns = a.down_ns.saturating_add(ch.wait_downstream_ns.unwrap_or(0));
                 }
+                if let Some(&w) = ch.ext.get(wire::EXT_WIRE_NS) {
+                    if w.is_finite() && w >= 0.0 {
+                        a.has_wire = true;
+                        a.wire_ns = a.wire_ns.saturating_add(w as u64);
+                    }
+                }
                 a.next = ch.ring_next.unwrap_or((rank + 1) % nranks);
             }
         }

@@ -191,6 +191,9 @@ pub(super) struct ChanAcc {
     pub(super) dur_ns: u64,
     pub(super) next: u32,
     pub(super) has_wait: bool,
+    /// Time the channel's inbound messages spent on the wire (socket transport).
+    pub(super) wire_ns: u64,
+    pub(super) has_wire: bool,
 }
 
 #[derive(Debug)]

@@ -126,7 +126,11 @@ impl Sampler {
                     wait_downstream_ns: Some(k.down),
                     ring_prev: Some(s.ident.ring_prev),
                     ring_next: Some(s.ident.ring_next),
-                    ext: HashMap::new(),
+                    ext: if k.wire > 0 {
+                        HashMap::from([(ccld_wire::EXT_WIRE_NS.to_string(), k.wire as f64)])
+                    } else {
+                        HashMap::new()
+                    },
                 }
             })
             .collect();

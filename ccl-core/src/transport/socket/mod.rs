@@ -29,7 +29,7 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -61,6 +61,8 @@ pub(crate) struct Remote {
     listener: TcpListener,
     /// Accepted and checked connections not yet claimed by a set-up step.
     stash: HashMap<(usize, StreamId), TcpStream>,
+    /// Per (peer, stream) with an inbound side: its wire-time counter (`DataStream::wire`).
+    wire: HashMap<(usize, StreamId), Arc<AtomicU64>>,
     timeout: Duration,
     /// Offset 0: the proxy's doorbell; from [`CACHE_LINE`]: one word per rank where the
     /// executor stores a poison value for that peer.
@@ -178,6 +180,7 @@ impl Remote {
             addrs,
             listener,
             stash: HashMap::new(),
+            wire: HashMap::new(),
             timeout: boot.timeout(),
             wake_region,
             wake,
@@ -233,13 +236,24 @@ impl Remote {
         abort: &AtomicBool,
     ) -> Result<()> {
         let sock = self.stream(peer, id, abort)?;
+        let wire = Arc::new(AtomicU64::new(0));
+        if inb.is_some() {
+            self.wire.insert((peer, id), Arc::clone(&wire));
+        }
         self.proxy.add(Cmd::Data(Box::new(DataStream {
             peer,
             id,
             sock,
             out,
             inb,
+            wire,
         })))
+    }
+
+    /// The wire-time counter of the inbound side of stream `id` from `peer`
+    /// ([`DataStream::wire`]), `None` when there is no such stream.
+    pub(crate) fn wire_ns(&self, peer: usize, id: StreamId) -> Option<&Arc<AtomicU64>> {
+        self.wire.get(&(peer, id))
     }
 
     /// The connection of stream `id` with `peer`, non-blocking and tuned: the lower rank
@@ -458,6 +472,12 @@ mod tests {
 
     /// A proxy serving one inbound stream whose other end the test writes.
     fn proxy_with_inbound() -> (Proxy, TcpStream, FifoReceiverEnd) {
+        let (proxy, feed, rx, _) = proxy_with_inbound_wire();
+        (proxy, feed, rx)
+    }
+
+    /// [`proxy_with_inbound`] and the stream's wire-time counter.
+    fn proxy_with_inbound_wire() -> (Proxy, TcpStream, FifoReceiverEnd, Arc<AtomicU64>) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let feed = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (sock, _) = listener.accept().unwrap();
@@ -479,6 +499,7 @@ mod tests {
         let fifo = Arc::new(ShmRegion::anonymous(layout.bytes()).unwrap());
         let tx = crate::transport::shm::FifoSender::new(Arc::clone(&fifo), 0, layout).unwrap();
         let rx = crate::transport::shm::FifoReceiver::new(fifo, 0, layout).unwrap();
+        let wire = Arc::new(AtomicU64::new(0));
         proxy
             .add(Cmd::Data(Box::new(DataStream {
                 peer: 1,
@@ -486,9 +507,10 @@ mod tests {
                 sock,
                 out: None,
                 inb: Some(Inbound::Fifo(tx)),
+                wire: Arc::clone(&wire),
             })))
             .unwrap();
-        (proxy, feed, rx)
+        (proxy, feed, rx, wire)
     }
 
     type FifoReceiverEnd = crate::transport::shm::FifoReceiver;
@@ -521,6 +543,7 @@ mod tests {
                 sock,
                 out,
                 inb,
+                wire: Default::default(),
             })))
             .unwrap();
         proxy
@@ -616,6 +639,45 @@ mod tests {
             std::thread::sleep(Duration::from_millis(1));
         }
         assert_eq!(proxy.peers.lost(1), None);
+    }
+
+    /// Waits until the FIFO holds `n` messages (not consumed), at most 10 s.
+    fn wait_messages(rx: &mut FifoReceiverEnd, n: usize) {
+        let t0 = Instant::now();
+        while rx.try_peek_ahead(n - 1).unwrap().is_none() {
+            assert!(t0.elapsed() < Duration::from_secs(10), "no message {n}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn the_time_a_message_takes_to_arrive_is_counted_as_wire_time() {
+        let (_proxy, mut feed, mut rx, wire) = proxy_with_inbound_wire();
+        let h = DataHeader {
+            len: 100,
+            desc: [1, 2, 3],
+        };
+        let mut bytes = h.encode().to_vec();
+        bytes.extend_from_slice(&[5u8; 100]);
+        // A message that crawls: its second half comes 200 ms after its first byte.
+        let t0 = Instant::now();
+        feed.write_all(&bytes[..60]).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        feed.write_all(&bytes[60..]).unwrap();
+        wait_messages(&mut rx, 1);
+        let slow = wire.load(Ordering::Relaxed);
+        assert!(
+            slow >= 200_000_000 && slow <= t0.elapsed().as_nanos() as u64,
+            "wire time of the crawling message: {slow} ns"
+        );
+        // One written at once: far less (its bytes arrive together).
+        feed.write_all(&bytes).unwrap();
+        wait_messages(&mut rx, 2);
+        let fast = wire.load(Ordering::Relaxed) - slow;
+        assert!(
+            fast < 100_000_000,
+            "wire time of a whole message: {fast} ns"
+        );
     }
 
     #[test]

@@ -19,7 +19,7 @@
 use std::io::{ErrorKind, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -98,6 +98,10 @@ pub(crate) struct DataStream {
     pub sock: TcpStream,
     pub out: Option<Outbound>,
     pub inb: Option<Inbound>,
+    /// Nanoseconds the inbound messages spent on the wire, summed: from a message's first
+    /// byte (or, when the receive FIFO was full, from the moment a slot was free) to its
+    /// last. The executor charges the growth to its operation's channel (probe metric).
+    pub wire: Arc<AtomicU64>,
 }
 
 /// What the proxy knows of each peer's connection (indexed by rank).
@@ -242,6 +246,8 @@ struct Data {
     /// Inbound side waits for a free slot.
     blocked: bool,
     done: bool,
+    /// When the inbound message being received started arriving (see `DataStream::wire`).
+    wire_t0: Option<Instant>,
 }
 
 impl Data {
@@ -373,6 +379,7 @@ impl Loop {
                     got: 0,
                     blocked: false,
                     done: false,
+                    wire_t0: None,
                 }),
                 Ok(Cmd::Control {
                     peer,
@@ -613,6 +620,9 @@ impl Loop {
                             return true;
                         }
                         Ok(n) => {
+                            if d.hdr_len == 0 && d.s.inb.is_some() {
+                                d.wire_t0 = Some(Instant::now());
+                            }
                             d.hdr_len += n;
                             progress = true;
                         }
@@ -633,6 +643,7 @@ impl Loop {
                     let cap = d.s.inb.as_ref().map_or(0, Inbound::cap);
                     match StreamFrame::decode(&d.hdr, cap, d.unacked as u32) {
                         Ok(StreamFrame::Credit(n)) => {
+                            d.wire_t0 = None;
                             if let Some(Outbound::Fifo(f)) = d.s.out.as_mut() {
                                 for _ in 0..n {
                                     f.release_oldest();
@@ -664,9 +675,14 @@ impl Loop {
             };
             let Some(slot) = inb.reserve() else {
                 d.blocked = true;
+                // Waiting for the executor is not time on the wire.
+                d.wire_t0 = None;
                 return progress;
             };
             d.blocked = false;
+            if d.wire_t0.is_none() {
+                d.wire_t0 = Some(Instant::now());
+            }
             while d.got < h.len {
                 match d.s.sock.read(&mut slot[d.got..h.len]) {
                     Ok(0) => {
@@ -691,6 +707,10 @@ impl Loop {
             if let Err(e) = inb.commit(&h) {
                 self.fail_data(i, format!("local receive FIFO: {e}"));
                 return true;
+            }
+            if let Some(t0) = d.wire_t0.take() {
+                let ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                d.s.wire.fetch_add(ns, Ordering::Relaxed);
             }
             d.incoming = None;
             d.got = 0;
