@@ -514,7 +514,7 @@ pub const CCLD_PEER_CHECK_MS: Param = Param {
     name: "CCLD_PEER_CHECK_MS",
     kind: Kind::Int { min: 1, max: u64::MAX, suffixes: true },
     default: "200",
-    doc: "how often a waiting operation checks that peer processes are alive: a dead peer makes survivors fail with `ncclRemoteError` within this bound + 5 ms (host backend); on the device backend the watch thread checks at this period while operations are in flight (kernel faults and the descriptor check's poison board too): `ncclCommGetAsyncError` and the next call report a dead peer within 2 x this bound + one period",
+    doc: "how often a waiting operation checks that the peers it waits on are alive: a dead peer makes the survivors waiting on it fail with `ncclRemoteError` within this bound + 5 ms, and the others as soon as the poison they are sent reaches them (host backend); on the device backend the watch thread checks at this period while operations are in flight (kernel faults and the descriptor check's poison board too): `ncclCommGetAsyncError` and the next call report a dead peer within 2 x this bound + one period",
     scope: Scope::Runtime,
     alias_of: None,
 };
