@@ -18,7 +18,8 @@
 //!   error) and a partner in another communicator reports them lost, that is the same
 //!   incident, not a new root, even when their own failure report never arrived (a flush
 //!   cut short at exit). An episode whose every lost rank is such a survivor, with no root
-//!   of its own, raises nothing.
+//!   of its own, raises nothing. Episodes due at once are diagnosed in the order they
+//!   began, so that this holds when both are due in the same tick.
 //! * `INCONSISTENT` -> **H2**, by a vote over the descriptors seen: each rank's own call
 //!   (its `mismatch.local`, else its failed record's operation), and for ranks that sent
 //!   nothing, what their peers received from them (`mismatch.remote`). The descriptor most
@@ -297,9 +298,12 @@ impl Failures {
     ) -> Vec<Diagnosis> {
         let grace = u64::try_from(FAILURE_GRACE.as_nanos()).unwrap_or(u64::MAX);
         let mut out = Vec::new();
-        let mut ids: Vec<u64> = self.eps.keys().copied().collect();
+        // In the order the episodes began: a death seen first is diagnosed first, so that
+        // its survivors (`cascade`) are known when their own exits, seen later in another
+        // communicator, are diagnosed in the same call.
+        let mut ids: Vec<(u64, u64)> = self.eps.iter().map(|(id, e)| (e.first_ns, *id)).collect();
         ids.sort_unstable();
-        for id in ids {
+        for (_, id) in ids {
             let Some(ep) = self.eps.get_mut(&id) else {
                 continue;
             };

@@ -550,6 +550,42 @@ fn a_survivor_that_exits_after_a_diagnosed_death_is_not_a_new_root() {
     }
 }
 
+/// The same cascade, with both episodes due in one tick: process 3 dies, the DP survivors
+/// report it, process 0 exits on its error and its TP partner reports it lost 100 ms
+/// later, all before the first diagnosis. Whatever the communicator ids' order, the death
+/// seen first is diagnosed first and the later loss is its survivor.
+/// (Seen in CI as `sigkill_8_root7_serve`: `H1 [2] exited (+1: H1 [7] exited)`, the TP
+/// communicator's id being the smaller.)
+fn survivor_exit_due_in_the_same_tick(dp: u64, tp: u64) -> Vec<crate::wire::Diagnosis> {
+    let mut e = Engine::new(cfg());
+    let mut t = T0;
+    warm(&mut e, dp, 4, 3, &mut t);
+    for c in 0..3 {
+        for r in 0..2u32 {
+            let x = rec(tp, c, r, 2, OpState::Completed, CollKind::AllReduce);
+            e.ingest(&as_proc(x, r), t).unwrap();
+        }
+    }
+    assert!(e.tick(t).is_empty());
+    e.ingest(&lost(dp, 3, 1, 4, 3), t).unwrap();
+    e.ingest(&lost(dp, 3, 2, 4, 3), t + 10 * MS).unwrap();
+    e.ingest(&as_proc(lost(tp, 3, 1, 2, 0), 1), t + 100 * MS)
+        .unwrap();
+    e.tick(t + S)
+}
+
+#[test]
+fn the_death_seen_first_is_diagnosed_first_whatever_the_ids() {
+    for (dp, tp) in [(50, 51), (61, 60)] {
+        let d = survivor_exit_due_in_the_same_tick(dp, tp);
+        let roots: Vec<(u64, Vec<u32>)> = d
+            .iter()
+            .map(|x| (x.comm_id, x.roots.iter().map(|r| r.rank).collect()))
+            .collect();
+        assert_eq!(roots, vec![(dp, vec![3])], "DP {dp}, TP {tp}: {d:?}");
+    }
+}
+
 #[test]
 fn a_death_long_after_a_diagnosed_one_is_a_new_root() {
     // 40 s later (past FAILURE_QUIET) the same loss is a root of its own.
