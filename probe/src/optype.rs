@@ -138,18 +138,32 @@ impl OpLog {
     /// Records the end of operation `op_counter` (single writer) and returns the final
     /// entry (for the completion message). Ignored (`None`) if the slot was already reused
     /// by a later operation.
+    ///
+    /// Only the writer changes a slot, so it reads its own slot without the sequence
+    /// check, and rewrites only the two words that change (state, end time).
     pub fn finish(&self, op_counter: u64, end_ns: u64, ok: bool) -> Option<OpSnapshot> {
-        let mut snap = self.get(op_counter)?;
+        let slot = &self.slots[(op_counter % FRAME_BLOCKS as u64) as usize];
+        if slot.seq.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let mut w = [0u64; SLOT_WORDS];
+        for (d, src) in w.iter_mut().zip(&slot.words) {
+            *d = src.load(Ordering::Relaxed);
+        }
+        let mut snap = decode(&w).filter(|s| s.op_counter == op_counter)?;
         snap.state = if ok {
             OpState::Completed
         } else {
             OpState::Failed
         };
         snap.end_ns = end_ns;
-        self.write(
-            op_counter,
-            encode(op_counter, &snap.info, snap.start_ns, end_ns, snap.state),
-        );
+        let state_word = (w[1] & !(0xff << 32)) | u64::from(snap.state as u8) << 32;
+        let s = slot.seq.load(Ordering::Relaxed);
+        slot.seq.store(s.wrapping_add(1), Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Release);
+        slot.words[1].store(state_word, Ordering::Relaxed);
+        slot.words[7].store(end_ns, Ordering::Relaxed);
+        slot.seq.store(s.wrapping_add(2), Ordering::Release);
         Some(snap)
     }
 
@@ -216,6 +230,12 @@ mod tests {
             "stale finish is ignored"
         );
         assert_eq!(log.get(11).unwrap().state, OpState::InFlight);
+        let failed = log.finish(11, 555, false).unwrap();
+        assert_eq!(Some(failed), log.get(11));
+        assert_eq!(
+            (failed.info, failed.start_ns, failed.end_ns, failed.state),
+            (info(), 333, 555, OpState::Failed)
+        );
     }
 
     #[test]
