@@ -135,8 +135,7 @@ impl WorkerHandle {
         transport: Transport,
     ) -> Result<Self> {
         // A rank with remote peers shares its CPUs with its socket proxy thread as well.
-        let busy = shared.nranks * if transport.uses_sockets() { 2 } else { 1 };
-        let spin = spin_budget(busy)?;
+        let spin = spin_budget(shared.nranks, transport.uses_sockets())?;
         let tree_steps = crate::tree::steps(shared.rank, shared.nranks);
         let sel = Selection::parse(
             crate::env::var(crate::hostalgo::ENV_ALGO)?.as_deref(),

@@ -51,6 +51,9 @@ struct Waiter {
     peer_check: PeerCheck,
     /// Whether the first wait checked for a peer on this rank's CPU.
     spin_checked: bool,
+    /// Polls without progress in the current wait (the peer check reads the clock on
+    /// every [`Backoff::CLOCK_EVERY`]-th while spinning).
+    polls: u32,
 }
 
 impl Drop for Waiter {
@@ -72,6 +75,7 @@ impl Worker {
             announced: None,
             peer_check: PeerCheck::new(op.t_start, self.shared.tuning.peer_check),
             spin_checked: false,
+            polls: 0,
         };
         let mut acc = std::mem::take(&mut self.scratch);
         let mut tmp = std::mem::take(&mut self.scratch2);
@@ -299,7 +303,9 @@ impl Worker {
             if w.backoff.is_parking() {
                 self.check_partner(op, peer)?;
             }
-            if self.check_peers(&mut w.peer_check, Instant::now(), [peer])? {
+            w.polls = w.polls.wrapping_add(1);
+            let check_now = !w.backoff.is_timed_spin() || w.polls % Backoff::CLOCK_EVERY == 0;
+            if check_now && self.check_peers(&mut w.peer_check, Instant::now(), [peer])? {
                 continue;
             }
             if !w.spin_checked {

@@ -11,10 +11,9 @@ use super::Worker;
 use crate::error::Result;
 
 /// `CCLD_SPIN_US`: how long (microseconds) an executor waiting for a peer spins before it
-/// yields and then sleeps. Default: [`DEFAULT_SPIN_US`] when the communicator's ranks fit
-/// the cores this process may run on (each rank then has a core, and its peers answer
-/// within microseconds), 0 otherwise (oversubscribed: a spinning rank takes the core its
-/// peer needs, so it yields at once, after a few spin hints).
+/// yields and then sleeps. Default: [`DEFAULT_SPIN_US`] when each rank has a core of its
+/// own ([`default_spin_us`]), 0 otherwise (oversubscribed: a spinning rank takes the core
+/// its peer needs, so it yields at once, after a few spin hints).
 pub(crate) const ENV_SPIN_US: &ccl_params::Param = &ccl_params::CCLD_SPIN_US;
 
 /// Default of [`ENV_SPIN_US`] on a communicator whose ranks fit the cores.
@@ -38,13 +37,27 @@ impl Worker {
     }
 }
 
-/// The spin budget of a rank among `busy` threads that wait for each other (the
-/// communicator's ranks, and their socket proxies where they have some).
-pub(super) fn spin_budget(busy: usize) -> Result<Duration> {
+/// The spin budget of a rank of a communicator of `nranks` ranks, with a socket proxy
+/// thread (`proxy`) or not.
+pub(super) fn spin_budget(nranks: usize, proxy: bool) -> Result<Duration> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let default = if busy <= cores { DEFAULT_SPIN_US } else { 0 };
-    let us = crate::env::u64_or(ENV_SPIN_US, default)?;
+    let us = crate::env::u64_or(ENV_SPIN_US, default_spin_us(nranks, proxy, cores))?;
     Ok(Duration::from_micros(us.min(10_000_000)))
+}
+
+/// Default of `CCLD_SPIN_US` (pure): [`DEFAULT_SPIN_US`] when the threads that wait for
+/// each other (the ranks, and their socket proxies) fit the `cores` this process may run
+/// on, or when the process is bound to one CPU and has no proxy thread: a launcher that
+/// binds ranks to cores (`ccl-run`, `mpirun --bind-to core`, srun's `--cpu-bind`) gives
+/// each rank a core of its own, and a peer bound to the same CPU still turns spinning off
+/// at the first wait of every operation (`peer_on_my_cpu`). 0 otherwise.
+pub(super) fn default_spin_us(nranks: usize, proxy: bool, cores: usize) -> u64 {
+    let busy = nranks * if proxy { 2 } else { 1 };
+    if busy <= cores || (cores == 1 && !proxy) {
+        DEFAULT_SPIN_US
+    } else {
+        0
+    }
 }
 
 /// Publishes the descriptor of the collective this rank starts (`None`: not a
@@ -131,5 +144,22 @@ impl WaitEpisode {
                 Wait::None => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{default_spin_us, DEFAULT_SPIN_US};
+
+    #[test]
+    fn ranks_spin_when_each_has_a_core_bound_or_not() {
+        // Unbound: the ranks (and proxies) must fit the process's cores.
+        assert_eq!(default_spin_us(2, false, 2), DEFAULT_SPIN_US);
+        assert_eq!(default_spin_us(4, false, 2), 0);
+        assert_eq!(default_spin_us(2, true, 2), 0);
+        assert_eq!(default_spin_us(2, true, 4), DEFAULT_SPIN_US);
+        // Bound to one CPU by a launcher: a core of its own, unless a proxy shares it.
+        assert_eq!(default_spin_us(8, false, 1), DEFAULT_SPIN_US);
+        assert_eq!(default_spin_us(8, true, 1), 0);
     }
 }

@@ -226,6 +226,9 @@ pub struct Backoff {
     spin: std::time::Duration,
     /// End of the current timed spin phase (set by the first pause after a reset).
     spin_until: Option<std::time::Instant>,
+    /// Pauses of the current timed spin phase (the clock is read every
+    /// [`Backoff::CLOCK_EVERY`]).
+    polls: u32,
 }
 
 impl Default for Backoff {
@@ -243,6 +246,14 @@ impl Backoff {
     pub const MIN_PARK: Duration = Duration::from_micros(100);
     /// Longest single park: bounds the reaction time to a state change nobody rang for.
     pub const MAX_PARK: Duration = Duration::from_millis(5);
+    /// Spin hints per pause of the timed spin phase. A spin hint (`pause`) takes about
+    /// 25 ns on the AMD EPYC development machine (140 cycles on Skylake-X), so this is the
+    /// granularity at which a spinning waiter sees a message: 32 hints made it 0.8 us, more
+    /// than the rest of an 8-byte AllReduce.
+    pub const SPIN_HINTS: u32 = 2;
+    /// The timed spin phase reads the clock once per this many pauses (a clock read costs
+    /// about as much as a poll: 20-40 ns).
+    pub const CLOCK_EVERY: u32 = 16;
 
     /// A fresh back-off (starts spinning).
     pub fn new() -> Self {
@@ -250,6 +261,7 @@ impl Backoff {
             step: 0,
             spin: Duration::ZERO,
             spin_until: None,
+            polls: 0,
         }
     }
 
@@ -268,6 +280,13 @@ impl Backoff {
     pub fn reset(&mut self) {
         self.step = 0;
         self.spin_until = None;
+        self.polls = 0;
+    }
+
+    /// Whether the caller is in the timed spin phase (see [`Backoff::with_spin`]): a waiter
+    /// may then skip its own clock reads between polls, which come every few tens of ns.
+    pub fn is_timed_spin(&self) -> bool {
+        !self.spin.is_zero() && self.step == 0
     }
 
     /// Whether the next `snooze` will sleep on the doorbell.
@@ -290,8 +309,12 @@ impl Backoff {
     pub fn pause(&mut self) {
         if !self.spin.is_zero() && self.step == 0 {
             // Timed spin phase: stay at step 0 until the budget is spent.
-            for _ in 0..32 {
+            for _ in 0..Self::SPIN_HINTS {
                 std::hint::spin_loop();
+            }
+            self.polls = self.polls.wrapping_add(1);
+            if self.spin_until.is_some() && self.polls % Self::CLOCK_EVERY != 0 {
+                return;
             }
             let now = std::time::Instant::now();
             let until = *self.spin_until.get_or_insert(now + self.spin);
