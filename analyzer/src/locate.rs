@@ -5,7 +5,10 @@
 //! 1. some ranks did not reach the round (operation counter below it)  -> **H1**, those ranks;
 //! 2. all entered, but the op type sets disagree                      -> **H2**, the minority;
 //! 3. all entered, some ranks are not hung (completed / failed / moved past the round)
-//!    -> **H2**, those ranks;
+//!    -> **H2**, those ranks; except in a ring where every such rank completed the same
+//!    schedule in full: then a silent hung rank -> **H3**, those; else a hung rank whose
+//!    ring upstream is one of them waits for data that was sent and never arrived -> **H3**,
+//!    those starved ranks ([`starved_receivers`]);
 //! 4. all hung: ranks that went silent (no record or heartbeat for `silent_after`; the process
 //!    is stopped or dead, its counters are stale) -> **H3**, those ranks; otherwise
 //!    [`fewest_counts`] -> **H3**.
@@ -77,6 +80,9 @@ pub(crate) enum HangFinding {
     Silent(Vec<u32>),
     /// H3: every rank hangs; these made the least progress.
     FewestCounts(Vec<u32>),
+    /// H3: these ranks hang waiting for data that their ring upstream, which completed the
+    /// round, already sent (the link into them, or the rank itself, stalled).
+    Starved(Vec<u32>),
 }
 
 impl HangFinding {
@@ -87,7 +93,9 @@ impl HangFinding {
             HangFinding::InconsistentTypes(_) | HangFinding::NotHung(_) => {
                 AnomalyClass::H2Inconsistent
             }
-            HangFinding::Silent(_) | HangFinding::FewestCounts(_) => AnomalyClass::H3Hardware,
+            HangFinding::Silent(_) | HangFinding::FewestCounts(_) | HangFinding::Starved(_) => {
+                AnomalyClass::H3Hardware
+            }
         }
     }
 
@@ -98,7 +106,8 @@ impl HangFinding {
             | HangFinding::InconsistentTypes(r)
             | HangFinding::NotHung(r)
             | HangFinding::Silent(r)
-            | HangFinding::FewestCounts(r) => r,
+            | HangFinding::FewestCounts(r)
+            | HangFinding::Starved(r) => r,
         }
     }
 }
@@ -111,8 +120,10 @@ fn ranks_where(v: &[HangView], f: impl Fn(&HangView) -> bool) -> Vec<u32> {
         .collect()
 }
 
-/// The decision tree for a hung round; `v[rank]` describes each rank.
-pub(crate) fn locate_hang(v: &[HangView]) -> HangFinding {
+/// The decision tree for a hung round; `v[rank]` describes each rank, `rings[channel][rank]`
+/// is the rank's ring next on that channel (empty when the round is not a ring or the rings
+/// are unknown).
+pub(crate) fn locate_hang(v: &[HangView], rings: &[Vec<u32>]) -> HangFinding {
     let not_entered = ranks_where(v, |x| x.state == HangState::NotEntered);
     if !not_entered.is_empty() {
         return HangFinding::NotEntered(not_entered);
@@ -127,14 +138,25 @@ pub(crate) fn locate_hang(v: &[HangView]) -> HangFinding {
             HangState::Completed | HangState::Failed | HangState::PassedBeyond
         )
     });
-    if !not_hung.is_empty() {
-        return HangFinding::NotHung(not_hung);
-    }
     let involved = v
         .iter()
         .filter(|x| x.state != HangState::NotInvolved)
         .count();
     let silent = ranks_where(v, |x| x.silent && x.state != HangState::NotInvolved);
+    if !not_hung.is_empty() {
+        let starved = starved_receivers(v, rings);
+        if starved.is_empty() {
+            return HangFinding::NotHung(not_hung);
+        }
+        // A stopped rank among the hung ones explains the stall better than a link.
+        let silent_hung = ranks_where(v, |x| {
+            x.silent && matches!(x.state, HangState::InFlight | HangState::EnteredNoRecord)
+        });
+        if !silent_hung.is_empty() {
+            return HangFinding::Silent(silent_hung);
+        }
+        return HangFinding::Starved(starved);
+    }
     if !silent.is_empty() && silent.len() < involved {
         return HangFinding::Silent(silent);
     }
@@ -159,6 +181,59 @@ pub(crate) fn locate_hang(v: &[HangView]) -> HangFinding {
             .map(|i| idx[i as usize])
             .collect(),
     )
+}
+
+/// A ring round that some ranks completed and the others hang in. When every rank that is
+/// not hung completed in full (its counts reached its expected counts, known), it ran the
+/// schedule its peers run, so it cannot be the cause: in a ring a rank completes once its
+/// upstream has sent it everything. A hung rank whose ring upstream is such a rank, with the
+/// same expected counts, and which still misses inbound data (RecvCount below expected)
+/// waits for data that was sent and did not arrive: the link into it (or the rank itself)
+/// stalled. Those hung ranks are returned; none when a rank that is not hung failed, moved
+/// past the round, or completed short of its schedule (an inconsistent call: H2 stands),
+/// when the rings are unknown, or when the channels' rings differ (the counts are summed
+/// over channels, so only one ring order lets them speak for one link).
+/// `rings[channel][rank]` is the rank's ring next.
+pub(crate) fn starved_receivers(v: &[HangView], rings: &[Vec<u32>]) -> Vec<u32> {
+    let n = v.len();
+    let Some(next) = rings.first() else {
+        return Vec::new();
+    };
+    if next.len() != n || rings.iter().any(|r| r != next) {
+        return Vec::new();
+    }
+    let full = |x: &HangView| {
+        x.state == HangState::Completed
+            && x.exp_send + x.exp_recv > 0
+            && x.send >= x.exp_send
+            && x.recv >= x.exp_recv
+    };
+    let clean = v.iter().all(|x| {
+        x.group == 0
+            && match x.state {
+                HangState::Completed => full(x),
+                HangState::Failed | HangState::PassedBeyond => false,
+                _ => true,
+            }
+    });
+    if !clean {
+        return Vec::new();
+    }
+    let mut starved: Vec<u32> = next
+        .iter()
+        .enumerate()
+        .filter_map(|(up, &down)| {
+            let (a, b) = (&v[up], v.get(down as usize)?);
+            (full(a)
+                && b.state == HangState::InFlight
+                && b.recv < b.exp_recv
+                && (a.exp_send, a.exp_recv) == (b.exp_send, b.exp_recv))
+                .then_some(down)
+        })
+        .collect();
+    starved.sort_unstable();
+    starved.dedup();
+    starved
 }
 
 /// Ranks outside the largest op-type-set group (ties: the group with the smallest id, the
@@ -640,7 +715,7 @@ mod tests {
         v[4].type_group = u32::MAX;
         v[1].state = HangState::Completed; // would be H2 otherwise
         v[2].silent = true;
-        let f = locate_hang(&v);
+        let f = locate_hang(&v, &[]);
         assert_eq!(f, HangFinding::NotEntered(vec![4]));
         assert_eq!(f.class(), AnomalyClass::H1NotEntered);
     }
@@ -649,12 +724,15 @@ mod tests {
     fn h2_type_set_minority_then_not_hung_ranks() {
         let mut v = vec![hv(HangState::InFlight); 5];
         v[3].type_group = 1;
-        assert_eq!(locate_hang(&v), HangFinding::InconsistentTypes(vec![3]));
+        assert_eq!(
+            locate_hang(&v, &[]),
+            HangFinding::InconsistentTypes(vec![3])
+        );
         // 2 vs 2 vs 1: the tie between groups 0 and 1 goes to the first seen (0).
         v[0].type_group = 1;
         v[4].type_group = 2;
         assert_eq!(
-            locate_hang(&v),
+            locate_hang(&v, &[]),
             HangFinding::InconsistentTypes(vec![0, 3, 4])
         );
         let mut w = vec![hv(HangState::InFlight); 5];
@@ -663,9 +741,71 @@ mod tests {
         w[2].type_group = u32::MAX;
         w[3].state = HangState::EnteredNoRecord; // counts as hung
         w[3].type_group = u32::MAX;
-        let f = locate_hang(&w);
+        let f = locate_hang(&w, &[]);
         assert_eq!(f, HangFinding::NotHung(vec![0, 2]));
         assert_eq!(f.class(), AnomalyClass::H2Inconsistent);
+    }
+
+    /// Ring 0 -> 1 -> 2 -> 3 -> 0 with expected counts 6/6: ranks 0 and 1 completed in
+    /// full, 2 and 3 hang with part of their data (host 2's link went down after the last
+    /// data into 0 and 1 had passed).
+    fn ring_completed_in_part() -> (Vec<HangView>, Vec<Vec<u32>>) {
+        let mut v = vec![hv(HangState::InFlight); 4];
+        for x in &mut v {
+            (x.exp_send, x.exp_recv) = (6, 6);
+        }
+        for x in &mut v[..2] {
+            x.state = HangState::Completed;
+            (x.send, x.recv) = (6, 6);
+        }
+        (v[2].send, v[2].recv) = (6, 5);
+        (v[3].send, v[3].recv) = (5, 5);
+        (v, vec![vec![1, 2, 3, 0]; 2])
+    }
+
+    #[test]
+    fn a_hung_rank_whose_upstream_completed_in_full_is_starved_not_the_completers() {
+        let (v, rings) = ring_completed_in_part();
+        let f = locate_hang(&v, &rings);
+        assert_eq!(f, HangFinding::Starved(vec![2]));
+        assert_eq!(f.class(), AnomalyClass::H3Hardware);
+        // Without the rings (a tree, or unknown) the completers stay the H2 answer.
+        assert_eq!(locate_hang(&v, &[]), HangFinding::NotHung(vec![0, 1]));
+        // Channels with different ring orders: summed counts cannot speak for one link.
+        let varied = vec![vec![1, 2, 3, 0], vec![3, 0, 1, 2]];
+        assert_eq!(locate_hang(&v, &varied), HangFinding::NotHung(vec![0, 1]));
+        // A stopped rank among the hung ones is named before a link.
+        let mut w = v.clone();
+        w[3].silent = true;
+        assert_eq!(locate_hang(&w, &rings), HangFinding::Silent(vec![3]));
+    }
+
+    #[test]
+    fn a_completer_short_of_its_schedule_or_a_failed_rank_keeps_h2() {
+        let (v, rings) = ring_completed_in_part();
+        // Rank 1 completed having sent less than the schedule: it ran another operation.
+        let mut w = v.clone();
+        w[1].send = 3;
+        assert_eq!(locate_hang(&w, &rings), HangFinding::NotHung(vec![0, 1]));
+        // Rank 1 completed a schedule of other expected counts than its peers'.
+        let mut w = v.clone();
+        (w[1].exp_send, w[1].exp_recv, w[1].send, w[1].recv) = (3, 3, 3, 3);
+        assert_eq!(locate_hang(&w, &rings), HangFinding::NotHung(vec![0, 1]));
+        // Expected counts unknown: nothing says the completion was in full.
+        let mut w = v.clone();
+        for x in &mut w {
+            (x.exp_send, x.exp_recv) = (0, 0);
+        }
+        assert_eq!(locate_hang(&w, &rings), HangFinding::NotHung(vec![0, 1]));
+        // A rank whose operation failed is not a clean completion.
+        let mut w = v.clone();
+        w[0].state = HangState::Failed;
+        assert_eq!(locate_hang(&w, &rings), HangFinding::NotHung(vec![0, 1]));
+        // The rank after the completers received everything (it waits on its sends only):
+        // nothing was lost on the way into it.
+        let mut w = v;
+        w[2].recv = 6;
+        assert_eq!(locate_hang(&w, &rings), HangFinding::NotHung(vec![0, 1]));
     }
 
     #[test]
@@ -675,9 +815,9 @@ mod tests {
         v[4] = hv(HangState::InFlight);
         v[4].send = 2;
         v[0].silent = true;
-        assert_eq!(locate_hang(&v), HangFinding::FewestCounts(vec![4]));
+        assert_eq!(locate_hang(&v, &[]), HangFinding::FewestCounts(vec![4]));
         v[4].state = HangState::NotEntered;
-        assert_eq!(locate_hang(&v), HangFinding::NotEntered(vec![4]));
+        assert_eq!(locate_hang(&v, &[]), HangFinding::NotEntered(vec![4]));
     }
 
     #[test]
@@ -685,16 +825,16 @@ mod tests {
         let mut v = vec![hv(HangState::InFlight); 4];
         v[2].silent = true;
         v[0].send = 1;
-        assert_eq!(locate_hang(&v), HangFinding::Silent(vec![2]));
+        assert_eq!(locate_hang(&v, &[]), HangFinding::Silent(vec![2]));
         v[2].silent = false;
-        let f = locate_hang(&v);
+        let f = locate_hang(&v, &[]);
         assert_eq!(f, HangFinding::FewestCounts(vec![0]));
         assert_eq!(f.class(), AnomalyClass::H3Hardware);
         // Everyone silent is no discrimination: fall back to counts.
         for x in &mut v {
             x.silent = true;
         }
-        assert_eq!(locate_hang(&v), HangFinding::FewestCounts(vec![0]));
+        assert_eq!(locate_hang(&v, &[]), HangFinding::FewestCounts(vec![0]));
     }
 
     fn cv(send: u64, recv: u64, group: u64) -> CountView {

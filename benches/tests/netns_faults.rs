@@ -271,6 +271,9 @@ fn a_rate_limited_link_is_named_communication_slow() {
 
 /// A hang at the rank behind the link: H1 (not entered) when the link went down between
 /// two of its operations, H3 (communication stuck) when it was inside one; both were seen.
+/// Inside one, the ranks whose last data had passed before complete it: the rank behind
+/// the link is then the one starved of data its completed upstream sent (once named H2 on
+/// the completers, before `locate::starved_receivers`).
 #[test]
 fn a_link_taken_down_is_named_as_a_hang_at_its_rank() {
     check(LinkFault::Down, 2, 7, &["H1", "H3"], false);

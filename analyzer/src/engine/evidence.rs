@@ -168,6 +168,32 @@ pub(super) fn diag_id(comm_id: u64, op_counter: u64, class: AnomalyClass) -> Str
     format!("{comm_id:016x}-{op_counter}-{}", wire::class_code(class))
 }
 
+/// The ring next of rank `j` on channel `ch`, from its latest completed records (the rank
+/// order when it has none).
+fn ring_next(comm: &Comm, j: usize, ch: usize) -> u32 {
+    comm.ranks[j]
+        .win_ch
+        .get(ch)
+        .map_or((j as u32 + 1) % comm.nranks.max(1), |a| a.next)
+}
+
+/// Every channel's ring next of each rank (`[channel][rank]`) for a collective ring round;
+/// empty for other rounds.
+fn hang_rings(comm: &Comm, round: &Round) -> Vec<Vec<u32>> {
+    let algo = round.types.first().map_or(comm.algo, |t| t.algo);
+    if round.p2p() || algo != wire::Algorithm::Ring as i32 {
+        return Vec::new();
+    }
+    let nch = comm.ranks.iter().map(|r| r.win_ch.len()).max().unwrap_or(0);
+    (0..nch)
+        .map(|ch| {
+            (0..comm.ranks.len())
+                .map(|j| ring_next(comm, j, ch))
+                .collect()
+        })
+        .collect()
+}
+
 pub(super) fn locate_hang_round(
     cfg: &EngineConfig,
     comm: &Comm,
@@ -243,7 +269,8 @@ pub(super) fn locate_hang_round(
             }
         })
         .collect();
-    let finding = locate::locate_hang(&views);
+    let rings = hang_rings(comm, round);
+    let finding = locate::locate_hang(&views, &rings);
     let class = finding.class();
     let roots_all = finding.ranks();
     let cap = cfg.evidence_cap.max(1);
@@ -328,6 +355,19 @@ pub(super) fn locate_hang_round(
                 "stopped reporting during op #{c} (no record or heartbeat for {} s): process likely stopped or dead",
                 secs(quiet)
             ),
+            HangFinding::Starved(_) => {
+                let up = rings.iter().enumerate().find_map(|(ch, next)| {
+                    next.iter()
+                        .enumerate()
+                        .find(|&(u, &d)| d == r && views[u].state == HangState::Completed)
+                        .map(|(u, _)| (u, ch))
+                });
+                let (u, ch) = up.unwrap_or((usize::MAX, 0));
+                format!(
+                    "hangs in op #{c} waiting for data: its ring upstream rank {u} (channel {ch}) completed op #{c}, so what it sent did not arrive (SendCount/RecvCount {}/{} of expected {}/{}): the link from rank {u} into this rank, or this rank, stalled",
+                    e.send, e.recv, v.exp_send, v.exp_recv
+                )
+            }
             HangFinding::FewestCounts(_) => {
                 let exp = if e.exp_send + e.exp_recv > 0 {
                     format!(" of expected {}/{}", e.exp_send, e.exp_recv)
@@ -425,11 +465,15 @@ pub(super) fn locate_hang_round(
             secs(max_in_flight)
         ),
         HangFinding::Silent(_) => format!(
-            "{phrase} stopped reporting during {coll_name} #{c} while all {n} ranks hang: hardware fault or stopped process ({} s)",
+            "{phrase} stopped reporting during {coll_name} #{c} while {hung} of {n} ranks hang: hardware fault or stopped process ({} s)",
             secs(max_in_flight)
         ),
         HangFinding::FewestCounts(_) => format!(
             "{phrase} made the least progress in {coll_name} #{c} while all {n} ranks hang: hardware fault ({} s)",
+            secs(max_in_flight)
+        ),
+        HangFinding::Starved(_) => format!(
+            "{phrase} wait in {coll_name} #{c} for data their ring upstream sent before completing it ({hung} of {n} ranks hang): link or hardware fault ({} s)",
             secs(max_in_flight)
         ),
     };
@@ -550,8 +594,7 @@ pub(super) fn locate_slow(
                                 // A message of the next operation may start arriving
                                 // before this one ends: the share can pass 1 by a little.
                                 .map(|a| (a.wire_ns as f64 / a.dur_ns as f64).min(1.0));
-                            let next = a.map_or((j as u32 + 1) % comm.nranks.max(1), |a| a.next);
-                            (share, next)
+                            (share, ring_next(comm, j, ch))
                         })
                         .collect()
                 })

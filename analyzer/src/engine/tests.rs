@@ -420,6 +420,48 @@ fn hang_fires_once_just_after_the_threshold() {
     );
 }
 
+/// A ring whose host 2 lost its link late in round 8: ranks 0 and 1 had all their data and
+/// completed, rank 2 waits for what rank 1 sent, rank 3 for rank 2. Rank 2 is named (H3),
+/// not the ranks that completed (the round's schedule is the same on every rank).
+#[test]
+fn a_rank_starved_after_its_upstream_completed_is_the_root_not_the_completers() {
+    let mut e = Engine::new(cfg());
+    let ring = |mut x: OpRecord| {
+        x.channels[0].ring_next = Some((x.rank + 1) % 4);
+        x.channels[0].ring_prev = Some((x.rank + 3) % 4);
+        x
+    };
+    for r in 0..4 {
+        e.ingest(&ring(rec(9, 7, r, 4, OpState::Completed, 100 * MS)), T0)
+            .unwrap();
+    }
+    for r in 0..2 {
+        e.ingest(&ring(rec(9, 8, r, 4, OpState::Completed, 100 * MS)), T0)
+            .unwrap();
+    }
+    let mut got = Vec::new();
+    for step in 0..=32u64 {
+        let t = T0 + step * 10 * S;
+        for r in 2..4 {
+            let mut x = ring(rec(9, 8, r, 4, OpState::InFlight, step * 10 * S));
+            x.channels[0].recv_count = 9;
+            x.channels[0].send_count = 10 - u64::from(r == 3);
+            e.ingest(&x, t).unwrap();
+        }
+        got.extend(e.tick(t));
+    }
+    assert_eq!(got.len(), 1, "{got:?}");
+    let d = &got[0];
+    assert_eq!(d.class(), AnomalyClass::H3Hardware, "{}", d.summary);
+    assert_eq!(d.roots.iter().map(|r| r.rank).collect::<Vec<_>>(), vec![2]);
+    assert!(
+        d.roots[0].reason.contains("ring upstream rank 1"),
+        "{}",
+        d.roots[0].reason
+    );
+    assert!(d.summary.contains("(2 of 4 ranks hang)"), "{}", d.summary);
+}
+
 #[test]
 fn a_rank_that_went_silent_still_counts_by_analyzer_time() {
     // One snapshot at T0 (duration 0), then nothing from anybody; the estimate grows with
