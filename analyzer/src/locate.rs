@@ -187,7 +187,8 @@ pub(crate) fn locate_hang(v: &[HangView], rings: &[Vec<u32>]) -> HangFinding {
 /// not hung completed in full (its counts reached its expected counts, known), it ran the
 /// schedule its peers run, so it cannot be the cause: in a ring a rank completes once its
 /// upstream has sent it everything. A hung rank whose ring upstream is such a rank, with the
-/// same expected counts, and which still misses inbound data (RecvCount below expected)
+/// same expected counts, and which still misses inbound data (RecvCount below expected; or
+/// it entered the round by its heartbeat and no record of it arrived, counts unknown)
 /// waits for data that was sent and did not arrive: the link into it (or the rank itself)
 /// stalled. Those hung ranks are returned; none when a rank that is not hung failed, moved
 /// past the round, or completed short of its schedule (an inconsistent call: H2 stands),
@@ -224,11 +225,15 @@ pub(crate) fn starved_receivers(v: &[HangView], rings: &[Vec<u32>]) -> Vec<u32> 
         .enumerate()
         .filter_map(|(up, &down)| {
             let (a, b) = (&v[up], v.get(down as usize)?);
-            (full(a)
-                && b.state == HangState::InFlight
-                && b.recv < b.exp_recv
-                && (a.exp_send, a.exp_recv) == (b.exp_send, b.exp_recv))
-                .then_some(down)
+            let missing = match b.state {
+                HangState::InFlight => {
+                    b.recv < b.exp_recv && (a.exp_send, a.exp_recv) == (b.exp_send, b.exp_recv)
+                }
+                // Entered (a heartbeat says so) without a record: its counts are unknown.
+                HangState::EnteredNoRecord => true,
+                _ => false,
+            };
+            (full(a) && missing).then_some(down)
         })
         .collect();
     starved.sort_unstable();
@@ -801,6 +806,10 @@ mod tests {
         let mut w = v.clone();
         w[0].state = HangState::Failed;
         assert_eq!(locate_hang(&w, &rings), HangFinding::NotHung(vec![0, 1]));
+        // Entered by its heartbeat, no record of the round yet: counts unknown, still named.
+        let mut w = v.clone();
+        w[2] = hv(HangState::EnteredNoRecord);
+        assert_eq!(locate_hang(&w, &rings), HangFinding::Starved(vec![2]));
         // The rank after the completers received everything (it waits on its sends only):
         // nothing was lost on the way into it.
         let mut w = v;

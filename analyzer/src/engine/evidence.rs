@@ -363,9 +363,16 @@ pub(super) fn locate_hang_round(
                         .map(|(u, _)| (u, ch))
                 });
                 let (u, ch) = up.unwrap_or((usize::MAX, 0));
+                let counts = if v.state == HangState::EnteredNoRecord {
+                    "entered by its heartbeat, no record of it yet".to_string()
+                } else {
+                    format!(
+                        "SendCount/RecvCount {}/{} of expected {}/{}",
+                        e.send, e.recv, v.exp_send, v.exp_recv
+                    )
+                };
                 format!(
-                    "hangs in op #{c} waiting for data: its ring upstream rank {u} (channel {ch}) completed op #{c}, so what it sent did not arrive (SendCount/RecvCount {}/{} of expected {}/{}): the link from rank {u} into this rank, or this rank, stalled",
-                    e.send, e.recv, v.exp_send, v.exp_recv
+                    "hangs in op #{c} waiting for data: its ring upstream rank {u} (channel {ch}) completed op #{c}, so what it sent did not arrive ({counts}): the link from rank {u} into this rank, or this rank, stalled"
                 )
             }
             HangFinding::FewestCounts(_) => {
