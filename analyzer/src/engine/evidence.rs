@@ -576,7 +576,7 @@ pub(super) fn locate_slow(
                     comm.ranks
                         .iter()
                         .map(|ri| {
-                            ri.win_ch
+                            ri.window_channels()
                                 .get(ch)
                                 .filter(|a| a.has_wait && a.dur_ns > 0)
                                 .map(|a| ChanWait {
@@ -595,7 +595,7 @@ pub(super) fn locate_slow(
                         .iter()
                         .enumerate()
                         .map(|(j, ri)| {
-                            let a = ri.win_ch.get(ch);
+                            let a = ri.window_channels().get(ch);
                             let share = a
                                 .filter(|a| a.has_wire && a.dur_ns > 0)
                                 // A message of the next operation may start arriving

@@ -739,6 +739,9 @@ impl Engine {
             comm.recycle(v);
         }
         for r in &mut comm.ranks {
+            if r.win_ops > 0 {
+                r.prev_ch.clone_from(&r.win_ch);
+            }
             r.win_ops = 0;
             r.win_last_in = 0;
             r.cpu_wait.roll();

@@ -232,6 +232,10 @@ pub(super) struct RankInfo {
     pub(super) win_send_rate: f64,
     pub(super) win_recv_rate: f64,
     pub(super) win_ch: Vec<ChanAcc>,
+    /// `win_ch` of the latest closed window in which the rank completed an operation: the
+    /// channel evidence of a rank whose records of a round arrived in the window before the
+    /// round was complete (a peer's records came late, e.g. over a rate-limited link).
+    pub(super) prev_ch: Vec<ChanAcc>,
     /// The rank's threads' CPU wait (`OpRecord.cpu_wait_ns`).
     pub(super) cpu_wait: WindowShare,
     /// The time its process was frozen (`OpRecord.frozen_ns`).
@@ -248,6 +252,19 @@ pub(super) const SHARE_MIN_SPAN_NS: u64 = 100_000_000;
 pub(super) struct WindowShare {
     pub(super) from: Option<(u64, u64)>,
     pub(super) to: Option<(u64, u64)>,
+}
+
+impl RankInfo {
+    /// The channel accumulations that speak for the rank in the window being judged: this
+    /// window's when it completed an operation in it, else those of its latest window with
+    /// one.
+    pub(super) fn window_channels(&self) -> &[ChanAcc] {
+        if self.win_ops > 0 {
+            &self.win_ch
+        } else {
+            &self.prev_ch
+        }
+    }
 }
 
 impl WindowShare {
@@ -299,6 +316,7 @@ impl RankInfo {
             win_send_rate: 0.0,
             win_recv_rate: 0.0,
             win_ch: Vec::new(),
+            prev_ch: Vec::new(),
             cpu_wait: WindowShare::default(),
             frozen: WindowShare::default(),
         }
@@ -502,7 +520,7 @@ impl Comm {
             .map(|r| {
                 std::mem::size_of::<RankInfo>()
                     + r.host.capacity()
-                    + r.win_ch.capacity() * std::mem::size_of::<ChanAcc>()
+                    + (r.win_ch.capacity() + r.prev_ch.capacity()) * std::mem::size_of::<ChanAcc>()
             })
             .sum();
         let spare: usize = self.spare.iter().map(|v| v.capacity() * e).sum();

@@ -567,6 +567,58 @@ fn slow_cfg() -> EngineConfig {
     }
 }
 
+/// Over a rate-limited link the sender's records arrive late, so a round can complete in
+/// the window after the one that took its peers' records (CI, netns rate limit: S2 named
+/// on the lowest rate, weak, with no channel evidence). The peers' channel evidence is
+/// then that of their latest window with a completed operation: the link 1 -> 2, whose
+/// messages crawl, is still found by its wire time.
+#[test]
+fn a_round_completed_by_a_late_record_keeps_its_peers_channel_evidence() {
+    let mut e = Engine::new(slow_cfg());
+    let done = |c: u64, r: u32, d: u64, wire_ms: u64| {
+        let mut x = rec(4, c, r, 4, OpState::Completed, d);
+        x.start_ns = c * 10 * S + 5 * S - d;
+        x.channels[0].ring_next = Some((r + 1) % 4);
+        x.channels[0].ring_prev = Some((r + 3) % 4);
+        x.channels[0]
+            .ext
+            .insert(wire::EXT_WIRE_NS.to_string(), (wire_ms * MS) as f64);
+        x
+    };
+    for c in 1..=4 {
+        for r in 0..4 {
+            e.ingest(&done(c, r, 100 * MS, 1), T0 + c * S).unwrap();
+        }
+    }
+    assert!(e.tick(T0 + 61 * S).is_empty());
+    // Round 5 takes 1 s on every rank; rank 2's inbound messages spent 0.9 s on the wire.
+    for r in [0, 2, 3] {
+        let wire_ms = if r == 2 { 900 } else { 5 };
+        e.ingest(&done(5, r, 1000 * MS, wire_ms), T0 + 100 * S)
+            .unwrap();
+    }
+    assert!(
+        e.tick(T0 + 121 * S + 1).is_empty(),
+        "round 5 is not complete"
+    );
+    e.ingest(&done(5, 1, 1000 * MS, 5), T0 + 130 * S).unwrap();
+    let d = e.tick(T0 + 182 * S);
+    assert_eq!(d.len(), 1);
+    let d = &d[0];
+    assert_eq!(
+        d.class(),
+        AnomalyClass::S2CommunicationSlow,
+        "{}",
+        d.summary
+    );
+    assert_eq!(d.roots.iter().map(|r| r.rank).collect::<Vec<_>>(), vec![1]);
+    assert!(
+        d.roots[0].reason.contains("1 -> 2") && d.roots[0].reason.contains("on the wire"),
+        "{}",
+        d.roots[0].reason
+    );
+}
+
 #[test]
 fn slow_detection_matches_hand_computed_r_and_p() {
     let mut e = Engine::new(slow_cfg());
