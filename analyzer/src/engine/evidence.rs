@@ -480,7 +480,7 @@ pub(super) fn locate_hang_round(
             secs(max_in_flight)
         ),
         HangFinding::Starved(_) => format!(
-            "{phrase} wait in {coll_name} #{c} for data their ring upstream sent before completing it ({hung} of {n} ranks hang): link or hardware fault ({} s)",
+            "{phrase} hung in {coll_name} #{c}, waiting for data sent by a ring upstream that completed it ({hung} of {n} ranks hang): link or hardware fault ({} s)",
             secs(max_in_flight)
         ),
     };
