@@ -356,13 +356,11 @@ pub(super) fn locate_hang_round(
                 secs(quiet)
             ),
             HangFinding::Starved(_) => {
-                let up = rings.iter().enumerate().find_map(|(ch, next)| {
-                    next.iter()
-                        .enumerate()
-                        .find(|&(u, &d)| d == r && views[u].state == HangState::Completed)
-                        .map(|(u, _)| (u, ch))
-                });
-                let (u, ch) = up.unwrap_or((usize::MAX, 0));
+                // Every channel has the same ring order (`starved_receivers` requires it).
+                let up = rings
+                    .first()
+                    .and_then(|next| next.iter().position(|&d| d == r))
+                    .map_or_else(|| "?".to_string(), |u| u.to_string());
                 let counts = if v.state == HangState::EnteredNoRecord {
                     "entered by its heartbeat, no record of it yet".to_string()
                 } else {
@@ -372,7 +370,7 @@ pub(super) fn locate_hang_round(
                     )
                 };
                 format!(
-                    "hangs in op #{c} waiting for data: its ring upstream rank {u} (channel {ch}) completed op #{c}, so what it sent did not arrive ({counts}): the link from rank {u} into this rank, or this rank, stalled"
+                    "hangs in op #{c} waiting for data: its ring upstream rank {up} completed op #{c}, so what it sent did not arrive ({counts}): the link from rank {up} into this rank, or this rank, stalled"
                 )
             }
             HangFinding::FewestCounts(_) => {
