@@ -63,8 +63,14 @@ impl Cluster {
         })
     }
 
-    /// Runs `program args` on every rank; returns each host's (status, output).
-    fn run(&self, program: &str, args: &[&str]) -> Vec<(Option<std::process::ExitStatus>, String)> {
+    /// Runs `program args` on every rank with `env` set; returns each host's (status,
+    /// output).
+    fn run(
+        &self,
+        program: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Vec<(Option<std::process::ExitStatus>, String)> {
         let total: usize = self.per_host.iter().sum();
         let uid = self.bin.join(format!(
             "netns-uid-{}-{}",
@@ -89,6 +95,7 @@ impl Cluster {
                         &uid,
                         &self.bin,
                     )
+                    .envs(env.iter().copied())
                     .stdin(Stdio::null())
                     .stdout(Stdio::piped())
                     .stderr(Stdio::piped())
@@ -104,7 +111,10 @@ impl Cluster {
 
     /// Every nccl-tests collective, results checked element-wise (`-c 1`), on this layout.
     fn every_collective(&self) {
-        let t0 = Instant::now();
+        self.jobs_checked(&self.every_collective_jobs(), &[]);
+    }
+
+    fn every_collective_jobs(&self) -> Vec<(&'static str, Vec<&'static str>)> {
         let sizes = [
             "-b", "8", "-e", "1M", "-f", "32", "-c", "1", "-n", "2", "-w", "1",
         ];
@@ -131,8 +141,14 @@ impl Cluster {
                 "-o", "all",
             ],
         ));
-        for (program, args) in &jobs {
-            let results = self.run(program, args);
+        jobs
+    }
+
+    /// Runs `jobs` with `env`; each must pass its element-wise check on every host.
+    fn jobs_checked(&self, jobs: &[(&str, Vec<&str>)], env: &[(&str, &str)]) {
+        let t0 = Instant::now();
+        for (program, args) in jobs {
+            let results = self.run(program, args, env);
             let mut checked = false;
             for (h, (status, out)) in results.iter().enumerate() {
                 let status = status.unwrap_or_else(|| {
@@ -170,6 +186,22 @@ fn two_hosts_of_two_ranks_run_every_collective() {
 fn four_hosts_of_one_rank_run_every_collective() {
     if let Some(c) = Cluster::new(&[1, 1, 1, 1], 1) {
         c.every_collective();
+        // Striped streams (NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD = 4 sockets per
+        // stream) between namespaced hosts: 4 MiB payloads go out in 64 KiB+ pieces.
+        let big = vec![
+            "-b", "1M", "-e", "16M", "-f", "4", "-c", "1", "-n", "2", "-w", "1",
+        ];
+        c.jobs_checked(
+            &[
+                ("all_reduce_perf", big.clone()),
+                ("sendrecv_perf", big.clone()),
+                ("all_gather_perf", big),
+            ],
+            &[
+                ("NCCL_SOCKET_NTHREADS", "2"),
+                ("NCCL_NSOCKS_PERTHREAD", "2"),
+            ],
+        );
     }
 }
 

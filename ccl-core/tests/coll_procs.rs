@@ -481,6 +481,23 @@ fn matrix_sockets_within_one_host() {
     );
 }
 
+/// `NCCL_SOCKET_NTHREADS=2` x `NCCL_NSOCKS_PERTHREAD=2`: every stream between the three
+/// "hosts" runs over 4 sockets, and with 4 MiB buffers payloads of 128 KiB and more are
+/// striped over them.
+#[test]
+fn matrix_striped_over_four_sockets_per_stream() {
+    job_on(
+        3,
+        "matrix",
+        &[
+            ("NCCL_BUFFSIZE", "4194304"),
+            ("NCCL_SOCKET_NTHREADS", "2"),
+            ("NCCL_NSOCKS_PERTHREAD", "2"),
+        ],
+        &["a", "b", "c"],
+    );
+}
+
 #[test]
 fn eight_processes_on_four_hosts_make_progress() {
     job_on(8, "smoke", &[], &["a", "b", "c", "d", "a", "b", "c", "d"]);

@@ -396,7 +396,7 @@ pub const NCCL_SOCKET_NTHREADS: Param = Param {
         suffixes: false,
     },
     default: "1",
-    doc: "socket transport, NVIDIA's meaning: helper threads per connection, each with `NCCL_NSOCKS_PERTHREAD` sockets. Not read yet: here every channel of a link has its own TCP connection (so `NCCL_MIN_CTAS`/`NCCL_MAX_CTAS` set the connections per peer), served by the communicator's one proxy thread",
+    doc: "socket transport: with `NCCL_NSOCKS_PERTHREAD`, the sockets of each stream (a channel of a link between hosts): `NCCL_SOCKET_NTHREADS` x `NCCL_NSOCKS_PERTHREAD`, at most 64 (past it the sockets per thread shrink, as NVIDIA's do, with a `WARN`); a payload over 64 KiB is striped over them in pieces of at least 64 KiB (the last may be shorter). Every rank must use the same product (checked at init). NVIDIA's helper threads are not separate threads here: the communicator's one proxy thread serves every socket with non-blocking I/O",
     scope: Scope::Runtime,
     alias_of: None,
 };
@@ -410,7 +410,7 @@ pub const NCCL_NSOCKS_PERTHREAD: Param = Param {
         suffixes: false,
     },
     default: "1",
-    doc: "socket transport, NVIDIA's meaning: sockets per helper thread (at most 64 per connection with `NCCL_SOCKET_NTHREADS`). Not read yet (see `NCCL_SOCKET_NTHREADS`)",
+    doc: "socket transport, NVIDIA's meaning: sockets per helper thread; see `NCCL_SOCKET_NTHREADS` for the sockets per stream they make",
     scope: Scope::Runtime,
     alias_of: None,
 };

@@ -17,7 +17,10 @@
 //! - a data stream (one channel of a ring, Tree or p2p link): a [`DataHeader`] of 32 bytes
 //!   (payload length, [`DATA_TAG`], the three descriptor words of the FIFO message), then
 //!   the payload; and, the other way, credit frames (32 bytes: a count, a tag, zeros) for
-//!   the messages the receiver consumed ([`StreamFrame`]);
+//!   the messages the receiver consumed ([`StreamFrame`]). A data stream may run over
+//!   several sockets (`NCCL_SOCKET_NTHREADS` x `NCCL_NSOCKS_PERTHREAD`): socket 0 carries
+//!   the headers, the credits and the first piece of each payload, socket `j` the payload's
+//!   piece `j` ([`stripe`]), raw; each socket's hello names its index ([`StreamId::socket`]);
 //! - the control stream (one per pair of ranks): [`Control`] frames of 16 bytes.
 //!
 //! Every field is checked on receipt: a wrong magic, tag, version, communicator, rank or
@@ -48,6 +51,9 @@ pub(crate) const SECRET_BYTES: usize = 16;
 pub(crate) struct StreamId(pub u32);
 
 const KIND_SHIFT: u32 = 24;
+/// Bits 16..24 of a stream id: the socket's index within its stream.
+const SOCKET_SHIFT: u32 = 16;
+const CHANNEL_MASK: u32 = (1 << SOCKET_SHIFT) - 1;
 const RING: u32 = 1;
 const TREE: u32 = 2;
 const TREE_LL: u32 = 3;
@@ -78,19 +84,51 @@ impl StreamId {
     }
 
     fn of(kind: u32, c: usize) -> StreamId {
-        // Channels are at most 32 (Tuning's bound), far below 2^24.
-        StreamId((kind << KIND_SHIFT) | (c as u32 & ((1 << KIND_SHIFT) - 1)))
+        // Channels are at most 32 (Tuning's bound), far below 2^16.
+        StreamId((kind << KIND_SHIFT) | (c as u32 & CHANNEL_MASK))
+    }
+
+    /// Socket `j` (`j < MAX_SOCKETS`) of this data stream; socket 0 is the stream itself.
+    pub(crate) fn socket(self, j: usize) -> StreamId {
+        StreamId((self.0 & !(0xff << SOCKET_SHIFT)) | ((j as u32 & 0xff) << SOCKET_SHIFT))
+    }
+
+    /// This connection's index among its stream's sockets.
+    pub(crate) fn socket_index(self) -> usize {
+        ((self.0 >> SOCKET_SHIFT) & 0xff) as usize
     }
 
     /// Whether a peer may name this stream in its hello.
     pub(crate) fn is_known(self) -> bool {
-        self == Self::CONTROL || (RING..=P2P).contains(&(self.0 >> KIND_SHIFT))
+        self == Self::CONTROL
+            || ((RING..=P2P).contains(&(self.0 >> KIND_SHIFT)) && self.socket_index() < MAX_SOCKETS)
     }
+}
+
+/// Most sockets one data stream may use (NVIDIA's bound on
+/// `NCCL_SOCKET_NTHREADS` x `NCCL_NSOCKS_PERTHREAD`).
+pub(crate) const MAX_SOCKETS: usize = 64;
+
+/// Smallest piece of a payload striped over several sockets (but the last): a payload of
+/// at most this goes whole over socket 0 (NVIDIA's socket transport splits at the same
+/// grain).
+pub(crate) const STRIPE_MIN: usize = 64 * 1024;
+
+/// The bytes of a `len`-byte payload that socket `j` of a `k`-socket stream carries (pure;
+/// both ends compute it from the header's length). Pieces are `max(STRIPE_MIN, len / k)`
+/// rounded up to a cache line, in socket order; sockets past the last piece carry nothing.
+pub(crate) fn stripe(len: usize, k: usize, j: usize) -> std::ops::Range<usize> {
+    if k <= 1 {
+        return if j == 0 { 0..len } else { len..len };
+    }
+    let piece = len.div_ceil(k).max(STRIPE_MIN).next_multiple_of(64);
+    let start = piece.saturating_mul(j).min(len);
+    start..start.saturating_add(piece).min(len)
 }
 
 impl std::fmt::Display for StreamId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let c = self.0 & ((1 << KIND_SHIFT) - 1);
+        let c = self.0 & CHANNEL_MASK;
         match self.0 >> KIND_SHIFT {
             0 => write!(f, "control"),
             RING => write!(f, "ring channel {c}"),
@@ -98,6 +136,10 @@ impl std::fmt::Display for StreamId {
             TREE_LL => write!(f, "tree LL"),
             P2P => write!(f, "p2p channel {c}"),
             k => write!(f, "unknown stream kind {k}"),
+        }?;
+        match self.socket_index() {
+            0 => Ok(()),
+            j => write!(f, " socket {j}"),
         }
     }
 }
@@ -386,6 +428,65 @@ mod tests {
         }
         assert_eq!(StreamId::p2p(7).to_string(), "p2p channel 7");
         assert_eq!(StreamId::CONTROL.to_string(), "control");
+        // The sockets of one stream are distinct streams on the wire, and named.
+        let s = StreamId::ring(31).socket(5);
+        assert_ne!(s, StreamId::ring(31));
+        assert_eq!((s.socket_index(), s.socket(0)), (5, StreamId::ring(31)));
+        assert_eq!(s.to_string(), "ring channel 31 socket 5");
+        assert!(StreamId::p2p(7).socket(MAX_SOCKETS - 1).is_known());
+        assert!(!StreamId::p2p(7).socket(MAX_SOCKETS).is_known());
+        assert!(!StreamId::CONTROL.socket(1).is_known());
+    }
+
+    /// Concatenates the pieces of every socket in order.
+    fn pieces(len: usize, k: usize) -> Vec<std::ops::Range<usize>> {
+        (0..k).map(|j| stripe(len, k, j)).collect()
+    }
+
+    #[test]
+    fn a_striped_payload_is_cut_into_ordered_disjoint_pieces_that_cover_it() {
+        for k in [1, 2, 3, 4, 7, 16, MAX_SOCKETS] {
+            for len in [
+                0,
+                1,
+                63,
+                4096,
+                STRIPE_MIN,
+                2 * STRIPE_MIN - 1,
+                2 * STRIPE_MIN + 1,
+                1 << 20,
+                (4 << 20) + 17,
+                123_456_789,
+            ] {
+                let p = pieces(len, k);
+                let mut at = 0;
+                for r in &p {
+                    assert_eq!(r.start, at.min(len), "k={k} len={len}: {p:?}");
+                    assert!(r.start <= r.end && r.end <= len, "k={k} len={len}: {p:?}");
+                    at = r.end;
+                }
+                assert_eq!(at, len, "k={k} len={len}: pieces do not cover: {p:?}");
+                let used = p.iter().filter(|r| !r.is_empty()).count();
+                if k > 1 && len >= STRIPE_MIN {
+                    // Every piece but the last is at least STRIPE_MIN, and no more pieces
+                    // than sockets are used.
+                    assert!(p[..used - 1].iter().all(|r| r.len() >= STRIPE_MIN));
+                    assert!(used <= k);
+                }
+            }
+        }
+        // A payload of at most one minimum piece goes whole on socket 0.
+        assert_eq!(pieces(STRIPE_MIN, 4)[0], 0..STRIPE_MIN);
+        // 4 MiB over 4 sockets: four equal pieces.
+        assert_eq!(
+            pieces(4 << 20, 4),
+            vec![
+                0..1 << 20,
+                1 << 20..2 << 20,
+                2 << 20..3 << 20,
+                3 << 20..4 << 20
+            ]
+        );
     }
 
     #[test]

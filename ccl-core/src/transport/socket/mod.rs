@@ -5,8 +5,10 @@
 //! (anonymous) memory instead of a peer's `/dev/shm` segment, a doorbell that wakes this
 //! communicator's proxy thread ([`proxy`]) instead of the peer's, and a private word in
 //! place of the peer's poison word. The proxy moves the messages between those FIFOs and
-//! one TCP connection per stream: each channel of a ring, Tree or p2p link, plus one
-//! control connection per pair of ranks ([`frame::StreamId`]).
+//! TCP connections: per stream (each channel of a ring, Tree or p2p link)
+//! `NCCL_SOCKET_NTHREADS` x `NCCL_NSOCKS_PERTHREAD` of them (1 by default; a payload is
+//! striped over them, [`frame::stripe`]), plus one control connection per pair of ranks
+//! ([`frame::StreamId`]).
 //!
 //! Set-up ([`Remote::connect`], collective): each rank listens on the address its
 //! bootstrap connection uses (so `NCCL_SOCKET_IFNAME`/`NCCL_SOCKET_FAMILY` choose the
@@ -33,7 +35,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use frame::{Hello, StreamId, HELLO_BYTES, SECRET_BYTES};
+use frame::{Hello, StreamId, HELLO_BYTES, MAX_SOCKETS, SECRET_BYTES};
 use proxy::{Cmd, DataStream, Inbound, Outbound, Proxy, ProxyLocal};
 
 use crate::bootstrap::Bootstrap;
@@ -57,6 +59,8 @@ pub(crate) struct Remote {
     secret: [u8; SECRET_BYTES],
     /// Which ranks this rank reaches over sockets.
     remote: Vec<bool>,
+    /// Sockets per data stream (the same on every rank, checked at set-up).
+    sockets: usize,
     addrs: Vec<Option<SocketAddr>>,
     listener: TcpListener,
     /// Accepted and checked connections not yet claimed by a set-up step.
@@ -71,24 +75,84 @@ pub(crate) struct Remote {
     proxy: Proxy,
 }
 
-fn encode_offer(secret: &[u8; SECRET_BYTES], addr: SocketAddr) -> Vec<u8> {
-    let mut v = secret.to_vec();
-    v.extend_from_slice(addr.to_string().as_bytes());
+/// What each rank offers at set-up: its secret (rank 0's is the communicator's), its
+/// sockets per data stream, and its listener's address.
+#[derive(Debug, PartialEq, Eq)]
+struct Offer {
+    secret: [u8; SECRET_BYTES],
+    sockets: usize,
+    addr: SocketAddr,
+}
+
+fn encode_offer(o: &Offer) -> Vec<u8> {
+    let mut v = o.secret.to_vec();
+    v.push(o.sockets as u8);
+    v.extend_from_slice(o.addr.to_string().as_bytes());
     v
 }
 
-fn decode_offer(b: &[u8]) -> Result<([u8; SECRET_BYTES], SocketAddr)> {
+fn decode_offer(b: &[u8]) -> Result<Offer> {
     let bad = || CclError::Remote("malformed socket-transport offer from a peer".into());
-    if b.len() <= SECRET_BYTES {
+    if b.len() <= SECRET_BYTES + 1 {
         return Err(bad());
     }
-    let mut s = [0u8; SECRET_BYTES];
-    s.copy_from_slice(&b[..SECRET_BYTES]);
-    let addr = std::str::from_utf8(&b[SECRET_BYTES..])
+    let mut secret = [0u8; SECRET_BYTES];
+    secret.copy_from_slice(&b[..SECRET_BYTES]);
+    let sockets = usize::from(b[SECRET_BYTES]);
+    if !(1..=MAX_SOCKETS).contains(&sockets) {
+        return Err(bad());
+    }
+    let addr = std::str::from_utf8(&b[SECRET_BYTES + 1..])
         .ok()
         .and_then(|t| t.parse().ok())
         .ok_or_else(bad)?;
-    Ok((s, addr))
+    Ok(Offer {
+        secret,
+        sockets,
+        addr,
+    })
+}
+
+/// Sockets per data stream from `NCCL_SOCKET_NTHREADS` and `NCCL_NSOCKS_PERTHREAD` (pure):
+/// their product, and as NVIDIA's socket transport does, at most [`MAX_SOCKETS`]: past it
+/// the sockets per thread shrink to `MAX_SOCKETS / nthreads` (the second value says so,
+/// for a warning).
+fn sockets_per_stream(nthreads: usize, per_thread: usize) -> (usize, Option<String>) {
+    let (t, p) = (nthreads.max(1), per_thread.max(1));
+    if t * p <= MAX_SOCKETS {
+        return (t * p, None);
+    }
+    let p2 = (MAX_SOCKETS / t).max(1);
+    let why = format!(
+        "NCCL_SOCKET_NTHREADS={t} x NCCL_NSOCKS_PERTHREAD={p} exceeds {MAX_SOCKETS} sockets; using {p2} per thread"
+    );
+    (t * p2, Some(why))
+}
+
+/// Every rank must stripe over as many sockets (pure; every rank sees every offer, so a
+/// disagreement fails every rank alike, naming the first rank that differs from rank 0).
+fn check_same_sockets(offers: &[Offer]) -> Result<()> {
+    let Some(first) = offers.first() else {
+        return Ok(());
+    };
+    match offers.iter().enumerate().find(|(_, o)| o.sockets != first.sockets) {
+        None => Ok(()),
+        Some((r, o)) => Err(CclError::usage(format!(
+            "rank {r} uses {} sockets per connection, rank 0 uses {}: set the same NCCL_SOCKET_NTHREADS and NCCL_NSOCKS_PERTHREAD on every rank",
+            o.sockets, first.sockets
+        ))),
+    }
+}
+
+/// [`sockets_per_stream`] from the environment.
+fn sockets_from_env(rank: usize) -> Result<usize> {
+    let t = crate::env::u64_or(&ccl_params::NCCL_SOCKET_NTHREADS, 1)?;
+    let p = crate::env::u64_or(&ccl_params::NCCL_NSOCKS_PERTHREAD, 1)?;
+    let (k, warn) = sockets_per_stream(t as usize, p as usize);
+    if let Some(why) = warn {
+        tracing::warn!(target: "nccl::NET", rank, "socket transport: {why}");
+    }
+    Ok(k)
 }
 
 /// Keep-alive and user timeout on a connection ([`LINK_TIMEOUT`]), `TCP_NODELAY`.
@@ -150,17 +214,26 @@ impl Remote {
         let addr = listener
             .local_addr()
             .map_err(|e| CclError::sys("socket transport: listener address", e))?;
-        let offers = boot.allgather(&encode_offer(&crate::bootstrap::random_nonce(), addr))?;
-        let mut addrs = Vec::with_capacity(n);
-        let mut secret = [0u8; SECRET_BYTES];
-        for (r, b) in offers.iter().enumerate() {
-            let (s, a) =
-                decode_offer(b).map_err(|e| crate::error::with_context(e, &format!("rank {r}")))?;
-            if r == 0 {
-                secret = s;
-            }
-            addrs.push(remote[r].then_some(a));
-        }
+        let sockets = sockets_from_env(me)?;
+        let offers = boot.allgather(&encode_offer(&Offer {
+            secret: crate::bootstrap::random_nonce(),
+            sockets,
+            addr,
+        }))?;
+        let offers = offers
+            .iter()
+            .enumerate()
+            .map(|(r, b)| {
+                decode_offer(b).map_err(|e| crate::error::with_context(e, &format!("rank {r}")))
+            })
+            .collect::<Result<Vec<Offer>>>()?;
+        check_same_sockets(&offers)?;
+        let secret = offers[0].secret;
+        let addrs: Vec<_> = offers
+            .iter()
+            .zip(&remote)
+            .map(|(o, is_remote)| is_remote.then_some(o.addr))
+            .collect();
         let wake = Arc::new(EventFd::new()?);
         let wake_region = Arc::new(ShmRegion::anonymous(CACHE_LINE + 8 * n)?);
         let proxy = Proxy::start(ProxyLocal {
@@ -177,6 +250,7 @@ impl Remote {
             comm_hash: boot.comm_hash(),
             secret,
             remote,
+            sockets,
             addrs,
             listener,
             stash: HashMap::new(),
@@ -236,6 +310,9 @@ impl Remote {
         abort: &AtomicBool,
     ) -> Result<()> {
         let sock = self.stream(peer, id, abort)?;
+        let extra = (1..self.sockets)
+            .map(|j| self.stream(peer, id.socket(j), abort))
+            .collect::<Result<Vec<_>>>()?;
         let wire = Arc::new(AtomicU64::new(0));
         if inb.is_some() {
             self.wire.insert((peer, id), Arc::clone(&wire));
@@ -244,6 +321,7 @@ impl Remote {
             peer,
             id,
             sock,
+            extra,
             out,
             inb,
             wire,
@@ -505,6 +583,7 @@ mod tests {
                 peer: 1,
                 id: StreamId::ring(0),
                 sock,
+                extra: Vec::new(),
                 out: None,
                 inb: Some(Inbound::Fifo(tx)),
                 wire: Arc::clone(&wire),
@@ -515,15 +594,17 @@ mod tests {
 
     type FifoReceiverEnd = crate::transport::shm::FifoReceiver;
 
-    /// A proxy of rank `rank` serving one stream with `peer`.
+    /// A proxy of rank `rank` serving one stream with `peer` over `sock` and `extra`.
     fn proxy_serving(
         rank: usize,
         peer: usize,
-        sock: TcpStream,
+        (sock, extra): (TcpStream, Vec<TcpStream>),
         out: Option<Outbound>,
         inb: Option<Inbound>,
     ) -> Proxy {
-        sock.set_nonblocking(true).unwrap();
+        for s in std::iter::once(&sock).chain(&extra) {
+            s.set_nonblocking(true).unwrap();
+        }
         let (bell, poison) = local_words();
         let wake_region = Arc::new(ShmRegion::anonymous(CACHE_LINE).unwrap());
         let proxy = Proxy::start(ProxyLocal {
@@ -541,6 +622,7 @@ mod tests {
                 peer,
                 id: StreamId::ring(0),
                 sock,
+                extra,
                 out,
                 inb,
                 wire: Default::default(),
@@ -573,8 +655,8 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let a_sock = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (b_sock, _) = listener.accept().unwrap();
-        let a = proxy_serving(0, 1, a_sock, Some(Outbound::Fifo(a_out)), None);
-        let b = proxy_serving(1, 0, b_sock, None, Some(Inbound::Fifo(b_in)));
+        let a = proxy_serving(0, 1, (a_sock, vec![]), Some(Outbound::Fifo(a_out)), None);
+        let b = proxy_serving(1, 0, (b_sock, vec![]), None, Some(Inbound::Fifo(b_in)));
         for i in 0..4u8 {
             let slot = send.try_reserve().expect("a free slot");
             slot[..3].copy_from_slice(&[i, i, i]);
@@ -680,6 +762,170 @@ mod tests {
         );
     }
 
+    /// `k` connected socket pairs on 127.0.0.1: (the ends the test or a sender keeps, the
+    /// accepted ends).
+    fn socket_pairs(k: usize) -> (Vec<TcpStream>, Vec<TcpStream>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        (0..k)
+            .map(|_| {
+                let a = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+                let (b, _) = listener.accept().unwrap();
+                b.set_nonblocking(true).unwrap();
+                (a, b)
+            })
+            .unzip()
+    }
+
+    /// A proxy (rank 0) serving one inbound stream from rank 1 over `k` sockets, with
+    /// 1 MiB slots; the test writes the other ends.
+    fn proxy_with_striped_inbound(k: usize) -> (Proxy, Vec<TcpStream>, FifoReceiverEnd) {
+        let (feeds, mut socks) = socket_pairs(k);
+        let (bell, poison) = local_words();
+        let wake_region = Arc::new(ShmRegion::anonymous(CACHE_LINE).unwrap());
+        let proxy = Proxy::start(ProxyLocal {
+            rank: 0,
+            nranks: 2,
+            exec_bell: bell,
+            poison,
+            wake_bell: Doorbell::new(wake_region, 0).unwrap(),
+            wake: Arc::new(EventFd::new().unwrap()),
+            flush: Duration::from_millis(100),
+        })
+        .unwrap();
+        let layout = FifoLayout::for_buffer(4 << 20, 4).unwrap();
+        let fifo = Arc::new(ShmRegion::anonymous(layout.bytes()).unwrap());
+        let tx = crate::transport::shm::FifoSender::new(Arc::clone(&fifo), 0, layout).unwrap();
+        let rx = crate::transport::shm::FifoReceiver::new(fifo, 0, layout).unwrap();
+        let sock = socks.remove(0);
+        proxy
+            .add(Cmd::Data(Box::new(DataStream {
+                peer: 1,
+                id: StreamId::ring(0),
+                sock,
+                extra: socks,
+                out: None,
+                inb: Some(Inbound::Fifo(tx)),
+                wire: Default::default(),
+            })))
+            .unwrap();
+        (proxy, feeds, rx)
+    }
+
+    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect()
+    }
+
+    /// The wire format of a striped stream, written by hand: a 200,000-byte payload over
+    /// 3 sockets is cut into pieces of 66,688 bytes (200,000 / 3 rounded up to 64), the
+    /// header and piece 0 on socket 0. The pieces are written last-socket first: the
+    /// receiver reassembles whatever the order of arrival.
+    #[test]
+    fn a_payload_striped_by_hand_over_three_sockets_is_reassembled() {
+        let (proxy, mut feeds, mut rx) = proxy_with_striped_inbound(3);
+        let payload = pattern(200_000, 5);
+        let h = DataHeader {
+            len: payload.len(),
+            desc: [4, 5, 6],
+        };
+        feeds[2].write_all(&payload[133_376..]).unwrap();
+        feeds[1].write_all(&payload[66_688..133_376]).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        feeds[0].write_all(&h.encode()).unwrap();
+        feeds[0].write_all(&payload[..66_688]).unwrap();
+        // A short message next: whole on socket 0.
+        let short = DataHeader {
+            len: 3,
+            desc: [7, 7, 7],
+        };
+        feeds[0].write_all(&short.encode()).unwrap();
+        feeds[0].write_all(b"abc").unwrap();
+        wait_messages(&mut rx, 2);
+        let (data, desc) = rx.try_peek_with_desc().unwrap().unwrap();
+        assert_eq!(desc, [4, 5, 6]);
+        assert!(data == &payload[..], "striped payload corrupted");
+        rx.release();
+        let (data, desc) = rx.try_peek_with_desc().unwrap().unwrap();
+        assert_eq!((data, desc), (&b"abc"[..], [7, 7, 7]));
+        assert_eq!(proxy.peers.lost(1), None);
+    }
+
+    #[test]
+    fn a_piece_cut_short_on_an_extra_socket_loses_the_peer_and_delivers_nothing() {
+        let (proxy, mut feeds, mut rx) = proxy_with_striped_inbound(3);
+        let payload = pattern(200_000, 1);
+        let h = DataHeader {
+            len: payload.len(),
+            desc: [1, 2, 3],
+        };
+        feeds[0].write_all(&h.encode()).unwrap();
+        feeds[0].write_all(&payload[..66_688]).unwrap();
+        feeds[1].write_all(&payload[66_688..133_376]).unwrap();
+        feeds[2].write_all(&payload[133_376..140_000]).unwrap();
+        let last = feeds.pop().unwrap();
+        drop(last);
+        let why = lost_within(&proxy.peers, 1).expect("peer marked lost");
+        assert!(
+            why.contains("on socket 2 in the middle of a 200000-byte message (140000 received)"),
+            "{why}"
+        );
+        assert!(
+            rx.try_peek_checked().unwrap().is_none(),
+            "a partial message was delivered"
+        );
+    }
+
+    /// Two proxies joined by a 4-socket stream: payloads of every shape (empty, under one
+    /// piece, one byte over, several pieces, a whole slot) arrive whole, in order, with
+    /// their descriptors, and the sender's slots come back as the receiver consumes.
+    #[test]
+    fn payloads_striped_between_two_proxies_arrive_whole_and_in_order() {
+        use crate::transport::shm::{FifoReceiver, FifoSender};
+        let layout = FifoLayout::for_buffer(4 << 20, 4).unwrap();
+        let fifo = || Arc::new(ShmRegion::anonymous(layout.bytes()).unwrap());
+        let (a_fifo, b_fifo) = (fifo(), fifo());
+        let mut send = FifoSender::new(Arc::clone(&a_fifo), 0, layout).unwrap();
+        let a_out = FifoReceiver::new(a_fifo, 0, layout).unwrap();
+        let b_in = FifoSender::new(Arc::clone(&b_fifo), 0, layout).unwrap();
+        let mut recv = FifoReceiver::new(b_fifo, 0, layout).unwrap();
+        let (mut a_socks, mut b_socks) = socket_pairs(4);
+        let a_first = a_socks.remove(0);
+        let b_first = b_socks.remove(0);
+        let a = proxy_serving(0, 1, (a_first, a_socks), Some(Outbound::Fifo(a_out)), None);
+        let b = proxy_serving(1, 0, (b_first, b_socks), None, Some(Inbound::Fifo(b_in)));
+        let lens = [0, 1, 65_536, 65_537, 200_000, 777_777, layout.slot_bytes];
+        let sender = std::thread::spawn(move || {
+            for (i, len) in lens.into_iter().enumerate() {
+                let t0 = Instant::now();
+                let slot = loop {
+                    if let Some(slot) = send.try_reserve() {
+                        break slot;
+                    }
+                    assert!(
+                        t0.elapsed() < Duration::from_secs(10),
+                        "no slot for message {i}"
+                    );
+                    std::thread::sleep(Duration::from_millis(1));
+                };
+                slot[..len].copy_from_slice(&pattern(len, i as u8));
+                send.commit_with_desc(len, [i as u64, len as u64, 9]);
+            }
+        });
+        for (i, len) in lens.into_iter().enumerate() {
+            wait_until("the next message", || recv.pending() > 0);
+            let (data, desc) = recv.try_peek_with_desc().unwrap().unwrap();
+            assert_eq!(desc, [i as u64, len as u64, 9], "message {i}");
+            assert!(
+                data == &pattern(len, i as u8)[..],
+                "message {i} ({len} bytes) corrupted"
+            );
+            recv.release();
+        }
+        sender.join().unwrap();
+        assert_eq!((a.peers.lost(1), b.peers.lost(0)), (None, None));
+    }
+
     #[test]
     fn a_corrupt_frame_drops_the_connection_and_loses_the_peer() {
         let (proxy, mut feed, mut rx) = proxy_with_inbound();
@@ -728,12 +974,52 @@ mod tests {
     fn offers_round_trip_and_junk_is_an_error() {
         let a: SocketAddr = "10.1.2.3:4567".parse().unwrap();
         let s = *b"0123456789abcdef";
-        assert_eq!(decode_offer(&encode_offer(&s, a)).unwrap(), (s, a));
+        let o = Offer {
+            secret: s,
+            sockets: 8,
+            addr: a,
+        };
+        assert_eq!(decode_offer(&encode_offer(&o)).unwrap(), o);
         let v6: SocketAddr = "[fe80::1%2]:99".parse().unwrap();
-        assert_eq!(decode_offer(&encode_offer(&s, v6)).unwrap().1, v6);
+        let o6 = Offer { addr: v6, ..o };
+        assert_eq!(decode_offer(&encode_offer(&o6)).unwrap().addr, v6);
         assert!(decode_offer(&s).is_err());
         let mut junk = s.to_vec();
+        junk.push(1);
         junk.extend_from_slice(b"not an address");
         assert!(decode_offer(&junk).is_err());
+        // A socket count out of bounds is junk too.
+        for bad in [0, MAX_SOCKETS + 1] {
+            let mut b = encode_offer(&o);
+            b[SECRET_BYTES] = bad as u8;
+            assert!(decode_offer(&b).is_err(), "{bad} sockets accepted");
+        }
+    }
+
+    #[test]
+    fn sockets_per_stream_is_nvidias_product_bounded_at_64() {
+        assert_eq!(sockets_per_stream(1, 1), (1, None));
+        assert_eq!(sockets_per_stream(2, 4), (8, None));
+        assert_eq!(sockets_per_stream(16, 4), (64, None));
+        let (k, warn) = sockets_per_stream(4, 32);
+        assert_eq!(k, 64, "sockets per thread shrink to 64 / 4");
+        assert!(warn.unwrap().contains("using 16 per thread"));
+        assert_eq!(sockets_per_stream(16, 64).0, 64);
+    }
+
+    #[test]
+    fn ranks_that_stripe_differently_fail_naming_the_variables() {
+        let o = |sockets| Offer {
+            secret: [0; SECRET_BYTES],
+            sockets,
+            addr: "127.0.0.1:1".parse().unwrap(),
+        };
+        assert!(check_same_sockets(&[o(4), o(4), o(4)]).is_ok());
+        let e = check_same_sockets(&[o(4), o(4), o(2)]).unwrap_err();
+        assert!(
+            matches!(&e, CclError::InvalidUsage(m) if m.contains("rank 2 uses 2 sockets")
+                && m.contains("rank 0 uses 4") && m.contains("NCCL_NSOCKS_PERTHREAD")),
+            "{e:?}"
+        );
     }
 }

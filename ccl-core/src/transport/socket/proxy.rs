@@ -27,7 +27,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::frame::{Control, DataHeader, StreamFrame, StreamId, CONTROL_BYTES, DATA_HEADER_BYTES};
+use super::frame::{
+    stripe, Control, DataHeader, StreamFrame, StreamId, CONTROL_BYTES, DATA_HEADER_BYTES,
+};
 use crate::error::{CclError, Result};
 use crate::transport::shm::{
     Doorbell, FifoLayout, FifoReceiver, FifoSender, LlReceiver, LlSender, SharedWord,
@@ -88,20 +90,77 @@ impl Inbound {
     }
 }
 
-/// One connection carrying one stream (a channel of a link) with one peer; either side
-/// may be absent (a ring link's connection carries one direction unless the ring has two
-/// ranks).
+/// One stream (a channel of a link) with one peer; either side may be absent (a ring
+/// link's stream carries one direction unless the ring has two ranks). Its first socket
+/// carries the headers, credits and each payload's first piece; `extra` sockets (when
+/// `NCCL_SOCKET_NTHREADS` x `NCCL_NSOCKS_PERTHREAD` > 1) carry the other pieces
+/// ([`stripe`]).
 #[derive(Debug)]
 pub(crate) struct DataStream {
     pub peer: usize,
     pub id: StreamId,
     pub sock: TcpStream,
+    pub extra: Vec<TcpStream>,
     pub out: Option<Outbound>,
     pub inb: Option<Inbound>,
     /// Nanoseconds the inbound messages spent on the wire, summed: from a message's first
     /// byte (or, when the receive FIFO was full, from the moment a slot was free) to its
     /// last. The executor charges the growth to its operation's channel (probe metric).
     pub wire: Arc<AtomicU64>,
+}
+
+impl DataStream {
+    /// Sockets per stream.
+    fn ways(&self) -> usize {
+        1 + self.extra.len()
+    }
+
+    fn shutdown(&self, how: Shutdown) {
+        for s in std::iter::once(&self.sock).chain(&self.extra) {
+            let _ = s.shutdown(how);
+        }
+    }
+}
+
+/// What one socket's share of a message did in one pass.
+enum Io {
+    Done,
+    Blocked,
+    Closed,
+    Failed(std::io::Error),
+}
+
+/// Writes what is left of `piece` (from `*at`) to `sock`.
+fn write_piece(sock: &mut TcpStream, piece: &[u8], at: &mut usize, progress: &mut bool) -> Io {
+    while *at < piece.len() {
+        // std's `write` on a socket is send(2) with MSG_NOSIGNAL.
+        match sock.write(&piece[*at..]) {
+            Ok(0) => return Io::Closed,
+            Ok(n) => {
+                *at += n;
+                *progress = true;
+            }
+            Err(e) if would_block(&e) => return Io::Blocked,
+            Err(e) => return Io::Failed(e),
+        }
+    }
+    Io::Done
+}
+
+/// Reads what is left of `piece` (from `*at`) from `sock`.
+fn read_piece(sock: &mut TcpStream, piece: &mut [u8], at: &mut usize, progress: &mut bool) -> Io {
+    while *at < piece.len() {
+        match sock.read(&mut piece[*at..]) {
+            Ok(0) => return Io::Closed,
+            Ok(n) => {
+                *at += n;
+                *progress = true;
+            }
+            Err(e) if would_block(&e) => return Io::Blocked,
+            Err(e) => return Io::Failed(e),
+        }
+    }
+    Io::Done
 }
 
 /// What the proxy knows of each peer's connection (indexed by rank).
@@ -226,8 +285,12 @@ impl Drop for Proxy {
 
 struct Data {
     s: DataStream,
-    /// Bytes of the current outbound message (header + payload) written so far.
+    /// Payload length of the outbound message being written (`None`: between messages).
+    out_len: Option<usize>,
+    /// Bytes of the current outbound message written so far on the first socket (header +
+    /// first piece) and on each extra socket (its piece).
     sent: usize,
+    extra_sent: Vec<usize>,
     /// Simple-FIFO messages sent whose slots wait for the peer's credit: the executor sees
     /// its send FIFO drain only as fast as the remote executor consumes, as over shared
     /// memory (the wait metrics of the probe then mean the same).
@@ -242,7 +305,9 @@ struct Data {
     hdr_len: usize,
     /// The decoded header of the message being received.
     incoming: Option<DataHeader>,
+    /// Bytes of its first piece received (first socket), and of each extra socket's piece.
     got: usize,
+    extra_got: Vec<usize>,
     /// Inbound side waits for a free slot.
     blocked: bool,
     done: bool,
@@ -256,9 +321,47 @@ impl Data {
         self.s.inb.is_some() || matches!(self.s.out, Some(Outbound::Fifo(_)))
     }
 
-    /// Whether something is half written or owed.
-    fn writing(&self) -> bool {
-        self.sent > 0 || self.credit_frame.is_some() || self.credit_owed > 0
+    /// The events to poll socket `j` of the stream for (0: nothing to do there now).
+    fn poll_events(&self, j: usize) -> libc::c_short {
+        let k = self.s.ways();
+        let mut ev = 0;
+        let reading = match &self.incoming {
+            // Between messages only the first socket has something to read (a header).
+            None => j == 0 && self.reads(),
+            Some(h) => !self.blocked && self.got_on(j) < stripe(h.len, k, j).len(),
+        };
+        if reading {
+            ev |= libc::POLLIN;
+        }
+        let writing = match self.out_len {
+            // Between messages the first socket owes credits.
+            None => j == 0 && (self.credit_frame.is_some() || self.credit_owed > 0),
+            Some(len) => {
+                let header = if j == 0 { DATA_HEADER_BYTES } else { 0 };
+                (j == 0 && self.credit_frame.is_some())
+                    || self.sent_on(j) < header + stripe(len, k, j).len()
+            }
+        };
+        if writing {
+            ev |= libc::POLLOUT;
+        }
+        ev
+    }
+
+    fn got_on(&self, j: usize) -> usize {
+        if j == 0 {
+            self.got
+        } else {
+            self.extra_got[j - 1]
+        }
+    }
+
+    fn sent_on(&self, j: usize) -> usize {
+        if j == 0 {
+            self.sent
+        } else {
+            self.extra_sent[j - 1]
+        }
     }
 
     /// Counts the messages the executor consumed since the last look as credits owed.
@@ -367,8 +470,11 @@ impl Loop {
         loop {
             match self.cmds.try_recv() {
                 Ok(Cmd::Data(s)) => self.data.push(Data {
-                    s: *s,
+                    out_len: None,
                     sent: 0,
+                    extra_sent: vec![0; s.extra.len()],
+                    extra_got: vec![0; s.extra.len()],
+                    s: *s,
                     unacked: 0,
                     credit_owed: 0,
                     consumed_seen: 0,
@@ -433,19 +539,15 @@ impl Loop {
             if d.done {
                 continue;
             }
-            let mut ev = 0;
-            if d.reads() && !d.blocked {
-                ev |= libc::POLLIN;
-            }
-            if d.writing() {
-                ev |= libc::POLLOUT;
-            }
-            if ev != 0 {
-                fds.push(libc::pollfd {
-                    fd: d.s.sock.as_raw_fd(),
-                    events: ev,
-                    revents: 0,
-                });
+            for (j, sock) in std::iter::once(&d.s.sock).chain(&d.s.extra).enumerate() {
+                let ev = d.poll_events(j);
+                if ev != 0 {
+                    fds.push(libc::pollfd {
+                        fd: sock.as_raw_fd(),
+                        events: ev,
+                        revents: 0,
+                    });
+                }
             }
         }
         for c in &self.ctl {
@@ -474,7 +576,7 @@ impl Loop {
     fn fail_data(&mut self, i: usize, why: String) {
         let d = &mut self.data[i];
         d.done = true;
-        let _ = d.s.sock.shutdown(Shutdown::Both);
+        d.s.shutdown(Shutdown::Both);
         tracing::warn!(target: "nccl::NET", rank = self.l.rank,
             "connection to rank {} ({}) failed: {why}", d.s.peer, d.s.id);
         let peer = d.s.peer;
@@ -482,8 +584,6 @@ impl Loop {
         self.ring_exec = true;
     }
 
-    /// Writes what the stream owes its socket: a credit frame between messages, the
-    /// message being written, then the next committed ones.
     /// A data stream's socket ended or failed between frames (the peer destroyed its
     /// communicator, died, or its link went silent): the stream stops. Whether the peer is
     /// lost is the control connection's call (it ends without a goodbye on a death, and
@@ -492,12 +592,14 @@ impl Loop {
     fn end_data(&mut self, i: usize, why: String) {
         let d = &mut self.data[i];
         d.done = true;
-        let _ = d.s.sock.shutdown(Shutdown::Both);
+        d.s.shutdown(Shutdown::Both);
         tracing::debug!(target: "nccl::NET", rank = self.l.rank,
             "connection to rank {} ({}) ended: {why}", d.s.peer, d.s.id);
         self.ring_exec = true;
     }
 
+    /// Writes what the stream owes its sockets: a credit frame between messages, the
+    /// message being written, then the next committed ones.
     fn pump_out(&mut self, i: usize) -> bool {
         let mut progress = false;
         self.data[i].note_consumed();
@@ -527,7 +629,7 @@ impl Loop {
                     }
                 }
             }
-            if d.sent == 0 && d.credit_owed > 0 {
+            if d.out_len.is_none() && d.credit_owed > 0 {
                 let n = u32::try_from(d.credit_owed).unwrap_or(u32::MAX);
                 d.credit_owed -= u64::from(n);
                 d.credit_frame = Some((StreamFrame::credit(n), 0));
@@ -546,21 +648,27 @@ impl Loop {
                     return true;
                 }
             };
-            let hdr = DataHeader {
-                len: payload.len(),
-                desc,
+            let len = payload.len();
+            if d.out_len.is_none() {
+                d.out_len = Some(len);
+                d.sent = 0;
+                d.extra_sent.fill(0);
             }
-            .encode();
-            let total = DATA_HEADER_BYTES + payload.len();
+            let hdr = DataHeader { len, desc }.encode();
+            let k = 1 + d.s.extra.len();
+            // The first socket: the header, then the first piece.
+            let first = &payload[stripe(len, k, 0)];
+            let total = DATA_HEADER_BYTES + first.len();
+            let mut blocked = false;
             while d.sent < total {
                 let r = if d.sent < DATA_HEADER_BYTES {
                     send_vectored(
                         d.s.sock.as_raw_fd(),
-                        &[IoSlice::new(&hdr[d.sent..]), IoSlice::new(payload)],
+                        &[IoSlice::new(&hdr[d.sent..]), IoSlice::new(first)],
                     )
                 } else {
                     // std's `write` on a socket is send(2) with MSG_NOSIGNAL.
-                    d.s.sock.write(&payload[d.sent - DATA_HEADER_BYTES..])
+                    d.s.sock.write(&first[d.sent - DATA_HEADER_BYTES..])
                 };
                 match r {
                     Ok(0) => {
@@ -571,13 +679,42 @@ impl Loop {
                         d.sent += n;
                         progress = true;
                     }
-                    Err(e) if would_block(&e) => return progress,
+                    Err(e) if would_block(&e) => {
+                        blocked = true;
+                        break;
+                    }
                     Err(e) => {
                         self.end_data(i, format!("send failed: {e}"));
                         return true;
                     }
                 }
             }
+            // The other sockets: one piece each, raw.
+            let mut broken = None;
+            for (j, (sock, at)) in d.s.extra.iter_mut().zip(&mut d.extra_sent).enumerate() {
+                match write_piece(sock, &payload[stripe(len, k, j + 1)], at, &mut progress) {
+                    Io::Done => {}
+                    Io::Blocked => blocked = true,
+                    Io::Closed => {
+                        broken = Some(format!(
+                            "connection closed while sending (socket {})",
+                            j + 1
+                        ))
+                    }
+                    Io::Failed(e) => broken = Some(format!("send failed (socket {}): {e}", j + 1)),
+                }
+                if broken.is_some() {
+                    break;
+                }
+            }
+            if let Some(why) = broken {
+                self.end_data(i, why);
+                return true;
+            }
+            if blocked {
+                return progress;
+            }
+            d.out_len = None;
             d.sent = 0;
             match out {
                 // The slot stays taken until the peer's credit (`pump_in`).
@@ -661,6 +798,7 @@ impl Loop {
                         Ok(StreamFrame::Data(h)) => {
                             d.incoming = Some(h);
                             d.got = 0;
+                            d.extra_got.fill(0);
                             h
                         }
                         Err(why) => {
@@ -683,26 +821,40 @@ impl Loop {
             if d.wire_t0.is_none() {
                 d.wire_t0 = Some(Instant::now());
             }
-            while d.got < h.len {
-                match d.s.sock.read(&mut slot[d.got..h.len]) {
-                    Ok(0) => {
-                        let why = format!(
-                            "connection closed in the middle of a {}-byte message ({} received)",
-                            h.len, d.got
-                        );
-                        self.fail_data(i, why);
-                        return true;
+            let k = 1 + d.s.extra.len();
+            let mut blocked = false;
+            let mut broken = None;
+            let socks = std::iter::once(&mut d.s.sock).chain(d.s.extra.iter_mut());
+            let ats = std::iter::once(&mut d.got).chain(d.extra_got.iter_mut());
+            for (j, (sock, at)) in socks.zip(ats).enumerate() {
+                match read_piece(sock, &mut slot[stripe(h.len, k, j)], at, &mut progress) {
+                    Io::Done => continue,
+                    Io::Blocked => {
+                        blocked = true;
+                        continue;
                     }
-                    Ok(n) => {
-                        d.got += n;
-                        progress = true;
-                    }
-                    Err(e) if would_block(&e) => return progress,
-                    Err(e) => {
-                        self.fail_data(i, format!("receive failed: {e}"));
-                        return true;
-                    }
+                    Io::Closed => broken = Some("connection closed".to_string()),
+                    Io::Failed(e) => broken = Some(format!("receive failed: {e}")),
                 }
+                let on = if j == 0 {
+                    String::new()
+                } else {
+                    format!(" on socket {j}")
+                };
+                broken = broken.map(|why| format!("{why}{on}"));
+                break;
+            }
+            if let Some(why) = broken {
+                let got = d.got + d.extra_got.iter().sum::<usize>();
+                let why = format!(
+                    "{why} in the middle of a {}-byte message ({got} received)",
+                    h.len
+                );
+                self.fail_data(i, why);
+                return true;
+            }
+            if blocked {
+                return progress;
             }
             if let Err(e) = inb.commit(&h) {
                 self.fail_data(i, format!("local receive FIFO: {e}"));
@@ -842,7 +994,7 @@ impl Loop {
             let moved = (0..self.data.len()).fold(false, |m, i| self.pump_out(i) | m);
             let pending = self.data.iter().any(|d| {
                 !d.done
-                    && (d.sent > 0
+                    && (d.out_len.is_some()
                         || matches!(&d.s.out, Some(Outbound::Fifo(f)) if f.pending() > d.unacked))
             });
             if !pending || Instant::now() >= deadline {
@@ -864,7 +1016,7 @@ impl Loop {
             std::thread::sleep(Duration::from_micros(200));
         }
         for d in &self.data {
-            let _ = d.s.sock.shutdown(Shutdown::Write);
+            d.s.shutdown(Shutdown::Write);
         }
         for c in &self.ctl {
             let _ = c.sock.shutdown(Shutdown::Write);
