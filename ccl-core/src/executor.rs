@@ -136,6 +136,7 @@ impl WorkerHandle {
     ) -> Result<Self> {
         // A rank with remote peers shares its CPUs with its socket proxy thread as well.
         let spin = spin_budget(shared.nranks, transport.uses_sockets())?;
+        let yield_for = yield_budget()?;
         let tree_steps = crate::tree::steps(shared.rank, shared.nranks);
         let sel = Selection::parse(
             crate::env::var(crate::hostalgo::ENV_ALGO)?.as_deref(),
@@ -153,6 +154,7 @@ impl WorkerHandle {
             seqs: crate::desc::SeqState::default(),
             failure: None,
             spin,
+            yield_for,
             sel,
             tree_steps,
             scratch2: Vec::new(),
@@ -282,6 +284,9 @@ pub(crate) struct Worker {
     /// How long a waiting operation spins before yielding ([`spin_budget`]); no spinning
     /// while a peer last ran on this rank's CPU ([`Worker::spin_now`]).
     spin: Duration,
+    /// How long a waiting operation that does not spin yields before it sleeps
+    /// ([`yield_budget`]).
+    yield_for: Duration,
     /// `NCCL_ALGO` / `NCCL_PROTO` ([`crate::hostalgo`]).
     sel: Selection,
     /// This rank's Tree steps ([`crate::tree::steps`]), computed once.
@@ -708,7 +713,7 @@ impl Worker {
         bell: &crate::transport::shm::Doorbell,
         announced: &mut Option<u32>,
     ) -> Result<()> {
-        let mut backoff = Backoff::with_spin(self.spin);
+        let mut backoff = self.backoff();
         let mut spin_checked = false;
         let mut episode = WaitEpisode::default();
         let mut peer_check = PeerCheck::new(t_start, self.shared.tuning.peer_check);
@@ -765,7 +770,7 @@ impl Worker {
                 // First wait of the operation: no spinning if a peer shares our CPU.
                 spin_checked = true;
                 if self.peer_on_my_cpu() {
-                    backoff = Backoff::new();
+                    backoff = Backoff::with_yield(self.yield_for);
                 }
             }
             match announced.take() {
@@ -1137,7 +1142,7 @@ use crate::op::log_call;
 use tree_exec::tree_counts;
 pub(crate) use tree_exec::{expected_counts, host_choice};
 pub(crate) use wait::read_current;
-use wait::{publish_current, spin_budget, Wait, WaitEpisode};
+use wait::{publish_current, spin_budget, yield_budget, Wait, WaitEpisode};
 
 #[cfg(test)]
 #[path = "executor_tests.rs"]

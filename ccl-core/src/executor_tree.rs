@@ -70,7 +70,7 @@ impl Worker {
         let steps = std::mem::take(&mut self.tree_steps);
         let chunk = message_bytes(op.proto, self.shared.tuning.slot_bytes, op.elem);
         let mut w = Waiter {
-            backoff: Backoff::with_spin(self.spin),
+            backoff: self.backoff(),
             bell: Arc::clone(&self.t.bell),
             announced: None,
             peer_check: PeerCheck::new(op.t_start, self.shared.tuning.peer_check),
@@ -312,7 +312,7 @@ impl Worker {
                 // First wait of the operation: no spinning if a peer shares our CPU.
                 w.spin_checked = true;
                 if self.peer_on_my_cpu() {
-                    w.backoff = Backoff::new();
+                    w.backoff = Backoff::with_yield(self.yield_for);
                 }
             }
             match w.announced.take() {

@@ -504,7 +504,17 @@ pub const CCLD_SPIN_US: Param = Param {
     name: "CCLD_SPIN_US",
     kind: Kind::Int { min: 0, max: u64::MAX, suffixes: true },
     default: "200 when each rank has a core: the ranks (and their socket proxies) fit the process's cores, or the process is bound to one CPU and has no proxy; 0 otherwise",
-    doc: "host backend: how long (microseconds) an operation waiting for a peer spins before it yields and then sleeps on its doorbell; 0 = a few spin hints only. No spinning while a peer last ran on the waiting rank's CPU (bind ranks to CPUs: `ccl-run` does by default)",
+    doc: "host backend: how long (microseconds) an operation waiting for a peer spins before it yields and then sleeps on its doorbell; 0 = no spinning: it yields for `CCLD_YIELD_US`, then sleeps. No spinning while a peer last ran on the waiting rank's CPU (bind ranks to CPUs: `ccl-run` does by default)",
+    scope: Scope::Runtime,
+    alias_of: None,
+};
+
+/// `CCLD_YIELD_US`.
+pub const CCLD_YIELD_US: Param = Param {
+    name: "CCLD_YIELD_US",
+    kind: Kind::Int { min: 0, max: u64::MAX, suffixes: true },
+    default: "1000",
+    doc: "host backend: how long (microseconds) an operation waiting for a peer that does not spin (`CCLD_SPIN_US` 0, the default when the ranks outnumber the cores, or a peer on its CPU) keeps polling between `sched_yield` calls before it sleeps on its doorbell: the peer it waits for gets the core, and no futex wake-up is needed; 0 = 8 yields, then sleep",
     scope: Scope::Runtime,
     alias_of: None,
 };
@@ -844,6 +854,7 @@ pub const ALL: &[&Param] = &[
     &CCLD_BOOTSTRAP_TIMEOUT_S,
     &CCLD_BOOTSTRAP_IP,
     &CCLD_SPIN_US,
+    &CCLD_YIELD_US,
     &CCLD_PEER_CHECK_MS,
     &CCLD_DEVICE_PLANS,
     &CCLD_DISABLE,

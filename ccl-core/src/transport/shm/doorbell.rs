@@ -229,6 +229,10 @@ pub struct Backoff {
     /// Pauses of the current timed spin phase (the clock is read every
     /// [`Backoff::CLOCK_EVERY`]).
     polls: u32,
+    /// Yield phase by time (see [`Backoff::with_yield`]): yield this long before parking.
+    yield_for: std::time::Duration,
+    /// End of the current timed yield phase (set by its first pause).
+    yield_until: Option<std::time::Instant>,
 }
 
 impl Default for Backoff {
@@ -262,6 +266,8 @@ impl Backoff {
             spin: Duration::ZERO,
             spin_until: None,
             polls: 0,
+            yield_for: Duration::ZERO,
+            yield_until: None,
         }
     }
 
@@ -276,10 +282,30 @@ impl Backoff {
         }
     }
 
-    /// Back to spinning; call after progress.
+    /// A back-off that does not spin but yields the core for `yield_for` (wall-clock time)
+    /// before it parks: for a waiter whose peers need its core (more ranks than cores, or a
+    /// peer on its CPU). Each pause offers the core to a runnable peer and polls again as
+    /// soon as the scheduler comes back, with no futex wake-up (an inter-processor
+    /// interrupt, costly in a VM) on either side, as MPI libraries poll when
+    /// oversubscribed. `Duration::ZERO`: [`Backoff::new`] (a few spins and yields).
+    pub fn with_yield(yield_for: Duration) -> Self {
+        let mut b = Backoff {
+            yield_for,
+            ..Self::new()
+        };
+        b.reset();
+        b
+    }
+
+    /// Back to the first phase (spinning, or the timed yield phase); call after progress.
     pub fn reset(&mut self) {
-        self.step = 0;
+        self.step = if self.yield_for.is_zero() {
+            0
+        } else {
+            Self::SPIN_STEPS
+        };
         self.spin_until = None;
+        self.yield_until = None;
         self.polls = 0;
     }
 
@@ -323,6 +349,16 @@ impl Backoff {
             }
             return;
         }
+        if !self.yield_for.is_zero() && self.step == Self::SPIN_STEPS {
+            // Timed yield phase: stay here until the budget is spent, then park.
+            std::thread::yield_now();
+            let now = std::time::Instant::now();
+            let until = *self.yield_until.get_or_insert(now + self.yield_for);
+            if now >= until {
+                self.step = Self::SPIN_STEPS + Self::YIELD_STEPS;
+            }
+            return;
+        }
         if self.step < Self::SPIN_STEPS {
             for _ in 0..(1u32 << self.step) {
                 std::hint::spin_loop();
@@ -345,16 +381,12 @@ impl Backoff {
             }
             return;
         }
-        if self.step < Self::SPIN_STEPS {
-            for _ in 0..(1u32 << self.step) {
-                std::hint::spin_loop();
-            }
-        } else if self.step < Self::SPIN_STEPS + Self::YIELD_STEPS {
-            std::thread::yield_now();
-        } else {
+        if self.is_parking() {
             bell.wait(seen, self.park_duration());
+            self.step = self.step.saturating_add(1);
+        } else {
+            self.pause();
         }
-        self.step = self.step.saturating_add(1);
     }
 }
 
@@ -421,5 +453,33 @@ mod tests {
         assert!(!b.is_parking());
         b.reset();
         assert_eq!(b.step, 0);
+    }
+
+    #[test]
+    fn a_timed_yield_phase_never_spins_and_parks_after_its_budget() {
+        let mut b = Backoff::with_yield(Duration::from_millis(2));
+        assert!(!b.is_timed_spin(), "a yielding waiter does not spin");
+        let t = std::time::Instant::now();
+        let mut pauses = 0;
+        while !b.is_parking() {
+            b.pause();
+            pauses += 1;
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "yield phase never ends"
+            );
+        }
+        assert!(t.elapsed() >= Duration::from_millis(2), "parked early");
+        assert!(pauses > 1, "one yield spent the whole budget?");
+        assert_eq!(b.park_duration(), Backoff::MIN_PARK, "parks start short");
+        // After progress it yields again (no spin phase), with a fresh budget.
+        b.reset();
+        assert_eq!(b.step, Backoff::SPIN_STEPS);
+        assert!(!b.is_parking());
+        b.pause();
+        assert!(!b.is_parking());
+        // No budget: the default back-off.
+        let z = Backoff::with_yield(Duration::ZERO);
+        assert_eq!((z.step, z.is_parking()), (0, false));
     }
 }
