@@ -131,8 +131,12 @@ pub(crate) struct Transport {
     /// message compare the descriptor with theirs, and waiting ranks do not spin while a
     /// peer shares their CPU ([`CURRENT_OFFSET`]).
     pub current: [SharedWord; 4],
-    /// Peers' current-collective words by rank (`None` for this rank).
+    /// Peers' current-collective words by rank (`None` for this rank). For a peer on
+    /// another host they hold what it answered to the last query (`peer_query`).
     pub peer_current: Vec<Option<[SharedWord; 4]>>,
+    /// For a peer on another host: the word that has the socket proxy ask it which
+    /// collective it runs (set it, then ring the peer's doorbell, which wakes the proxy).
+    pub peer_query: Vec<Option<SharedWord>>,
     /// Ring links (empty with one rank).
     pub ring: PeerLinks,
     /// Links of the Tree algorithm by partner (one Simple FIFO and one LL FIFO each way),
@@ -451,6 +455,7 @@ impl Transport {
                 remote.clone(),
                 Arc::clone(&bell),
                 my_poison,
+                current_words(&my_bell_region)?,
             )?)
         } else {
             None
@@ -458,19 +463,23 @@ impl Transport {
         let mut peer_bells = Vec::with_capacity(n);
         let mut peer_poison = Vec::with_capacity(n);
         let mut peer_current = Vec::with_capacity(n);
+        let mut peer_query = Vec::with_capacity(n);
         for p in 0..n {
             if p == me {
                 peer_bells.push(None);
                 peer_poison.push(None);
                 peer_current.push(None);
+                peer_query.push(None);
                 continue;
             }
             if let Some(r) = rem.as_ref().filter(|r| r.is_remote(p)) {
                 peer_bells.push(Some(r.peer_bell()?));
                 peer_poison.push(Some(r.poison_word(p)?));
-                peer_current.push(None);
+                peer_current.push(Some(r.peer_current(p)?));
+                peer_query.push(Some(r.query_word(p)?));
                 continue;
             }
+            peer_query.push(None);
             let region = Arc::new(ShmRegion::open(&name(boot, KIND_BELL, p, p, p))?);
             peer_current.push(Some(current_words(&region)?));
             peer_poison.push(Some(SharedWord::new(Arc::clone(&region), POISON_OFFSET)?));
@@ -509,6 +518,7 @@ impl Transport {
             peer_poison,
             current,
             peer_current,
+            peer_query,
             ring,
             tree: HashMap::default(),
             p2p: HashMap::default(),

@@ -332,7 +332,15 @@ impl Worker {
     /// A rank that waits long for `peer` compares the collective `peer` is running with its
     /// own: the same sequence number with another descriptor is an inconsistent call
     /// (which may run another algorithm, so that no message would ever show it).
+    /// A peer on another host is asked through the socket proxy; its answer is compared
+    /// at the next check (this one compares the previous answer, if any).
     fn check_partner(&mut self, op: &TreeOp<'_>, peer: usize) -> Result<()> {
+        if let Some(Some(query)) = self.t.peer_query.get(peer) {
+            query.get().store(1, Ordering::Release);
+            if let Some(Some(proxy)) = self.t.peer_bells.get(peer) {
+                proxy.ring();
+            }
+        }
         let Some(Some(words)) = self.t.peer_current.get(peer) else {
             return Ok(());
         };

@@ -87,8 +87,8 @@ pub(super) fn default_spin_us(nranks: usize, proxy: bool, cores: usize) -> u64 {
 }
 
 /// Publishes the descriptor of the collective this rank starts (`None`: not a
-/// collective) in its current-collective words, seqlock style: word 0 is cleared, then
-/// words 1 and 2 written, then word 0 set to `seq + 1` (Release). See [`read_current`].
+/// collective) in its current-collective words ([`crate::transport::current`]), and the
+/// CPU it runs on. See [`read_current`].
 pub(super) fn publish_current(
     w: &[crate::transport::shm::SharedWord; 4],
     d: Option<[u64; crate::transport::shm::FifoLayout::DESC_WORDS]>,
@@ -98,12 +98,8 @@ pub(super) fn publish_current(
     // Word 3: the CPU this rank runs on, plus one (0: unknown), for `peer_on_my_cpu`.
     w[3].get()
         .store(u64::try_from(cpu).map_or(0, |c| c + 1), Ordering::Relaxed);
-    w[0].get().store(0, Ordering::Relaxed);
-    std::sync::atomic::fence(Ordering::Release);
     let d = d.unwrap_or([u64::MAX, 0, 0]);
-    w[1].get().store(d[1], Ordering::Relaxed);
-    w[2].get().store(d[2], Ordering::Relaxed);
-    w[0].get().store(d[0].wrapping_add(1), Ordering::Release);
+    crate::transport::current::store(w, [d[0].wrapping_add(1), d[1], d[2]]);
 }
 
 /// A peer's published current-collective descriptor, `None` while it is being rewritten
@@ -111,14 +107,7 @@ pub(super) fn publish_current(
 pub(crate) fn read_current(
     w: &[crate::transport::shm::SharedWord; 4],
 ) -> Option<[u64; crate::transport::shm::FifoLayout::DESC_WORDS]> {
-    let s1 = w[0].get().load(Ordering::Acquire);
-    let (a, b) = (
-        w[1].get().load(Ordering::Relaxed),
-        w[2].get().load(Ordering::Relaxed),
-    );
-    std::sync::atomic::fence(Ordering::Acquire);
-    let s2 = w[0].get().load(Ordering::Relaxed);
-    (s1 != 0 && s1 == s2).then(|| [s1.wrapping_sub(1), a, b])
+    crate::transport::current::load(w).map(|[s, a, b]| [s.wrapping_sub(1), a, b])
 }
 
 /// Outcome of one attempt to run a step.

@@ -680,6 +680,14 @@ fn an_inconsistent_call_fails_every_rank_across_hosts() {
     inconsistent_call_on(&["a", "b", "a", "b"]);
 }
 
+/// Every rank on its own host: no rank can read a Tree partner's current collective
+/// through shared memory, so the rank running the Tree AllReduce asks its partner (which
+/// runs a ring AllGather) through the control connection.
+#[test]
+fn an_inconsistent_call_fails_every_rank_on_four_hosts() {
+    inconsistent_call_on(&["a", "b", "c", "d"]);
+}
+
 fn inconsistent_call_on(hosts: &[&str]) {
     let n = 4;
     let mut job = spawn_job_on(n, "mismatch", &[], hosts);

@@ -21,7 +21,8 @@
 //!   several sockets (`NCCL_SOCKET_NTHREADS` x `NCCL_NSOCKS_PERTHREAD`): socket 0 carries
 //!   the headers, the credits and the first piece of each payload, socket `j` the payload's
 //!   piece `j` ([`stripe`]), raw; each socket's hello names its index ([`StreamId::socket`]);
-//! - the control stream (one per pair of ranks): [`Control`] frames of 16 bytes.
+//! - the control stream (one per pair of ranks): [`Control`] frames of 32 bytes (kind,
+//!   [`CONTROL_TAG`], three value words).
 //!
 //! Every field is checked on receipt: a wrong magic, tag, version, communicator, rank or
 //! secret, or a length over the receiving slot, is an error naming what was wrong, and the
@@ -31,8 +32,9 @@ use crate::transport::shm::FifoLayout;
 
 /// Magic of a [`Hello`] ("CCLDSOK1").
 pub(crate) const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"CCLDSOK1");
-/// Version of this wire format.
-pub(crate) const VERSION: u32 = 1;
+/// Version of this wire format (2: striped streams, 32-byte control frames with the
+/// current-collective query).
+pub(crate) const VERSION: u32 = 2;
 /// Bytes of a [`Hello`].
 pub(crate) const HELLO_BYTES: usize = 48;
 /// Bytes of a [`DataHeader`].
@@ -40,7 +42,7 @@ pub(crate) const DATA_HEADER_BYTES: usize = 32;
 /// Second word of every [`DataHeader`].
 pub(crate) const DATA_TAG: u32 = 0xDA7A_C01D;
 /// Bytes of a [`Control`] frame.
-pub(crate) const CONTROL_BYTES: usize = 16;
+pub(crate) const CONTROL_BYTES: usize = 32;
 /// Second word of every [`Control`] frame.
 const CONTROL_TAG: u32 = 0xC0DE_C01D;
 /// Bytes of the communicator's secret.
@@ -329,21 +331,34 @@ pub(crate) enum Control {
     Poison(u64),
     /// The sender is closing the communicator: the connections that follow close cleanly.
     Bye,
+    /// The sender waits long for the receiver: which collective is the receiver running?
+    Query,
+    /// The answer to a [`Control::Query`]: the sender's current-collective words as its
+    /// executor published them (`executor_wait::publish_current`): word 0 is the
+    /// collective's sequence number plus one, 0 when it runs none (or was rewriting them),
+    /// then the descriptor's two other words.
+    Current([u64; 3]),
 }
 
 const CONTROL_POISON: u32 = 1;
 const CONTROL_BYE: u32 = 2;
+const CONTROL_QUERY: u32 = 3;
+const CONTROL_CURRENT: u32 = 4;
 
 impl Control {
     pub(crate) fn encode(&self) -> [u8; CONTROL_BYTES] {
-        let (kind, value) = match *self {
-            Control::Poison(v) => (CONTROL_POISON, v),
-            Control::Bye => (CONTROL_BYE, 0),
+        let (kind, values) = match *self {
+            Control::Poison(v) => (CONTROL_POISON, [v, 0, 0]),
+            Control::Bye => (CONTROL_BYE, [0; 3]),
+            Control::Query => (CONTROL_QUERY, [0; 3]),
+            Control::Current(w) => (CONTROL_CURRENT, w),
         };
         let mut b = [0u8; CONTROL_BYTES];
         b[0..4].copy_from_slice(&kind.to_le_bytes());
         b[4..8].copy_from_slice(&CONTROL_TAG.to_le_bytes());
-        b[8..16].copy_from_slice(&value.to_le_bytes());
+        for (i, v) in values.iter().enumerate() {
+            b[8 + 8 * i..16 + 8 * i].copy_from_slice(&v.to_le_bytes());
+        }
         b
     }
 
@@ -352,10 +367,13 @@ impl Control {
         if tag != CONTROL_TAG {
             return Err(format!("corrupt control frame (tag {tag:#010x})"));
         }
-        match (u32_at(b, 0), u64_at(b, 8)) {
-            (CONTROL_POISON, v) if v != 0 => Ok(Control::Poison(v)),
-            (CONTROL_BYE, _) => Ok(Control::Bye),
-            (k, v) => Err(format!("unknown control frame (kind {k}, value {v:#x})")),
+        let values = [u64_at(b, 8), u64_at(b, 16), u64_at(b, 24)];
+        match (u32_at(b, 0), values) {
+            (CONTROL_POISON, [v, 0, 0]) if v != 0 => Ok(Control::Poison(v)),
+            (CONTROL_BYE, [0, 0, 0]) => Ok(Control::Bye),
+            (CONTROL_QUERY, [0, 0, 0]) => Ok(Control::Query),
+            (CONTROL_CURRENT, w) => Ok(Control::Current(w)),
+            (k, [v, ..]) => Err(format!("unknown control frame (kind {k}, value {v:#x})")),
         }
     }
 }
@@ -535,7 +553,13 @@ mod tests {
 
     #[test]
     fn control_frames_round_trip_and_reject_junk() {
-        for c in [Control::Poison(0x1234), Control::Bye] {
+        for c in [
+            Control::Poison(0x1234),
+            Control::Bye,
+            Control::Query,
+            Control::Current([8, 0x0102_0304, u64::MAX]),
+            Control::Current([0; 3]),
+        ] {
             assert_eq!(Control::decode(&c.encode()).unwrap(), c);
         }
         assert!(Control::decode(&[0u8; CONTROL_BYTES]).is_err());
@@ -544,5 +568,14 @@ mod tests {
         assert!(Control::decode(&zero_poison)
             .unwrap_err()
             .contains("unknown control"));
+        // Stray values in a frame that has none are junk too.
+        let mut bye = Control::Bye.encode();
+        bye[20] = 1;
+        assert!(Control::decode(&bye).is_err());
+        let mut tag = Control::Query.encode();
+        tag[5] ^= 1;
+        assert!(Control::decode(&tag)
+            .unwrap_err()
+            .contains("corrupt control"));
     }
 }

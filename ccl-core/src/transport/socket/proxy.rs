@@ -9,8 +9,10 @@
 //!   FIFO and reads the payload straight into it, then commits. While the FIFO is full it
 //!   stops reading that socket (TCP's window then slows the sender).
 //! - Control: per remote peer, a stream carrying poison values (an inconsistent call
-//!   detected here or there) and a goodbye at destroy. The end of that stream without a
-//!   goodbye means the peer's process or link is gone ([`PeerStates`]).
+//!   detected here or there), queries for the collective the peer is running (and their
+//!   answers, from the current-collective words its executor publishes) and a goodbye at
+//!   destroy. The end of that stream without a goodbye means the peer's process or link is
+//!   gone ([`PeerStates`]).
 //!
 //! The executor rings the proxy's doorbell (made with [`Doorbell::with_event`]) after a
 //! commit or release on a remote link; the proxy sleeps in `poll` on its sockets and that
@@ -31,6 +33,7 @@ use super::frame::{
     stripe, Control, DataHeader, StreamFrame, StreamId, CONTROL_BYTES, DATA_HEADER_BYTES,
 };
 use crate::error::{CclError, Result};
+use crate::transport::current;
 use crate::transport::shm::{
     Doorbell, FifoLayout, FifoReceiver, FifoSender, LlReceiver, LlSender, SharedWord,
 };
@@ -214,6 +217,11 @@ pub(crate) enum Cmd {
         sock: TcpStream,
         /// The word where this rank's executor stores a poison value for `peer`.
         poison_out: SharedWord,
+        /// Set (non-zero) by this rank's executor to ask which collective `peer` runs.
+        query_in: SharedWord,
+        /// Where the answer goes: `peer`'s current-collective words as this rank's
+        /// executor reads them ([`crate::transport::current`]).
+        current_out: [SharedWord; 4],
     },
 }
 
@@ -236,6 +244,9 @@ pub(crate) struct ProxyLocal {
     pub exec_bell: Arc<Doorbell>,
     /// This rank's poison word (set when a peer sends a poison value).
     pub poison: SharedWord,
+    /// This rank's current-collective words, read to answer a peer's query (`None`: the
+    /// answer is "none").
+    pub current: Option<[SharedWord; 4]>,
     /// The proxy's own doorbell (announced before sleeping), and its eventfd.
     pub wake_bell: Doorbell,
     pub wake: Arc<EventFd>,
@@ -381,6 +392,10 @@ struct Ctl {
     sock: TcpStream,
     poison_out: SharedWord,
     poison_sent: bool,
+    query_in: SharedWord,
+    current_out: [SharedWord; 4],
+    /// A query was sent and its answer has not come yet.
+    query_pending: bool,
     out: Vec<u8>,
     sent: usize,
     buf: [u8; CONTROL_BYTES],
@@ -491,11 +506,16 @@ impl Loop {
                     peer,
                     sock,
                     poison_out,
+                    query_in,
+                    current_out,
                 }) => self.ctl.push(Ctl {
                     peer,
                     sock,
                     poison_out,
                     poison_sent: false,
+                    query_in,
+                    current_out,
+                    query_pending: false,
                     out: Vec::new(),
                     sent: 0,
                     buf: [0; CONTROL_BYTES],
@@ -884,6 +904,10 @@ impl Loop {
                 c.poison_sent = true;
             }
         }
+        if !c.query_pending && c.query_in.get().swap(0, Ordering::AcqRel) != 0 {
+            c.out.extend_from_slice(&Control::Query.encode());
+            c.query_pending = true;
+        }
         if stopping && !c.bye_queued {
             c.out.extend_from_slice(&Control::Bye.encode());
             c.bye_queued = true;
@@ -950,6 +974,17 @@ impl Loop {
                     self.l.exec_bell.ring();
                 }
                 Ok(Control::Bye) => c.bye_seen = true,
+                Ok(Control::Query) => {
+                    let now = self.l.current.as_ref().and_then(current::load);
+                    c.out
+                        .extend_from_slice(&Control::Current(now.unwrap_or([0; 3])).encode());
+                    // Written on the next round (`progress` keeps the proxy awake).
+                    progress = true;
+                }
+                Ok(Control::Current(w)) => {
+                    current::store(&c.current_out, w);
+                    c.query_pending = false;
+                }
                 Err(why) => {
                     c.done = true;
                     let _ = c.sock.shutdown(Shutdown::Both);
