@@ -246,8 +246,20 @@ pub fn enqueue(comm: &Arc<Comm>, args: CollArgs) -> Result<()> {
     });
     match standalone {
         None => Ok(()),
+        Some(v) if !comm.is_device() => run_host_one(comm, v),
         Some(v) => run_batch(vec![(Arc::clone(comm), v, args.stream)]),
     }
+}
+
+/// A call outside a group on the host backend (the common case): one work item, run on
+/// this thread, as [`run_host_batch`] would run a batch of one, without its partitioning.
+fn run_host_one(comm: &Arc<Comm>, v: Valid) -> Result<()> {
+    let item = match v {
+        Valid::Coll(c) => WorkItem::Coll(c),
+        Valid::P2p(p) => WorkItem::P2p(vec![p]),
+    };
+    comm.run_inline(vec![item])
+        .inspect_err(|e| after_failure(comm, e))
 }
 
 /// `ncclGroupStart`.

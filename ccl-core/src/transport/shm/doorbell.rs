@@ -224,7 +224,7 @@ pub struct Backoff {
     step: u32,
     /// Spin phase of [`Backoff::pause`] by time: spin this long before yielding.
     spin: std::time::Duration,
-    /// End of the current timed spin phase (set by the first pause after a reset).
+    /// End of the current timed spin phase (set by the first clock read after a reset).
     spin_until: Option<std::time::Instant>,
     /// Pauses of the current timed spin phase (the clock is read every
     /// [`Backoff::CLOCK_EVERY`]).
@@ -338,8 +338,10 @@ impl Backoff {
             for _ in 0..Self::SPIN_HINTS {
                 std::hint::spin_loop();
             }
+            // The budget starts at the first clock read, after CLOCK_EVERY pauses: a wait
+            // that ends sooner (most, on a quiet machine) reads no clock at all.
             self.polls = self.polls.wrapping_add(1);
-            if self.spin_until.is_some() && self.polls % Self::CLOCK_EVERY != 0 {
+            if self.polls % Self::CLOCK_EVERY != 0 {
                 return;
             }
             let now = std::time::Instant::now();

@@ -419,6 +419,10 @@ struct Loop {
     ring_exec: bool,
 }
 
+/// Most control bytes queued for one peer before further answers to its queries are
+/// dropped (see `pump_ctl`).
+const MAX_CONTROL_BACKLOG: usize = 64 * CONTROL_BYTES;
+
 /// Rounds without progress spent yielding before the proxy sleeps in `poll`.
 const IDLE_YIELDS: u32 = 64;
 /// The longest sleep in `poll` (a lost wake-up costs at most this).
@@ -974,13 +978,16 @@ impl Loop {
                     self.l.exec_bell.ring();
                 }
                 Ok(Control::Bye) => c.bye_seen = true,
-                Ok(Control::Query) => {
+                // A peer has at most one query outstanding: answers piling up unsent (a peer
+                // that asks and never reads) are not queued without bound.
+                Ok(Control::Query) if c.out.len() < MAX_CONTROL_BACKLOG => {
                     let now = self.l.current.as_ref().and_then(current::load);
                     c.out
                         .extend_from_slice(&Control::Current(now.unwrap_or([0; 3])).encode());
                     // Written on the next round (`progress` keeps the proxy awake).
                     progress = true;
                 }
+                Ok(Control::Query) => {}
                 Ok(Control::Current(w)) => {
                     current::store(&c.current_out, w);
                     c.query_pending = false;
