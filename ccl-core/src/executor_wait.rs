@@ -14,7 +14,7 @@ use crate::transport::shm::Backoff;
 /// `CCLD_SPIN_US`: how long (microseconds) an executor waiting for a peer spins before it
 /// yields and then sleeps. Default: [`DEFAULT_SPIN_US`] when each rank has a core of its
 /// own ([`default_spin_us`]), 0 otherwise (oversubscribed: a spinning rank takes the core
-/// its peer needs, so it yields at once, after a few spin hints).
+/// its peer needs, so it yields at once, for [`ENV_YIELD_US`]).
 pub(crate) const ENV_SPIN_US: &ccl_params::Param = &ccl_params::CCLD_SPIN_US;
 
 /// `CCLD_YIELD_US`: how long an executor that does not spin (no spin budget, or a peer on
