@@ -652,20 +652,7 @@ mod tests {
         let feed = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (sock, _) = listener.accept().unwrap();
         sock.set_nonblocking(true).unwrap();
-        let (bell, poison) = local_words();
-        let wake_region = Arc::new(ShmRegion::anonymous(CACHE_LINE).unwrap());
-        let wake = Arc::new(EventFd::new().unwrap());
-        let proxy = Proxy::start(ProxyLocal {
-            rank: 0,
-            nranks: 2,
-            exec_bell: bell,
-            poison,
-            current: None,
-            wake_bell: Doorbell::new(wake_region, 0).unwrap(),
-            wake,
-            flush: Duration::from_millis(100),
-        })
-        .unwrap();
+        let proxy = test_proxy(0);
         let layout = FifoLayout::for_buffer(4096, 4).unwrap();
         let fifo = Arc::new(ShmRegion::anonymous(layout.bytes()).unwrap());
         let tx = crate::transport::shm::FifoSender::new(Arc::clone(&fifo), 0, layout).unwrap();
@@ -687,6 +674,23 @@ mod tests {
 
     type FifoReceiverEnd = crate::transport::shm::FifoReceiver;
 
+    /// A running proxy of rank `rank` (of 2) with private words and no streams yet.
+    fn test_proxy(rank: usize) -> Proxy {
+        let (bell, poison) = local_words();
+        let wake_region = Arc::new(ShmRegion::anonymous(CACHE_LINE).unwrap());
+        Proxy::start(ProxyLocal {
+            rank,
+            nranks: 2,
+            exec_bell: bell,
+            poison,
+            current: None,
+            wake_bell: Doorbell::new(wake_region, 0).unwrap(),
+            wake: Arc::new(EventFd::new().unwrap()),
+            flush: Duration::from_millis(100),
+        })
+        .unwrap()
+    }
+
     /// A proxy of rank `rank` serving one stream with `peer` over `sock` and `extra`.
     fn proxy_serving(
         rank: usize,
@@ -698,19 +702,7 @@ mod tests {
         for s in std::iter::once(&sock).chain(&extra) {
             s.set_nonblocking(true).unwrap();
         }
-        let (bell, poison) = local_words();
-        let wake_region = Arc::new(ShmRegion::anonymous(CACHE_LINE).unwrap());
-        let proxy = Proxy::start(ProxyLocal {
-            rank,
-            nranks: 2,
-            exec_bell: bell,
-            poison,
-            current: None,
-            wake_bell: Doorbell::new(wake_region, 0).unwrap(),
-            wake: Arc::new(EventFd::new().unwrap()),
-            flush: Duration::from_millis(100),
-        })
-        .unwrap();
+        let proxy = test_proxy(rank);
         proxy
             .add(Cmd::Data(Box::new(DataStream {
                 peer,
@@ -733,19 +725,34 @@ mod tests {
         }
     }
 
+    /// The FIFOs of a link between two proxies: the sending executor's end and its proxy's
+    /// end, then the receiving proxy's end and its executor's end.
+    fn fifo_pairs(
+        layout: FifoLayout,
+    ) -> (
+        crate::transport::shm::FifoSender,
+        crate::transport::shm::FifoReceiver,
+        crate::transport::shm::FifoSender,
+        crate::transport::shm::FifoReceiver,
+    ) {
+        use crate::transport::shm::{FifoReceiver, FifoSender};
+        let fifo = || Arc::new(ShmRegion::anonymous(layout.bytes()).unwrap());
+        let (a, b) = (fifo(), fifo());
+        (
+            FifoSender::new(Arc::clone(&a), 0, layout).unwrap(),
+            FifoReceiver::new(a, 0, layout).unwrap(),
+            FifoSender::new(Arc::clone(&b), 0, layout).unwrap(),
+            FifoReceiver::new(b, 0, layout).unwrap(),
+        )
+    }
+
     /// Over shared memory a sender gets a slot back when the receiver consumes a message;
     /// over sockets too (the probe's wait metrics mean the same): a sent message keeps its
     /// slot until the peer's credit.
     #[test]
     fn the_sender_gets_a_slot_back_only_when_the_remote_receiver_consumes() {
-        use crate::transport::shm::{FifoReceiver, FifoSender};
         let layout = FifoLayout::for_buffer(4096, 4).unwrap();
-        let fifo = || Arc::new(ShmRegion::anonymous(layout.bytes()).unwrap());
-        let (a_fifo, b_fifo) = (fifo(), fifo());
-        let mut send = FifoSender::new(Arc::clone(&a_fifo), 0, layout).unwrap();
-        let a_out = FifoReceiver::new(a_fifo, 0, layout).unwrap();
-        let b_in = FifoSender::new(Arc::clone(&b_fifo), 0, layout).unwrap();
-        let mut recv = FifoReceiver::new(b_fifo, 0, layout).unwrap();
+        let (mut send, a_out, b_in, mut recv) = fifo_pairs(layout);
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let a_sock = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (b_sock, _) = listener.accept().unwrap();
@@ -876,35 +883,12 @@ mod tests {
     /// 1 MiB slots; the test writes the other ends.
     fn proxy_with_striped_inbound(k: usize) -> (Proxy, Vec<TcpStream>, FifoReceiverEnd) {
         let (feeds, mut socks) = socket_pairs(k);
-        let (bell, poison) = local_words();
-        let wake_region = Arc::new(ShmRegion::anonymous(CACHE_LINE).unwrap());
-        let proxy = Proxy::start(ProxyLocal {
-            rank: 0,
-            nranks: 2,
-            exec_bell: bell,
-            poison,
-            current: None,
-            wake_bell: Doorbell::new(wake_region, 0).unwrap(),
-            wake: Arc::new(EventFd::new().unwrap()),
-            flush: Duration::from_millis(100),
-        })
-        .unwrap();
         let layout = FifoLayout::for_buffer(4 << 20, 4).unwrap();
         let fifo = Arc::new(ShmRegion::anonymous(layout.bytes()).unwrap());
         let tx = crate::transport::shm::FifoSender::new(Arc::clone(&fifo), 0, layout).unwrap();
         let rx = crate::transport::shm::FifoReceiver::new(fifo, 0, layout).unwrap();
-        let sock = socks.remove(0);
-        proxy
-            .add(Cmd::Data(Box::new(DataStream {
-                peer: 1,
-                id: StreamId::ring(0),
-                sock,
-                extra: socks,
-                out: None,
-                inb: Some(Inbound::Fifo(tx)),
-                wire: Default::default(),
-            })))
-            .unwrap();
+        let first = socks.remove(0);
+        let proxy = proxy_serving(0, 1, (first, socks), None, Some(Inbound::Fifo(tx)));
         (proxy, feeds, rx)
     }
 
@@ -914,6 +898,16 @@ mod tests {
             .collect()
     }
 
+    /// A 200,000-byte payload (`pattern(_, seed)`) and its header.
+    fn message_of_200k(seed: u8, desc: [u64; 3]) -> (Vec<u8>, DataHeader) {
+        let payload = pattern(200_000, seed);
+        let h = DataHeader {
+            len: payload.len(),
+            desc,
+        };
+        (payload, h)
+    }
+
     /// The wire format of a striped stream, written by hand: a 200,000-byte payload over
     /// 3 sockets is cut into pieces of 66,688 bytes (200,000 / 3 rounded up to 64), the
     /// header and piece 0 on socket 0. The pieces are written last-socket first: the
@@ -921,11 +915,7 @@ mod tests {
     #[test]
     fn a_payload_striped_by_hand_over_three_sockets_is_reassembled() {
         let (proxy, mut feeds, mut rx) = proxy_with_striped_inbound(3);
-        let payload = pattern(200_000, 5);
-        let h = DataHeader {
-            len: payload.len(),
-            desc: [4, 5, 6],
-        };
+        let (payload, h) = message_of_200k(5, [4, 5, 6]);
         feeds[2].write_all(&payload[133_376..]).unwrap();
         feeds[1].write_all(&payload[66_688..133_376]).unwrap();
         std::thread::sleep(Duration::from_millis(20));
@@ -951,11 +941,7 @@ mod tests {
     #[test]
     fn a_piece_cut_short_on_an_extra_socket_loses_the_peer_and_delivers_nothing() {
         let (proxy, mut feeds, mut rx) = proxy_with_striped_inbound(3);
-        let payload = pattern(200_000, 1);
-        let h = DataHeader {
-            len: payload.len(),
-            desc: [1, 2, 3],
-        };
+        let (payload, h) = message_of_200k(1, [1, 2, 3]);
         feeds[0].write_all(&h.encode()).unwrap();
         feeds[0].write_all(&payload[..66_688]).unwrap();
         feeds[1].write_all(&payload[66_688..133_376]).unwrap();
@@ -978,14 +964,8 @@ mod tests {
     /// their descriptors, and the sender's slots come back as the receiver consumes.
     #[test]
     fn payloads_striped_between_two_proxies_arrive_whole_and_in_order() {
-        use crate::transport::shm::{FifoReceiver, FifoSender};
         let layout = FifoLayout::for_buffer(4 << 20, 4).unwrap();
-        let fifo = || Arc::new(ShmRegion::anonymous(layout.bytes()).unwrap());
-        let (a_fifo, b_fifo) = (fifo(), fifo());
-        let mut send = FifoSender::new(Arc::clone(&a_fifo), 0, layout).unwrap();
-        let a_out = FifoReceiver::new(a_fifo, 0, layout).unwrap();
-        let b_in = FifoSender::new(Arc::clone(&b_fifo), 0, layout).unwrap();
-        let mut recv = FifoReceiver::new(b_fifo, 0, layout).unwrap();
+        let (mut send, a_out, b_in, mut recv) = fifo_pairs(layout);
         let (mut a_socks, mut b_socks) = socket_pairs(4);
         let a_first = a_socks.remove(0);
         let b_first = b_socks.remove(0);
