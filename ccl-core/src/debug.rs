@@ -355,6 +355,8 @@ impl Logger {
         let (settings, sink, warnings) = read_env(&self.host, self.pid);
         *self.settings.write() = settings;
         *self.sink.lock() = sink;
+        // The level may have changed: recompute the global maximum ([`max_level_hint`]).
+        tracing::callsite::rebuild_interest_cache();
         self.print_warnings(&warnings);
     }
 
@@ -439,6 +441,19 @@ impl tracing::Subscriber for NcclSubscriber {
         } else {
             Interest::never()
         }
+    }
+
+    /// The most verbose level `NCCL_DEBUG` lets through: `tracing` compares every event's
+    /// level with it before anything else, so that with logging off (the default) a call
+    /// site costs one load and compare, not a call of [`Self::enabled`].
+    fn max_level_hint(&self) -> Option<tracing::level_filters::LevelFilter> {
+        use tracing::level_filters::LevelFilter;
+        Some(match self.logger.level() {
+            DebugLevel::None | DebugLevel::Version => LevelFilter::OFF,
+            DebugLevel::Warn => LevelFilter::WARN,
+            DebugLevel::Info => LevelFilter::INFO,
+            DebugLevel::Trace => LevelFilter::TRACE,
+        })
     }
 
     fn enabled(&self, meta: &Metadata<'_>) -> bool {

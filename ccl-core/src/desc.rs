@@ -291,10 +291,7 @@ impl SeqState {
     /// The descriptors of `item` (see [`descriptors`]) and its sequence-space identity for
     /// the probe (collective number, or p2p group count with each call's pair sequence),
     /// advancing the sequences.
-    pub(crate) fn descriptors(
-        &mut self,
-        item: &WorkItem,
-    ) -> (Vec<[u64; FifoLayout::DESC_WORDS]>, probe::OpSeq) {
+    pub(crate) fn descriptors(&mut self, item: &WorkItem) -> (Descs, probe::OpSeq) {
         let seq = self.coll;
         let id = match item {
             WorkItem::Coll(_) => {
@@ -324,6 +321,10 @@ impl SeqState {
         (descs, id)
     }
 }
+
+/// An operation's descriptors by buffer index (a collective's two buffers without an
+/// allocation per call).
+pub(crate) type Descs = smallvec::SmallVec<[[u64; FifoLayout::DESC_WORDS]; 2]>;
 
 /// `id` with the Send/Recv calls of a p2p `item` and the pair sequence numbers of their
 /// descriptors `descs` (same order) added.
@@ -413,7 +414,7 @@ pub(crate) fn descriptors(
     item: &WorkItem,
     coll_seq: u64,
     mut next_pair_seq: impl FnMut(Dir, usize) -> u64,
-) -> Vec<[u64; FifoLayout::DESC_WORDS]> {
+) -> Descs {
     match item {
         WorkItem::Coll(c) => {
             let rooted = matches!(
@@ -429,7 +430,7 @@ pub(crate) fn descriptors(
                 root: if rooted { c.root as i32 } else { -1 },
             }
             .encode();
-            vec![d, d]
+            smallvec::smallvec![d, d]
         }
         WorkItem::P2p(calls) => calls
             .iter()

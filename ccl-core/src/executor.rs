@@ -116,7 +116,7 @@ pub(crate) struct WorkerHandle {
 
 /// Runs `items` on `w`; a panic (a bug) becomes an internal error and breaks the comm,
 /// instead of leaving `group_end` waiting or unwinding into the caller.
-fn run_guarded(w: &Mutex<Worker>, items: Vec<WorkItem>) -> Result<()> {
+fn run_guarded(w: &Mutex<Worker>, items: &[WorkItem]) -> Result<()> {
     let mut g = w.lock();
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| g.run_job(items))).unwrap_or_else(
         |_| {
@@ -165,7 +165,7 @@ impl WorkerHandle {
             .spawn(move || {
                 while let Ok(mut job) = rx.recv() {
                     let items = std::mem::take(&mut job.items);
-                    job.done.set(run_guarded(&st, items));
+                    job.done.set(run_guarded(&st, &items));
                 }
             })
             .map_err(|e| CclError::sys("spawning the communicator worker thread", e))?;
@@ -203,7 +203,7 @@ impl WorkerHandle {
 }
 
 /// Runs a job inline on the calling thread (see [`WorkerHandle`]).
-pub(crate) fn run_inline(state: &Mutex<Worker>, items: Vec<WorkItem>) -> Result<()> {
+pub(crate) fn run_inline(state: &Mutex<Worker>, items: &[WorkItem]) -> Result<()> {
     run_guarded(state, items)
 }
 
@@ -377,8 +377,8 @@ fn is_fatal(e: &CclError) -> bool {
 }
 
 impl Worker {
-    fn run_job(&mut self, items: Vec<WorkItem>) -> Result<()> {
-        for item in &items {
+    fn run_job(&mut self, items: &[WorkItem]) -> Result<()> {
+        for item in items {
             if let Some(e) = &self.broken {
                 return Err(with_context(
                     e.clone(),
@@ -425,7 +425,7 @@ impl Worker {
         self.failure = None;
         // Buffers by index, staging AlltoAll input that overlaps its output.
         let mut staged: Option<Vec<u8>> = None;
-        let bufs: Vec<usize> = match item {
+        let bufs: smallvec::SmallVec<[usize; 2]> = match item {
             WorkItem::Coll(c) => {
                 let mut send = c.sendbuf;
                 if c.kind == CollKind::AlltoAll {
@@ -437,7 +437,7 @@ impl Worker {
                         staged = Some(v);
                     }
                 }
-                vec![send, c.recvbuf]
+                smallvec::smallvec![send, c.recvbuf]
             }
             WorkItem::P2p(calls) => calls.iter().map(|c| c.buf).collect(),
         };
@@ -496,7 +496,7 @@ impl Worker {
                 sh.frame.add_expected(b, lane.channel, send, recv);
             }
             if let (HostAlgo::Tree, WorkItem::Coll(c)) = (algo, item) {
-                let (send, recv) = tree_counts(c, proto, sh.rank, sh.nranks, &sh.tuning);
+                let (send, recv) = tree_counts(c, proto, &self.tree_steps, &sh.tuning);
                 sh.frame.add_expected(b, 0, send, recv);
             }
         }

@@ -401,25 +401,26 @@ pub(crate) fn expected_counts(
     let injecting = crate::env::var(&ccl_params::CCLD_INJECT)?.is_some();
     match (host_choice(item, nranks, t, &sel, injecting), item) {
         ((HostAlgo::Tree, proto), WorkItem::Coll(c)) => {
-            let (send, recv) = tree_counts(c, proto, rank, nranks, t);
+            let steps = crate::tree::steps(rank, nranks);
+            let (send, recv) = tree_counts(c, proto, &steps, t);
             Ok(vec![schedule::ExpectedCounts { send, recv }])
         }
         _ => Ok(super::plan_for(item, rank, nranks, t)?.expected_counts()),
     }
 }
 
-/// Messages a Tree AllReduce sends and receives on `rank` (all on channel 0).
+/// Messages a Tree AllReduce sends and receives on a rank whose Tree steps are `steps`
+/// (all on channel 0).
 pub(super) fn tree_counts(
     c: &CollOp,
     proto: HostProto,
-    rank: usize,
-    nranks: usize,
+    steps: &[crate::tree::TreeStep],
     t: &Tuning,
 ) -> (u64, u64) {
     let es = c.dtype.size();
     let msg = message_bytes(proto, t.slot_bytes, es);
     let chunks = (c.count * es).div_ceil(msg) as u64;
-    let (send, recv) = crate::tree::steps(rank, nranks)
+    let (send, recv) = steps
         .iter()
         .map(|s| s.messages())
         .fold((0, 0), |(a, b), (s, r)| (a + s, b + r));

@@ -258,7 +258,7 @@ fn run_host_one(comm: &Arc<Comm>, v: Valid) -> Result<()> {
         Valid::Coll(c) => WorkItem::Coll(c),
         Valid::P2p(p) => WorkItem::P2p(vec![p]),
     };
-    comm.run_inline(vec![item])
+    comm.run_inline(std::slice::from_ref(&item))
         .inspect_err(|e| after_failure(comm, e))
 }
 
@@ -504,7 +504,7 @@ fn run_host_batch(ops: Vec<(Arc<Comm>, Valid)>) -> Result<()> {
         // One communicator: run on this thread (no hand-off to the worker thread).
         let (comm, items) = jobs.remove(0);
         return comm
-            .run_inline(items)
+            .run_inline(&items)
             .inspect_err(|e| after_failure(&comm, e));
     }
     let mut waits = Vec::with_capacity(jobs.len());

@@ -174,82 +174,69 @@ impl Coll {
         rank: usize,
         n: usize,
     ) -> Vec<Vec<Call>> {
+        let mut phases = Vec::new();
+        self.calls_into(&mut phases, send, recv, param, dtype, op, root, rank, n);
+        phases
+    }
+
+    /// [`Coll::calls`] written into `phases`, reusing its vectors (no allocation per
+    /// operation once they have grown: the timed loop calls this every iteration).
+    #[allow(clippy::too_many_arguments)]
+    pub fn calls_into(
+        self,
+        phases: &mut Vec<Vec<Call>>,
+        send: usize,
+        recv: usize,
+        param: usize,
+        dtype: DataType,
+        op: i32,
+        root: i32,
+        rank: usize,
+        n: usize,
+    ) {
         let t = dtype.nccl();
-        let one = |kind, op, root| {
-            vec![vec![Call {
-                kind,
-                send,
-                recv,
-                count: param,
-                dtype: t,
-                op,
-                root,
-            }]]
+        let call = |kind, send, recv, count, op, root| Call {
+            kind,
+            send,
+            recv,
+            count,
+            dtype: t,
+            op,
+            root,
         };
+        let nphases = match self {
+            Coll::HyperCube => n.next_power_of_two().trailing_zeros() as usize,
+            _ => 1,
+        };
+        phases.resize_with(nphases, Vec::new);
+        phases.iter_mut().for_each(Vec::clear);
+        let one = |kind, op, root| call(kind, send, recv, param, op, root);
         match self {
-            Coll::AllReduce => one(CallKind::AllReduce, op, -1),
-            Coll::Reduce => one(CallKind::Reduce, op, root),
-            Coll::ReduceScatter => one(CallKind::ReduceScatter, op, -1),
-            Coll::Broadcast => one(CallKind::Broadcast, 0, root),
-            Coll::AllGather => one(CallKind::AllGather, 0, -1),
-            Coll::AlltoAll => one(CallKind::AlltoAll, 0, -1),
-            Coll::Gather => one(CallKind::Gather, 0, root),
-            Coll::Scatter => one(CallKind::Scatter, 0, root),
+            Coll::AllReduce => phases[0].push(one(CallKind::AllReduce, op, -1)),
+            Coll::Reduce => phases[0].push(one(CallKind::Reduce, op, root)),
+            Coll::ReduceScatter => phases[0].push(one(CallKind::ReduceScatter, op, -1)),
+            Coll::Broadcast => phases[0].push(one(CallKind::Broadcast, 0, root)),
+            Coll::AllGather => phases[0].push(one(CallKind::AllGather, 0, -1)),
+            Coll::AlltoAll => phases[0].push(one(CallKind::AlltoAll, 0, -1)),
+            Coll::Gather => phases[0].push(one(CallKind::Gather, 0, root)),
+            Coll::Scatter => phases[0].push(one(CallKind::Scatter, 0, root)),
             Coll::SendRecv => {
                 let next = ((rank + 1) % n) as i32;
                 let prev = ((rank + n - 1) % n) as i32;
-                vec![vec![
-                    Call {
-                        kind: CallKind::Send,
-                        send,
-                        recv: 0,
-                        count: param,
-                        dtype: t,
-                        op: 0,
-                        root: next,
-                    },
-                    Call {
-                        kind: CallKind::Recv,
-                        send: 0,
-                        recv,
-                        count: param,
-                        dtype: t,
-                        op: 0,
-                        root: prev,
-                    },
-                ]]
+                phases[0].push(call(CallKind::Send, send, 0, param, 0, next));
+                phases[0].push(call(CallKind::Recv, 0, recv, param, 0, prev));
             }
             Coll::HyperCube => {
                 let bytes = param * dtype.size();
-                let mut phases = Vec::new();
-                let mut mask = 1usize;
-                while mask < n {
+                for (k, phase) in phases.iter_mut().enumerate() {
+                    let mask = 1usize << k;
                     let s = rank & !(mask - 1);
                     let r = s ^ mask;
                     let peer = (rank ^ mask) as i32;
-                    phases.push(vec![
-                        Call {
-                            kind: CallKind::Send,
-                            send: recv + s * bytes,
-                            recv: 0,
-                            count: param * mask,
-                            dtype: t,
-                            op: 0,
-                            root: peer,
-                        },
-                        Call {
-                            kind: CallKind::Recv,
-                            send: 0,
-                            recv: recv + r * bytes,
-                            count: param * mask,
-                            dtype: t,
-                            op: 0,
-                            root: peer,
-                        },
-                    ]);
-                    mask <<= 1;
+                    let count = param * mask;
+                    phase.push(call(CallKind::Send, recv + s * bytes, 0, count, 0, peer));
+                    phase.push(call(CallKind::Recv, 0, recv + r * bytes, count, 0, peer));
                 }
-                phases
             }
         }
     }

@@ -544,9 +544,10 @@ fn report_nccl_early(nccl: &Nccl, host: &str, e: &NcclError) -> i32 {
 }
 
 fn spawn_watchdog(ctx: Arc<Ctx>, limit: Duration) {
+    let mut watch = crate::sync::BusyWatch::new();
     std::thread::spawn(move || loop {
         std::thread::sleep(Duration::from_millis(50));
-        if ctx.busy.longest() > limit {
+        if watch.longest(&ctx.busy) > limit {
             TIMED_OUT.store(true, std::sync::atomic::Ordering::SeqCst);
             let comms: Vec<Comm> = ctx.comms.lock().unwrap_or_else(|e| e.into_inner()).clone();
             let nccl = ctx.nccl.clone();

@@ -99,10 +99,11 @@ impl ThreadSync {
     }
 }
 
-/// Per-thread "busy since" clocks for the -T watchdog (milliseconds since `start` + 1;
-/// 0 = not waiting on the library).
+/// Per-thread busy marks for the -T watchdog, without a clock read on the hot path: each
+/// slot counts its thread's entries into the library (odd while inside, even outside); only
+/// the owning thread writes its slot. The watchdog ([`BusyWatch`]) times how long a slot
+/// stays at the same odd value.
 pub struct Busy {
-    start: Instant,
     slots: Vec<AtomicU64>,
 }
 
@@ -110,42 +111,58 @@ impl Busy {
     /// For `n` threads.
     pub fn new(n: usize) -> Busy {
         Busy {
-            start: Instant::now(),
             slots: (0..n.max(1)).map(|_| AtomicU64::new(0)).collect(),
         }
     }
 
-    /// Marks thread `t` busy until the guard drops.
+    /// Marks thread `t` busy until the guard drops (a nested guard keeps the outer mark).
     pub fn enter(&self, t: usize) -> BusyGuard<'_> {
-        let ms = self.start.elapsed().as_millis() as u64 + 1;
         let slot = &self.slots[t.min(self.slots.len() - 1)];
-        // Nested guards keep the outer start time.
         let prev = slot.load(Ordering::Relaxed);
-        if prev == 0 {
-            slot.store(ms, Ordering::Relaxed);
+        let outer = prev % 2 == 0;
+        if outer {
+            slot.store(prev + 1, Ordering::Relaxed);
         }
-        BusyGuard {
-            slot,
-            outer: prev == 0,
-        }
-    }
-
-    /// The longest current busy period.
-    pub fn longest(&self) -> Duration {
-        let now = self.start.elapsed().as_millis() as u64 + 1;
-        let oldest = self
-            .slots
-            .iter()
-            .map(|s| s.load(Ordering::Relaxed))
-            .filter(|&v| v != 0)
-            .min();
-        oldest
-            .map(|t| Duration::from_millis(now.saturating_sub(t)))
-            .unwrap_or_default()
+        BusyGuard { slot, outer }
     }
 }
 
-/// Clears the busy mark on drop.
+/// The watchdog's view of [`Busy`]: when it first saw each slot's current busy period.
+pub struct BusyWatch {
+    seen: Vec<(u64, Instant)>,
+}
+
+impl BusyWatch {
+    /// A watch with nothing seen yet.
+    pub fn new() -> BusyWatch {
+        BusyWatch { seen: Vec::new() }
+    }
+
+    /// The longest busy period still running, timed from the first sample that saw it (so
+    /// up to one sampling interval short).
+    pub fn longest(&mut self, busy: &Busy) -> Duration {
+        let now = Instant::now();
+        self.seen.resize(busy.slots.len(), (0, now));
+        let mut longest = Duration::ZERO;
+        for (slot, seen) in busy.slots.iter().zip(&mut self.seen) {
+            let v = slot.load(Ordering::Relaxed);
+            if v % 2 == 1 && seen.0 == v {
+                longest = longest.max(now.saturating_duration_since(seen.1));
+            } else {
+                *seen = (v, now);
+            }
+        }
+        longest
+    }
+}
+
+impl Default for BusyWatch {
+    fn default() -> Self {
+        BusyWatch::new()
+    }
+}
+
+/// Ends the busy mark on drop.
 pub struct BusyGuard<'a> {
     slot: &'a AtomicU64,
     outer: bool,
@@ -154,7 +171,8 @@ pub struct BusyGuard<'a> {
 impl Drop for BusyGuard<'_> {
     fn drop(&mut self) {
         if self.outer {
-            self.slot.store(0, Ordering::Relaxed);
+            let v = self.slot.load(Ordering::Relaxed);
+            self.slot.store(v + 1, Ordering::Relaxed);
         }
     }
 }
@@ -200,13 +218,22 @@ mod tests {
     #[test]
     fn busy_tracking() {
         let b = Busy::new(2);
-        assert_eq!(b.longest(), Duration::ZERO);
+        let mut w = BusyWatch::new();
+        assert_eq!(w.longest(&b), Duration::ZERO);
         {
             let _g = b.enter(1);
             let _inner = b.enter(1);
+            assert_eq!(w.longest(&b), Duration::ZERO, "first seen now");
             std::thread::sleep(Duration::from_millis(30));
-            assert!(b.longest() >= Duration::from_millis(25));
+            assert!(w.longest(&b) >= Duration::from_millis(25));
         }
-        assert_eq!(b.longest(), Duration::ZERO);
+        assert_eq!(w.longest(&b), Duration::ZERO, "left the library");
+        // Left and re-entered between two samples: a new period, not one long one.
+        let g = b.enter(1);
+        assert_eq!(w.longest(&b), Duration::ZERO);
+        std::thread::sleep(Duration::from_millis(30));
+        drop(g);
+        let _g = b.enter(1);
+        assert_eq!(w.longest(&b), Duration::ZERO, "a new period");
     }
 }

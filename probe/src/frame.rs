@@ -11,7 +11,7 @@
 //! one writer (the executor, or a kernel) and any number of readers (the diagnostic thread)
 //! share it without locks.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Number of blocks in the frame body (operations in flight that can be told apart).
 pub const FRAME_BLOCKS: usize = 8;
@@ -118,6 +118,14 @@ pub struct Frame {
     /// Base layout words followed by the extension words (see [`EXT_WORDS_PER_CHANNEL`]).
     words: Words,
     n_channels: usize,
+    /// Per block, how many leading channels the writer may have written since the block
+    /// was last reset (every channel from there up is zero), so that `begin_op` resets
+    /// only those: an operation on one channel of a 32-channel frame writes 7 words, not
+    /// 224. Written by the single writer only. A frame over external memory (which a device
+    /// kernel writes) keeps it at the capacity: every reset clears the whole block.
+    dirty: [AtomicUsize; FRAME_BLOCKS],
+    /// External memory: [`Frame::dirty`] is not tracked.
+    external: bool,
 }
 
 /// Called once when a frame over external memory is dropped (frees that memory).
@@ -215,6 +223,8 @@ impl Frame {
                 release: None,
             },
             n_channels,
+            dirty: Default::default(),
+            external: false,
         };
         frame.set_mode(true);
         frame
@@ -256,6 +266,8 @@ impl Frame {
                 release: Some(release),
             },
             n_channels,
+            dirty: std::array::from_fn(|_| AtomicUsize::new(n_channels)),
+            external: true,
         };
         frame.set_mode(true);
         frame
@@ -294,6 +306,7 @@ impl Frame {
     /// Adds `ns` of waiting for upstream data to `channel` of `block` (extension slot).
     #[inline]
     pub fn add_wait_upstream(&self, block: usize, channel: usize, ns: u64) {
+        self.touch(block, channel);
         if channel < self.n_channels {
             let w = &self.words[self.ext_word(block, channel)];
             w.store(w.load(Ordering::Relaxed) + ns, Ordering::Release);
@@ -303,6 +316,7 @@ impl Frame {
     /// Adds `ns` of waiting for a downstream slot to `channel` of `block` (extension slot).
     #[inline]
     pub fn add_wait_downstream(&self, block: usize, channel: usize, ns: u64) {
+        self.touch(block, channel);
         if channel < self.n_channels {
             let w = &self.words[self.ext_word(block, channel) + 1];
             w.store(w.load(Ordering::Relaxed) + ns, Ordering::Release);
@@ -312,6 +326,7 @@ impl Frame {
     /// Adds `ns` of inbound messages on the wire to `channel` of `block` (extension slot).
     #[inline]
     pub fn add_wire(&self, block: usize, channel: usize, ns: u64) {
+        self.touch(block, channel);
         if channel < self.n_channels {
             let w = &self.words[self.ext_word(block, channel) + 4];
             w.store(w.load(Ordering::Relaxed) + ns, Ordering::Release);
@@ -323,6 +338,7 @@ impl Frame {
     /// per lane of the schedule).
     #[inline]
     pub fn add_expected(&self, block: usize, channel: usize, send: u64, recv: u64) {
+        self.touch(block, channel);
         if channel < self.n_channels {
             let w = self.ext_word(block, channel);
             let (s, r) = (&self.words[w + 2], &self.words[w + 3]);
@@ -379,18 +395,38 @@ impl Frame {
     ///
     /// Channels beyond the frame's capacity are clamped (their progress is not recorded).
     pub fn begin_op(&self, comm_id: u64, op_counter: u64, n_channels: usize) -> usize {
-        self.view().begin_op(comm_id, op_counter, n_channels)
+        let block = (op_counter % FRAME_BLOCKS as u64) as usize;
+        let dirty = &self.dirty[block];
+        let written = dirty.load(Ordering::Relaxed);
+        if !self.external {
+            dirty.store(n_channels.min(self.n_channels), Ordering::Relaxed);
+        }
+        self.view()
+            .begin_op(comm_id, op_counter, n_channels, written)
+    }
+
+    /// Notes that the writer writes `channel` of `block` (a channel past the operation's
+    /// own count is still reset before the block is reused).
+    #[inline(always)]
+    fn touch(&self, block: usize, channel: usize) {
+        if let Some(d) = self.dirty.get(block) {
+            if channel >= d.load(Ordering::Relaxed) {
+                d.store(channel + 1, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Adds `n` completed send steps to `channel` of `block`.
     #[inline]
     pub fn add_send(&self, block: usize, channel: usize, n: u64) {
+        self.touch(block, channel);
         self.view().add_count(block, channel, 0, n)
     }
 
     /// Adds `n` completed receive steps to `channel` of `block`.
     #[inline]
     pub fn add_recv(&self, block: usize, channel: usize, n: u64) {
+        self.touch(block, channel);
         self.view().add_count(block, channel, 1, n)
     }
 
@@ -476,10 +512,12 @@ impl<W: FrameWord> View<'_, W> {
             + (block * self.n_channels + channel) * EXT_WORDS_PER_CHANNEL
     }
 
-    fn begin_op(&self, comm_id: u64, op_counter: u64, n_channels: usize) -> usize {
+    /// Starts `op_counter` in its block, resetting the block's first `written` channels
+    /// (the writer guarantees that every channel from `written` up is zero already).
+    fn begin_op(&self, comm_id: u64, op_counter: u64, n_channels: usize, written: usize) -> usize {
         let block = (op_counter % FRAME_BLOCKS as u64) as usize;
         let base = self.block_word(block);
-        for ch in 0..self.n_channels {
+        for ch in 0..written.min(self.n_channels) {
             self.words[base + 2 + 2 * ch].store(0, Ordering::Relaxed);
             self.words[base + 3 + 2 * ch].store(0, Ordering::Relaxed);
             let e = self.ext_word(block, ch);
@@ -632,6 +670,43 @@ mod tests {
     }
 
     #[test]
+    fn a_reset_clears_every_channel_written_since_the_last_one_and_only_those() {
+        let f = Frame::new(4);
+        let full = f.to_bytes();
+        // Operation 0 on 3 channels; operation 8 (same block) on one channel, which also
+        // writes a channel past its own count; operation 16 on one channel again.
+        let b = f.begin_op(7, 0, 3);
+        for ch in 0..3 {
+            f.add_send(b, ch, 5);
+            f.add_wait_upstream(b, ch, 9);
+            f.add_expected(b, ch, 2, 2);
+        }
+        assert_eq!(f.begin_op(7, 8, 1), b);
+        for ch in 0..4 {
+            assert_eq!(f.counts(b, ch), ChannelCounts::default(), "channel {ch}");
+            assert_eq!(f.waits(b, ch), ChannelWaits::default(), "channel {ch}");
+            assert_eq!(f.expected(b, ch), (0, 0), "channel {ch}");
+        }
+        f.add_recv(b, 0, 1);
+        f.add_wire(b, 3, 4);
+        f.begin_op(7, 16, 1);
+        assert_eq!(f.counts(b, 0), ChannelCounts::default());
+        assert_eq!(
+            f.waits(b, 3),
+            ChannelWaits::default(),
+            "written past the count"
+        );
+        // Nothing but the header and the Trace ID differs from a fresh frame's words.
+        let now = f.to_bytes();
+        let block0 = FRAME_HEADER_BYTES..FRAME_HEADER_BYTES + 16;
+        for (i, (a, z)) in now.iter().zip(&full).enumerate() {
+            if i >= FRAME_HEADER_BYTES && !block0.contains(&i) {
+                assert_eq!(a, z, "byte {i}");
+            }
+        }
+    }
+
+    #[test]
     fn extension_slots_lie_after_the_base_layout_and_reset_with_the_block() {
         let f = Frame::new(2);
         let b = f.begin_op(1, 3, 2);
@@ -672,7 +747,6 @@ mod tests {
 
     #[test]
     fn frame_over_external_memory_has_the_same_layout_and_releases_once() {
-        use std::sync::atomic::AtomicUsize;
         use std::sync::Arc;
         let words = Frame::total_bytes(2) / 8;
         let mut mem: Vec<u64> = vec![0xdead_beef; words];
@@ -790,10 +864,10 @@ mod loom_tests {
                     words: &w2[..],
                     n_channels: 1,
                 };
-                let b = v.begin_op(COMM, 0, 1);
+                let b = v.begin_op(COMM, 0, 1, 1);
                 v.add_count(b, 0, 0, 1);
                 v.add_count(b, 0, 0, 1);
-                let b8 = v.begin_op(COMM, 8, 1);
+                let b8 = v.begin_op(COMM, 8, 1, 1);
                 assert_eq!(b8, b, "operation 8 reuses block 0");
                 v.add_count(b8, 0, 0, 1);
             });

@@ -32,6 +32,7 @@ impl Comm {
             abort_flag: Arc::new(AtomicBool::new(false)),
             life: Mutex::new(Life::Initializing),
             life_cv: Condvar::new(),
+            usable_now: AtomicBool::new(false),
             rt: OnceLock::new(),
             init_thread: Mutex::new(None),
             last_error: Mutex::new(None),
@@ -320,6 +321,8 @@ impl Comm {
                 let mut g = self.life.lock();
                 if matches!(*g, Life::Initializing) {
                     *g = Life::Ready;
+                    let broken = self.broken.lock();
+                    self.usable_now.store(broken.is_none(), Ordering::Release);
                 }
                 self.life_cv.notify_all();
                 Ok(())

@@ -147,6 +147,10 @@ pub struct Comm {
     abort_flag: Arc<AtomicBool>,
     life: Mutex<Life>,
     life_cv: Condvar,
+    /// `life` is `Ready` and `broken` is `None`: [`Comm::usable`] without taking either
+    /// lock. Set only under both locks when init completes; cleared under the lock of
+    /// whichever of the two changes.
+    usable_now: AtomicBool,
     rt: OnceLock<Runtime>,
     init_thread: Mutex<Option<JoinHandle<()>>>,
     last_error: Mutex<Option<String>>,
@@ -215,7 +219,10 @@ fn blocking(cfg: &CommConfig) -> Result<bool> {
 impl Comm {
     /// Moves to `l` and wakes every waiter on the life state.
     fn set_life(&self, l: Life) {
-        *self.life.lock() = l;
+        let mut g = self.life.lock();
+        *g = l;
+        self.usable_now.store(false, Ordering::Release);
+        drop(g);
         self.life_cv.notify_all();
     }
 
@@ -227,6 +234,7 @@ impl Comm {
         match &*g {
             Life::Ready => {
                 *g = Life::Finalized;
+                self.usable_now.store(false, Ordering::Release);
                 Ok(())
             }
             Life::Finalized => Err(CclError::usage("communicator already finalized")),
@@ -454,6 +462,7 @@ impl Comm {
         let mut b = self.broken.lock();
         if b.is_none() {
             *b = Some(e.clone());
+            self.usable_now.store(false, Ordering::Release);
         }
     }
 
@@ -467,6 +476,9 @@ impl Comm {
 
     /// Ok when operations may be issued.
     pub(crate) fn usable(&self) -> Result<()> {
+        if self.usable_now.load(Ordering::Acquire) {
+            return Ok(());
+        }
         let broken = self.broken.lock().clone();
         match &*self.life.lock() {
             Life::Ready => broken.map_or(Ok(()), Err),
@@ -490,7 +502,7 @@ impl Comm {
     }
 
     /// Runs a job on the calling thread (a batch involving only this communicator).
-    pub(crate) fn run_inline(&self, items: Vec<crate::op::WorkItem>) -> Result<()> {
+    pub(crate) fn run_inline(&self, items: &[crate::op::WorkItem]) -> Result<()> {
         let rt = self.ready_runtime()?;
         let state = match &*rt.worker.lock() {
             Some(w) => w.inline(),

@@ -256,3 +256,20 @@ fn block_conversions_match_element_conversions() {
     conversions_match::<E4M3>(1 << 8, &mut rng);
     conversions_match::<E5M2>(1 << 8, &mut rng);
 }
+
+#[test]
+fn min_and_max_answer_zeros_of_opposite_sign_one_way_and_ignore_nan() {
+    use super::kinds::{max_f32, min_f32, Kind, F64};
+    let bits = |x: f32| x.to_bits();
+    for (a, b) in [(0.0f32, -0.0f32), (-0.0, 0.0)] {
+        assert_eq!(bits(min_f32(a, b)), bits(-0.0), "min({a}, {b})");
+        assert_eq!(bits(max_f32(a, b)), bits(0.0), "max({a}, {b})");
+    }
+    assert_eq!(F64::min(0.0, -0.0).to_bits(), (-0.0f64).to_bits());
+    assert_eq!(F64::max(-0.0, 0.0).to_bits(), 0.0f64.to_bits());
+    assert_eq!((min_f32(f32::NAN, 1.0), min_f32(1.0, f32::NAN)), (1.0, 1.0));
+    assert_eq!((max_f32(f32::NAN, 2.0), max_f32(2.0, f32::NAN)), (2.0, 2.0));
+    assert!(min_f32(f32::NAN, f32::NAN).is_nan());
+    assert_eq!((min_f32(1.0, 2.0), max_f32(1.0, 2.0)), (1.0, 2.0));
+    assert_eq!((min_f32(-3.0, -3.0), max_f32(5.5, 5.5)), (-3.0, 5.5));
+}

@@ -14,6 +14,8 @@ struct Thread<'a> {
     bw_count: usize,
     errors: u64,
     rep: u64,
+    /// Each rank's calls of the operation being started, reused from call to call.
+    phases: Vec<Vec<Vec<Call>>>,
 }
 
 pub(super) fn thread_main(
@@ -84,6 +86,7 @@ pub(super) fn thread_main(
         bw_sum: 0.0,
         bw_count: 0,
         errors: 0,
+        phases: Vec::new(),
         rep: 0,
     };
     th.device_report();
@@ -406,9 +409,10 @@ impl Thread<'_> {
             .max(1);
         let shift = total * (iter % steps) + a.unalign.max(0) as usize * elt;
         let n = ctx.nranks;
-        let mut phases: Vec<Vec<Vec<Call>>> = Vec::new();
+        let mut phases = std::mem::take(&mut self.phases);
+        phases.resize_with(self.ranks.len(), Vec::new);
         let mut created_ops: Vec<(Comm, i32)> = Vec::new();
-        for r in &mut self.ranks {
+        for (r, rank_phases) in self.ranks.iter_mut().zip(&mut phases) {
             let recv = r.recv.addr() + shift;
             let send = r.send.addr() + shift;
             let (s, d) = if in_place {
@@ -450,9 +454,16 @@ impl Thread<'_> {
                     cuda_try!(ctx, r.recv.write(dst - rb, &data));
                 }
             }
-            phases.push(
-                ctx.coll
-                    .calls(s, d, c.param, self.dtype, raw_op, root as i32, r.rank, n),
+            ctx.coll.calls_into(
+                rank_phases,
+                s,
+                d,
+                c.param,
+                self.dtype,
+                raw_op,
+                root as i32,
+                r.rank,
+                n,
             );
         }
         let nph = phases.first().map(|p| p.len()).unwrap_or(0);
@@ -471,6 +482,7 @@ impl Thread<'_> {
                 nccl_try!(ctx, ctx.nccl.group_end());
             }
         }
+        self.phases = phases;
         for (comm, o) in created_ops {
             nccl_try!(ctx, ctx.nccl.destroy_redop(o, comm));
         }
@@ -571,7 +583,8 @@ impl Thread<'_> {
         let mut iter_times = Vec::new();
         let t0 = Instant::now();
         for iter in 0..a.iters as usize {
-            let ti = Instant::now();
+            // No clock read per iteration unless it is timed on its own (-G 1).
+            let ti = per_iter.then(Instant::now);
             let agg = a.agg_iters as usize;
             if agg > 1 {
                 let _g = ctx.busy.enter(self.t);
@@ -586,7 +599,7 @@ impl Thread<'_> {
             }
             if per_iter || a.blocking == 3 {
                 self.complete();
-                if per_iter {
+                if let Some(ti) = ti {
                     iter_times.push(ti.elapsed().as_secs_f64() * 1e6 / agg as f64);
                 }
                 if a.blocking == 3 {
