@@ -159,28 +159,11 @@ impl Coll {
         (alg, alg * factor)
     }
 
-    /// The NCCL calls of one operation as phases; each phase is one group (phases run in
-    /// order). `send`/`recv` are the addresses to use (already offset for in-place).
-    /// Hypercube's first, local copy is not a call: see [`Coll::local_copy`].
-    #[allow(clippy::too_many_arguments)]
-    pub fn calls(
-        self,
-        send: usize,
-        recv: usize,
-        param: usize,
-        dtype: DataType,
-        op: i32,
-        root: i32,
-        rank: usize,
-        n: usize,
-    ) -> Vec<Vec<Call>> {
-        let mut phases = Vec::new();
-        self.calls_into(&mut phases, send, recv, param, dtype, op, root, rank, n);
-        phases
-    }
-
-    /// [`Coll::calls`] written into `phases`, reusing its vectors (no allocation per
-    /// operation once they have grown: the timed loop calls this every iteration).
+    /// The NCCL calls of one operation as phases, written into `phases` (reusing its vectors:
+    /// no allocation per operation once they have grown, as the timed loop calls this every
+    /// iteration); each phase is one group (phases run in order). `send`/`recv` are the
+    /// addresses to use (already offset for in-place). Hypercube's first, local copy is not
+    /// a call: see [`Coll::local_copy`].
     #[allow(clippy::too_many_arguments)]
     pub fn calls_into(
         self,
@@ -364,7 +347,11 @@ mod tests {
             let mut have: Vec<Vec<bool>> =
                 (0..n).map(|r| (0..n).map(|b| b == r).collect()).collect();
             let phases: Vec<_> = (0..n)
-                .map(|r| Coll::HyperCube.calls(0, 0, 1, DataType::Int8, 0, -1, r, n))
+                .map(|r| {
+                    let mut ph = Vec::new();
+                    Coll::HyperCube.calls_into(&mut ph, 0, 0, 1, DataType::Int8, 0, -1, r, n);
+                    ph
+                })
                 .collect();
             #[allow(clippy::needless_range_loop)]
             for k in 0..phases[0].len() {
@@ -387,7 +374,13 @@ mod tests {
 
     #[test]
     fn sendrecv_ring_peers() {
-        let ph = Coll::SendRecv.calls(1, 2, 3, DataType::Float, 0, 0, 0, 4);
+        let mut ph = vec![vec![]; 3];
+        Coll::SendRecv.calls_into(&mut ph, 1, 2, 3, DataType::Float, 0, 0, 0, 4);
+        assert_eq!(
+            (ph.len(), ph[0].len()),
+            (1, 2),
+            "reused vectors cut to one phase"
+        );
         assert_eq!(ph[0][0].root, 1);
         assert_eq!(ph[0][1].root, 3);
     }

@@ -121,11 +121,9 @@ pub struct Frame {
     /// Per block, how many leading channels the writer may have written since the block
     /// was last reset (every channel from there up is zero), so that `begin_op` resets
     /// only those: an operation on one channel of a 32-channel frame writes 7 words, not
-    /// 224. Written by the single writer only. A frame over external memory (which a device
-    /// kernel writes) keeps it at the capacity: every reset clears the whole block.
+    /// 224. Written by the single writer only. Not used for a frame over external memory
+    /// (which a device kernel writes): every reset there clears the whole block.
     dirty: [AtomicUsize; FRAME_BLOCKS],
-    /// External memory: [`Frame::dirty`] is not tracked.
-    external: bool,
 }
 
 /// Called once when a frame over external memory is dropped (frees that memory).
@@ -224,7 +222,6 @@ impl Frame {
             },
             n_channels,
             dirty: Default::default(),
-            external: false,
         };
         frame.set_mode(true);
         frame
@@ -266,8 +263,7 @@ impl Frame {
                 release: Some(release),
             },
             n_channels,
-            dirty: std::array::from_fn(|_| AtomicUsize::new(n_channels)),
-            external: true,
+            dirty: Default::default(),
         };
         frame.set_mode(true);
         frame
@@ -396,11 +392,15 @@ impl Frame {
     /// Channels beyond the frame's capacity are clamped (their progress is not recorded).
     pub fn begin_op(&self, comm_id: u64, op_counter: u64, n_channels: usize) -> usize {
         let block = (op_counter % FRAME_BLOCKS as u64) as usize;
-        let dirty = &self.dirty[block];
-        let written = dirty.load(Ordering::Relaxed);
-        if !self.external {
+        let written = if self.words.release.is_some() {
+            // External memory: the kernel's writes are not tracked.
+            self.n_channels
+        } else {
+            let dirty = &self.dirty[block];
+            let written = dirty.load(Ordering::Relaxed);
             dirty.store(n_channels.min(self.n_channels), Ordering::Relaxed);
-        }
+            written
+        };
         self.view()
             .begin_op(comm_id, op_counter, n_channels, written)
     }

@@ -107,9 +107,13 @@ macro_rules! native_float_kind {
             fn mul(a: $t, b: $t) -> $t {
                 a * b
             }
+            // fmax/fmin semantics (a NaN operand is ignored when the other is a number) with
+            // one answer for equal operands: Max gives +0 and Min -0 for a -0/+0 pair, as
+            // IEEE 754-2019's maximum/minimum order them. `f32::min` leaves that pair open,
+            // and LLVM's scalar and vector code answer it differently, so the block path
+            // would not match the element-at-a-time reference.
             #[inline(always)]
             fn max(a: $t, b: $t) -> $t {
-                // fmax semantics: a NaN operand is ignored when the other is a number.
                 if a == b {
                     <$t>::from_bits(a.to_bits() & b.to_bits())
                 } else {
@@ -130,21 +134,6 @@ macro_rules! native_float_kind {
             }
         }
     };
-}
-
-/// `fmin` (a NaN operand is ignored when the other is a number) with one answer for
-/// equal operands: `-0` for `-0` and `+0`, as IEEE 754-2019's `minimum` orders them.
-/// `f32::min` leaves that case open, and LLVM's scalar and vector code answer it
-/// differently, so the block path would not match the element-at-a-time reference.
-#[inline(always)]
-pub(crate) fn min_f32(a: f32, b: f32) -> f32 {
-    F32::min(a, b)
-}
-
-/// `fmax` with `+0` for `-0` and `+0` (see [`min_f32`]).
-#[inline(always)]
-pub(crate) fn max_f32(a: f32, b: f32) -> f32 {
-    F32::max(a, b)
 }
 
 native_float_kind!(F32, f32);
@@ -180,11 +169,11 @@ macro_rules! small_float_kind {
             }
             #[inline(always)]
             fn max(a: f32, b: f32) -> f32 {
-                max_f32(a, b)
+                F32::max(a, b)
             }
             #[inline(always)]
             fn min(a: f32, b: f32) -> f32 {
-                min_f32(a, b)
+                F32::min(a, b)
             }
             #[inline(always)]
             fn div(a: f32, _n: u32) -> f32 {

@@ -17,7 +17,7 @@ use super::convert::{
     bf16_bits_to_f32, e4m3_to_f32, e5m2_to_f32, f16_bits_to_f32, f32_to_e4m3, f32_to_e5m2,
     f32_to_f16_bits,
 };
-use super::kinds::{self, Kind, BF16, E4M3, E5M2, F16};
+use super::kinds::{Kind, BF16, E4M3, E5M2, F16, F32};
 
 /// Elements per block.
 pub(crate) const B: usize = 32;
@@ -132,9 +132,9 @@ impl Lanes for E5M2 {
 pub(crate) enum LaneOp {
     Add,
     Mul,
-    /// `fmax` semantics, `+0` for `-0` and `+0` ([`kinds::max_f32`]).
+    /// `fmax` semantics, `+0` for `-0` and `+0` (`F32::max`).
     Max,
-    /// `fmin` semantics, `-0` for `-0` and `+0` ([`kinds::min_f32`]).
+    /// `fmin` semantics, `-0` for `-0` and `+0` (`F32::min`).
     Min,
     /// `x + round(y * s)`: PreMulSum's combine with the local input `y`.
     PreMulAdd(f32),
@@ -291,8 +291,8 @@ unsafe fn map2_op<C: Codec>(op: LaneOp, dst: &mut [u8], a: &[u8], b: &[u8]) {
         match op {
             LaneOp::Add => map2_with::<C>(dst, a, b, |x, y| x + y),
             LaneOp::Mul => map2_with::<C>(dst, a, b, |x, y| x * y),
-            LaneOp::Max => map2_with::<C>(dst, a, b, kinds::max_f32),
-            LaneOp::Min => map2_with::<C>(dst, a, b, kinds::min_f32),
+            LaneOp::Max => map2_with::<C>(dst, a, b, F32::max),
+            LaneOp::Min => map2_with::<C>(dst, a, b, F32::min),
             LaneOp::PreMulAdd(s) => map2_with::<C>(dst, a, b, move |x, y| x + C::K::round1(y * s)),
         }
     }
@@ -307,8 +307,8 @@ unsafe fn update2_op<C: Codec>(op: LaneOp, acc: &mut [u8], b: &[u8]) {
         match op {
             LaneOp::Add => update2_with::<C>(acc, b, |x, y| x + y),
             LaneOp::Mul => update2_with::<C>(acc, b, |x, y| x * y),
-            LaneOp::Max => update2_with::<C>(acc, b, kinds::max_f32),
-            LaneOp::Min => update2_with::<C>(acc, b, kinds::min_f32),
+            LaneOp::Max => update2_with::<C>(acc, b, F32::max),
+            LaneOp::Min => update2_with::<C>(acc, b, F32::min),
             LaneOp::PreMulAdd(s) => update2_with::<C>(acc, b, move |x, y| x + C::K::round1(y * s)),
         }
     }

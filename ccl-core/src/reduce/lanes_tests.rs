@@ -259,7 +259,8 @@ fn block_conversions_match_element_conversions() {
 
 #[test]
 fn min_and_max_answer_zeros_of_opposite_sign_one_way_and_ignore_nan() {
-    use super::kinds::{max_f32, min_f32, Kind, F64};
+    use super::kinds::{Kind, F32, F64};
+    let (min_f32, max_f32) = (F32::min, F32::max);
     let bits = |x: f32| x.to_bits();
     for (a, b) in [(0.0f32, -0.0f32), (-0.0, 0.0)] {
         assert_eq!(bits(min_f32(a, b)), bits(-0.0), "min({a}, {b})");
