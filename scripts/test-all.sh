@@ -21,8 +21,9 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   fi
   export PATH="$PWD/.cache/cargo/bin:$PATH"
 fi
-# Device builds (CUDA kernels, ROCm librccl.so.1) and their GPU-free tests.
-scripts/gpu/ci-device-build.sh --no-install
+# Device builds (CUDA kernels, ROCm librccl.so.1) and their GPU-free tests; ccl-core's
+# device unit tests run in the workspace run below (after the ROCm build they check).
+scripts/gpu/ci-device-build.sh --no-install --lib-tests-later
 # Everything else. The dev profile optimises dependencies (Cargo.toml), which is enough
 # for the multi-rank tests and saves a second full build in release mode.
 cargo build --workspace

@@ -325,3 +325,33 @@ fn big_7_ranks() {
 fn big_8_ranks() {
     run_matrix(8, true);
 }
+
+/// The block-wise output check finds the first wrong element wherever it is: in the first
+/// period, past the first compared block, in the last partial block, for a start index
+/// that is not a multiple of the period.
+#[test]
+fn the_output_check_finds_the_first_wrong_element() {
+    let es = 4;
+    let table: Vec<u8> = (0..PERIOD * es).map(|b| (b * 7 + 1) as u8).collect();
+    let start = 17;
+    let len = 64 * PERIOD * 3 + 11; // three whole blocks and a partial one
+    let mut out = vec![0u8; len * es];
+    for k in 0..len {
+        let i = (start + k) % PERIOD;
+        out[k * es..(k + 1) * es].copy_from_slice(&table[i * es..(i + 1) * es]);
+    }
+    assert_eq!(first_mismatch(&out, &table, start, es), None);
+    assert_eq!(first_mismatch(&out, &table, start + 1, es), Some(0));
+    for wrong in [0, 5, PERIOD - 1, 64 * PERIOD, 64 * PERIOD * 2 + 3, len - 1] {
+        let mut bad = out.clone();
+        bad[wrong * es + 2] ^= 0x10;
+        assert_eq!(
+            first_mismatch(&bad, &table, start, es),
+            Some(wrong),
+            "wrong element {wrong}"
+        );
+        let mut two = bad.clone();
+        two[(len - 1) * es] ^= 1;
+        assert_eq!(first_mismatch(&two, &table, start, es), Some(wrong));
+    }
+}

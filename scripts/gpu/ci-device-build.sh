@@ -7,7 +7,10 @@
 #      to host-only fail (the `cuda` feature would do the same but changes the crate's
 #      fingerprint, so the workspace build would compile the kernels a second time);
 #   3. the ROCm build target/rocm/librccl.so.1 (hipcc, gfx90a), then ccl-core's device
-#      tests (lowering, emulator, CUDA and HIP element arithmetic vs Reducer);
+#      tests (lowering, emulator, CUDA and HIP element arithmetic vs Reducer), unless
+#      --lib-tests-later says that the caller runs ccl-core's unit tests itself afterwards
+#      (scripts/test-all.sh: its workspace run includes them; compiling them here too cost
+#      CI about 3 minutes for nothing new);
 #   4. the device runtime's correctness matrix (examples/device_matrix --quick: every
 #      collective x Float32/Int32 x Sum/Max/Avg x 1/2/4/8 ranks as threads, device
 #      buffers, probe counters) on the CPU emulator (CCLD_DEVICE_EMULATION=1), debug build,
@@ -26,14 +29,25 @@
 #      (target/release/examples/device_selftest, device_matrix; not needed by CI).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-if [ "${1:-}" != "--no-install" ]; then
+install=1
+lib_tests=1
+for arg in "$@"; do
+  case "$arg" in
+    --no-install) install=0 ;;
+    --lib-tests-later) lib_tests=0 ;;
+    *) echo "ci-device-build: unknown argument '$arg' (known: --no-install, --lib-tests-later)" >&2; exit 2 ;;
+  esac
+done
+if [ "$install" = 1 ]; then
   scripts/install-toolchains.sh
 fi
 t0=$(date +%s)
 CCLD_EXPECT_CUDA=1 cargo test -p kernels
 # ROCm before ccl-core's device tests: they also check the HIP build's element arithmetic.
 scripts/gpu/build-rocm.sh
-cargo test -p ccl-core --lib device::
+if [ "$lib_tests" = 1 ]; then
+  cargo test -p ccl-core --lib device::
+fi
 # The runtime's matrix on the emulator (same dev profile as the tests above).
 export CCLD_BOOTSTRAP_IP=${CCLD_BOOTSTRAP_IP:-127.0.0.1}
 CCLD_DEVICE_EMULATION=1 timeout 300 cargo run -q -p ccl-core --example device_matrix -- --quick

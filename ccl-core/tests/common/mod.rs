@@ -196,14 +196,48 @@ pub const PERIOD: usize = 60;
 /// Fills `buf` (elements of `dt`) with rank `r`'s inputs starting at input index `base`.
 pub fn fill(dt: DataType, red: Red, r: usize, base: usize, buf: &mut [u8]) {
     let es = dt.size();
-    let mut table = vec![0u8; PERIOD * es];
-    for i in 0..PERIOD {
-        enc(dt, input(dt, red, r, i), &mut table[i * es..]);
+    let len = buf.len() / es * es;
+    let head = len.min(PERIOD * es);
+    for (k, c) in buf[..head].chunks_exact_mut(es).enumerate() {
+        enc(dt, input(dt, red, r, (base + k) % PERIOD), c);
     }
-    for (k, c) in buf.chunks_exact_mut(es).enumerate() {
-        let i = (base + k) % PERIOD;
+    repeat_prefix(&mut buf[..len], head);
+}
+
+/// Repeats `buf[..period]` over the whole of `buf` (by doubling copies, so a multi-MiB
+/// buffer takes a few large copies instead of one small copy per element).
+fn repeat_prefix(buf: &mut [u8], period: usize) {
+    let mut done = period;
+    while done > 0 && done < buf.len() {
+        let n = done.min(buf.len() - done);
+        buf.copy_within(..n, done);
+        done += n;
+    }
+}
+
+/// Index of the first element of `out` (elements of `es` bytes) that differs from the
+/// periodic sequence `table` (`PERIOD` elements) read from element `start` on; `None` when
+/// all agree. Compares whole blocks, not one element at a time.
+pub fn first_mismatch(out: &[u8], table: &[u8], start: usize, es: usize) -> Option<usize> {
+    const BLOCK_PERIODS: usize = 64;
+    let mut want = vec![0u8; (BLOCK_PERIODS * PERIOD * es).min(out.len())];
+    for (j, c) in want.chunks_exact_mut(es).take(PERIOD).enumerate() {
+        let i = (start + j) % PERIOD;
         c.copy_from_slice(&table[i * es..(i + 1) * es]);
     }
+    let head = want.len().min(PERIOD * es);
+    repeat_prefix(&mut want, head);
+    for (b, chunk) in out.chunks(want.len().max(1)).enumerate() {
+        if chunk != &want[..chunk.len()] {
+            let k = chunk
+                .chunks_exact(es)
+                .zip(want.chunks_exact(es))
+                .position(|(g, w)| g != w)
+                .expect("a differing block has a differing element");
+            return Some(b * want.len() / es + k);
+        }
+    }
+    None
 }
 
 /// A collective test case.
@@ -257,7 +291,7 @@ pub fn run_case(comm: &Arc<Comm>, c: &Case, b: &mut Bufs) -> Result<(), String> 
     };
     let (sendbuf, recvbuf);
     // Poison the output, write the input.
-    b.recv.iter_mut().for_each(|x| *x = 0xA5);
+    b.recv.fill(0xA5);
     let is_root = r == c.root;
     let fills_send = !matches!(c.coll, CollKind::Broadcast | CollKind::Scatter) || is_root;
     if c.in_place {
@@ -330,30 +364,44 @@ pub fn run_case(comm: &Arc<Comm>, c: &Case, b: &mut Bufs) -> Result<(), String> 
         .map(|q| enc_table(&mut (0..PERIOD).map(|i| input(c.dt, c.red, q, i))))
         .collect();
     if writes_out {
-        for k in 0..rn {
-            // (table, index): where element k's expected bytes are.
-            let (t, i): (&[u8], usize) = match c.coll {
+        let reduces = matches!(
+            c.coll,
+            CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter
+        );
+        // Input index of output element 0 (reductions).
+        let first_input = if c.coll == CollKind::ReduceScatter {
+            r * c.count
+        } else {
+            0
+        };
+        if reduces && !exact {
+            for k in 0..rn {
+                let (want, tol) = table[(first_input + k) % PERIOD];
+                check(k, want, tol)?;
+            }
+        } else {
+            // The output as segments of `len` elements, each a periodic sequence read from
+            // `table` starting at input index `start`: (first output element, len, table,
+            // start).
+            let segments: Vec<(usize, usize, &[u8], usize)> = match c.coll {
                 CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter => {
-                    let i = if c.coll == CollKind::ReduceScatter {
-                        r * c.count + k
-                    } else {
-                        k
-                    };
-                    if !exact {
-                        let (want, tol) = table[i % PERIOD];
-                        check(k, want, tol)?;
-                        continue;
-                    }
-                    (&reduced, i)
+                    vec![(0, rn, &reduced, first_input)]
                 }
-                CollKind::Broadcast => (&inputs[c.root], k),
-                CollKind::AllGather | CollKind::Gather => (&inputs[k / c.count], k % c.count),
-                CollKind::AlltoAll => (&inputs[k / c.count], r * c.count + k % c.count),
-                CollKind::Scatter => (&inputs[c.root], r * c.count + k),
+                CollKind::Broadcast => vec![(0, rn, &inputs[c.root], 0)],
+                CollKind::AllGather | CollKind::Gather => (0..n)
+                    .map(|q| (q * c.count, c.count, inputs[q].as_slice(), 0))
+                    .collect(),
+                CollKind::AlltoAll => (0..n)
+                    .map(|q| (q * c.count, c.count, inputs[q].as_slice(), r * c.count))
+                    .collect(),
+                CollKind::Scatter => vec![(0, rn, &inputs[c.root], r * c.count)],
                 CollKind::Send | CollKind::Recv => unreachable!(),
             };
-            let i = i % PERIOD;
-            if out[k * es..(k + 1) * es] != t[i * es..(i + 1) * es] {
+            for (k0, len, t, start) in segments {
+                let Some(j) = first_mismatch(&out[k0 * es..(k0 + len) * es], t, start, es) else {
+                    continue;
+                };
+                let (k, i) = (k0 + j, (start + j) % PERIOD);
                 let want = dec(c.dt, &t[i * es..]);
                 check(k, want, 0.0)?;
                 return Err(format!(
