@@ -142,6 +142,39 @@ typedef IntKind<uint32_t, uint32_t> KU32;
 typedef IntKind<int64_t, uint64_t> KI64;
 typedef IntKind<uint64_t, uint64_t> KU64;
 
+// Max/Min of floats as the host backend's Reducer answers them (ccl-core reduce::kinds):
+// fmax/fmin (a NaN operand is ignored when the other is a number), except that of two
+// equal operands, which differ in bits only for +0 and -0, Max answers +0 and Min -0
+// (IEEE 754-2019 maximum/minimum order; fmax/fmin leave that pair open: the CPU builds of
+// this file answered -0 for Max). Bitwise AND/OR of the two encodings picks that zero and
+// leaves equal nonzero values unchanged.
+template <typename T> struct FloatBits;
+template <> struct FloatBits<float> { typedef uint32_t U; };
+template <> struct FloatBits<double> { typedef uint64_t U; };
+
+template <typename T>
+__host__ __device__ inline T zero_signed(T a, T b, bool want_max) {
+  typename FloatBits<T>::U x, y, r;
+  memcpy(&x, &a, sizeof x);
+  memcpy(&y, &b, sizeof y);
+  r = want_max ? (x & y) : (x | y);
+  T out;
+  memcpy(&out, &r, sizeof out);
+  return out;
+}
+__host__ __device__ inline float float_max(float a, float b) {
+  return a == b ? zero_signed(a, b, true) : fmaxf(a, b);
+}
+__host__ __device__ inline float float_min(float a, float b) {
+  return a == b ? zero_signed(a, b, false) : fminf(a, b);
+}
+__host__ __device__ inline double float_max(double a, double b) {
+  return a == b ? zero_signed(a, b, true) : fmax(a, b);
+}
+__host__ __device__ inline double float_min(double a, double b) {
+  return a == b ? zero_signed(a, b, false) : fmin(a, b);
+}
+
 template <typename T>
 struct NativeFloatKind {
   typedef T Store;
@@ -151,8 +184,8 @@ struct NativeFloatKind {
   static __host__ __device__ inline A round(A a) { return a; }
   static __host__ __device__ inline A add(A a, A b) { return a + b; }
   static __host__ __device__ inline A mul(A a, A b) { return a * b; }
-  static __host__ __device__ inline A max(A a, A b) { return fmax(a, b); }
-  static __host__ __device__ inline A min(A a, A b) { return fmin(a, b); }
+  static __host__ __device__ inline A max(A a, A b) { return float_max(a, b); }
+  static __host__ __device__ inline A min(A a, A b) { return float_min(a, b); }
   static __host__ __device__ inline A div(A a, uint32_t) { return a; }
 };
 typedef NativeFloatKind<float> KF32;
@@ -168,8 +201,8 @@ struct SmallFloatKind {
   static __host__ __device__ inline A round(A a) { return load(store(a)); }
   static __host__ __device__ inline A add(A a, A b) { return a + b; }
   static __host__ __device__ inline A mul(A a, A b) { return a * b; }
-  static __host__ __device__ inline A max(A a, A b) { return fmaxf(a, b); }
-  static __host__ __device__ inline A min(A a, A b) { return fminf(a, b); }
+  static __host__ __device__ inline A max(A a, A b) { return float_max(a, b); }
+  static __host__ __device__ inline A min(A a, A b) { return float_min(a, b); }
   static __host__ __device__ inline A div(A a, uint32_t) { return a; }
 };
 
