@@ -660,6 +660,7 @@ impl Loop {
                 continue;
             }
             let unacked = d.unacked;
+            let k = d.s.ways();
             let Some(out) = d.s.out.as_mut() else {
                 return progress;
             };
@@ -679,7 +680,6 @@ impl Loop {
                 d.extra_sent.fill(0);
             }
             let hdr = DataHeader { len, desc }.encode();
-            let k = 1 + d.s.extra.len();
             // The first socket: the header, then the first piece.
             let first = &payload[stripe(len, k, 0)];
             let total = DATA_HEADER_BYTES + first.len();
@@ -832,6 +832,7 @@ impl Loop {
                     }
                 }
             };
+            let k = d.s.ways();
             let Some(inb) = d.s.inb.as_mut() else {
                 return progress;
             };
@@ -845,7 +846,6 @@ impl Loop {
             if d.wire_t0.is_none() {
                 d.wire_t0 = Some(Instant::now());
             }
-            let k = 1 + d.s.extra.len();
             let mut blocked = false;
             let mut broken = None;
             let socks = std::iter::once(&mut d.s.sock).chain(d.s.extra.iter_mut());
