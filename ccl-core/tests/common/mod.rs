@@ -196,18 +196,24 @@ pub const PERIOD: usize = 60;
 /// Fills `buf` (elements of `dt`) with rank `r`'s inputs starting at input index `base`.
 pub fn fill(dt: DataType, red: Red, r: usize, base: usize, buf: &mut [u8]) {
     let es = dt.size();
-    let len = buf.len() / es * es;
-    let head = len.min(PERIOD * es);
-    for (k, c) in buf[..head].chunks_exact_mut(es).enumerate() {
-        enc(dt, input(dt, red, r, (base + k) % PERIOD), c);
+    let mut table = vec![0u8; PERIOD * es];
+    for (i, c) in table.chunks_exact_mut(es).enumerate() {
+        enc(dt, input(dt, red, r, i), c);
     }
-    repeat_prefix(&mut buf[..len], head);
+    let len = buf.len() / es * es;
+    write_periodic(&mut buf[..len], &table, base, es);
 }
 
-/// Repeats `buf[..period]` over the whole of `buf` (by doubling copies, so a multi-MiB
-/// buffer takes a few large copies instead of one small copy per element).
-fn repeat_prefix(buf: &mut [u8], period: usize) {
-    let mut done = period;
+/// Writes the periodic sequence `table` (`PERIOD` elements of `es` bytes) read from
+/// element `start` on over the whole of `buf`: one period, then doubling copies (a
+/// multi-MiB buffer takes a few large copies instead of one small copy per element).
+fn write_periodic(buf: &mut [u8], table: &[u8], start: usize, es: usize) {
+    let head = buf.len().min(PERIOD * es);
+    for (j, c) in buf[..head].chunks_exact_mut(es).enumerate() {
+        let i = (start + j) % PERIOD;
+        c.copy_from_slice(&table[i * es..(i + 1) * es]);
+    }
+    let mut done = head;
     while done > 0 && done < buf.len() {
         let n = done.min(buf.len() - done);
         buf.copy_within(..n, done);
@@ -221,12 +227,7 @@ fn repeat_prefix(buf: &mut [u8], period: usize) {
 pub fn first_mismatch(out: &[u8], table: &[u8], start: usize, es: usize) -> Option<usize> {
     const BLOCK_PERIODS: usize = 64;
     let mut want = vec![0u8; (BLOCK_PERIODS * PERIOD * es).min(out.len())];
-    for (j, c) in want.chunks_exact_mut(es).take(PERIOD).enumerate() {
-        let i = (start + j) % PERIOD;
-        c.copy_from_slice(&table[i * es..(i + 1) * es]);
-    }
-    let head = want.len().min(PERIOD * es);
-    repeat_prefix(&mut want, head);
+    write_periodic(&mut want, table, start, es);
     for (b, chunk) in out.chunks(want.len().max(1)).enumerate() {
         if chunk != &want[..chunk.len()] {
             let k = chunk
