@@ -590,6 +590,13 @@ impl Transport {
         peers: &[usize],
         abort: &AtomicBool,
     ) -> Result<()> {
+        // Every operation asks; after the first of a kind the links exist (no allocation).
+        if peers
+            .iter()
+            .all(|p| *p == self.rank || self.p2p.contains_key(p))
+        {
+            return Ok(());
+        }
         let mut new: Vec<usize> = peers
             .iter()
             .copied()

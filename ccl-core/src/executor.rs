@@ -321,17 +321,20 @@ impl LaneRun<'_> {
 /// When an executor waiting without progress next checks its peers
 /// ([`Worker::check_peers`]).
 pub(super) struct PeerCheck {
-    next: Instant,
-    every: Duration,
+    /// Due time, [`now_ns`] clock.
+    next: u64,
+    every: u64,
     /// A peer was seen gone at the last check; the next pass without progress checks
     /// again at once.
     suspect: bool,
 }
 
 impl PeerCheck {
-    pub(super) fn new(start: Instant, every: Duration) -> PeerCheck {
+    /// Checks every `every` from `start_ns` ([`now_ns`] clock).
+    pub(super) fn new(start_ns: u64, every: Duration) -> PeerCheck {
+        let every = u64::try_from(every.as_nanos()).unwrap_or(u64::MAX);
         PeerCheck {
-            next: start + every,
+            next: start_ns.saturating_add(every),
             every,
             suspect: false,
         }
@@ -501,14 +504,14 @@ impl Worker {
             }
         }
         // One clock read for the op log's start time and the peer-check timer.
-        let t_start = Instant::now();
+        let t_start = now_ns();
         if probing {
-            sh.op_log.start(counter, &info, probe::diag::ns_at(t_start));
+            sh.op_log.start(counter, &info, t_start);
         }
         log_call(item, &info, sh.rank, sh.nranks, sh.comm_id, counter, None);
         // Tree links are made at init.
-        let peers: Vec<usize> = if algo == HostAlgo::Tree {
-            Vec::new()
+        let peers: smallvec::SmallVec<[usize; 8]> = if algo == HostAlgo::Tree {
+            smallvec::SmallVec::new()
         } else {
             plan.lanes
                 .iter()
@@ -521,7 +524,6 @@ impl Worker {
             .ensure_p2p(&self.boot, &peers, &self.shared.abort)
             .and_then(|()| match (algo, item, reducer.as_ref()) {
                 (HostAlgo::Tree, WorkItem::Coll(c), Some(red)) => {
-                    let frame = Arc::clone(&self.shared.frame);
                     self.check_poison()?;
                     self.run_tree(&tree_exec::TreeOp {
                         proto,
@@ -536,7 +538,6 @@ impl Worker {
                             .ok_or_else(|| CclError::Internal("no descriptor".into()))?,
                         check: crate::desc::check_on(),
                         block,
-                        frame: &frame,
                         t_start,
                     })
                 }
@@ -611,7 +612,7 @@ impl Worker {
         red: Option<&Reducer>,
         block: Option<usize>,
         fault: &crate::inject::OpFault,
-        t_start: Instant,
+        t_start: u64,
     ) -> Result<()> {
         let frame = Arc::clone(&self.shared.frame);
         let ctx = OpCtx {
@@ -709,7 +710,7 @@ impl Worker {
         mut throttle: Option<&mut Throttle>,
         block: Option<usize>,
         frame: &Frame,
-        t_start: Instant,
+        t_start: u64,
         bell: &crate::transport::shm::Doorbell,
         announced: &mut Option<u32>,
     ) -> Result<()> {
@@ -758,7 +759,7 @@ impl Worker {
                 continue;
             }
             self.check_poison()?;
-            let now = Instant::now();
+            let now = now_ns();
             let waited_on = lanes.iter().filter_map(LaneRun::waits_on);
             if self.check_peers(&mut peer_check, now, waited_on)? {
                 continue;
@@ -840,13 +841,13 @@ impl Worker {
     fn check_peers(
         &mut self,
         check: &mut PeerCheck,
-        now: Instant,
+        now_ns: u64,
         waited_on: impl IntoIterator<Item = usize>,
     ) -> Result<bool> {
-        if now < check.next && !check.suspect {
+        if now_ns < check.next && !check.suspect {
             return Ok(false);
         }
-        check.next = now + check.every;
+        check.next = now_ns.saturating_add(check.every);
         let me = self.t.rank;
         let gone = waited_on
             .into_iter()

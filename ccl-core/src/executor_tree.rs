@@ -4,8 +4,6 @@
 //! as on the ring; the probe counts every message on channel 0.
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
-use std::time::Instant;
 
 use super::{mem, ring_bell, PeerCheck, Worker};
 use crate::error::{CclError, Result};
@@ -14,7 +12,7 @@ use crate::op::{CollOp, WorkItem};
 use crate::reduce::Reducer;
 use crate::schedule;
 use crate::schedule::Tuning;
-use crate::transport::shm::{Backoff, Doorbell, FifoLayout};
+use crate::transport::shm::{Backoff, FifoLayout};
 use crate::tree::{self, TreeStep};
 
 /// Everything the Tree steps of one operation share.
@@ -28,8 +26,8 @@ pub(super) struct TreeOp<'a> {
     pub desc: [u64; FifoLayout::DESC_WORDS],
     pub check: bool,
     pub block: Option<usize>,
-    pub frame: &'a probe::Frame,
-    pub t_start: Instant,
+    /// Start time, [`super::now_ns`] clock.
+    pub t_start: u64,
 }
 
 /// Payload bytes of one Tree message with `proto` (whole elements of `elem` bytes).
@@ -43,10 +41,11 @@ pub(super) fn message_bytes(proto: HostProto, slot_bytes: usize, elem: usize) ->
 
 /// The wait state of one operation (see `Worker::run_lanes`: the same back-off, doorbell
 /// announcement, abort, poison and peer checks). Tree operations record no wait times:
-/// the analyzer reads those slots as waits on ring neighbours.
+/// the analyzer reads those slots as waits on ring neighbours. The doorbell is this
+/// rank's own (`Transport::bell`), reached through the worker: no reference count is
+/// taken per operation.
 struct Waiter {
     backoff: Backoff,
-    bell: Arc<Doorbell>,
     announced: Option<u32>,
     peer_check: PeerCheck,
     /// Whether the first wait checked for a peer on this rank's CPU.
@@ -56,14 +55,6 @@ struct Waiter {
     polls: u32,
 }
 
-impl Drop for Waiter {
-    fn drop(&mut self) {
-        if self.announced.take().is_some() {
-            self.bell.unannounce();
-        }
-    }
-}
-
 impl Worker {
     /// Runs a Tree AllReduce (chunk by chunk).
     pub(super) fn run_tree(&mut self, op: &TreeOp<'_>) -> Result<()> {
@@ -71,7 +62,6 @@ impl Worker {
         let chunk = message_bytes(op.proto, self.shared.tuning.slot_bytes, op.elem);
         let mut w = Waiter {
             backoff: self.backoff(),
-            bell: Arc::clone(&self.t.bell),
             announced: None,
             peer_check: PeerCheck::new(op.t_start, self.shared.tuning.peer_check),
             spin_checked: false,
@@ -86,6 +76,10 @@ impl Worker {
             let len = chunk.min(op.bytes - off);
             r = self.tree_chunk(op, &steps, off, &mut acc[..len], &mut tmp, &mut w);
             off += len;
+        }
+        // However the operation ended, this rank no longer waits on its doorbell.
+        if w.announced.take().is_some() {
+            self.t.bell.unannounce();
         }
         self.scratch = acc;
         self.scratch2 = tmp;
@@ -195,7 +189,7 @@ impl Worker {
             }
             ring_bell(&me.t.peer_bells, Some(peer));
             if let Some(b) = op.block {
-                op.frame.add_send(b, 0, 1);
+                me.shared.frame.add_send(b, 0, 1);
             }
             Ok(Some(()))
         })
@@ -270,7 +264,7 @@ impl Worker {
             }
             ring_bell(&me.t.peer_bells, Some(peer));
             if let Some(b) = op.block {
-                op.frame.add_recv(b, 0, 1);
+                me.shared.frame.add_recv(b, 0, 1);
             }
             Ok(Some(()))
         })
@@ -287,7 +281,7 @@ impl Worker {
         loop {
             if let Some(v) = poll(self)? {
                 if w.announced.take().is_some() {
-                    w.bell.unannounce();
+                    self.t.bell.unannounce();
                 }
                 w.backoff.reset();
                 w.peer_check.progressed();
@@ -305,7 +299,7 @@ impl Worker {
             }
             w.polls = w.polls.wrapping_add(1);
             let check_now = !w.backoff.is_timed_spin() || w.polls % Backoff::CLOCK_EVERY == 0;
-            if check_now && self.check_peers(&mut w.peer_check, Instant::now(), [peer])? {
+            if check_now && self.check_peers(&mut w.peer_check, super::now_ns(), [peer])? {
                 continue;
             }
             if !w.spin_checked {
@@ -317,11 +311,11 @@ impl Worker {
             }
             match w.announced.take() {
                 Some(seen) => {
-                    w.bell.wait_announced(seen, w.backoff.park_duration());
-                    w.bell.unannounce();
+                    self.t.bell.wait_announced(seen, w.backoff.park_duration());
+                    self.t.bell.unannounce();
                     w.backoff.pause();
                 }
-                None if w.backoff.is_parking() => w.announced = Some(w.bell.announce()),
+                None if w.backoff.is_parking() => w.announced = Some(self.t.bell.announce()),
                 None => w.backoff.pause(),
             }
         }

@@ -3,7 +3,7 @@
 //! words each rank publishes (descriptor and CPU).
 
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use probe::Frame;
 
@@ -130,13 +130,14 @@ pub(super) enum Wait {
 #[derive(Default)]
 pub(super) struct WaitEpisode {
     snoozes: u32,
-    since: Option<Instant>,
+    /// [`super::now_ns`] clock.
+    since: Option<u64>,
     blocked: Vec<(usize, Wait)>,
 }
 
 impl WaitEpisode {
     /// Called before each snooze at `now` with the lanes' (channel, wait reason).
-    pub(super) fn snoozing(&mut self, now: Instant, lanes: impl Iterator<Item = (usize, Wait)>) {
+    pub(super) fn snoozing(&mut self, now: u64, lanes: impl Iterator<Item = (usize, Wait)>) {
         self.snoozes += 1;
         if self.snoozes == 2 {
             self.since = Some(now);
@@ -151,7 +152,7 @@ impl WaitEpisode {
     pub(super) fn charge(&mut self, frame: &Frame, block: usize) {
         self.snoozes = 0;
         let Some(t0) = self.since.take() else { return };
-        let ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let ns = super::now_ns().saturating_sub(t0);
         for &(ch, w) in &self.blocked {
             match w {
                 Wait::Upstream => frame.add_wait_upstream(block, ch, ns),

@@ -8,8 +8,9 @@
 //!   data in each 8-byte word) or `Simple`.
 //!
 //! Automatic choice (both variables unset): AllReduce of at most [`TREE_MAX_BYTES`] per
-//! rank on 2 or more ranks (and no minimum channel count above one) runs Tree/Simple;
-//! everything else Ring/Simple. `NCCL_ALGO` / `NCCL_PROTO` restrict the candidates: with
+//! rank (and no minimum channel count above one) runs Tree/Simple; everything else
+//! Ring/Simple. On one rank Tree has no steps: the input is loaded (scaled for
+//! PreMulSum/Avg) and written out without the ring schedule's plan. `NCCL_ALGO` / `NCCL_PROTO` restrict the candidates: with
 //! `NCCL_ALGO=Tree` every AllReduce runs Tree; Tree runs LL only when `NCCL_PROTO` allows
 //! LL and not Simple (LL measured slower than Simple at every size on the 2-core reference
 //! VM: docs/performance.md). Ring with LL is not implemented: Ring always runs Simple (a
@@ -179,7 +180,7 @@ impl Selection {
         min_channels: usize,
     ) -> (HostAlgo, HostProto) {
         let ring = (HostAlgo::Ring, HostProto::Simple);
-        if coll != CollKind::AllReduce || nranks < 2 || bytes == 0 || !self.algos.tree {
+        if coll != CollKind::AllReduce || nranks == 0 || bytes == 0 || !self.algos.tree {
             return ring;
         }
         let small = bytes <= TREE_MAX_BYTES;
@@ -241,7 +242,8 @@ mod tests {
             auto.choose(AllReduce, TREE_MAX_BYTES + 4, 2, 1),
             (Ring, Simple)
         );
-        assert_eq!(auto.choose(AllReduce, 8, 1, 1), (Ring, Simple));
+        assert_eq!(auto.choose(AllReduce, 8, 1, 1), (Tree, Simple));
+        assert_eq!(auto.choose(AllReduce, 64 << 10, 1, 1), (Ring, Simple));
         assert_eq!(auto.choose(AllReduce, 8, 2, 3), (Ring, Simple));
         assert_eq!(
             Selection::parse(Some("Tree"), None)

@@ -56,21 +56,28 @@ pub use config::*;
 pub use sampler::*;
 pub use thread::*;
 
-fn clock_base() -> Instant {
-    static BASE: OnceLock<Instant> = OnceLock::new();
-    *BASE.get_or_init(Instant::now)
+/// `CLOCK_MONOTONIC` in nanoseconds (the clock `Instant` reads on Linux), as one integer.
+fn monotonic_raw_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC exists on every Linux,
+    // so the call cannot fail (a failure would leave zeros: time 0, never a fault).
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(ts.tv_nsec as u64)
 }
 
 /// Monotonic nanoseconds since the first call in this process (the clock of op-log
-/// timestamps and of the embedded analyzer).
+/// timestamps, of the executors' wait timers and of the embedded analyzer). One clock read
+/// and a subtraction: it runs at least twice per operation, where converting an `Instant`
+/// (a `Duration` and a 128-bit multiply) cost as many instructions again as the read.
 pub fn now_ns() -> u64 {
-    ns_at(Instant::now())
-}
-
-/// [`now_ns`] of an instant the caller read already (saves a clock read on a path that
-/// needs the time for something else too); 0 for an instant before the clock's start.
-pub fn ns_at(t: Instant) -> u64 {
-    u64::try_from(t.saturating_duration_since(clock_base()).as_nanos()).unwrap_or(u64::MAX)
+    static BASE: OnceLock<u64> = OnceLock::new();
+    let now = monotonic_raw_ns();
+    now.saturating_sub(*BASE.get_or_init(|| now))
 }
 
 /// Identity of one communicator rank, given at registration.
@@ -361,8 +368,7 @@ impl Source {
         // On the host backend the completing thread ran the operation (on the device
         // backend it is a CUDA callback thread, whose CPU wait says nothing).
         if self.ident.device < 0 {
-            self.exec_tid
-                .store(crate::sched::current_tid(), Ordering::Relaxed);
+            self.note_exec_tid();
         }
         let Some(thinning) = self.thin_completion(snap) else {
             return;
@@ -379,8 +385,7 @@ impl Source {
     /// operations are always reported (never thinned out).
     pub fn op_failed(&self, snap: &OpSnapshot, failure: crate::failure::Failure) {
         if self.ident.device < 0 {
-            self.exec_tid
-                .store(crate::sched::current_tid(), Ordering::Relaxed);
+            self.note_exec_tid();
         }
         let thinning = self.thin_completion(snap).unwrap_or(Thinning {
             gap_ns: None,
@@ -390,6 +395,16 @@ impl Source {
         msg.failure = Some(Box::new(failure));
         if global().done_tx.try_send(msg).is_err() {
             count_drop(1);
+        }
+    }
+
+    /// Records the completing thread as the one that runs this rank's operations. Written
+    /// only when it changes: the diagnostic thread reads the word, and a store on every
+    /// operation would take its cache line away from that thread's core each time.
+    fn note_exec_tid(&self) {
+        let tid = crate::sched::current_tid();
+        if self.exec_tid.load(Ordering::Relaxed) != tid {
+            self.exec_tid.store(tid, Ordering::Relaxed);
         }
     }
 
