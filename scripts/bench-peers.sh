@@ -2,8 +2,10 @@
 # Ours vs OpenMPI vs memcpy, side by side in one run (issue 18): installs OpenMPI from
 # Debian if missing (the version apt has), builds our library, the nccl-tests binaries,
 # the bench driver and the MPI peer (benches/c/mpi_allreduce.c), then runs
-# target/release/bench-peers, which prints the busbw table for 2 and 4 ranks and writes
-# docs/perf-peers.md and docs/perf-peers.svg.
+# target/release/bench-peers, which builds our side of the minimal C loop
+# (benches/c/nccl_allreduce.c, against NVIDIA's nccl.h, fetched with pip on first use),
+# prints the busbw table for 2 and 4 ranks and writes docs/perf-peers.md and
+# docs/perf-peers.svg.
 #
 #   scripts/bench-peers.sh [bench-peers options, e.g. --rounds 5 --ranks 2,4]
 #

@@ -1,6 +1,8 @@
 //! Shared pieces of the side-by-side benchmarks (issue 18): running our `all_reduce_perf`
-//! as processes under `ccl-run`, running the OpenMPI peer (`benches/c/mpi_allreduce.c`)
-//! under `mpirun`, parsing both outputs, the machine's memcpy bandwidth, medians.
+//! as processes under `ccl-run`, the same minimal timing loop over ncclAllReduce
+//! (`benches/c/nccl_allreduce.c`) and over MPI_Allreduce (the OpenMPI peer,
+//! `benches/c/mpi_allreduce.c`, under `mpirun`), parsing the outputs, the machine's memcpy
+//! bandwidth, medians.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -162,12 +164,37 @@ pub fn run_mpi(
             iters.to_string(),
             "5".into(),
         ]))?;
-    let rows = parse_mpi(&out);
+    loop_rows(&out, mpi_bin)
+}
+
+/// Runs `benches/c/nccl_allreduce.c` (built at `bin` against NVIDIA's `nccl.h`) on the
+/// `libnccl.so.2` in `lib_dir`: the same loop and output as the MPI peer, so that both
+/// libraries are timed alike, without the nccl-tests harness's per-call work.
+pub fn run_c_loop(
+    bin: &Path,
+    lib_dir: &Path,
+    ranks: usize,
+    (min, max, factor): (u64, u64, u64),
+    iters: u32,
+) -> Result<Vec<Row>, String> {
+    let out = run(Command::new(bin)
+        .args([
+            ranks.to_string(),
+            min.to_string(),
+            max.to_string(),
+            factor.to_string(),
+            iters.to_string(),
+            "5".into(),
+        ])
+        .env("LD_LIBRARY_PATH", lib_dir))?;
+    loop_rows(&out, bin)
+}
+
+/// The rows of a timing loop's output ([`parse_mpi`]); an error when there are none.
+fn loop_rows(out: &str, bin: &Path) -> Result<Vec<Row>, String> {
+    let rows = parse_mpi(out);
     if rows.is_empty() {
-        return Err(format!(
-            "no result lines from {}:\n{out}",
-            mpi_bin.display()
-        ));
+        return Err(format!("no result lines from {}:\n{out}", bin.display()));
     }
     Ok(rows)
 }

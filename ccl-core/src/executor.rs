@@ -482,7 +482,10 @@ impl Worker {
             info.count /= 2;
             info.bytes /= 2;
         }
-        let counter = sh.op_counter.fetch_add(1, Ordering::AcqRel);
+        // Only this executor (under the worker lock) counts this communicator's
+        // operations: a plain load and store, no locked read-modify-write.
+        let counter = sh.op_counter.load(Ordering::Relaxed);
+        sh.op_counter.store(counter + 1, Ordering::Release);
         // Probing can be paused at run time (`Comm::set_probing`): decided once per operation.
         let probing = sh.probe_on && sh.frame.is_measuring();
         if let (true, Some(src)) = (probing, &sh.source) {

@@ -6,16 +6,19 @@
 //!     [--factor 4] [--iters 20] [--svg docs/perf-peers.svg] [--md docs/perf-peers.md]
 //! ```
 //!
-//! Every round runs, for each rank count, one sweep of our `all_reduce_perf -c 1` (ranks as
-//! processes under `ccl-run`, float sum) and one sweep of the OpenMPI peer
-//! (`benches/c/mpi_allreduce.c`, `mpirun`, float-sum `MPI_Allreduce`), the order of the two
-//! alternating per round; memcpy bandwidth at each size is measured in this process between
-//! rounds. Figures are medians over rounds. Prints the busbw table (and the ratio
-//! ours / OpenMPI), writes it as Markdown (`--md`) and draws busbw vs size (`--svg`).
+//! Every round runs, for each rank count, one sweep of each of three programs, in an order
+//! that rotates per round: our `all_reduce_perf -c 1` (ranks as processes under `ccl-run`,
+//! float sum), the same minimal timing loop over `ncclAllReduce` on our library
+//! (`benches/c/nccl_allreduce.c`, built here against NVIDIA's `nccl.h`) and over
+//! `MPI_Allreduce` (the OpenMPI peer, `benches/c/mpi_allreduce.c`, `mpirun`). The two loops
+//! time both libraries alike; the nccl-tests harness adds its own per-call work. memcpy
+//! bandwidth at each size is measured in this process between rounds. Figures are medians
+//! over rounds. Prints the busbw table (and the ratios to OpenMPI), writes it as Markdown
+//! (`--md`) and draws busbw vs size (`--svg`).
 
 use std::path::PathBuf;
 
-use benches::peers::{median, memcpy_gbps, release_dir, run_mpi, run_ours, Row};
+use benches::peers::{median, memcpy_gbps, release_dir, run_c_loop, run_mpi, run_ours, Row};
 use plotters::prelude::*;
 
 struct Opts {
@@ -88,11 +91,13 @@ fn parse_opts() -> Opts {
     o
 }
 
-/// Per rank count: sizes, and per size the busbw samples of ours and of OpenMPI.
+/// Per rank count: sizes, and per size the busbw samples of ours (nccl-tests harness, and
+/// the C loop) and of OpenMPI.
 struct Series {
     ranks: usize,
     sizes: Vec<u64>,
     ours: Vec<Vec<f64>>,
+    ours_loop: Vec<Vec<f64>>,
     mpi: Vec<Vec<f64>>,
 }
 
@@ -142,7 +147,9 @@ fn table(series: &[Series], memcpy: &[f64], o: &Opts, load: (&str, &str)) -> Str
     );
     t += &format!(
         "AllReduce float sum, busbw GB/s, median of {} interleaved rounds ({} timed iterations \
-         each); ours: `all_reduce_perf -c 1` under `ccl-run` (ranks as processes); OpenMPI: \
+         each); ours: `all_reduce_perf -c 1` under `ccl-run` (ranks as processes); ours, C \
+         loop: `ncclAllReduce` in the same minimal loop as the MPI peer \
+         (`benches/c/nccl_allreduce.c`, ranks as processes bound to CPUs); OpenMPI: \
          `MPI_Allreduce` (`benches/c/mpi_allreduce.c`, `mpirun --mca btl self,vader`).\n\n",
         o.rounds, o.iters
     );
@@ -154,24 +161,23 @@ fn table(series: &[Series], memcpy: &[f64], o: &Opts, load: (&str, &str)) -> Str
     t += &"---|".repeat(sizes.len());
     t += "\n";
     for se in series {
-        let ours: Vec<f64> = se.ours.iter().map(|v| median(v)).collect();
-        let mpi: Vec<f64> = se.mpi.iter().map(|v| median(v)).collect();
+        let medians = |s: &[Vec<f64>]| s.iter().map(|v| median(v)).collect::<Vec<f64>>();
+        let (ours, ours_loop, mpi) = (medians(&se.ours), medians(&se.ours_loop), medians(&se.mpi));
         let line = |name: &str, v: &[String]| {
             format!("| {} ranks, {name} | {} |\n", se.ranks, v.join(" | "))
         };
-        t += &line("ours", &ours.iter().map(|x| fmt_bw(*x)).collect::<Vec<_>>());
-        t += &line(
-            "OpenMPI",
-            &mpi.iter().map(|x| fmt_bw(*x)).collect::<Vec<_>>(),
-        );
-        t += &line(
-            "ours / OpenMPI",
-            &ours
-                .iter()
+        let bw = |v: &[f64]| v.iter().map(|x| fmt_bw(*x)).collect::<Vec<_>>();
+        let ratio = |a: &[f64]| {
+            a.iter()
                 .zip(&mpi)
                 .map(|(a, b)| format!("{:.2}x", a / b))
-                .collect::<Vec<_>>(),
-        );
+                .collect::<Vec<_>>()
+        };
+        t += &line("ours", &bw(&ours));
+        t += &line("ours, C loop", &bw(&ours_loop));
+        t += &line("OpenMPI", &bw(&mpi));
+        t += &line("ours / OpenMPI", &ratio(&ours));
+        t += &line("ours, C loop / OpenMPI", &ratio(&ours_loop));
     }
     t += &format!(
         "| memcpy GB/s | {} |\n",
@@ -194,7 +200,7 @@ fn plot(
     let xmax = *sizes.last().unwrap_or(&8) as f64;
     let mut ymax = memcpy.iter().cloned().fold(1.0, f64::max);
     for se in series {
-        for v in se.ours.iter().chain(&se.mpi) {
+        for v in se.ours.iter().chain(&se.ours_loop).chain(&se.mpi) {
             ymax = ymax.max(median(v));
         }
     }
@@ -216,10 +222,14 @@ fn plot(
         .x_label_formatter(&|x| human(x.round() as u64))
         .y_label_formatter(&|y| format!("{y}"))
         .draw()?;
-    let colours = [BLUE, RED, CYAN, MAGENTA];
+    let colours = [BLUE, GREEN, RED, CYAN, MAGENTA, RGBColor(230, 140, 0)];
     let mut c = 0;
     for se in series {
-        for (name, data, dashed) in [("ours", &se.ours, false), ("OpenMPI", &se.mpi, true)] {
+        for (name, data, dashed) in [
+            ("ours", &se.ours, false),
+            ("ours, C loop", &se.ours_loop, false),
+            ("OpenMPI", &se.mpi, true),
+        ] {
             let col = colours[c % colours.len()];
             c += 1;
             let pts: Vec<(f64, f64)> = sizes
@@ -273,24 +283,40 @@ fn main() {
             ranks: r,
             sizes: sizes.clone(),
             ours: vec![Vec::new(); sizes.len()],
+            ours_loop: vec![Vec::new(); sizes.len()],
             mpi: vec![Vec::new(); sizes.len()],
         })
         .collect();
+    // Our side of the minimal loop, against NVIDIA's header (fetched on first use).
+    let c_loop = benches::real_faults::setup::compile_nccl_client(
+        &dir,
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("c/nccl_allreduce.c"),
+        &dir.join("bench-peers-work"),
+    )
+    .unwrap_or_else(|e| usage(&e));
     let mut memcpy = vec![Vec::new(); sizes.len()];
     let range = (o.min, o.max, o.factor);
     let load0 = loadavg();
     for round in 0..o.rounds {
         eprintln!("bench-peers: round {}/{}", round + 1, o.rounds);
         for se in &mut series {
-            for k in 0..2 {
-                if (k + round) % 2 == 0 {
-                    let rows = run_ours(&dir, se.ranks, range, "float", o.iters)
-                        .unwrap_or_else(|e| usage(&e));
-                    push(&mut se.ours, &sizes, &rows, "ours");
-                } else {
-                    let rows = run_mpi(&o.mpirun, &o.mpi_bin, se.ranks, range, o.iters)
-                        .unwrap_or_else(|e| usage(&e));
-                    push(&mut se.mpi, &sizes, &rows, "OpenMPI");
+            for k in 0..3 {
+                match (k + round) % 3 {
+                    0 => {
+                        let rows = run_ours(&dir, se.ranks, range, "float", o.iters)
+                            .unwrap_or_else(|e| usage(&e));
+                        push(&mut se.ours, &sizes, &rows, "ours");
+                    }
+                    1 => {
+                        let rows = run_c_loop(&c_loop, &dir, se.ranks, range, o.iters)
+                            .unwrap_or_else(|e| usage(&e));
+                        push(&mut se.ours_loop, &sizes, &rows, "ours, C loop");
+                    }
+                    _ => {
+                        let rows = run_mpi(&o.mpirun, &o.mpi_bin, se.ranks, range, o.iters)
+                            .unwrap_or_else(|e| usage(&e));
+                        push(&mut se.mpi, &sizes, &rows, "OpenMPI");
+                    }
                 }
             }
         }

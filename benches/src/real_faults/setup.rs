@@ -218,26 +218,21 @@ pub fn client_source() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("c/train_client.c")
 }
 
-/// Builds everything; `Err` says what is missing.
-pub fn prepare() -> Result<Env, String> {
-    let lib_dir = profile_dir()?;
-    cargo_build(&lib_dir, &["-p", "ccl-ffi", "--lib"])?;
-    cargo_build(&lib_dir, &["-p", "ccld", "--bin", "ccld"])?;
-    let ccld = lib_dir.join("ccld");
-    if !lib_dir.join("libnccl.so.2").exists() || !ccld.is_file() {
-        return Err(format!(
-            "{} lacks libnccl.so.2 or ccld after the build",
-            lib_dir.display()
-        ));
-    }
+/// Compiles the C program `source` against NVIDIA's `nccl.h` (fetched on first use, with
+/// stub CUDA headers) and links it to the `libnccl.so.2` in `lib_dir`; the binary lands
+/// in `work`, named after the source. `Err` carries the compiler's output.
+pub fn compile_nccl_client(lib_dir: &Path, source: &Path, work: &Path) -> Result<PathBuf, String> {
     let include = nvidia_include()?;
-    let work = lib_dir.join("real-faults-work");
     let stub = work.join("cuda-stub");
     cuda_stub(&stub)?;
+    let name = source
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .ok_or_else(|| format!("{}: no file name", source.display()))?;
     // A private output name, renamed into place: parallel test processes never run a
     // half-written binary.
-    let client = work.join("train_client");
-    let tmp = work.join(format!("train_client.{}", std::process::id()));
+    let client = work.join(name);
+    let tmp = work.join(format!("{name}.{}", std::process::id()));
     let (ok, log) = run_bounded(
         Command::new("gcc")
             .args([
@@ -252,19 +247,36 @@ pub fn prepare() -> Result<Env, String> {
             .arg(&stub)
             .arg("-I")
             .arg(&include)
-            .arg(client_source())
+            .arg(source)
             .arg("-o")
             .arg(&tmp)
             .arg("-L")
-            .arg(&lib_dir)
+            .arg(lib_dir)
             .arg("-l:libnccl.so.2"),
         Duration::from_secs(120),
     );
     if !ok {
         let _ = std::fs::remove_file(&tmp);
-        return Err(format!("compiling {}:\n{log}", client_source().display()));
+        return Err(format!("compiling {}:\n{log}", source.display()));
     }
-    std::fs::rename(&tmp, &client).map_err(|e| format!("rename client: {e}"))?;
+    std::fs::rename(&tmp, &client).map_err(|e| format!("rename {name}: {e}"))?;
+    Ok(client)
+}
+
+/// Builds everything; `Err` says what is missing.
+pub fn prepare() -> Result<Env, String> {
+    let lib_dir = profile_dir()?;
+    cargo_build(&lib_dir, &["-p", "ccl-ffi", "--lib"])?;
+    cargo_build(&lib_dir, &["-p", "ccld", "--bin", "ccld"])?;
+    let ccld = lib_dir.join("ccld");
+    if !lib_dir.join("libnccl.so.2").exists() || !ccld.is_file() {
+        return Err(format!(
+            "{} lacks libnccl.so.2 or ccld after the build",
+            lib_dir.display()
+        ));
+    }
+    let work = lib_dir.join("real-faults-work");
+    let client = compile_nccl_client(&lib_dir, &client_source(), &work)?;
     Ok(Env {
         lib_dir,
         ccld,
