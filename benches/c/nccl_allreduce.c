@@ -3,9 +3,10 @@
  * (issue 18, scripts/bench-peers.sh). Built against NVIDIA's nccl.h; runs on any
  * libnccl.so.2 (ours on the host backend: buffers are host memory).
  *
- * It forks the rank processes itself (rank 0 is the parent, which made the unique id) and
- * binds rank r to the r-th CPU the process may run on, round robin, as `mpirun --bind-to
- * core` and `ccl-run` do. Per size: `warmup` untimed ncclAllReduce (float, sum, out of
+ * It forks the rank processes itself (rank 0 is the parent, which made the unique id) and,
+ * when there are no more ranks than CPUs the process may run on, binds rank r to the r-th
+ * of them, as `mpirun` and `ccl-run` do by default (with more ranks than CPUs neither
+ * binds, and neither does this). Per size: `warmup` untimed ncclAllReduce (float, sum, out of
  * place), a barrier (a 1-float AllReduce), `iters` timed ones; the time per operation is
  * averaged over ranks (an AllReduce of the ranks' times). Buffers are written before
  * timing, and the result of the last operation of each size is checked.
@@ -44,13 +45,13 @@ static double now_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* Binds the calling process to the (rank mod k)-th of the k CPUs it may run on. */
-static void bind_rank(int rank) {
+/* Binds the calling process to the rank-th of the k CPUs it may run on, if n <= k. */
+static void bind_rank(int rank, int n) {
   cpu_set_t allowed, one;
   if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return;
   int k = CPU_COUNT(&allowed);
-  if (k <= 0) return;
-  int want = rank % k, seen = 0;
+  if (k <= 0 || n > k) return;
+  int want = rank, seen = 0;
   for (int c = 0; c < CPU_SETSIZE; c++) {
     if (!CPU_ISSET(c, &allowed)) continue;
     if (seen++ == want) {
@@ -64,7 +65,7 @@ static void bind_rank(int rank) {
 
 static int run_rank(int rank, int n, ncclUniqueId id, long long minb, long long maxb,
                     long long factor, int iters, int warm) {
-  bind_rank(rank);
+  bind_rank(rank, n);
   ncclComm_t comm;
   CHECK(ncclCommInitRank(&comm, n, id, rank));
   size_t maxc = (size_t)(maxb / 4);

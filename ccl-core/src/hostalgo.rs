@@ -10,12 +10,12 @@
 //! Automatic choice (both variables unset): AllReduce of at most [`TREE_MAX_BYTES`] per
 //! rank (and no minimum channel count above one) runs Tree/Simple; everything else
 //! Ring/Simple. On one rank Tree has no steps: the input is loaded (scaled for
-//! PreMulSum/Avg) and written out without the ring schedule's plan. `NCCL_ALGO` / `NCCL_PROTO` restrict the candidates: with
-//! `NCCL_ALGO=Tree` every AllReduce runs Tree; Tree runs LL only when `NCCL_PROTO` allows
-//! LL and not Simple (LL measured slower than Simple at every size on the 2-core reference
-//! VM: docs/performance.md). Ring with LL is not implemented: Ring always runs Simple (a
-//! set that allows only LL still runs Simple for Ring, with a warning at init). Every rank
-//! must see the same values (as with NCCL).
+//! PreMulSum/Avg) and written out without the ring schedule's plan. `NCCL_ALGO` /
+//! `NCCL_PROTO` restrict the candidates: with `NCCL_ALGO=Tree` every AllReduce runs Tree;
+//! Tree runs LL only when `NCCL_PROTO` allows LL and not Simple (LL measured slower than
+//! Simple at every size on the 2-core reference VM: docs/performance.md). Ring with LL is
+//! not implemented: Ring always runs Simple (a set that allows only LL still runs Simple
+//! for Ring, with a warning at init). Every rank must see the same values (as with NCCL).
 
 use ccl_optype::CollKind;
 

@@ -57,7 +57,7 @@ pub use sampler::*;
 pub use thread::*;
 
 /// `CLOCK_MONOTONIC` in nanoseconds (the clock `Instant` reads on Linux), as one integer.
-fn monotonic_raw_ns() -> u64 {
+fn clock_monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -76,7 +76,7 @@ fn monotonic_raw_ns() -> u64 {
 /// (a `Duration` and a 128-bit multiply) cost as many instructions again as the read.
 pub fn now_ns() -> u64 {
     static BASE: OnceLock<u64> = OnceLock::new();
-    let now = monotonic_raw_ns();
+    let now = clock_monotonic_ns();
     now.saturating_sub(*BASE.get_or_init(|| now))
 }
 

@@ -149,7 +149,7 @@ fn table(series: &[Series], memcpy: &[f64], o: &Opts, load: (&str, &str)) -> Str
         "AllReduce float sum, busbw GB/s, median of {} interleaved rounds ({} timed iterations \
          each); ours: `all_reduce_perf -c 1` under `ccl-run` (ranks as processes); ours, C \
          loop: `ncclAllReduce` in the same minimal loop as the MPI peer \
-         (`benches/c/nccl_allreduce.c`, ranks as processes bound to CPUs); OpenMPI: \
+         (`benches/c/nccl_allreduce.c`, ranks as processes, bound to CPUs as `ccl-run` binds them); OpenMPI: \
          `MPI_Allreduce` (`benches/c/mpi_allreduce.c`, `mpirun --mca btl self,vader`).\n\n",
         o.rounds, o.iters
     );
