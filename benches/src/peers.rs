@@ -149,7 +149,7 @@ pub fn run_mpi(
     mpirun: &str,
     mpi_bin: &Path,
     ranks: usize,
-    (min, max, factor): (u64, u64, u64),
+    range: (u64, u64, u64),
     iters: u32,
 ) -> Result<Vec<Row>, String> {
     let out = run(Command::new(mpirun)
@@ -157,13 +157,7 @@ pub fn run_mpi(
         .arg(ranks.to_string())
         .args(["--mca", "btl", "self,vader"])
         .arg(mpi_bin)
-        .args([
-            min.to_string(),
-            max.to_string(),
-            factor.to_string(),
-            iters.to_string(),
-            "5".into(),
-        ]))?;
+        .args(loop_args(range, iters)))?;
     loop_rows(&out, mpi_bin)
 }
 
@@ -174,20 +168,20 @@ pub fn run_c_loop(
     bin: &Path,
     lib_dir: &Path,
     ranks: usize,
-    (min, max, factor): (u64, u64, u64),
+    range: (u64, u64, u64),
     iters: u32,
 ) -> Result<Vec<Row>, String> {
     let out = run(Command::new(bin)
-        .args([
-            ranks.to_string(),
-            min.to_string(),
-            max.to_string(),
-            factor.to_string(),
-            iters.to_string(),
-            "5".into(),
-        ])
+        .arg(ranks.to_string())
+        .args(loop_args(range, iters))
         .env("LD_LIBRARY_PATH", lib_dir))?;
     loop_rows(&out, bin)
+}
+
+/// The size range and iteration counts of both timing loops: MINBYTES MAXBYTES FACTOR
+/// ITERS WARMUP (5 warm-up operations, as `run_ours` asks of `all_reduce_perf`).
+fn loop_args((min, max, factor): (u64, u64, u64), iters: u32) -> [String; 5] {
+    [min, max, factor, u64::from(iters), 5].map(|v| v.to_string())
 }
 
 /// The rows of a timing loop's output ([`parse_mpi`]); an error when there are none.

@@ -590,23 +590,14 @@ impl Transport {
         peers: &[usize],
         abort: &AtomicBool,
     ) -> Result<()> {
+        let missing = |p: &usize| *p != self.rank && !self.p2p.contains_key(p);
         // Every operation asks; after the first of a kind the links exist (no allocation).
-        if peers
-            .iter()
-            .all(|p| *p == self.rank || self.p2p.contains_key(p))
-        {
+        if !peers.iter().any(missing) {
             return Ok(());
         }
-        let mut new: Vec<usize> = peers
-            .iter()
-            .copied()
-            .filter(|p| *p != self.rank && !self.p2p.contains_key(p))
-            .collect();
+        let mut new: Vec<usize> = peers.iter().copied().filter(missing).collect();
         new.sort_unstable();
         new.dedup();
-        if new.is_empty() {
-            return Ok(());
-        }
         let me = self.rank;
         let links = connect_pairs(
             boot,
