@@ -158,6 +158,9 @@ impl WorkerHandle {
             sel,
             tree_steps,
             scratch2: Vec::new(),
+            probe_next: ProbeStart::default(),
+            probe_pending: false,
+            probe_timed: true,
         }));
         let st = Arc::clone(&state);
         let join = std::thread::Builder::new()
@@ -293,6 +296,27 @@ pub(crate) struct Worker {
     tree_steps: Vec<crate::tree::TreeStep>,
     /// Second scratch buffer (Tree merges with the partial of a lower rank first).
     scratch2: Vec<u8>,
+    /// The current operation's probe start ([`Worker::probe_start`]), kept in place (no
+    /// copy per operation); `probe_pending`: a Tree operation runs it once its first
+    /// message is sent ([`Worker::start_pending_probe`]).
+    probe_next: ProbeStart,
+    probe_pending: bool,
+    /// Whether the current operation's end is read from the clock (`Source::start_op`).
+    probe_timed: bool,
+}
+
+/// What the probe's start of one operation needs ([`Worker::probe_start`]).
+#[derive(Debug, Default)]
+pub(super) struct ProbeStart {
+    counter: u64,
+    seq: probe::OpSeq,
+    /// Set for every operation started (`None` only before the first).
+    info: Option<probe::OpTypeSet>,
+    t_start: u64,
+    n_channels: usize,
+    /// A Tree AllReduce's messages on channel 0 (sent, received); ring plans' expected
+    /// counts come from their lanes.
+    tree_expected: Option<(u64, u64)>,
 }
 
 /// The state of one lane being run.
@@ -488,28 +512,33 @@ impl Worker {
         sh.op_counter.store(counter + 1, Ordering::Release);
         // Probing can be paused at run time (`Comm::set_probing`): decided once per operation.
         let probing = sh.probe_on && sh.frame.is_measuring();
-        if let (true, Some(src)) = (probing, &sh.source) {
-            // Before the operation starts: its records and the heartbeats number it in its
-            // sequence space (collective / p2p), not by the local counter.
-            src.set_seq(counter, seq_id);
-        }
-        let block = probing.then(|| sh.frame.begin_op(sh.comm_id, counter, plan.n_channels));
-        if let Some(b) = block {
-            // What the schedule expects of each channel: the analyzer's progress fractions
-            // of a hung operation (H3) use it.
-            for lane in &plan.lanes {
-                let (send, recv) = lane.step_counts();
-                sh.frame.add_expected(b, lane.channel, send, recv);
-            }
-            if let (HostAlgo::Tree, WorkItem::Coll(c)) = (algo, item) {
-                let (send, recv) = tree_counts(c, proto, &self.tree_steps, &sh.tuning);
-                sh.frame.add_expected(b, 0, send, recv);
-            }
-        }
         // One clock read for the op log's start time and the peer-check timer.
         let t_start = now_ns();
+        // The operation's frame block (`Frame::begin_op` claims `counter % FRAME_BLOCKS`).
+        let block = probing.then_some((counter % probe::FRAME_BLOCKS as u64) as usize);
+        // A Tree AllReduce (small messages, where the probe's bookkeeping is a visible
+        // share of the operation) starts the probe once its first message is on its way,
+        // so that the bookkeeping overlaps the wait for the partner's (`run_tree`); the
+        // other operations start it here.
+        self.probe_timed = true;
         if probing {
-            sh.op_log.start(counter, &info, t_start);
+            let p = &mut self.probe_next;
+            p.counter = counter;
+            p.seq = seq_id;
+            p.info = Some(info);
+            p.t_start = t_start;
+            p.n_channels = plan.n_channels;
+            p.tree_expected = match (algo, item) {
+                (HostAlgo::Tree, WorkItem::Coll(c)) => {
+                    Some(tree_counts(c, proto, &self.tree_steps, &sh.tuning))
+                }
+                _ => None,
+            };
+            if algo == HostAlgo::Tree {
+                self.probe_pending = true;
+            } else {
+                self.probe_timed = self.probe_start(&plan.lanes);
+            }
         }
         log_call(item, &info, sh.rank, sh.nranks, sh.comm_id, counter, None);
         // Tree links are made at init.
@@ -558,6 +587,8 @@ impl Worker {
                 ),
             });
         drop(staged);
+        // A Tree operation that failed before its first message still has its start.
+        self.start_pending_probe();
         if fault.halve {
             self.diverged = true;
         }
@@ -570,7 +601,11 @@ impl Worker {
             }
         }
         if probing {
-            let fin = sh.op_log.finish(counter, now_ns(), r.is_ok());
+            let end = match &sh.source {
+                Some(src) => src.end_time(counter, t_start, self.probe_timed, r.is_ok()),
+                None => probe::EndTime::exact(now_ns()),
+            };
+            let fin = sh.op_log.finish(counter, end, r.is_ok());
             if let (Some(src), Some(fin)) = (&sh.source, fin) {
                 match &r {
                     Ok(()) => src.op_done(&fin),
@@ -587,6 +622,42 @@ impl Worker {
             }
         }
         r
+    }
+
+    /// The probe's start of the current operation (`probe_next`): its sequence space and record thinning
+    /// (`Source::start_op`), its frame block with what the schedule expects of each
+    /// channel (the analyzer's progress fractions of a hung operation, H3), its op-log
+    /// entry. Returns whether its end is read from the clock.
+    fn probe_start(&self, lanes: &[Lane]) -> bool {
+        let (sh, s) = (&self.shared, &self.probe_next);
+        // Before the frame shows the operation: its records and the heartbeats number it
+        // in its sequence space (collective / p2p), not by the local counter.
+        let timed = sh
+            .source
+            .as_ref()
+            .is_none_or(|src| src.start_op(s.counter, &s.seq, s.t_start));
+        let b = sh.frame.begin_op(sh.comm_id, s.counter, s.n_channels);
+        for lane in lanes {
+            let (send, recv) = lane.step_counts();
+            sh.frame.add_expected(b, lane.channel, send, recv);
+        }
+        if let Some((send, recv)) = s.tree_expected {
+            sh.frame.add_expected(b, 0, send, recv);
+        }
+        if let Some(info) = &s.info {
+            sh.op_log.start(s.counter, info, s.t_start);
+        }
+        timed
+    }
+
+    /// Runs the probe start a Tree operation deferred ([`Worker::probe_start`]), if it is
+    /// still pending: before the operation's first count goes into its frame block, at its
+    /// first wait, or at its end.
+    pub(super) fn start_pending_probe(&mut self) {
+        if self.probe_pending {
+            self.probe_pending = false;
+            self.probe_timed = self.probe_start(&[]);
+        }
     }
 
     fn reducer(&self, spec: &RedSpec, dtype: DataType) -> Result<Reducer> {

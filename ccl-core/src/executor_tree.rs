@@ -25,6 +25,9 @@ pub(super) struct TreeOp<'a> {
     pub elem: usize,
     pub desc: [u64; FifoLayout::DESC_WORDS],
     pub check: bool,
+    /// The operation's frame block. Counts go into it only after the probe's start,
+    /// which the Tree run defers to its first sent message or first wait
+    /// ([`Worker::start_pending_probe`]).
     pub block: Option<usize>,
     /// Start time, [`super::now_ns`] clock.
     pub t_start: u64,
@@ -188,6 +191,9 @@ impl Worker {
                 }
             }
             ring_bell(&me.t.peer_bells, Some(peer));
+            // The message is on its way: the probe's start, deferred to here, overlaps the
+            // partner's receiving it.
+            me.start_pending_probe();
             if let Some(b) = op.block {
                 me.shared.frame.add_send(b, 0, 1);
             }
@@ -263,6 +269,7 @@ impl Worker {
                 return Err(me.inconsistent(&m));
             }
             ring_bell(&me.t.peer_bells, Some(peer));
+            me.start_pending_probe();
             if let Some(b) = op.block {
                 me.shared.frame.add_recv(b, 0, 1);
             }
@@ -303,8 +310,10 @@ impl Worker {
                 continue;
             }
             if !w.spin_checked {
-                // First wait of the operation: no spinning if a peer shares our CPU.
+                // First wait of the operation: no spinning if a peer shares our CPU; a
+                // probe start still pending runs now, while the partner is awaited.
                 w.spin_checked = true;
+                self.start_pending_probe();
                 if self.peer_on_my_cpu() {
                     w.backoff = Backoff::with_yield(self.yield_for);
                 }

@@ -96,6 +96,7 @@ mod tests {
             device: -1,
             cpu_wait_ns: None,
             frozen_ns: None,
+            duration_estimated: false,
             gap_ns: None,
             stride: 0,
             failure: 0,

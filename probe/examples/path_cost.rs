@@ -6,7 +6,8 @@
 //! cargo run --release -p probe --example path_cost [-- ITERATIONS]
 //! ```
 //! Each step runs ITERATIONS times (default 2,000,000) in 9 rounds; the median round is
-//! printed, with the whole sequence last.
+//! printed, with the whole sequence last (its start time given, as the executor's peer
+//! check reads it anyway; its end read from the clock only where `Source::end_time` says).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -79,7 +80,12 @@ fn main() {
                 std::hint::black_box(frame.is_measuring());
             }),
         ),
-        ("set_seq", time(iters, &mut c, |n| src.set_seq(n, seq(n)))),
+        (
+            "start_op (sequence, thinning)",
+            time(iters, &mut c, |n| {
+                std::hint::black_box(src.start_op(n, &seq(n), n));
+            }),
+        ),
         (
             "begin_op + add_expected",
             time(iters, &mut c, |n| {
@@ -97,20 +103,23 @@ fn main() {
             "op_log start + finish",
             time(iters, &mut c, |n| {
                 log.start(n, &info, n);
-                std::hint::black_box(log.finish(n, n + 1, true));
+                std::hint::black_box(log.finish(n, probe::EndTime::exact(n + 1), true));
             }),
         ),
         (
             "whole sequence",
             time(iters, &mut c, |n| {
                 if frame.is_measuring() {
-                    src.set_seq(n, seq(n));
+                    // (The executor reads the start time anyway, for its peer check.)
+                    let t = n;
+                    let timed = src.start_op(n, &seq(n), t);
                     let b = frame.begin_op(0x1234, n, 1);
                     frame.add_expected(b, 0, 1, 1);
-                    log.start(n, &info, probe::now_ns());
+                    log.start(n, &info, t);
                     frame.add_send(b, 0, 1);
                     frame.add_recv(b, 0, 1);
-                    if let Some(fin) = log.finish(n, probe::now_ns(), true) {
+                    let end = src.end_time(n, t, timed, true);
+                    if let Some(fin) = log.finish(n, end, true) {
                         src.op_done(&fin);
                     }
                 }

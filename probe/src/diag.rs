@@ -33,7 +33,7 @@
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::atomic::{fence, AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 use ccld_wire as wire;
 
 use crate::frame::Frame;
-use crate::optype::{OpLog, OpSnapshot, OpState};
+use crate::optype::{EndTime, OpLog, OpSnapshot, OpState};
 use crate::sched::CpuWaitTracker;
 use crate::seqspace::{OpSeq, SeqLog, SeqSpace};
 use crate::thin;
@@ -78,6 +78,21 @@ pub fn now_ns() -> u64 {
     static BASE: OnceLock<u64> = OnceLock::new();
     let now = clock_monotonic_ns();
     now.saturating_sub(*BASE.get_or_init(|| now))
+}
+
+/// The diagnostic thread's latest [`now_ns`] reading, stored at every sampling tick (0
+/// before its first): what an operation whose end is not timed takes as its end
+/// ([`Source::end_time`]), at most one sampling period old while the thread runs.
+static COARSE_NS: AtomicU64 = AtomicU64::new(0);
+
+/// [`COARSE_NS`]: a load, no clock read.
+fn coarse_now_ns() -> u64 {
+    COARSE_NS.load(Ordering::Relaxed)
+}
+
+/// Stored by the diagnostic thread at each tick.
+pub(crate) fn set_coarse_now(now_ns: u64) {
+    COARSE_NS.store(now_ns, Ordering::Relaxed);
 }
 
 /// Identity of one communicator rank, given at registration.
@@ -124,13 +139,22 @@ struct ThinState {
     /// Counter + 1 and start time of the operation that opened the current epoch.
     epoch_counter: AtomicU64,
     epoch_start_ns: AtomicU64,
-    /// Counter + 1 and end time of the latest completed operation.
+    /// Counter + 1 and end time of the latest completed operation, and whether that end
+    /// was timed (else the next operation's computation gap is unknown).
     last_counter: AtomicU64,
     last_end_ns: AtomicU64,
+    last_timed: AtomicBool,
+    /// Counter + 1 of the latest operation whose start decided to report its completion
+    /// ([`Source::start_op`]).
+    report_of: AtomicU64,
+    /// The latest start's prediction for the next collective: its number + 1, shifted
+    /// left by one, with the selection (under the stride of that start) in bit 0.
+    predicted: AtomicU64,
     /// Counter + 1 of the latest operation the diagnostic thread sent an in-flight
     /// snapshot of: its completion is reported whatever the stride.
     snapshotted: AtomicU64,
-    /// Completions reported / left out by thinning.
+    /// Completions reported / left out by thinning (operations run while probing was
+    /// paused are neither).
     reported: AtomicU64,
     skipped: AtomicU64,
     /// Bit `c % 64` set: the completion of operation `c` (of the last 64) was reported.
@@ -324,8 +348,10 @@ impl Source {
     /// time since its previous operation (`counter - 1`) ended, if that one completed.
     fn gap_before(&self, counter: u64, start_ns: u64) -> Option<u64> {
         let t = &self.thin;
-        (counter > 0 && t.last_counter.load(Ordering::Relaxed) == counter)
-            .then(|| start_ns.saturating_sub(t.last_end_ns.load(Ordering::Relaxed)))
+        (counter > 0
+            && t.last_counter.load(Ordering::Relaxed) == counter
+            && t.last_timed.load(Ordering::Relaxed))
+        .then(|| start_ns.saturating_sub(t.last_end_ns.load(Ordering::Relaxed)))
     }
 
     /// The stride for operation `counter` starting at `start_ns`: reconsidered at every
@@ -347,10 +373,54 @@ impl Source {
     }
 
     /// Called by the executor before it starts local operation `local` (the op-log
-    /// counter): the operation's collective or p2p sequence numbers, which its records and
-    /// the heartbeats carry ([`crate::seqspace`]).
-    pub fn set_seq(&self, local: u64, id: OpSeq) {
+    /// counter) at `start_ns`, before the frame's `begin_op`:
+    /// - numbers it in its sequence space (collective / p2p), which its records and the
+    ///   heartbeats carry ([`crate::seqspace`]);
+    /// - at an epoch boundary, reconsiders the thinning stride ([`thin`]);
+    /// - decides whether its completion is reported (a failure or an in-flight snapshot
+    ///   reports it anyway, [`Source::op_done`]);
+    /// - returns whether its end must be read from the clock ([`Source::end_time`]): when
+    ///   its own record may be reported, and when the next collective's may be (its
+    ///   computation gap is measured from this end), i.e. when the next collective number
+    ///   is in the sample or the next operation opens an epoch (the stride may change
+    ///   there). A p2p group's gap is not predicted (the analyzer times no p2p round).
+    pub fn start_op(&self, local: u64, id: &OpSeq, start_ns: u64) -> bool {
+        let t = &self.thin;
+        let (key, next_coll) = match id.space {
+            SeqSpace::Collective => (id.number, id.number + 1),
+            SeqSpace::P2p => (local, self.seqs.last_collective().map_or(0, |n| n + 1)),
+        };
         self.seqs.set(local, id);
+        let stride = self.stride_for(local, start_ns);
+        let comm = self.ident.comm_id;
+        // The previous start predicted this collective's selection under the same stride,
+        // unless the stride changed here.
+        let predicted = t.predicted.load(Ordering::Relaxed);
+        let report = if predicted >> 1 == key + 1 && local % thin::EPOCH_OPS != 0 {
+            predicted & 1 == 1
+        } else {
+            thin::selected(comm, key, stride)
+        };
+        if report {
+            t.report_of.store(local + 1, Ordering::Relaxed);
+        }
+        let next = thin::selected(comm, next_coll, stride);
+        t.predicted
+            .store((next_coll + 1) << 1 | u64::from(next), Ordering::Relaxed);
+        report || next || (local + 1) % thin::EPOCH_OPS == 0
+    }
+
+    /// When operation `local`, started at `start_ns`, ended: the clock when `timed` (what
+    /// [`Source::start_op`] returned), when it failed, or when the diagnostic thread sent
+    /// an in-flight snapshot of it (its completion closes that snapshot); otherwise an
+    /// estimate, the diagnostic thread's latest tick (not before the start), which costs
+    /// a load instead of a clock read.
+    pub fn end_time(&self, local: u64, start_ns: u64, timed: bool, ok: bool) -> EndTime {
+        if timed || !ok || self.thin.snapshotted.load(Ordering::Relaxed) == local + 1 {
+            EndTime::exact(now_ns())
+        } else {
+            EndTime::estimate(coarse_now_ns().max(start_ns))
+        }
     }
 
     /// Completions of this rank reported so far and left out by thinning.
@@ -365,14 +435,17 @@ impl Source {
     /// returned: unless thinning leaves it out ([`thin`]), copies its counters and queues
     /// them for the diagnostic thread without blocking.
     pub fn op_done(&self, snap: &OpSnapshot) {
-        // On the host backend the completing thread ran the operation (on the device
-        // backend it is a CUDA callback thread, whose CPU wait says nothing).
-        if self.ident.device < 0 {
-            self.note_exec_tid();
-        }
         let Some(thinning) = self.thin_completion(snap) else {
             return;
         };
+        // On the host backend the completing thread ran the operation (on the device
+        // backend it is a CUDA callback thread, whose CPU wait says nothing). Noted at
+        // reported completions (a thread-local read in a shared library is not free):
+        // the run-queue delay sampled every few tens of ms belongs to the thread that ran
+        // the rank's recent operations.
+        if self.ident.device < 0 {
+            self.note_exec_tid();
+        }
         let msg = self.done_message(snap, thinning);
         if global().done_tx.try_send(msg).is_err() {
             // Full queue (or no diagnostic thread): dropped, counted.
@@ -412,23 +485,26 @@ impl Source {
     /// `Some` with what its record says about thinning, `None` when thinning leaves it out.
     fn thin_completion(&self, snap: &OpSnapshot) -> Option<Thinning> {
         let c = snap.op_counter;
-        let gap_ns = self.gap_before(c, snap.start_ns);
         let t = &self.thin;
-        t.last_counter.store(c + 1, Ordering::Relaxed);
-        t.last_end_ns.store(snap.end_ns, Ordering::Relaxed);
-        let stride = self.stride_for(c, snap.start_ns);
-        let report = snap.state != OpState::Completed
-            || thin::selected(self.ident.comm_id, self.seqs.thin_key(c), stride)
-            || {
-                // Pairs with the fence in `Sampler::sample` (the op log's finish store came
-                // before this): either the diagnostic thread sees this operation finished
-                // and sends no snapshot, or this load sees its mark and the snapshot is
-                // closed by this completion. (A fence costs a few ns here; skipping it for
-                // short operations would need a clock read, as the sampler's clock and the
-                // op log's end time are read at different moments.)
-                fence(Ordering::SeqCst);
+        let report =
+            snap.state != OpState::Completed || t.report_of.load(Ordering::Relaxed) == c + 1 || {
+                // Pairs with the heavy barrier in `Sampler::sample` (the op log's finish
+                // store came before this): either the diagnostic thread sees this
+                // operation finished and sends no snapshot, or this load sees its mark and
+                // the snapshot is closed by this completion. The costs of the store-load
+                // barrier are on the sampler's side ([`crate::asym`]).
+                crate::asym::light();
                 t.snapshotted.load(Ordering::Relaxed) == c + 1
             };
+        // Read before this completion becomes the latest.
+        let gap_ns = if report {
+            self.gap_before(c, snap.start_ns)
+        } else {
+            None
+        };
+        t.last_counter.store(c + 1, Ordering::Relaxed);
+        t.last_end_ns.store(snap.end_ns, Ordering::Relaxed);
+        t.last_timed.store(snap.timed, Ordering::Relaxed);
         // Single writer: plain read-modify-writes (no locked instruction).
         let bump = |a: &AtomicU64| a.store(a.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         let bit = 1u64 << (c % 64);
@@ -440,7 +516,10 @@ impl Source {
         }
         t.recent.store(recent | bit, Ordering::Relaxed);
         bump(&t.reported);
-        Some(Thinning { gap_ns, stride })
+        Some(Thinning {
+            gap_ns,
+            stride: t.stride.load(Ordering::Relaxed).max(1),
+        })
     }
 }
 

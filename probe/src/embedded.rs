@@ -384,6 +384,7 @@ pub(crate) mod tests {
             device: -1,
             cpu_wait_ns: None,
             frozen_ns: None,
+            duration_estimated: false,
             gap_ns: None,
             stride: 0,
             failure: 0,

@@ -11,7 +11,7 @@
 //! one writer (the executor, or a kernel) and any number of readers (the diagnostic thread)
 //! share it without locks.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 /// Number of blocks in the frame body (operations in flight that can be told apart).
 pub const FRAME_BLOCKS: usize = 8;
@@ -124,6 +124,10 @@ pub struct Frame {
     /// 224. Written by the single writer only. Not used for a frame over external memory
     /// (which a device kernel writes): every reset there clears the whole block.
     dirty: [AtomicUsize; FRAME_BLOCKS],
+    /// Whether measurement is on: the authority behind the header's mode flag
+    /// ([`Frame::set_mode`]), so that the writer publishes the header word with a plain
+    /// store instead of a locked read-modify-write per operation.
+    measuring: AtomicBool,
 }
 
 /// Called once when a frame over external memory is dropped (frees that memory).
@@ -222,6 +226,7 @@ impl Frame {
             },
             n_channels,
             dirty: Default::default(),
+            measuring: AtomicBool::new(false),
         };
         frame.set_mode(true);
         frame
@@ -264,6 +269,7 @@ impl Frame {
             },
             n_channels,
             dirty: Default::default(),
+            measuring: AtomicBool::new(false),
         };
         frame.set_mode(true);
         frame
@@ -370,8 +376,12 @@ impl Frame {
     }
 
     /// Turns measurement on or off (the header's mode flag). Safe to call while another
-    /// thread starts operations: both update their half of the word atomically.
+    /// thread starts operations: the flag's authority is a word of its own, which the
+    /// writer reads at every operation; the header's mode half follows here and at the
+    /// writer's next `begin_op`, and [`Frame::header`] reports it off while the flag is
+    /// off, whichever store the header word saw last.
     pub fn set_mode(&self, on: bool) {
+        self.measuring.store(on, Ordering::Release);
         let w = &self.words[W_MODE_KINDEX];
         if on {
             w.fetch_or(1, Ordering::AcqRel);
@@ -382,7 +392,7 @@ impl Frame {
 
     /// Whether measurement is on.
     pub fn is_measuring(&self) -> bool {
-        self.words[W_MODE_KINDEX].load(Ordering::Acquire) & 0xffff_ffff != 0
+        self.measuring.load(Ordering::Acquire)
     }
 
     /// Starts operation `op_counter` of communicator `comm_id` on `n_channels` channels:
@@ -401,8 +411,9 @@ impl Frame {
             dirty.store(n_channels.min(self.n_channels), Ordering::Relaxed);
             written
         };
+        let mode = self.measuring.load(Ordering::Relaxed);
         self.view()
-            .begin_op(comm_id, op_counter, n_channels, written)
+            .begin_op(comm_id, op_counter, n_channels, written, mode)
     }
 
     /// Notes that the writer writes `channel` of `block` (a channel past the operation's
@@ -432,7 +443,9 @@ impl Frame {
 
     /// Reads the header.
     pub fn header(&self) -> FrameHeaderSnapshot {
-        self.view().header()
+        let mut h = self.view().header();
+        h.mode &= self.is_measuring();
+        h
     }
 
     /// Reads the Trace ID stored in `block`.
@@ -459,9 +472,6 @@ impl Frame {
 pub(crate) trait FrameWord {
     fn load(&self, order: Ordering) -> u64;
     fn store(&self, v: u64, order: Ordering);
-    /// Replaces the high 32 bits (the kernel index), keeping the low half (the mode flag,
-    /// which `set_mode` may switch concurrently), with `order` on success.
-    fn set_high_half(&self, hi: u32, order: Ordering);
 }
 
 impl FrameWord for AtomicU64 {
@@ -472,12 +482,6 @@ impl FrameWord for AtomicU64 {
     #[inline(always)]
     fn store(&self, v: u64, order: Ordering) {
         AtomicU64::store(self, v, order)
-    }
-    #[inline(always)]
-    fn set_high_half(&self, hi: u32, order: Ordering) {
-        let _ = self.fetch_update(order, Ordering::Relaxed, |w| {
-            Some((w & 0xffff_ffff) | (u64::from(hi) << 32))
-        });
     }
 }
 
@@ -514,7 +518,14 @@ impl<W: FrameWord> View<'_, W> {
 
     /// Starts `op_counter` in its block, resetting the block's first `written` channels
     /// (the writer guarantees that every channel from `written` up is zero already).
-    fn begin_op(&self, comm_id: u64, op_counter: u64, n_channels: usize, written: usize) -> usize {
+    fn begin_op(
+        &self,
+        comm_id: u64,
+        op_counter: u64,
+        n_channels: usize,
+        written: usize,
+        mode: bool,
+    ) -> usize {
         let block = (op_counter % FRAME_BLOCKS as u64) as usize;
         let base = self.block_word(block);
         for ch in 0..written.min(self.n_channels) {
@@ -530,8 +541,9 @@ impl<W: FrameWord> View<'_, W> {
         self.words[base + 1].store(op_counter & 0xffff_ffff, Ordering::Relaxed);
         let n_ch = n_channels.min(self.n_channels) as u64;
         self.words[W_NCHANNELS].store(n_ch, Ordering::Relaxed);
-        // The kernel index half only: the mode half may be switched concurrently.
-        self.words[W_MODE_KINDEX].set_high_half(block as u32, Ordering::Release);
+        // The writer owns the whole word: the mode half is the flag as it reads it
+        // (`Frame::measuring` is the authority when `set_mode` races this store).
+        self.words[W_MODE_KINDEX].store(u64::from(mode) | (block as u64) << 32, Ordering::Release);
         self.words[W_OP_COUNTER].store(op_counter, Ordering::Release);
         block
     }
@@ -794,6 +806,15 @@ mod tests {
         assert_eq!(f.header().kernel_index, 3);
         f.set_mode(true);
         assert!(f.header().mode);
+        // A writer that read the flag on just before a pause publishes the header word
+        // with the mode on after `set_mode(false)` cleared it: the header still reads off.
+        f.set_mode(false);
+        f.view().begin_op(1, 4, 1, 1, true);
+        let h = f.header();
+        assert!(!h.mode && !f.is_measuring());
+        assert_eq!((h.op_counter, h.kernel_index), (4, 4));
+        f.set_mode(true);
+        assert!(f.header().mode);
     }
 
     #[test]
@@ -837,11 +858,6 @@ mod loom_tests {
         fn store(&self, v: u64, order: Ordering) {
             LoomU64::store(self, v, order)
         }
-        fn set_high_half(&self, hi: u32, order: Ordering) {
-            let _ = self.fetch_update(order, Ordering::Relaxed, |w| {
-                Some((w & 0xffff_ffff) | (u64::from(hi) << 32))
-            });
-        }
     }
 
     const COMM: u64 = 0xc0;
@@ -864,10 +880,10 @@ mod loom_tests {
                     words: &w2[..],
                     n_channels: 1,
                 };
-                let b = v.begin_op(COMM, 0, 1, 1);
+                let b = v.begin_op(COMM, 0, 1, 1, true);
                 v.add_count(b, 0, 0, 1);
                 v.add_count(b, 0, 0, 1);
-                let b8 = v.begin_op(COMM, 8, 1, 1);
+                let b8 = v.begin_op(COMM, 8, 1, 1, true);
                 assert_eq!(b8, b, "operation 8 reuses block 0");
                 v.add_count(b8, 0, 0, 1);
             });

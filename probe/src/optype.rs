@@ -35,8 +35,39 @@ pub struct OpSnapshot {
     pub start_ns: u64,
     /// End time (0 while in flight).
     pub end_ns: u64,
+    /// Whether `end_ns` was read from the clock at the end (false: an estimate to within
+    /// the diagnostic thread's sampling period, [`EndTime::estimate`]).
+    pub timed: bool,
     /// State.
     pub state: OpState,
+}
+
+/// When an operation ended, as [`OpLog::finish`] records it.
+///
+/// The probe reads the clock at the end of the operations whose records it may report
+/// (`Source::start_op`); a completion that record thinning leaves out gets an estimate
+/// instead, since one clock read is a few percent of a sub-microsecond operation. An
+/// estimated end serves the diagnostic thread's "idle since" check and, should the
+/// completion be reported after all (`Sampler::backfill`), a duration the analyzer
+/// counts the round's completion by but never times a round with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EndTime {
+    /// Nanoseconds on the rank's monotonic clock ([`crate::now_ns`]).
+    pub ns: u64,
+    /// Read from the clock at the end (false: estimated).
+    pub timed: bool,
+}
+
+impl EndTime {
+    /// An end read from the clock.
+    pub fn exact(ns: u64) -> EndTime {
+        EndTime { ns, timed: true }
+    }
+
+    /// An estimated end.
+    pub fn estimate(ns: u64) -> EndTime {
+        EndTime { ns, timed: false }
+    }
 }
 
 const SLOT_WORDS: usize = 8;
@@ -61,6 +92,9 @@ impl Default for OpLog {
     }
 }
 
+/// Bit of the state word (word 1): the end time was read from the clock.
+const TIMED_BIT: u64 = 1 << 40;
+
 fn encode(op_counter: u64, i: &OpTypeSet, start_ns: u64, end_ns: u64, st: OpState) -> [u64; 8] {
     [
         op_counter,
@@ -68,7 +102,8 @@ fn encode(op_counter: u64, i: &OpTypeSet, start_ns: u64, end_ns: u64, st: OpStat
             | u64::from(i.algo as u8) << 8
             | u64::from(i.proto as u8) << 16
             | u64::from(i.dtype) << 24
-            | u64::from(st as u8) << 32,
+            | u64::from(st as u8) << 32
+            | TIMED_BIT,
         u64::from(i.redop as u32) | u64::from(i.n_channels) << 32,
         i.count,
         i.bytes,
@@ -101,6 +136,7 @@ fn decode(w: &[u64; 8]) -> Option<OpSnapshot> {
         },
         start_ns: w[6],
         end_ns: w[7],
+        timed: w[1] & TIMED_BIT != 0,
         state,
     })
 }
@@ -141,7 +177,8 @@ impl OpLog {
     ///
     /// Only the writer changes a slot, so it reads its own slot without the sequence
     /// check, and rewrites only the two words that change (state, end time).
-    pub fn finish(&self, op_counter: u64, end_ns: u64, ok: bool) -> Option<OpSnapshot> {
+    pub fn finish(&self, op_counter: u64, end: EndTime, ok: bool) -> Option<OpSnapshot> {
+        let end_ns = end.ns;
         let slot = &self.slots[(op_counter % FRAME_BLOCKS as u64) as usize];
         if slot.seq.load(Ordering::Relaxed) == 0 {
             return None;
@@ -157,7 +194,10 @@ impl OpLog {
             OpState::Failed
         };
         snap.end_ns = end_ns;
-        let state_word = (w[1] & !(0xff << 32)) | u64::from(snap.state as u8) << 32;
+        snap.timed = end.timed;
+        let timed = if end.timed { TIMED_BIT } else { 0 };
+        let state_word =
+            (w[1] & !(0xff << 32) & !TIMED_BIT) | u64::from(snap.state as u8) << 32 | timed;
         let s = slot.seq.load(Ordering::Relaxed);
         slot.seq.store(s.wrapping_add(1), Ordering::Relaxed);
         std::sync::atomic::fence(Ordering::Release);
@@ -219,23 +259,41 @@ mod tests {
         let s = log.get(3).unwrap();
         assert_eq!(s.info, info());
         assert_eq!((s.start_ns, s.end_ns, s.state), (111, 0, OpState::InFlight));
-        let fin = log.finish(3, 222, true).unwrap();
+        let fin = log.finish(3, EndTime::exact(222), true).unwrap();
         assert_eq!(Some(fin), log.get(3), "finish returns the entry it stored");
         assert_eq!(log.get(3).unwrap().state, OpState::Completed);
         assert_eq!(log.get(3).unwrap().end_ns, 222);
         log.start(11, &info(), 333);
         assert!(log.get(3).is_none(), "slot reused by op 11");
         assert!(
-            log.finish(3, 444, false).is_none(),
+            log.finish(3, EndTime::exact(444), false).is_none(),
             "stale finish is ignored"
         );
         assert_eq!(log.get(11).unwrap().state, OpState::InFlight);
-        let failed = log.finish(11, 555, false).unwrap();
+        let failed = log.finish(11, EndTime::exact(555), false).unwrap();
         assert_eq!(Some(failed), log.get(11));
         assert_eq!(
             (failed.info, failed.start_ns, failed.end_ns, failed.state),
             (info(), 333, 555, OpState::Failed)
         );
+        assert!(failed.timed);
+    }
+
+    #[test]
+    fn an_estimated_end_is_kept_apart_from_a_timed_one() {
+        let log = OpLog::new();
+        log.start(5, &info(), 100);
+        let fin = log.finish(5, EndTime::estimate(900), true).unwrap();
+        assert_eq!(
+            (fin.end_ns, fin.timed, fin.state),
+            (900, false, OpState::Completed)
+        );
+        assert_eq!(log.get(5), Some(fin));
+        // The slot's next operation starts timed again, whatever the last one was.
+        log.start(13, &info(), 1_000);
+        let fin = log.finish(13, EndTime::exact(1_200), true).unwrap();
+        assert!(fin.timed && log.get(13).unwrap().timed);
+        assert_eq!(log.get(13).unwrap().info, info());
     }
 
     #[test]

@@ -115,7 +115,7 @@ impl SeqLog {
 
     /// Records the identity of local operation `local` (single writer, before the
     /// operation starts).
-    pub fn set(&self, local: u64, id: OpSeq) {
+    pub fn set(&self, local: u64, id: &OpSeq) {
         match id.space {
             SeqSpace::Collective => self.last_coll.store(id.number + 1, Ordering::Relaxed),
             SeqSpace::P2p => self.p2p_groups.store(id.number + 1, Ordering::Relaxed),
@@ -130,7 +130,7 @@ impl SeqLog {
         }
         if !id.p2p.is_empty() {
             flags |= FLAG_P2P_LIST;
-            *slot.p2p.lock() = id.p2p;
+            slot.p2p.lock().clone_from(&id.p2p);
         }
         slot.local.store(local + 1, Ordering::Relaxed);
         slot.number.store(id.number, Ordering::Relaxed);
@@ -213,7 +213,7 @@ mod tests {
     fn ring_keeps_the_last_blocks_and_counts_both_spaces() {
         let log = SeqLog::new();
         assert_eq!((log.last_collective(), log.p2p_groups()), (None, None));
-        log.set(0, coll(0));
+        log.set(0, &coll(0));
         let p = OpSeq {
             space: SeqSpace::P2p,
             number: 0,
@@ -225,8 +225,8 @@ mod tests {
                 dtype: 7,
             }],
         };
-        log.set(1, p.clone());
-        log.set(2, coll(1));
+        log.set(1, &p);
+        log.set(2, &coll(1));
         assert_eq!(log.get(1), Some(p));
         assert_eq!(log.get(2), Some(coll(1)));
         assert_eq!(
@@ -236,7 +236,7 @@ mod tests {
         assert_eq!((log.thin_key(2), log.thin_key(1)), (1, 1));
         // Overwritten slot: local 2 + FRAME_BLOCKS replaces local 2.
         let l = 2 + FRAME_BLOCKS as u64;
-        log.set(l, coll(9));
+        log.set(l, &coll(9));
         assert_eq!(log.get(2), None);
         assert_eq!(log.get(l), Some(coll(9)));
         assert_eq!(log.thin_key(2), 2);
@@ -248,7 +248,7 @@ mod tests {
     #[test]
     fn a_reader_never_returns_a_half_written_slot() {
         let log = std::sync::Arc::new(SeqLog::new());
-        log.set(3, coll(30));
+        log.set(3, &coll(30));
         // The writer's first half of `set(3 + FRAME_BLOCKS, ..)`: version odd, counter
         // written, number not yet.
         let slot = log.slot(3);

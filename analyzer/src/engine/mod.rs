@@ -377,7 +377,19 @@ impl Engine {
             Self::touch_rank(comm, rec, c, now_ns);
             return Ok(());
         }
-        if e.state == ST_INFLIGHT && rec.duration_ns.saturating_add(skew) < e.duration_ns {
+        let estimated = rec.duration_estimated && state == ST_DONE;
+        // An estimated end may come out before the latest in-flight snapshot's clock
+        // (the probe's estimate is up to a sampling period old): the snapshot's is the
+        // better bound then.
+        let duration_ns = if estimated {
+            rec.duration_ns.max(e.duration_ns)
+        } else {
+            rec.duration_ns
+        };
+        if e.state == ST_INFLIGHT
+            && !estimated
+            && rec.duration_ns.saturating_add(skew) < e.duration_ns
+        {
             return Err(Reject::ClockBackwards {
                 comm_id,
                 rank,
@@ -396,7 +408,7 @@ impl Engine {
             None => MAX_ALT_TYPES as u16,
         };
         let sums = chan_sums(&rec.channels);
-        let start_est = now_ns.saturating_sub(rec.duration_ns).min(e.start_est_ns);
+        let start_est = now_ns.saturating_sub(duration_ns).min(e.start_est_ns);
         let gap_ns = if e.gap_ns != NO_GAP {
             e.gap_ns
         } else if let Some(g) = rec.gap_ns {
@@ -405,7 +417,7 @@ impl Engine {
         } else {
             let info = &comm.ranks[ri];
             match info.last_done_op {
-                Some(p) if c > 0 && p == c - 1 => {
+                Some(p) if c > 0 && p == c - 1 && info.last_done_timed => {
                     rec.start_ns.saturating_sub(info.last_done_end_ns)
                 }
                 _ => NO_GAP,
@@ -413,11 +425,12 @@ impl Engine {
         };
         let ne = Entry {
             state,
+            estimated,
             type_idx,
             send_rate: sums.send_rate,
             recv_rate: sums.recv_rate,
             start_est_ns: start_est,
-            duration_ns: rec.duration_ns,
+            duration_ns,
             send: sums.send,
             recv: sums.recv,
             exp_send: sums.exp_send,
@@ -470,7 +483,7 @@ impl Engine {
         Self::touch_rank(comm, rec, c, now_ns);
         let info = &mut comm.ranks[ri];
         info.last_state = state;
-        info.last_duration_ns = rec.duration_ns;
+        info.last_duration_ns = duration_ns;
         info.last_send = sums.send;
         info.last_recv = sums.recv;
         info.last_send_rate = sums.send_rate;
@@ -487,11 +500,16 @@ impl Engine {
         if state == ST_DONE {
             if info.last_done_op.is_none_or(|p| p < c) {
                 info.last_done_op = Some(c);
-                info.last_done_end_ns = rec.start_ns.saturating_add(rec.duration_ns);
+                info.last_done_end_ns = rec.start_ns.saturating_add(duration_ns);
+                info.last_done_timed = !estimated;
             }
             info.done_ty = Some(tk);
             info.done_send = sums.send;
             info.done_recv = sums.recv;
+        }
+        if state == ST_DONE && !estimated {
+            // The window's timing of this rank (CPU wait, frozen time, rates, per-channel
+            // wait shares): timed completions only.
             let end = rec.start_ns.saturating_add(rec.duration_ns);
             if let Some(w) = rec.cpu_wait_ns {
                 info.cpu_wait.observe(end, w);
@@ -594,10 +612,13 @@ impl Engine {
         let round = &mut comm.rounds[idx];
         round.finalized = true;
         let entries = std::mem::take(&mut round.entries);
+        // A round is timed when every rank's duration was timed: a completion reported
+        // with an estimated end (thinned, then backfilled) counts, but times nothing.
         let usable = round.failed == 0
             && !round.barrier(cfg.barrier_max_bytes)
             && !round.p2p()
-            && round.types.len() == 1;
+            && round.types.len() == 1
+            && entries.iter().all(|e| !e.estimated);
         let op_counter = round.op_counter;
         let ty = round.types.first().copied();
         comm.rounds_completed += 1;

@@ -87,6 +87,9 @@ impl KindKey {
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Entry {
     pub(super) state: u8,
+    /// The duration is the probe's estimate (`OpRecord.duration_estimated`): the round's
+    /// completion counts, its timing does not.
+    pub(super) estimated: bool,
     pub(super) type_idx: u16,
     pub(super) send_rate: f32,
     pub(super) recv_rate: f32,
@@ -122,6 +125,7 @@ impl Default for Entry {
     fn default() -> Self {
         Entry {
             state: ST_NONE,
+            estimated: false,
             type_idx: NO_TYPE,
             send_rate: 0.0,
             recv_rate: 0.0,
@@ -218,6 +222,8 @@ pub(super) struct RankInfo {
     /// duration): the reference of the next operation's computation gap.
     pub(super) last_done_op: Option<u64>,
     pub(super) last_done_end_ns: u64,
+    /// That end was timed (not `OpRecord.duration_estimated`): a gap can be measured from it.
+    pub(super) last_done_timed: bool,
     /// Type set and counts of the rank's latest completed operation: the expected counts of
     /// a hung operation of the same type set when the probe does not report them.
     pub(super) done_ty: Option<TypeKey>,
@@ -306,6 +312,7 @@ impl RankInfo {
             last_in_flight_start_est: u64::MAX,
             last_done_op: None,
             last_done_end_ns: 0,
+            last_done_timed: false,
             done_ty: None,
             done_send: 0,
             done_recv: 0,

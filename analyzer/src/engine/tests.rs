@@ -44,6 +44,7 @@ fn rec(comm: u64, c: u64, rank: u32, n: u32, state: OpState, dur: u64) -> OpReco
         device: -1,
         cpu_wait_ns: None,
         frozen_ns: None,
+        duration_estimated: false,
         gap_ns: None,
         stride: 0,
         failure: 0,
@@ -687,6 +688,66 @@ fn slow_detection_matches_hand_computed_r_and_p() {
         [500 * MS, 500 * MS, 500 * MS, 100 * MS],
     );
     assert!(e.tick(T0 + 181 * S).is_empty());
+}
+
+/// A completion whose end the probe estimated (`duration_estimated`: a thinned round
+/// reported after all, before a suspected hang) completes its round, but the round times
+/// nothing: the slow round of `slow_detection_matches_hand_computed_r_and_p` raises no
+/// diagnosis when one of its records is estimated, and no gap is measured from it.
+#[test]
+fn a_round_with_an_estimated_duration_counts_but_is_not_timed() {
+    let mut e = Engine::new(slow_cfg());
+    round(&mut e, 1, T0 + S, [100 * MS, 90 * MS, 95 * MS, 99 * MS]);
+    round(&mut e, 2, T0 + 2 * S, [120 * MS, 90 * MS, 95 * MS, 99 * MS]);
+    round(&mut e, 3, T0 + 3 * S, [140 * MS, 90 * MS, 95 * MS, 99 * MS]);
+    round(&mut e, 4, T0 + 4 * S, [110 * MS; 4]);
+    assert!(e.tick(T0 + 61 * S).is_empty());
+    let before = e.stats().rounds_completed;
+    for (r, d) in [500 * MS, 500 * MS, 500 * MS, 100 * MS]
+        .into_iter()
+        .enumerate()
+    {
+        let mut x = rec(4, 5, r as u32, 4, OpState::Completed, d);
+        x.start_ns = 5 * 10 * S + 5 * S - d;
+        x.duration_estimated = r == 0;
+        e.ingest(&x, T0 + 70 * S).unwrap();
+    }
+    assert_eq!(e.stats().rounds_completed, before + 1, "round 5 completed");
+    assert!(e.tick(T0 + 122 * S).is_empty(), "but it times nothing");
+    // The same round with every duration timed is slow (the control).
+    let mut e = Engine::new(slow_cfg());
+    for (c, t, durs) in [
+        (1, 1, [100 * MS, 90 * MS, 95 * MS, 99 * MS]),
+        (2, 2, [120 * MS, 90 * MS, 95 * MS, 99 * MS]),
+        (3, 3, [140 * MS, 90 * MS, 95 * MS, 99 * MS]),
+        (4, 4, [110 * MS; 4]),
+        (5, 70, [500 * MS, 500 * MS, 500 * MS, 100 * MS]),
+    ] {
+        round(&mut e, c, T0 + t * S, durs);
+    }
+    e.tick(T0 + 61 * S);
+    assert_eq!(e.tick(T0 + 122 * S).len(), 1);
+
+    // An estimated completion may close an in-flight snapshot with a shorter duration
+    // than the snapshot's (the estimate is up to a sampling period old): accepted, with
+    // the snapshot's duration as the better bound. A timed one is still rejected.
+    let mut e = Engine::new(cfg());
+    e.ingest(&rec(9, 1, 0, 2, OpState::InFlight, 20 * S), T0)
+        .unwrap();
+    let mut done = rec(9, 1, 0, 2, OpState::Completed, S);
+    assert!(matches!(
+        e.ingest(&done, T0 + S),
+        Err(Reject::ClockBackwards { .. })
+    ));
+    done.duration_estimated = true;
+    e.ingest(&done, T0 + S).unwrap();
+    let st = e.comm_state(9, T0 + S).unwrap();
+    let r0 = st.ranks.iter().find(|r| r.rank == 0).unwrap();
+    assert_eq!(r0.last_duration_ns, 20 * S);
+    // No computation gap is measured from an estimated end: the next round's gap is
+    // unknown unless its record carries one.
+    let comm = &e.comms[&9];
+    assert!(!comm.ranks[0].last_done_timed);
 }
 
 #[test]

@@ -160,6 +160,7 @@ impl Sampler {
             mismatch: None,
             seq_space: wire::SeqSpace::Collective as i32,
             p2p: Vec::new(),
+            duration_estimated: snap.state != OpState::InFlight && !snap.timed,
         };
         // Numbered in its sequence space when the runtime registered it (not when a test
         // drives the op log directly).
@@ -235,13 +236,13 @@ impl Sampler {
                 && now.saturating_sub(snap.start_ns) >= inflight_ns
                 && now.saturating_sub(tr.last_snapshot_ns) >= inflight_ns
             {
-                // Mark first, then look again (pairs with the fence in `Source::op_done`):
-                // an operation that finished meanwhile gets no snapshot, one still running
-                // is sure to report its completion.
+                // Mark first, then look again (pairs with the light barrier in
+                // `Source::op_done`): an operation that finished meanwhile gets no
+                // snapshot, one still running is sure to report its completion.
                 s.thin
                     .snapshotted
                     .store(h.op_counter + 1, Ordering::Relaxed);
-                fence(Ordering::SeqCst);
+                crate::asym::heavy();
                 let running = s
                     .op_log
                     .get(h.op_counter)
@@ -307,7 +308,7 @@ impl Sampler {
             let gap_ns = k
                 .checked_sub(1)
                 .and_then(|p| s.op_log.get(p))
-                .filter(|p| p.state != OpState::InFlight)
+                .filter(|p| p.state != OpState::InFlight && p.timed)
                 .map(|p| snap.start_ns.saturating_sub(p.end_ns));
             let thinning = Thinning {
                 gap_ns,

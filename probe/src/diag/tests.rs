@@ -46,7 +46,10 @@ fn rates_are_reciprocal_change_ticks_and_completion_makes_a_record() {
         assert!(sm.sample(std::slice::from_ref(&s), 2_000 + t).is_empty());
     }
     s.frame.add_wait_upstream(b, 0, 300);
-    let fin = s.op_log.finish(5, 1_000 + 2_000_000_000, true).unwrap();
+    let fin = s
+        .op_log
+        .finish(5, EndTime::exact(1_000 + 2_000_000_000), true)
+        .unwrap();
     let d = Done {
         source: s.id,
         counter: 5,
@@ -81,10 +84,11 @@ fn records_carry_the_cpu_wait_of_the_thread_that_ran_the_operations() {
     let s = src(3);
     let mut sm = Sampler::new(DiagConfig::default());
     let op = |c: u64| {
+        s.start_op(c, &coll(c), 1_000);
         let b = s.frame.begin_op(0xabc, c, 2);
         s.frame.add_send(b, 0, 1);
         s.op_log.start(c, &info(), 1_000);
-        let fin = s.op_log.finish(c, 2_000, true).unwrap();
+        let fin = s.op_log.finish(c, EndTime::exact(2_000), true).unwrap();
         // This thread completes the operation: it is the one whose CPU wait counts.
         s.op_done(&fin);
         Done {
@@ -187,7 +191,10 @@ fn completions_of_fast_operations_keep_their_records() {
             s.op_log.start(k, &info(), 1_000 * k);
             s.frame.add_send(b, 0, k + 1);
             s.frame.add_recv(b, 1, 2 * k + 1);
-            let fin = s.op_log.finish(k, 1_000 * k + 10 * (k + 1), true).unwrap();
+            let fin = s
+                .op_log
+                .finish(k, EndTime::exact(1_000 * k + 10 * (k + 1)), true)
+                .unwrap();
             s.done_message(&fin, Thinning::default())
         })
         .collect();
@@ -224,14 +231,35 @@ fn thread_cpu_clock_counts_this_threads_work_only() {
     }
 }
 
-/// Runs operation `c` on `s` from `start` to `end` (ns) and returns what thinning
-/// decides for its completion.
-fn finish_op(s: &Source, c: u64, start: u64, end: u64) -> Option<Thinning> {
+/// Collective number `n`.
+fn coll(n: u64) -> OpSeq {
+    OpSeq {
+        space: SeqSpace::Collective,
+        number: n,
+        p2p: Vec::new(),
+    }
+}
+
+/// Operation `c` (collective number `c`) on `s` from `start` to `end` (ns), as the
+/// executor runs the probe: whether its end was timed, and what thinning decides for its
+/// completion. `end` stands for the clock reading or the estimate alike.
+fn run_op(s: &Source, c: u64, start: u64, end: u64, ok: bool) -> (bool, Option<Thinning>) {
+    let timed = s.start_op(c, &coll(c), start);
     let b = s.frame.begin_op(0xabc, c, 2);
     s.frame.add_send(b, 0, 1);
     s.op_log.start(c, &info(), start);
-    let fin = s.op_log.finish(c, end, true).unwrap();
-    s.thin_completion(&fin)
+    let end = if timed || !ok {
+        EndTime::exact(end)
+    } else {
+        EndTime::estimate(end)
+    };
+    let fin = s.op_log.finish(c, end, ok).unwrap();
+    (end.timed, s.thin_completion(&fin))
+}
+
+/// [`run_op`] of a successful operation: what thinning decides.
+fn finish_op(s: &Source, c: u64, start: u64, end: u64) -> Option<Thinning> {
+    run_op(s, c, start, end, true).1
 }
 
 #[test]
@@ -326,9 +354,14 @@ fn slow_operations_and_snapshotted_ones_are_always_reported() {
         assert_eq!(r.trace.unwrap().op_counter, k);
         assert_eq!(r.state, wire::OpState::Completed as i32);
         assert_eq!((r.start_ns, r.duration_ns), (k * 10_000, 5_000));
-        // (The op log no longer holds the end of the operation before the first.)
-        let gap = (k > c - 7).then_some(5_000);
-        assert_eq!(r.gap_ns, gap);
+        // None of these rounds is in the sample, nor the one after each: their ends are
+        // estimates, but for the one before an epoch boundary (the stride may change
+        // there). A gap is measured only from a timed end (and the op log no longer holds
+        // the operation before the first).
+        let timed = |k: u64| (k + 1) % thin::EPOCH_OPS == 0;
+        assert_eq!(r.duration_estimated, !timed(k), "op {k}");
+        let gap = (k > c - 7 && timed(k - 1)).then_some(5_000);
+        assert_eq!(r.gap_ns, gap, "op {k}");
         assert_eq!(r.channels[0].send_count, 1);
     }
     let snap = &snaps[7];
@@ -337,11 +370,23 @@ fn slow_operations_and_snapshotted_ones_are_always_reported() {
     // Later snapshots of the same operation bring nothing again.
     let again = sm.sample(std::slice::from_ref(&s), start + 40_000_000);
     assert_eq!(again.len(), 1);
-    let fin = s.op_log.finish(c, start + 2_000_000_000, true).unwrap();
+    // Its end is read from the clock although it is not in the sample.
+    assert!(
+        s.end_time(c, start, false, true).timed,
+        "snapshotted round {c}"
+    );
+    let fin = s
+        .op_log
+        .finish(c, EndTime::exact(start + 2_000_000_000), true)
+        .unwrap();
     assert!(s.thin_completion(&fin).is_some(), "snapshotted round {c}");
     // The next unselected round without a snapshot is left out; a failed one is not.
+    // Neither d nor d + 1 is in the sample, so d's end is an estimate and the failed
+    // round's computation gap is unknown; the failure itself is timed.
     let d = (c + 1..)
-        .find(|&k| !thin::selected(0xabc, k, stride) && k % thin::EPOCH_OPS != 0)
+        .find(|&k| {
+            (k..=k + 1).all(|j| !thin::selected(0xabc, j, stride) && j % thin::EPOCH_OPS != 0)
+        })
         .unwrap();
     for k in c + 1..d {
         finish_op(
@@ -352,19 +397,62 @@ fn slow_operations_and_snapshotted_ones_are_always_reported() {
         );
     }
     let t0 = start + 2_010_000_000;
-    s.frame.begin_op(0xabc, d, 2);
-    s.op_log.start(d, &info(), t0);
-    let fin = s.op_log.finish(d, t0 + 1_000, true).unwrap();
-    assert!(s.thin_completion(&fin).is_none(), "round {d} left out");
-    s.frame.begin_op(0xabc, d + 1, 2);
-    s.op_log.start(d + 1, &info(), t0 + 2_000);
-    let fin = s.op_log.finish(d + 1, t0 + 3_000, false).unwrap();
-    let failed = s.thin_completion(&fin);
     assert_eq!(
-        failed.map(|t| t.gap_ns),
-        Some(Some(1_000)),
-        "failed: reported"
+        run_op(&s, d, t0, t0 + 1_000, true),
+        (false, None),
+        "round {d} left out"
     );
+    let (timed, failed) = run_op(&s, d + 1, t0 + 2_000, t0 + 3_000, false);
+    assert!(timed && s.end_time(d + 1, t0 + 2_000, false, false).timed);
+    assert_eq!(failed.map(|t| t.gap_ns), Some(None), "failed: reported");
+}
+
+#[test]
+fn the_ends_timed_are_those_of_sampled_rounds_and_of_the_rounds_before_them() {
+    // A fast rank (5 us operations every 10 us): after the first epoch, only the rounds
+    // in the sample, the rounds before them and those before an epoch boundary are timed,
+    // and every reported round after the first has the gap from a timed end.
+    let s = src(0);
+    let mut timed_ops = Vec::new();
+    let mut reported = Vec::new();
+    for c in 0..4_000u64 {
+        let (timed, thinning) = run_op(&s, c, c * 10_000, c * 10_000 + 5_000, true);
+        if timed {
+            timed_ops.push(c);
+        }
+        if let Some(t) = thinning {
+            reported.push(c);
+            if c > 0 {
+                assert_eq!(t.gap_ns, Some(5_000), "op {c}");
+            }
+        }
+    }
+    let stride = s.thin.stride.load(Ordering::Relaxed);
+    assert!(stride >= 256, "{stride}");
+    for c in 64..4_000u64 {
+        let want = thin::selected(0xabc, c, stride)
+            || thin::selected(0xabc, c + 1, stride)
+            || (c + 1) % thin::EPOCH_OPS == 0;
+        assert_eq!(timed_ops.binary_search(&c).is_ok(), want, "op {c}");
+    }
+    let late = timed_ops.iter().filter(|&&c| c >= 64).count();
+    assert!(late < 4_000 / 16, "{late} of the later rounds timed");
+    assert!(reported.len() > thin::EPOCH_OPS as usize);
+    // Untimed ends come from the diagnostic thread's latest tick (a global the thread of
+    // another test may move meanwhile), never before the start.
+    let untimed = (64..)
+        .find(|c| timed_ops.binary_search(c).is_err())
+        .unwrap();
+    let late_start = u64::MAX / 2;
+    assert_eq!(
+        s.end_time(untimed, late_start, false, true),
+        EndTime::estimate(late_start)
+    );
+    set_coarse_now(now_ns() + 1_000_000_000);
+    let e = s.end_time(untimed, 1_000, false, true);
+    set_coarse_now(0);
+    assert!(!e.timed && e.ns > 1_000, "{e:?}");
+    assert!(s.end_time(untimed, 1_000, true, true).timed);
 }
 
 #[test]

@@ -172,6 +172,8 @@ pub(super) fn send_batch_marked(
 }
 
 pub(super) fn diag_loop(cfg: DiagConfig, rx: Receiver<Done>, btx: SyncSender<(wire::Batch, u64)>) {
+    // The snapshot handshake's costly side is this thread's (`crate::asym`).
+    crate::asym::enable();
     let mut sampler = Sampler::new(cfg.clone());
     let mut batch = wire::Batch {
         records: Vec::with_capacity(BATCH_RECORDS),
@@ -188,6 +190,7 @@ pub(super) fn diag_loop(cfg: DiagConfig, rx: Receiver<Done>, btx: SyncSender<(wi
         let flush_req = FLUSH_REQ.load(Ordering::Acquire);
         let sources = live_sources();
         let now = now_ns();
+        set_coarse_now(now);
         // Completions first (their tick counts are still tracked), then the new tick.
         while let Ok(d) = rx.try_recv() {
             if let Some(s) = sources.iter().find(|s| s.id == d.source) {

@@ -538,9 +538,13 @@ impl DeviceComm {
             counter,
             Some(stream),
         );
+        // The operation's start time and whether its end is read from the clock, from its
+        // probe start to its completion (both run on host threads of their own).
+        let timing: Arc<std::sync::OnceLock<(u64, bool)>> = Arc::default();
         // The operation's start in the probe (blocker 10: off the kernel's critical path,
         // see `starts`).
         let start = {
+            let timing = Arc::clone(&timing);
             let frame = Arc::clone(&self.frame);
             let op_log = Arc::clone(&self.op_log);
             let source = self.source.clone();
@@ -550,15 +554,18 @@ impl DeviceComm {
                 if probing {
                     // As the operation starts (not at enqueue: the heartbeats' latest
                     // operation must not run ahead of it): its records and the heartbeats
-                    // number it in its sequence space (collective / p2p).
-                    if let Some(src) = &source {
-                        src.set_seq(counter, seq_id);
-                    }
+                    // number it in its sequence space (collective / p2p); whether its end
+                    // is read from the clock goes to its completion (`timing`).
+                    let t = probe::now_ns();
+                    let timed = source
+                        .as_ref()
+                        .is_none_or(|src| src.start_op(counter, &seq_id, t));
+                    let _ = timing.set((t, timed));
                     let b = frame.begin_op(comm_id, counter, n_ch);
                     for (ch, s, r) in expected {
                         frame.add_expected(b, ch, s, r);
                     }
-                    op_log.start(counter, &info, probe::now_ns());
+                    op_log.start(counter, &info, t);
                 }
                 // The frame block is ready: the kernel may write it (its start gate).
                 // SAFETY: the gate word lies in the abort memory, mapped host memory that
@@ -600,6 +607,7 @@ impl DeviceComm {
             now();
         }
         let after = {
+            let timing = Arc::clone(&timing);
             let op_log = Arc::clone(&self.op_log);
             let source = self.source.clone();
             let inflight = Arc::clone(&self.inflight);
@@ -636,7 +644,11 @@ impl DeviceComm {
                 if probing {
                     let failure = watch.failure();
                     let ok = !abort.load(Ordering::Acquire) && failure.is_none();
-                    let fin = op_log.finish(counter, probe::now_ns(), ok);
+                    let end = match (&source, timing.get()) {
+                        (Some(s), Some(&(t, timed))) => s.end_time(counter, t, timed, ok),
+                        _ => probe::EndTime::exact(probe::now_ns()),
+                    };
+                    let fin = op_log.finish(counter, end, ok);
                     match (&source, fin, failure) {
                         (Some(s), Some(fin), None) => s.op_done(&fin),
                         (Some(s), Some(fin), Some(f)) => {
