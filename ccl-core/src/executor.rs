@@ -305,20 +305,6 @@ pub(crate) struct Worker {
     probe_timed: bool,
 }
 
-/// What the probe's start of one operation needs ([`Worker::probe_start`]).
-#[derive(Debug, Default)]
-pub(super) struct ProbeStart {
-    counter: u64,
-    seq: probe::OpSeq,
-    /// Set for every operation started (`None` only before the first).
-    info: Option<probe::OpTypeSet>,
-    t_start: u64,
-    n_channels: usize,
-    /// A Tree AllReduce's messages on channel 0 (sent, received); ring plans' expected
-    /// counts come from their lanes.
-    tree_expected: Option<(u64, u64)>,
-}
-
 /// The state of one lane being run.
 struct LaneRun<'p> {
     lane: &'p Lane,
@@ -389,9 +375,6 @@ struct OpCtx<'a> {
     /// Whether descriptors are sent and checked (always, except in the cost benchmark).
     check: bool,
 }
-
-/// Longest wait for the probe to deliver the record of a failed operation.
-const FAILURE_FLUSH: Duration = Duration::from_millis(500);
 
 /// How long an injected not-entered rank sleeps between abort checks.
 const NOT_ENTERED_POLL: Duration = Duration::from_millis(10);
@@ -520,8 +503,8 @@ impl Worker {
         // share of the operation) starts the probe once its first message is on its way,
         // so that the bookkeeping overlaps the wait for the partner's (`run_tree`); the
         // other operations start it here.
-        self.probe_timed = true;
         if probing {
+            // Filled in place (no copy of the struct per operation).
             let p = &mut self.probe_next;
             p.counter = counter;
             p.seq = seq_id;
@@ -534,12 +517,9 @@ impl Worker {
                 }
                 _ => None,
             };
-            if algo == HostAlgo::Tree {
-                self.probe_pending = true;
-            } else {
-                self.probe_timed = self.probe_start(&plan.lanes);
-            }
+            self.probe_begin((algo != HostAlgo::Tree).then_some(plan.lanes.as_slice()));
         }
+        let sh = &self.shared;
         log_call(item, &info, sh.rank, sh.nranks, sh.comm_id, counter, None);
         // Tree links are made at init.
         let peers: smallvec::SmallVec<[usize; 8]> = if algo == HostAlgo::Tree {
@@ -601,63 +581,9 @@ impl Worker {
             }
         }
         if probing {
-            let end = match &sh.source {
-                Some(src) => src.end_time(counter, t_start, self.probe_timed, r.is_ok()),
-                None => probe::EndTime::exact(now_ns()),
-            };
-            let fin = sh.op_log.finish(counter, end, r.is_ok());
-            if let (Some(src), Some(fin)) = (&sh.source, fin) {
-                match &r {
-                    Ok(()) => src.op_done(&fin),
-                    Err(e) => {
-                        let f = self
-                            .failure
-                            .take()
-                            .unwrap_or_else(|| crate::desc::classify(e));
-                        src.op_failed(&fin, f);
-                        // The process may end right after this error: deliver the record.
-                        probe::diag::flush(FAILURE_FLUSH);
-                    }
-                }
-            }
+            self.probe_end(counter, t_start, &r);
         }
         r
-    }
-
-    /// The probe's start of the current operation (`probe_next`): its sequence space and record thinning
-    /// (`Source::start_op`), its frame block with what the schedule expects of each
-    /// channel (the analyzer's progress fractions of a hung operation, H3), its op-log
-    /// entry. Returns whether its end is read from the clock.
-    fn probe_start(&self, lanes: &[Lane]) -> bool {
-        let (sh, s) = (&self.shared, &self.probe_next);
-        // Before the frame shows the operation: its records and the heartbeats number it
-        // in its sequence space (collective / p2p), not by the local counter.
-        let timed = sh
-            .source
-            .as_ref()
-            .is_none_or(|src| src.start_op(s.counter, &s.seq, s.t_start));
-        let b = sh.frame.begin_op(sh.comm_id, s.counter, s.n_channels);
-        for lane in lanes {
-            let (send, recv) = lane.step_counts();
-            sh.frame.add_expected(b, lane.channel, send, recv);
-        }
-        if let Some((send, recv)) = s.tree_expected {
-            sh.frame.add_expected(b, 0, send, recv);
-        }
-        if let Some(info) = &s.info {
-            sh.op_log.start(s.counter, info, s.t_start);
-        }
-        timed
-    }
-
-    /// Runs the probe start a Tree operation deferred ([`Worker::probe_start`]), if it is
-    /// still pending: before the operation's first count goes into its frame block, at its
-    /// first wait, or at its end.
-    pub(super) fn start_pending_probe(&mut self) {
-        if self.probe_pending {
-            self.probe_pending = false;
-            self.probe_timed = self.probe_start(&[]);
-        }
     }
 
     fn reducer(&self, spec: &RedSpec, dtype: DataType) -> Result<Reducer> {
@@ -1212,8 +1138,12 @@ mod tree_exec;
 #[path = "executor_wait.rs"]
 mod wait;
 
+#[path = "executor_probe.rs"]
+mod probe_path;
+
 pub(crate) use crate::label::{Label, LabelExtra};
 use crate::op::log_call;
+use probe_path::ProbeStart;
 use tree_exec::tree_counts;
 pub(crate) use tree_exec::{expected_counts, host_choice};
 pub(crate) use wait::read_current;

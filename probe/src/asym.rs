@@ -47,11 +47,6 @@ pub(crate) fn enable() -> bool {
     ARMED.load(Ordering::Relaxed)
 }
 
-/// Whether [`heavy`] uses `membarrier` (for tests and benchmarks).
-pub fn armed() -> bool {
-    ARMED.load(Ordering::Relaxed)
-}
-
 /// The collective path's side, between its store and its load.
 #[inline]
 pub(crate) fn light() {

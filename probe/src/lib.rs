@@ -13,7 +13,7 @@
 
 #![warn(unreachable_pub)]
 
-pub mod asym;
+mod asym;
 pub mod diag;
 pub mod embedded;
 mod failure;

@@ -240,17 +240,25 @@ impl Shard {
         Ok(s)
     }
 
-    fn incidents(&self, env: &Env) -> Result<Vec<Incident>, String> {
-        let (ok, out) = run_bounded(
-            Command::new(&env.ccld)
-                .args(["anomalies", "--json", "--server", &self.addr.to_string()])
-                .env_remove("CCLD_ANALYZER"),
-            Duration::from_secs(10),
-        );
-        if !ok {
-            return Err(format!("ccld anomalies --json: {}", out.trim()));
+    /// What `ccld anomalies --json` prints for this shard: its incidents, or with
+    /// `diagnoses` its per-communicator diagnoses (the evidence).
+    fn anomalies_json(&self, env: &Env, diagnoses: bool) -> Result<String, String> {
+        let mut cmd = Command::new(&env.ccld);
+        cmd.args(["anomalies", "--json", "--server", &self.addr.to_string()])
+            .env_remove("CCLD_ANALYZER");
+        if diagnoses {
+            cmd.arg("--diagnoses");
         }
-        parse_incidents(&out)
+        let (ok, out) = run_bounded(&mut cmd, Duration::from_secs(10));
+        if ok {
+            Ok(out)
+        } else {
+            Err(format!("ccld anomalies --json: {}", out.trim()))
+        }
+    }
+
+    fn incidents(&self, env: &Env) -> Result<Vec<Incident>, String> {
+        parse_incidents(&self.anomalies_json(env, false)?)
     }
 }
 
@@ -370,7 +378,18 @@ fn run_inner(
     let r = observe(env, case, &mut job, &source, notes);
     *tail = job.stderr_tail();
     if std::env::var_os("CCLD_REAL_FAULTS_KEEP").is_some() {
-        // For a post-mortem: the incidents as written, and the client's stderr.
+        // For a post-mortem: the incidents as written (a shard's: as `ccld anomalies
+        // --json` lists them, with their evidence), and the client's stderr.
+        if let Source::Serve(s) = &source {
+            if let Ok(json) = s.anomalies_json(env, false) {
+                let _ = std::fs::write(&report, json);
+            }
+            if let Ok(json) = s.anomalies_json(env, true) {
+                let evidence = report.with_extension("diagnoses.json");
+                let _ = std::fs::write(&evidence, json);
+                eprintln!("{}: kept {}", case.name(), evidence.display());
+            }
+        }
         eprintln!("{}: kept {}", case.name(), report.display());
         job.keep_stderr(case);
     }

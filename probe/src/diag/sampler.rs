@@ -210,7 +210,7 @@ impl Sampler {
                 if let Some(old) = tr.counter.take() {
                     // Kept for the completion message, if thinning lets one come.
                     let stride = s.thin.stride.load(Ordering::Relaxed);
-                    if thin::selected(s.ident.comm_id, old, stride)
+                    if thin::selected(s.ident.comm_id, s.seqs.thin_key(old), stride)
                         || s.thin.snapshotted.load(Ordering::Relaxed) == old + 1
                     {
                         self.finished_ticks
