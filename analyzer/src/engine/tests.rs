@@ -620,15 +620,20 @@ fn a_round_completed_by_a_late_record_keeps_its_peers_channel_evidence() {
     );
 }
 
+/// Window 1 (T0 .. T0+60 s) of comm 4 under `slow_cfg`: rounds 1..3, T_max 100, 120,
+/// 140 ms (baseline collecting); round 4 fixes T_base = (100 + 120 + 140) / 3 = 120 ms,
+/// m = 3.
+fn slow_baseline(e: &mut Engine) {
+    round(e, 1, T0 + S, [100 * MS, 90 * MS, 95 * MS, 99 * MS]);
+    round(e, 2, T0 + 2 * S, [120 * MS, 90 * MS, 95 * MS, 99 * MS]);
+    round(e, 3, T0 + 3 * S, [140 * MS, 90 * MS, 95 * MS, 99 * MS]);
+    round(e, 4, T0 + 4 * S, [110 * MS; 4]);
+}
+
 #[test]
 fn slow_detection_matches_hand_computed_r_and_p() {
     let mut e = Engine::new(slow_cfg());
-    // Window 1 (T0 .. T0+60 s): rounds 1..3, T_max 100, 120, 140 ms: baseline collecting.
-    round(&mut e, 1, T0 + S, [100 * MS, 90 * MS, 95 * MS, 99 * MS]);
-    round(&mut e, 2, T0 + 2 * S, [120 * MS, 90 * MS, 95 * MS, 99 * MS]);
-    round(&mut e, 3, T0 + 3 * S, [140 * MS, 90 * MS, 95 * MS, 99 * MS]);
-    // Round 4 fixes T_base = (100 + 120 + 140) / 3 = 120 ms, m = 3.
-    round(&mut e, 4, T0 + 4 * S, [110 * MS; 4]);
+    slow_baseline(&mut e);
     assert!(
         e.tick(T0 + 61 * S).is_empty(),
         "static T_base 10 s: nothing is slow"
@@ -697,10 +702,7 @@ fn slow_detection_matches_hand_computed_r_and_p() {
 #[test]
 fn a_round_with_an_estimated_duration_counts_but_is_not_timed() {
     let mut e = Engine::new(slow_cfg());
-    round(&mut e, 1, T0 + S, [100 * MS, 90 * MS, 95 * MS, 99 * MS]);
-    round(&mut e, 2, T0 + 2 * S, [120 * MS, 90 * MS, 95 * MS, 99 * MS]);
-    round(&mut e, 3, T0 + 3 * S, [140 * MS, 90 * MS, 95 * MS, 99 * MS]);
-    round(&mut e, 4, T0 + 4 * S, [110 * MS; 4]);
+    slow_baseline(&mut e);
     assert!(e.tick(T0 + 61 * S).is_empty());
     let before = e.stats().rounds_completed;
     for (r, d) in [500 * MS, 500 * MS, 500 * MS, 100 * MS]
@@ -716,16 +718,14 @@ fn a_round_with_an_estimated_duration_counts_but_is_not_timed() {
     assert!(e.tick(T0 + 122 * S).is_empty(), "but it times nothing");
     // The same round with every duration timed is slow (the control).
     let mut e = Engine::new(slow_cfg());
-    for (c, t, durs) in [
-        (1, 1, [100 * MS, 90 * MS, 95 * MS, 99 * MS]),
-        (2, 2, [120 * MS, 90 * MS, 95 * MS, 99 * MS]),
-        (3, 3, [140 * MS, 90 * MS, 95 * MS, 99 * MS]),
-        (4, 4, [110 * MS; 4]),
-        (5, 70, [500 * MS, 500 * MS, 500 * MS, 100 * MS]),
-    ] {
-        round(&mut e, c, T0 + t * S, durs);
-    }
-    e.tick(T0 + 61 * S);
+    slow_baseline(&mut e);
+    assert!(e.tick(T0 + 61 * S).is_empty());
+    round(
+        &mut e,
+        5,
+        T0 + 70 * S,
+        [500 * MS, 500 * MS, 500 * MS, 100 * MS],
+    );
     assert_eq!(e.tick(T0 + 122 * S).len(), 1);
 
     // An estimated completion may close an in-flight snapshot with a shorter duration
