@@ -49,6 +49,11 @@
 //!   `(1 + long_ratio) x med` (the paper's R > theta_slow, with the window's median round and
 //!   the rolling T_base): every rank spent longer in the operation than this communicator
 //!   usually does (a slow link: communication-slow shows as duration, not as lateness).
+//!   The window median must also exceed `(1 + long_ratio) x` the median of the last
+//!   `window_history` (16) clean windows' medians, and nothing is long before
+//!   `long_min_windows` (3) clean windows are known: rounds of one window are not
+//!   independent draws (the scheduler's placement holds for a while), so the spread that
+//!   matters is that of whole windows (see [`CommThreshold::long_threshold`]).
 //! * **T_base follows the job**: [`RollingBaseline`] is the median T_max of the last clean
 //!   rounds, so a slow warm-up rolls out of it. Rounds of a late or long window are *not*
 //!   added to the history (an ongoing anomaly does not become the norm).
@@ -89,6 +94,10 @@ pub struct ThetaConfig {
     /// `(1 + long_ratio) x` the history's median T_max, i.e. the paper's R > theta_slow with
     /// the window median and the rolling T_base. The engine sets it to `theta_slow`.
     pub long_ratio: f64,
+    /// Clean windows whose median T_max form the window-level reference of the long rule.
+    pub window_history: usize,
+    /// Clean windows required in that reference before any window can be long.
+    pub long_min_windows: usize,
     /// Quantile of the history's lateness that marks an *extreme* round (see the blame
     /// rule).
     pub blame_quantile: f64,
@@ -112,6 +121,8 @@ impl Default for ThetaConfig {
             root_z: 5.0,
             significant_floor: 0.1,
             long_ratio: 3.0,
+            window_history: 16,
+            long_min_windows: 3,
             blame_quantile: 0.99,
             blame: true,
             blame_min_rounds: 4,
@@ -154,6 +165,12 @@ impl ThetaConfig {
             return Err(format!(
                 "theta: long_ratio must be finite and >= 0, got {}",
                 self.long_ratio
+            ));
+        }
+        if self.long_min_windows == 0 || self.long_min_windows > self.window_history {
+            return Err(format!(
+                "theta: need 1 <= long_min_windows ({}) <= window_history ({})",
+                self.long_min_windows, self.window_history
             ));
         }
         let quantile_ok = self.blame_quantile > 0.0 && self.blame_quantile < 1.0;
@@ -399,6 +416,9 @@ pub(crate) struct CommThreshold {
     /// How often each rank entered last in the history rounds.
     hist_last: Vec<usize>,
     base: RollingBaseline,
+    /// Median T_max of each of the last `window_history` clean windows (the long rule's
+    /// window-level reference, see [`CommThreshold::long_threshold`]).
+    win_meds: VecDeque<f64>,
     /// The window's rounds: (T_max, T_min, last rank, whether the last rank's own
     /// computation explains the round's lateness; see [`CommThreshold::observe_explained`]).
     win: Vec<(u64, u64, usize, bool)>,
@@ -421,6 +441,7 @@ impl CommThreshold {
             cfg,
             nranks,
             base,
+            win_meds: VecDeque::new(),
             win: Vec::new(),
         })
     }
@@ -476,6 +497,32 @@ impl CommThreshold {
             + self.hist_last.capacity() * std::mem::size_of::<usize>()
             + self.base.buf.capacity() * std::mem::size_of::<u64>()
             + self.win.capacity() * std::mem::size_of::<(u64, u64, usize, bool)>()
+            + self.win_meds.capacity() * std::mem::size_of::<f64>()
+    }
+
+    /// The long rule's threshold for a window of `n` rounds, `None` while fewer than
+    /// `long_min_windows` clean windows are known: the round-level robust threshold over
+    /// the history's T_max (floor `(1 + long_ratio) x` their median), and at least
+    /// `(1 + long_ratio) x` the median of the recent clean windows' median T_max.
+    ///
+    /// Rounds of one window are not independent draws: with more processes than cores the
+    /// scheduler's placement holds for a while, and a 2-rank communicator's window median
+    /// moved between 40 us and 500 us from one clean half-second window to the next
+    /// (8 processes on 2 cores, 2026-12-01). The round history spans about two windows of
+    /// such a communicator, so two fast windows made every ordinary one after them long,
+    /// and long windows never enter the history: 5 of 8 clean runs raised a slow diagnosis.
+    /// The window-level reference carries the spread of whole windows over a longer past;
+    /// before it holds a few windows nothing is long: a communicator's first windows
+    /// include its start, which was 10x faster than what followed in one such run, and
+    /// one window says nothing about the spread between windows. They are the long rule's
+    /// learning period (the late rule judges them).
+    fn long_threshold(&self, ht: &[f64], n: usize) -> Option<f64> {
+        if self.win_meds.len() < self.cfg.long_min_windows {
+            return None;
+        }
+        let meds: Vec<f64> = self.win_meds.iter().copied().collect();
+        let by_windows = (1.0 + self.cfg.long_ratio) * median(&meds)?;
+        robust_threshold(self.cfg.k, self.cfg.long_ratio, ht, n).map(|t| t.max(by_windows))
     }
 
     /// Closes the window: judges it, then (if not late) moves its rounds into the history.
@@ -516,10 +563,7 @@ impl CommThreshold {
                 Some(_) => median(&h).map(|m| (1.0 + self.cfg.significant_floor) * m),
                 None => robust,
             };
-            (
-                lat,
-                robust_threshold(self.cfg.k, self.cfg.long_ratio, &ht, n),
-            )
+            (lat, self.long_threshold(&ht, n))
         } else {
             (None, None)
         };
@@ -540,6 +584,12 @@ impl CommThreshold {
         let root = if late { root } else { None };
         let long = t_max_threshold_ns.is_some_and(|t| t_max_ns > t);
         if !late && !long {
+            if n > 0 {
+                if self.win_meds.len() == self.cfg.window_history {
+                    self.win_meds.pop_front();
+                }
+                self.win_meds.push_back(t_max_ns);
+            }
             for (i, (r, l)) in rounds.iter().zip(&lat).enumerate() {
                 self.base.observe(r.0);
                 if blamed.skip.get(i).copied().unwrap_or(false) {
@@ -812,6 +862,67 @@ mod tests {
             // The anomaly did not become the norm: the threshold stayed where it was.
             assert_eq!(slow[0].t_max_threshold_ns, slow[9].t_max_threshold_ns);
         }
+    }
+
+    /// Ranks' per-round durations of a 2-rank round with a given communication time: both
+    /// enter after the same computation plus a little noise (T_max is about `comm_ms`).
+    fn placement_rounds(ct: &mut CommThreshold, rng: &mut Rng, rounds: usize, comm_ms: f64) {
+        for _ in 0..rounds {
+            assert!(ct.observe_round(&round(rng, &[2.0, 2.0], 0.01, comm_ms)));
+        }
+    }
+
+    #[test]
+    fn a_two_rank_communicator_whose_windows_change_with_placement_is_not_long() {
+        // With more processes than cores a 2-rank communicator's operations are fast while
+        // the scheduler runs both partners at once and several times slower while it does
+        // not; a placement holds for whole windows (medians 40-70 us vs 150-500 us per
+        // half-second window, C client with 8 processes on 2 cores). The first window is
+        // fast (the job's start), then placement changes every few windows, then a link
+        // slows down 10x.
+        let mut rng = Rng(0x005e_ed17);
+        let mut ct = CommThreshold::new(ThetaConfig::default(), 2).unwrap();
+        let mut vs = Vec::new();
+        let regime = |w: usize| match w {
+            0 => 0.05,
+            w if w >= 40 => 4.0,
+            w if w % 8 >= 6 => 0.05,
+            _ => 0.4,
+        };
+        for w in 0..46 {
+            placement_rounds(&mut ct, &mut rng, 130, regime(w));
+            vs.push(ct.close_window());
+        }
+        let clean = &vs[..40];
+        assert!(clean.iter().all(|v| !v.long && !v.late), "{clean:?}");
+        // A 10x slower link is still long, from its first window on.
+        let slow = &vs[40..];
+        assert!(slow.iter().all(|v| v.long && !v.late), "{slow:?}");
+    }
+
+    #[test]
+    fn a_communicators_first_windows_are_the_long_rules_learning_period() {
+        // The first window is 8x faster than what follows (as at a job's start): nothing
+        // is long until 3 clean windows are known, and then the reference holds the
+        // ordinary windows; a 10x slower link after that is long.
+        let mut rng = Rng(0x005e_ed18);
+        let mut ct = CommThreshold::new(ThetaConfig::default(), 2).unwrap();
+        let mut vs = Vec::new();
+        for w in 0..12 {
+            let comm_ms = match w {
+                0 => 0.05,
+                w if w >= 8 => 4.0,
+                _ => 0.4,
+            };
+            placement_rounds(&mut ct, &mut rng, 130, comm_ms);
+            vs.push(ct.close_window());
+        }
+        assert!(
+            vs[..3].iter().all(|v| v.t_max_threshold_ns.is_none()),
+            "{vs:?}"
+        );
+        assert!(vs[..8].iter().all(|v| !v.long && !v.late), "{vs:?}");
+        assert!(vs[8..].iter().all(|v| v.long && !v.late), "{vs:?}");
     }
 
     #[test]

@@ -14,12 +14,13 @@ use ccl_core::{enqueue, CollArgs, Comm, CommConfig, DataType};
 use ccld_wire::{self as wire, AnomalyClass};
 use probe::CollKind;
 
-/// First operation of an injected anomaly: after the baseline. The engine's dynamic
-/// baseline is the first 100 reported rounds within `CCLD_BASELINE_S` (0.5 s here, about
-/// 330 operations of this loop); with record thinning (`CCLD_RECORD_US`, default 5 ms:
-/// every 2nd round of this loop is reported) 100 reported rounds reach operation ~170, so
-/// an onset at 150 would slow the baseline itself. 400 operations take about 0.6 s.
-const ONSET: u64 = 400;
+/// First operation of an injected anomaly: after the analyzer's learning. The engine's
+/// dynamic baseline is the first 100 reported rounds within `CCLD_BASELINE_S` (0.5 s
+/// here); the self-calibrated long rule learns over a kind's first 3 clean windows (1.5 s
+/// here, `theta::ThetaConfig::long_min_windows`): a slowdown that starts within them
+/// becomes the norm. This loop runs about 700 operations a second, so operation 1300
+/// comes about 1.9 s after the communicators' creation.
+const ONSET: u64 = 1300;
 
 /// The shortened detection windows of the end-to-end tests (hang 1.5 s, slow window 0.5 s
 /// x 3), as environment variables for the probe and the embedded analyzer.
@@ -61,12 +62,12 @@ fn ring_steps(n: usize, kind: CollKind) -> usize {
 }
 
 /// The "computation" before operation `i` of rank `r` in the harness's training loop: about
-/// 1 ms with up to 0.3 ms of per-rank jitter, and at operation 1500 a pause of every rank
-/// below the hang threshold (checkpoint-like).
+/// 1 ms with up to 0.3 ms of per-rank jitter, and at operation [`ONSET`] + 1100 a pause of
+/// every rank below the hang threshold (checkpoint-like).
 fn compute_step(i: u64, r: usize) {
     let jitter = (i * 7919 + r as u64 * 104_729) % 300;
     std::thread::sleep(Duration::from_micros(1000 + jitter));
-    if i == 1500 {
+    if i == ONSET + 1100 {
         std::thread::sleep(Duration::from_millis(800));
     }
 }
