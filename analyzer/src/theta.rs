@@ -510,7 +510,7 @@ impl CommThreshold {
     /// moved between 40 us and 500 us from one clean half-second window to the next
     /// (8 processes on 2 cores, 2026-12-01). The round history spans about two windows of
     /// such a communicator, so two fast windows made every ordinary one after them long,
-    /// and long windows never enter the history: 5 of 8 clean runs raised a slow diagnosis.
+    /// and long windows never enter the history: 5 of 16 clean DP + TP runs raised one.
     /// The window-level reference carries the spread of whole windows over a longer past;
     /// before it holds a few windows nothing is long: a communicator's first windows
     /// include its start, which was 10x faster than what followed in one such run, and
