@@ -31,9 +31,10 @@ pub(super) struct ProbeStart {
 
 impl Worker {
     /// Starts the probe of the operation in `probe_next`: now, with the expected counts of
-    /// `lanes`, or (`None`: a Tree AllReduce) once its first message is sent.
+    /// `lanes`, or (`None`: a Tree AllReduce) once its first message is sent (the
+    /// executor runs a start still pending before [`Worker::probe_end`], which sets
+    /// `probe_timed`).
     pub(super) fn probe_begin(&mut self, lanes: Option<&[Lane]>) {
-        self.probe_timed = true;
         match lanes {
             Some(lanes) => self.probe_timed = self.probe_start(lanes),
             None => self.probe_pending = true,
