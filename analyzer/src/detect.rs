@@ -61,6 +61,39 @@ pub(crate) fn computation_lateness(durations: &[u64], gaps: &[Option<u64>]) -> O
     Some(latest_gap.saturating_sub(median))
 }
 
+/// The part of a round's entry skew (T_max - T_min) that its latest entrant (the shortest
+/// duration; the largest time elsewhere among ties) spent in operations of its other
+/// communicators beyond the others: its `elsewhere[i]` minus the lower median of all,
+/// at most the skew. 0 when nobody spent time elsewhere (or it is unknown).
+///
+/// Why: a rank of a data-parallel group and a tensor-parallel pair that waits for a slow
+/// DP operation enters its next TP operation late, and its TP partner waits for it; its
+/// computation gap (which the probe reports without the DP time) is normal, so the late
+/// rule names nobody, but the partner's long wait would make the TP round *long*
+/// (communication-slow) although nothing in TP is slow.
+pub(crate) fn lateness_elsewhere(durations: &[u64], elsewhere: &[u64]) -> u64 {
+    if durations.len() != elsewhere.len() || durations.len() < 2 {
+        return 0;
+    }
+    let (Some(&t_min), Some(&t_max)) = (durations.iter().min(), durations.iter().max()) else {
+        return 0;
+    };
+    let latest = durations
+        .iter()
+        .zip(elsewhere)
+        .filter(|(d, _)| **d == t_min)
+        .map(|(_, e)| *e)
+        .max()
+        .unwrap_or(0);
+    if latest == 0 {
+        return 0;
+    }
+    let mut all = elsewhere.to_vec();
+    let n = all.len();
+    let median = *all.select_nth_unstable((n - 1) / 2).1;
+    latest.saturating_sub(median).min(t_max - t_min)
+}
+
 /// The window form of the adjusted P: the slowdown-weighted mean, over the rounds of a
 /// detection window, of the latecomer's share of each round's slowdown,
 /// sum(min(T_max - T_min, lateness, T_max - T_base)) / sum(T_max - T_base) over the rounds slower than
@@ -329,6 +362,24 @@ mod tests {
         );
         assert_eq!(computation_lateness(&d, &[Some(1)]), None);
         assert_eq!(computation_lateness(&[1], &[Some(1)]), None);
+    }
+
+    #[test]
+    fn lateness_elsewhere_of_the_latest_entrant() {
+        // Rank 2 entered last (shortest duration) after 30 ms in its other communicator,
+        // the others after 5-6 ms (lower median 5): 25 ms of the 26 ms skew.
+        let d = [30, 31, 5, 30];
+        assert_eq!(lateness_elsewhere(&d, &[5, 6, 30, 5]), 25);
+        // Capped by the skew (26 ms).
+        assert_eq!(lateness_elsewhere(&d, &[0, 0, 90, 0]), 26);
+        // Time elsewhere at another rank, or nobody's: nothing.
+        assert_eq!(lateness_elsewhere(&d, &[40, 1, 1, 1]), 0);
+        assert_eq!(lateness_elsewhere(&d, &[0, 0, 0, 0]), 0);
+        // Two ranks: the lower median is the other one's.
+        assert_eq!(lateness_elsewhere(&[700, 100], &[50, 650]), 600);
+        // Mismatched lengths or one rank: nothing.
+        assert_eq!(lateness_elsewhere(&d, &[1, 2]), 0);
+        assert_eq!(lateness_elsewhere(&[5], &[9]), 0);
     }
 
     #[test]

@@ -800,6 +800,7 @@ impl Sim {
             cpu_wait_ns: None,
             frozen_ns: None,
             duration_estimated: false,
+            elsewhere_ns: None,
             gap_ns: None,
             stride: 0,
             failure: 0,

@@ -49,6 +49,7 @@ fn rec(comm: u64, c: u64, rank: u32, n: u32, state: OpState, dur: u64) -> OpReco
         cpu_wait_ns: None,
         frozen_ns: None,
         duration_estimated: false,
+        elsewhere_ns: None,
         gap_ns: None,
         stride: 0,
         failure: 0,

@@ -97,6 +97,7 @@ mod tests {
             cpu_wait_ns: None,
             frozen_ns: None,
             duration_estimated: false,
+            elsewhere_ns: None,
             gap_ns: None,
             stride: 0,
             failure: 0,

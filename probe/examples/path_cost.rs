@@ -64,6 +64,7 @@ fn main() {
         ident,
         Arc::clone(&frame),
         Arc::clone(&log),
+        probe::diag::RankGroup::new(),
         std::time::Duration::from_micros(100),
     );
     let info = info();

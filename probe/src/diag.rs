@@ -3,11 +3,13 @@
 //!
 //! # Registration
 //! The runtime registers each communicator rank with [`register`] at init (its frame, op
-//! log, identity and ring neighbours) and keeps the returned [`Source`]; dropping the last
-//! `Arc<Source>` (the executor's, at destroy) unregisters it. The probe never depends on the
-//! runtime. On completion of an operation the executor calls [`Source::op_done`], which
-//! copies the operation's counters into a small message and `try_send`s it to a bounded
-//! queue: the collective path never blocks; a full queue drops the message and counts it.
+//! log, identity and ring neighbours, and the [`RankGroup`] of the rank's communicators,
+//! whose operations' time comes out of its computation gaps) and keeps the returned
+//! [`Source`]; dropping the last `Arc<Source>` (the executor's, at destroy) unregisters
+//! it. The probe never depends on the runtime. On completion of an operation the executor
+//! calls [`Source::op_done`], which copies the operation's counters into a small message
+//! and `try_send`s it to a bounded queue: the collective path never blocks; a full queue
+//! drops the message and counts it.
 //!
 //! # Sampling
 //! Every `CCLD_SAMPLE_US` (default 1000) the thread reads every registered frame. For the
@@ -47,12 +49,14 @@ use crate::seqspace::{OpSeq, SeqLog, SeqSpace};
 use crate::thin;
 
 mod config;
+mod rank_group;
 mod sampler;
 #[cfg(test)]
 mod tests;
 mod thread;
 
 pub use config::*;
+pub use rank_group::RankGroup;
 pub use sampler::*;
 pub use thread::*;
 
@@ -127,6 +131,12 @@ pub struct Source {
     record_ns: u64,
     /// Sequence-space identity of the recent operations ([`crate::seqspace`]).
     seqs: SeqLog,
+    /// The rank's communicators ([`RankGroup`]): their operations' time is taken out of
+    /// this one's computation gaps.
+    group: Arc<RankGroup>,
+    /// This source's cumulative time in its operations (ns), its member counter in
+    /// `group`. Written by the completing thread only.
+    busy: Arc<rank_group::BusyCounter>,
 }
 
 /// One rank's record thinning ([`thin`]) and computation-gap bookkeeping. Written by the
@@ -144,6 +154,13 @@ struct ThinState {
     last_counter: AtomicU64,
     last_end_ns: AtomicU64,
     last_timed: AtomicBool,
+    /// The group's time in operations ([`RankGroup::busy_ns`]) at that end, read when it
+    /// was timed.
+    last_end_busy_ns: AtomicU64,
+    /// Counter + 1 of the latest operation whose start read the group's time in
+    /// operations (`start_busy_ns`): a start whose completion is reported.
+    start_busy_of: AtomicU64,
+    start_busy_ns: AtomicU64,
     /// Counter + 1 of the latest operation whose start decided to report its completion
     /// ([`Source::start_op`]).
     report_of: AtomicU64,
@@ -240,11 +257,21 @@ struct Done {
     id: Option<OpSeq>,
 }
 
+/// A rank's computation gap before an operation ([`Source::gap_before`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Gap {
+    /// Time from the end of the rank's previous operation on the communicator to the start
+    /// of this one, less `elsewhere_ns`.
+    gap_ns: Option<u64>,
+    /// The part of that time the rank spent in operations of its other communicators.
+    elsewhere_ns: Option<u64>,
+}
+
 /// What a record says about thinning and the computation gap.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Thinning {
-    /// Time from the end of the rank's previous operation to the start of this one.
-    gap_ns: Option<u64>,
+    /// The computation gap before the operation.
+    gap: Gap,
     /// Stride in force ([`thin`]).
     stride: u32,
 }
@@ -344,14 +371,38 @@ impl Source {
         }
     }
 
-    /// The rank's computation gap before operation `counter` starting at `start_ns`: the
-    /// time since its previous operation (`counter - 1`) ended, if that one completed.
-    fn gap_before(&self, counter: u64, start_ns: u64) -> Option<u64> {
+    /// Whether operation `counter - 1` is the latest completed one and its end was timed:
+    /// a computation gap before operation `counter` can be measured.
+    fn gap_known(&self, counter: u64) -> bool {
         let t = &self.thin;
-        (counter > 0
+        counter > 0
             && t.last_counter.load(Ordering::Relaxed) == counter
-            && t.last_timed.load(Ordering::Relaxed))
-        .then(|| start_ns.saturating_sub(t.last_end_ns.load(Ordering::Relaxed)))
+            && t.last_timed.load(Ordering::Relaxed)
+    }
+
+    /// The rank's computation gap before operation `counter` starting at `start_ns`: the
+    /// time since its previous operation (`counter - 1`) ended, if that one completed,
+    /// less the time the rank's operations on its other communicators took meanwhile
+    /// ([`RankGroup`]; read at the start when [`Source::start_op`] did, else now, which
+    /// may also take out operations that overlapped this one); and that time elsewhere.
+    fn gap_before(&self, counter: u64, start_ns: u64) -> Gap {
+        let t = &self.thin;
+        if !self.gap_known(counter) {
+            return Gap::default();
+        }
+        let raw = start_ns.saturating_sub(t.last_end_ns.load(Ordering::Relaxed));
+        let busy_at_start = if t.start_busy_of.load(Ordering::Relaxed) == counter + 1 {
+            t.start_busy_ns.load(Ordering::Relaxed)
+        } else {
+            self.group.busy_ns()
+        };
+        let elsewhere = busy_at_start
+            .wrapping_sub(t.last_end_busy_ns.load(Ordering::Relaxed))
+            .min(raw);
+        Gap {
+            gap_ns: Some(raw - elsewhere),
+            elsewhere_ns: Some(elsewhere),
+        }
     }
 
     /// The stride for operation `counter` starting at `start_ns`: reconsidered at every
@@ -403,6 +454,12 @@ impl Source {
         };
         if report {
             t.report_of.store(local + 1, Ordering::Relaxed);
+            if self.gap_known(local) {
+                // The end of the gap this record will carry (`gap_before`).
+                t.start_busy_ns
+                    .store(self.group.busy_ns(), Ordering::Relaxed);
+                t.start_busy_of.store(local + 1, Ordering::Relaxed);
+            }
         }
         let next = thin::selected(comm, next_coll, stride);
         t.predicted
@@ -461,7 +518,7 @@ impl Source {
             self.note_exec_tid();
         }
         let thinning = self.thin_completion(snap).unwrap_or(Thinning {
-            gap_ns: None,
+            gap: Gap::default(),
             stride: 1,
         });
         let mut msg = self.done_message(snap, thinning);
@@ -497,11 +554,23 @@ impl Source {
                 t.snapshotted.load(Ordering::Relaxed) == c + 1
             };
         // Read before this completion becomes the latest.
-        let gap_ns = if report {
+        let gap = if report {
             self.gap_before(c, snap.start_ns)
         } else {
-            None
+            Gap::default()
         };
+        // Single writer: a plain read-modify-write (no locked instruction).
+        let busy = self.busy.0.load(Ordering::Relaxed);
+        let took = snap.end_ns.saturating_sub(snap.start_ns);
+        self.busy
+            .0
+            .store(busy.wrapping_add(took), Ordering::Relaxed);
+        if snap.timed {
+            // The start of the next operation's gap (this source's own time included, so
+            // that only the other members' time differs at the gap's end).
+            t.last_end_busy_ns
+                .store(self.group.busy_ns(), Ordering::Relaxed);
+        }
         t.last_counter.store(c + 1, Ordering::Relaxed);
         t.last_end_ns.store(snap.end_ns, Ordering::Relaxed);
         t.last_timed.store(snap.timed, Ordering::Relaxed);
@@ -517,7 +586,7 @@ impl Source {
         t.recent.store(recent | bit, Ordering::Relaxed);
         bump(&t.reported);
         Some(Thinning {
-            gap_ns,
+            gap,
             stride: t.stride.load(Ordering::Relaxed).max(1),
         })
     }
@@ -527,11 +596,17 @@ impl Source {
 /// [`start`]). Keep the `Arc`: the source is sampled while it lives. Its record thinning
 /// target is `CCLD_RECORD_US` as the environment says now (validated by `crate::start`,
 /// which the runtime calls first; like NCCL's variables it is read at every init and
-/// must be the same on every rank of a communicator).
-pub fn register(ident: Identity, frame: Arc<Frame>, op_log: Arc<OpLog>) -> Arc<Source> {
+/// must be the same on every rank of a communicator). `group` holds the rank's other
+/// communicators ([`RankGroup`]).
+pub fn register(
+    ident: Identity,
+    frame: Arc<Frame>,
+    op_log: Arc<OpLog>,
+    group: Arc<RankGroup>,
+) -> Arc<Source> {
     let record =
         DiagConfig::resolve(&process_env).map_or(DiagConfig::default().record, |c| c.record);
-    register_with_target(ident, frame, op_log, record)
+    register_with_target(ident, frame, op_log, group, record)
 }
 
 /// [`register`] with an explicit record thinning target (zero: report every completion).
@@ -539,10 +614,12 @@ pub fn register_with_target(
     ident: Identity,
     frame: Arc<Frame>,
     op_log: Arc<OpLog>,
+    group: Arc<RankGroup>,
     record: Duration,
 ) -> Arc<Source> {
     let g = global();
     let id = g.next_id.fetch_add(1, Ordering::Relaxed);
+    let busy = group.join();
     let s = Arc::new(Source {
         id,
         ident,
@@ -552,6 +629,8 @@ pub fn register_with_target(
         thin: ThinState::default(),
         record_ns: u64::try_from(record.as_nanos()).unwrap_or(u64::MAX),
         seqs: SeqLog::new(),
+        group,
+        busy,
     });
     let mut v = g.sources.lock();
     v.retain(|(_, w)| w.strong_count() > 0);

@@ -385,6 +385,7 @@ pub(crate) mod tests {
             cpu_wait_ns: None,
             frozen_ns: None,
             duration_estimated: false,
+            elsewhere_ns: None,
             gap_ns: None,
             stride: 0,
             failure: 0,

@@ -83,6 +83,7 @@ fn random_record(g: &mut Rng) -> OpRecord {
         cpu_wait_ns: g.chance(2).then(|| g.next()),
         frozen_ns: g.chance(2).then(|| g.next()),
         duration_estimated: g.chance(2),
+        elsewhere_ns: g.chance(2).then(|| g.below(1 << 30)),
         gap_ns: g.chance(2).then(|| g.below(1 << 30)),
         stride: g.below(5) as u32,
         failure: g.below(7) as i32,

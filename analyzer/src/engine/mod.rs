@@ -36,6 +36,9 @@
 //! after their end; the kind with the largest R decides the window; `repeat_threshold`
 //! consecutive slow windows run location once per episode ([`crate::detect::SlowStreak`]).
 //! R uses the baseline in force when the widest round completed (static while r <= m).
+//! A round's T_max leaves out the part of its entry skew that the latest entrant spent held
+//! up in its other communicators (`OpRecord.elsewhere_ns`, [`detect::lateness_elsewhere`]):
+//! that wait is the other communicator's slowness, not this one's.
 //!
 //! # Location latency
 //! `Diagnosis::location_latency_ns` is the analyzer time from the moment the anomaly became
@@ -409,18 +412,19 @@ impl Engine {
         };
         let sums = chan_sums(&rec.channels);
         let start_est = now_ns.saturating_sub(duration_ns).min(e.start_est_ns);
-        let gap_ns = if e.gap_ns != NO_GAP {
-            e.gap_ns
+        let (gap_ns, elsewhere_ns) = if e.gap_ns != NO_GAP {
+            (e.gap_ns, e.elsewhere_ns)
         } else if let Some(g) = rec.gap_ns {
-            // Measured by the probe (thinned records are not consecutive).
-            g
+            // Measured by the probe (thinned records are not consecutive; the time in the
+            // rank's other communicators is left out of it).
+            (g, rec.elsewhere_ns.unwrap_or(0))
         } else {
             let info = &comm.ranks[ri];
             match info.last_done_op {
                 Some(p) if c > 0 && p == c - 1 && info.last_done_timed => {
-                    rec.start_ns.saturating_sub(info.last_done_end_ns)
+                    (rec.start_ns.saturating_sub(info.last_done_end_ns), 0)
                 }
-                _ => NO_GAP,
+                _ => (NO_GAP, 0),
             }
         };
         let ne = Entry {
@@ -444,6 +448,7 @@ impl Engine {
             },
             depth: op.tree_layer.iter().copied().max().unwrap_or(0),
             gap_ns,
+            elsewhere_ns,
         };
         if e.state == ST_NONE {
             round.present += 1;
@@ -626,8 +631,14 @@ impl Engine {
         let mut leftover = Some(entries);
         if let (true, Some(ty)) = (usable, ty) {
             let es = leftover.as_deref().unwrap_or(&[]);
-            let t_max = es.iter().map(|e| e.duration_ns).max().unwrap_or(0);
+            let t_max_raw = es.iter().map(|e| e.duration_ns).max().unwrap_or(0);
             let t_min = es.iter().map(|e| e.duration_ns).min().unwrap_or(0);
+            // The others' wait for a latest entrant that another communicator held up is
+            // not this communicator's slowness: that part of T_max goes (a TP partner
+            // entering late from a slow DP operation; Holmes' cross-communicator rule for
+            // slow rounds, issue 17 point 3).
+            let held = round_elsewhere(es);
+            let t_max = t_max_raw - held;
             let ki = comm.kind_index(KindKey::of(&ty), cfg);
             let kind = &mut comm.kinds[ki];
             if let (Some(c), Some(last)) = (
@@ -636,7 +647,8 @@ impl Engine {
             ) {
                 // Does the last rank's own computation gap explain at least half of the
                 // others' wait? (Unknown gaps: assumed so.)
-                let explained = round_lateness(es).is_none_or(|l| 2 * l >= t_max - t_min);
+                let explained = 2 * held < t_max_raw - t_min
+                    && round_lateness(es).is_none_or(|l| 2 * l >= t_max - t_min);
                 c.observe_explained(t_max, t_min, last, explained);
             }
             let (t_base_now, _, _) = kind.baseline.current();

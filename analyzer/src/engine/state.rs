@@ -106,6 +106,9 @@ pub(super) struct Entry {
     /// Time between the end of the rank's previous operation on the communicator and the
     /// start of this one (its computation gap); `NO_GAP` when unknown.
     pub(super) gap_ns: u64,
+    /// Time of that interval the rank spent in operations of its other communicators
+    /// (`OpRecord.elsewhere_ns`; 0 when unknown).
+    pub(super) elsewhere_ns: u64,
 }
 
 /// `Entry::gap_ns` when the rank's previous operation is unknown.
@@ -119,6 +122,14 @@ pub(super) fn round_lateness(es: &[Entry]) -> Option<u64> {
         .map(|e| (e.gap_ns != NO_GAP).then_some(e.gap_ns))
         .collect();
     detect::computation_lateness(&durations, &gaps)
+}
+
+/// The part of a round's entry skew its latest entrant spent held up in its other
+/// communicators ([`detect::lateness_elsewhere`]).
+pub(super) fn round_elsewhere(es: &[Entry]) -> u64 {
+    let durations: Vec<u64> = es.iter().map(|e| e.duration_ns).collect();
+    let elsewhere: Vec<u64> = es.iter().map(|e| e.elsewhere_ns).collect();
+    detect::lateness_elsewhere(&durations, &elsewhere)
 }
 
 impl Default for Entry {
@@ -140,6 +151,7 @@ impl Default for Entry {
             group: 0,
             depth: 0,
             gap_ns: NO_GAP,
+            elsewhere_ns: 0,
         }
     }
 }

@@ -45,6 +45,7 @@ fn rec(comm: u64, c: u64, rank: u32, n: u32, state: OpState, dur: u64) -> OpReco
         cpu_wait_ns: None,
         frozen_ns: None,
         duration_estimated: false,
+        elsewhere_ns: None,
         gap_ns: None,
         stride: 0,
         failure: 0,
@@ -897,6 +898,40 @@ fn entry_skew_inherited_from_the_previous_operation_is_not_computation() {
         d[0].summary
     );
     assert!(d[0].summary.contains("eq. 4"), "{}", d[0].summary);
+}
+
+/// A 2-rank TP pair whose rank 0 also works in a DP group: from round 5 on a slow DP
+/// operation holds rank 0 up for 600 ms before each TP operation (its probe reports the
+/// time elsewhere; its computation gap stays 1 ms), and rank 1 waits for it in TP. The
+/// TP rounds take 700 ms on rank 1 against a 100 ms T_base, but nothing in TP is slow:
+/// without the time elsewhere (another client) the same rounds are diagnosed.
+#[test]
+fn a_round_whose_latest_entrant_was_held_up_elsewhere_is_not_slow_here() {
+    let run = |reported: bool| {
+        let mut e = Engine::new(slow_cfg());
+        let ingest = |e: &mut Engine, c: u64, t: u64, late_ms: u64| {
+            for r in 0..2u32 {
+                let mut x = rec(4, c, r, 2, OpState::Completed, 0);
+                let late = if r == 0 { late_ms * MS } else { 0 };
+                x.start_ns = c * 10 * S + late;
+                x.duration_ns = 100 * MS + late_ms * MS - late;
+                x.gap_ns = Some(MS);
+                x.elsewhere_ns = reported.then_some(50 * MS + late);
+                e.ingest(&x, t).unwrap();
+            }
+        };
+        for c in 1..=4 {
+            ingest(&mut e, c, T0 + c * S, 0);
+        }
+        assert!(e.tick(T0 + 61 * S).is_empty());
+        for c in 5..=8 {
+            ingest(&mut e, c, T0 + 65 * S + c * S, 600);
+        }
+        e.tick(T0 + 122 * S)
+    };
+    assert!(run(true).is_empty(), "{:?}", run(true));
+    let d = run(false);
+    assert_eq!(d.len(), 1, "the rounds are 7x T_base: {d:?}");
 }
 
 #[test]

@@ -11,6 +11,7 @@ impl Comm {
         uid: UniqueId,
         cfg: CommConfig,
         device_hint: Option<i32>,
+        rank_group: Option<Arc<probe::diag::RankGroup>>,
     ) -> Result<Comm> {
         let tuning = Tuning::from_env(&cfg)?;
         let probe_off = probe::disabled_from_env().map_err(CclError::InvalidArgument)?;
@@ -22,6 +23,12 @@ impl Comm {
         };
         frame.set_mode(!probe_off);
         let inject = crate::inject::Injection::from_env()?.map(Arc::new);
+        // A split child shares its parent's group; on the device backend every
+        // communicator of the device is the same rank's.
+        let rank_group = rank_group.unwrap_or_else(|| match &dev_pre {
+            Some(_) => probe::diag::RankGroup::of_device(device),
+            None => probe::diag::RankGroup::new(),
+        });
         Ok(Comm {
             nranks,
             rank,
@@ -49,6 +56,7 @@ impl Comm {
             split_seq: AtomicU64::new(0),
             dev_pre: Mutex::new(dev_pre),
             probe_source: OnceLock::new(),
+            rank_group,
         })
     }
 
@@ -150,6 +158,7 @@ impl Comm {
             },
             Arc::clone(&self.frame),
             Arc::clone(&self.op_log),
+            Arc::clone(&self.rank_group),
         );
         let _ = self.probe_source.set(Arc::downgrade(&source));
         Ok(Some(source))
@@ -428,6 +437,7 @@ impl Comm {
             id,
             cfg,
             device_hint,
+            None,
         )?);
         comm.init_with(blocking)?;
         Ok(comm)
@@ -548,6 +558,7 @@ impl Comm {
             self.uid,
             cfg,
             Some(self.device),
+            Some(Arc::clone(&self.rank_group)),
         )?);
         let r = child.attach(child_boot);
         child.finish_init(r)?;

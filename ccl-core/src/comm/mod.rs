@@ -170,6 +170,10 @@ pub struct Comm {
     /// This rank's registration with the diagnostic thread (probing on). Weak: the
     /// runtime's reference is the one that keeps it registered until destroy.
     probe_source: OnceLock<std::sync::Weak<probe::Source>>,
+    /// This rank's communicators (`probe::diag::RankGroup`): those split from it share
+    /// it, so that the time the rank spends in one comes out of its computation gaps in
+    /// the others.
+    rank_group: Arc<probe::diag::RankGroup>,
 }
 
 /// `NCCL_ALGO`/`NCCL_PROTO` on the host backend (`crate::hostalgo`): both parsed strictly

@@ -153,7 +153,8 @@ impl Sampler {
             device: s.ident.device,
             cpu_wait_ns: self.cpu_wait.total(s.id),
             frozen_ns: self.frozen_ns,
-            gap_ns: thinning.gap_ns,
+            gap_ns: thinning.gap.gap_ns,
+            elsewhere_ns: thinning.gap.elsewhere_ns,
             stride: thinning.stride,
             failure: 0,
             peer_lost: None,
@@ -256,7 +257,7 @@ impl Sampler {
                     self.backfill(s, from, h.op_counter, now, &mut out);
                     let seq = self.next_seq();
                     let thinning = Thinning {
-                        gap_ns: s.gap_before(h.op_counter, snap.start_ns),
+                        gap: s.gap_before(h.op_counter, snap.start_ns),
                         stride: s.thin.stride.load(Ordering::Relaxed).max(1),
                     };
                     out.push(self.record(seq, s, &snap, &live, Some(&ticks), thinning, now));
@@ -310,8 +311,13 @@ impl Sampler {
                 .and_then(|p| s.op_log.get(p))
                 .filter(|p| p.state != OpState::InFlight && p.timed)
                 .map(|p| snap.start_ns.saturating_sub(p.end_ns));
+            // From the op log: the time elsewhere is not known (such a record times
+            // nothing, `duration_estimated`).
             let thinning = Thinning {
-                gap_ns,
+                gap: Gap {
+                    gap_ns,
+                    elsewhere_ns: None,
+                },
                 stride: s.thin.stride.load(Ordering::Relaxed).max(1),
             };
             let block = (k % crate::FRAME_BLOCKS as u64) as usize;

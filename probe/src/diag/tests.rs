@@ -28,6 +28,7 @@ fn src(rank: u32) -> Arc<Source> {
         },
         Arc::new(Frame::new(2)),
         Arc::new(OpLog::new()),
+        RankGroup::new(),
     )
 }
 
@@ -165,6 +166,7 @@ fn env_is_strict() {
         },
         Arc::new(Frame::new(2)),
         Arc::new(OpLog::new()),
+        RankGroup::new(),
     );
     assert_eq!(
         unset.sample_period(std::slice::from_ref(&host)),
@@ -262,6 +264,77 @@ fn finish_op(s: &Source, c: u64, start: u64, end: u64) -> Option<Thinning> {
     run_op(s, c, start, end, true).1
 }
 
+/// A source of communicator `comm` in `group` reporting every completion.
+fn member(comm: u64, rank: u32, group: &Arc<RankGroup>) -> Arc<Source> {
+    register_with_target(
+        Identity {
+            comm_id: comm,
+            rank,
+            nranks: 2,
+            device: -1,
+            ring_prev: 1 - rank,
+            ring_next: 1 - rank,
+        },
+        Arc::new(Frame::new(2)),
+        Arc::new(OpLog::new()),
+        Arc::clone(group),
+        Duration::ZERO,
+    )
+}
+
+#[test]
+fn a_ranks_gap_leaves_out_its_time_in_its_other_communicators() {
+    // One rank of a DP group and of a TP pair (one group: the TP communicator was split
+    // from the DP one), its TP partner (another rank, its own group). Each iteration: 1 ms
+    // of computation, a 0.5 ms DP AllReduce, then the TP AllReduce, in which the rank
+    // waits 3 ms for its partner every other iteration. Its raw DP gap is 1 ms plus the TP
+    // operation before it; what the rank computed is 1 ms in both communicators.
+    let (mine, partner) = (RankGroup::new(), RankGroup::new());
+    let dp = member(0xd0, 0, &mine);
+    let tp = member(0x70, 0, &mine);
+    let other_tp = member(0x70, 1, &partner);
+    assert_eq!((mine.len(), partner.len()), (2, 1));
+    let mut t = 1_000_000u64;
+    for i in 0..40u64 {
+        let tp_ms = if i % 2 == 1 { 3_000_000 } else { 200_000 };
+        t += 1_000_000;
+        let d = finish_op(&dp, i, t, t + 500_000).unwrap();
+        t += 500_000;
+        let k = finish_op(&tp, i, t, t + tp_ms).unwrap();
+        // The partner's TP operation ends with this rank's: it is not this rank's time.
+        let o = finish_op(&other_tp, i, t + tp_ms - 100_000, t + tp_ms).unwrap();
+        t += tp_ms;
+        if i == 0 {
+            assert_eq!((d.gap, k.gap), (Gap::default(), Gap::default()));
+            continue;
+        }
+        let prev_tp = if i % 2 == 0 { 3_000_000 } else { 200_000 };
+        let gap = |g, e| Gap {
+            gap_ns: Some(g),
+            elsewhere_ns: Some(e),
+        };
+        assert_eq!(
+            d.gap,
+            gap(1_000_000, prev_tp),
+            "DP op {i}: the TP wait is not computation"
+        );
+        assert_eq!(
+            k.gap,
+            gap(1_000_000, 500_000),
+            "TP op {i}: the DP operation is not either"
+        );
+        assert_eq!(
+            o.gap,
+            gap(1_500_000 + tp_ms - 100_000, 0),
+            "the partner's group holds only its own communicator"
+        );
+    }
+    // A member that is gone adds nothing and is pruned at the next registration.
+    drop(tp);
+    let _again = member(0x71, 0, &mine);
+    assert_eq!(mine.len(), 2);
+}
+
 #[test]
 fn fast_ranks_report_the_same_thinned_rounds_with_their_gaps() {
     // Two ranks of one communicator run 2000 operations of 50 us, one every 60 us,
@@ -277,9 +350,9 @@ fn fast_ranks_report_the_same_thinned_rounds_with_their_gaps() {
                 reported[k].push(c);
                 strides[k].push(t.stride);
                 if c > 0 {
-                    assert_eq!(t.gap_ns, Some(10_000), "op {c}: 60 - 50 us");
+                    assert_eq!(t.gap.gap_ns, Some(10_000), "op {c}: 60 - 50 us");
                 } else {
-                    assert_eq!(t.gap_ns, None, "nothing before the first operation");
+                    assert_eq!(t.gap.gap_ns, None, "nothing before the first operation");
                 }
             }
         }
@@ -304,6 +377,7 @@ fn fast_ranks_report_the_same_thinned_rounds_with_their_gaps() {
         a.identity().clone(),
         Arc::new(Frame::new(2)),
         Arc::new(OpLog::new()),
+        RankGroup::new(),
         Duration::ZERO,
     );
     for c in 0..2000u64 {
@@ -404,7 +478,7 @@ fn slow_operations_and_snapshotted_ones_are_always_reported() {
     );
     let (timed, failed) = run_op(&s, d + 1, t0 + 2_000, t0 + 3_000, false);
     assert!(timed && s.end_time(d + 1, t0 + 2_000, false, false).timed);
-    assert_eq!(failed.map(|t| t.gap_ns), Some(None), "failed: reported");
+    assert_eq!(failed.map(|t| t.gap.gap_ns), Some(None), "failed: reported");
 }
 
 #[test]
@@ -423,7 +497,7 @@ fn the_ends_timed_are_those_of_sampled_rounds_and_of_the_rounds_before_them() {
         if let Some(t) = thinning {
             reported.push(c);
             if c > 0 {
-                assert_eq!(t.gap_ns, Some(5_000), "op {c}");
+                assert_eq!(t.gap.gap_ns, Some(5_000), "op {c}");
             }
         }
     }
