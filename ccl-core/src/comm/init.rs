@@ -23,12 +23,9 @@ impl Comm {
         };
         frame.set_mode(!probe_off);
         let inject = crate::inject::Injection::from_env()?.map(Arc::new);
-        // A split child shares its parent's group; on the device backend every
-        // communicator of the device is the same rank's.
-        let rank_group = rank_group.unwrap_or_else(|| match &dev_pre {
-            Some(_) => probe::diag::RankGroup::of_device(device),
-            None => probe::diag::RankGroup::new(),
-        });
+        // A split child shares its parent's group; an initialised communicator starts one
+        // (ranks may be threads of one process, on one device too).
+        let rank_group = rank_group.unwrap_or_default();
         Ok(Comm {
             nranks,
             rank,

@@ -19,16 +19,16 @@
 //! which is never longer than the real one: the correction errs towards the raw gap.
 //!
 //! Who belongs together: the communicators split from one another (`ncclCommSplit` passes
-//! the parent's group to the child), and on the device backend every communicator of the
-//! process on the same device ([`RankGroup::of_device`]: PyTorch creates its process groups
-//! with `ncclCommInitRank`, one per group, all on the rank's GPU). A communicator created
-//! on the host backend by `ncclCommInitRank` starts a group of its own: several ranks may
-//! be threads of one process there.
+//! the parent's group to the child). A communicator created by `ncclCommInitRank` starts a
+//! group of its own, on either backend: several ranks may be threads of one process, on
+//! one device too (the device emulation's tests, ranks sharing a GPU), and keying groups by
+//! device made each such rank's gaps lose the other ranks' operations (2 of the 7
+//! emulated-device cases failed, a slow rank unnamed). So communicators of one rank made by separate
+//! `ncclCommInitRank` calls (PyTorch's process groups without `split_from`) are not tied.
 
 use parking_lot::Mutex;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::Arc;
 
 /// The communicators of one rank (see the module docs).
 #[derive(Debug, Default)]
@@ -51,18 +51,6 @@ impl RankGroup {
     /// A new, empty group.
     pub fn new() -> Arc<RankGroup> {
         Arc::new(RankGroup::default())
-    }
-
-    /// The process's group of `device` (created on first use; alive while a member is).
-    pub fn of_device(device: i32) -> Arc<RankGroup> {
-        static BY_DEVICE: OnceLock<Mutex<HashMap<i32, Weak<RankGroup>>>> = OnceLock::new();
-        let mut map = BY_DEVICE.get_or_init(|| Mutex::new(HashMap::new())).lock();
-        if let Some(g) = map.get(&device).and_then(Weak::upgrade) {
-            return g;
-        }
-        let g = RankGroup::new();
-        map.insert(device, Arc::downgrade(&g));
-        g
     }
 
     /// A new member's counter.
