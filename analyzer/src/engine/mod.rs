@@ -647,7 +647,8 @@ impl Engine {
             ) {
                 // Does the last rank's own computation gap explain at least half of the
                 // others' wait? (Unknown gaps: assumed so.)
-                let explained = 2 * held < t_max_raw - t_min
+                // A latest entrant held up elsewhere for half the skew or more is not.
+                let explained = (held == 0 || 2 * held < t_max_raw - t_min)
                     && round_lateness(es).is_none_or(|l| 2 * l >= t_max - t_min);
                 c.observe_explained(t_max, t_min, last, explained);
             }
