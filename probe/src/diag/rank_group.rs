@@ -23,8 +23,9 @@
 //! group of its own, on either backend: several ranks may be threads of one process, on
 //! one device too (the device emulation's tests, ranks sharing a GPU), and keying groups by
 //! device made each such rank's gaps lose the other ranks' operations (2 of the 7
-//! emulated-device cases failed, a slow rank unnamed). So communicators of one rank made by separate
-//! `ncclCommInitRank` calls (PyTorch's process groups without `split_from`) are not tied.
+//! emulated-device cases failed, a slow rank unnamed). So communicators of one rank made
+//! by separate `ncclCommInitRank` calls (PyTorch's process groups without `split_from`)
+//! are not tied.
 
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
