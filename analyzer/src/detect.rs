@@ -46,19 +46,27 @@ pub(crate) fn computation_lateness(durations: &[u64], gaps: &[Option<u64>]) -> O
         return None;
     }
     let known: Vec<u64> = gaps.iter().copied().collect::<Option<Vec<u64>>>()?;
+    latest_above_median(durations, known)
+}
+
+/// The latest entrant's value (the rank with the shortest duration; the largest value among
+/// ties) minus the lower median of all `values` (O(n) selection: with an even count the
+/// smaller middle value, so that one late rank among two cannot raise the reference).
+/// `None` for no ranks or mismatched lengths.
+fn latest_above_median(durations: &[u64], mut values: Vec<u64>) -> Option<u64> {
+    if durations.len() != values.len() {
+        return None;
+    }
     let t_min = durations.iter().copied().min()?;
-    let latest_gap = durations
+    let latest = durations
         .iter()
-        .zip(&known)
+        .zip(&values)
         .filter(|(d, _)| **d == t_min)
-        .map(|(_, g)| *g)
+        .map(|(_, v)| *v)
         .max()?;
-    let mut known = known;
-    let n = known.len();
-    // Lower median (O(n) selection): with an even count the smaller middle value, so that
-    // one late rank among two cannot raise the reference.
-    let median = *known.select_nth_unstable((n - 1) / 2).1;
-    Some(latest_gap.saturating_sub(median))
+    let n = values.len();
+    let median = *values.select_nth_unstable((n - 1) / 2).1;
+    Some(latest.saturating_sub(median))
 }
 
 /// The part of a round's entry skew (T_max - T_min) that its latest entrant (the shortest
@@ -71,27 +79,14 @@ pub(crate) fn computation_lateness(durations: &[u64], gaps: &[Option<u64>]) -> O
 /// computation gap (which the probe reports without the DP time) is normal, so the late
 /// rule names nobody, but the partner's long wait would make the TP round *long*
 /// (communication-slow) although nothing in TP is slow.
-pub(crate) fn lateness_elsewhere(durations: &[u64], elsewhere: &[u64]) -> u64 {
-    if durations.len() != elsewhere.len() || durations.len() < 2 {
+pub(crate) fn lateness_elsewhere(durations: &[u64], elsewhere: Vec<u64>) -> u64 {
+    if durations.len() < 2 {
         return 0;
     }
     let (Some(&t_min), Some(&t_max)) = (durations.iter().min(), durations.iter().max()) else {
         return 0;
     };
-    let latest = durations
-        .iter()
-        .zip(elsewhere)
-        .filter(|(d, _)| **d == t_min)
-        .map(|(_, e)| *e)
-        .max()
-        .unwrap_or(0);
-    if latest == 0 {
-        return 0;
-    }
-    let mut all = elsewhere.to_vec();
-    let n = all.len();
-    let median = *all.select_nth_unstable((n - 1) / 2).1;
-    latest.saturating_sub(median).min(t_max - t_min)
+    latest_above_median(durations, elsewhere).map_or(0, |l| l.min(t_max - t_min))
 }
 
 /// The window form of the adjusted P: the slowdown-weighted mean, over the rounds of a
@@ -369,17 +364,17 @@ mod tests {
         // Rank 2 entered last (shortest duration) after 30 ms in its other communicator,
         // the others after 5-6 ms (lower median 5): 25 ms of the 26 ms skew.
         let d = [30, 31, 5, 30];
-        assert_eq!(lateness_elsewhere(&d, &[5, 6, 30, 5]), 25);
+        assert_eq!(lateness_elsewhere(&d, vec![5, 6, 30, 5]), 25);
         // Capped by the skew (26 ms).
-        assert_eq!(lateness_elsewhere(&d, &[0, 0, 90, 0]), 26);
+        assert_eq!(lateness_elsewhere(&d, vec![0, 0, 90, 0]), 26);
         // Time elsewhere at another rank, or nobody's: nothing.
-        assert_eq!(lateness_elsewhere(&d, &[40, 1, 1, 1]), 0);
-        assert_eq!(lateness_elsewhere(&d, &[0, 0, 0, 0]), 0);
+        assert_eq!(lateness_elsewhere(&d, vec![40, 1, 1, 1]), 0);
+        assert_eq!(lateness_elsewhere(&d, vec![0, 0, 0, 0]), 0);
         // Two ranks: the lower median is the other one's.
-        assert_eq!(lateness_elsewhere(&[700, 100], &[50, 650]), 600);
+        assert_eq!(lateness_elsewhere(&[700, 100], vec![50, 650]), 600);
         // Mismatched lengths or one rank: nothing.
-        assert_eq!(lateness_elsewhere(&d, &[1, 2]), 0);
-        assert_eq!(lateness_elsewhere(&[5], &[9]), 0);
+        assert_eq!(lateness_elsewhere(&d, vec![1, 2]), 0);
+        assert_eq!(lateness_elsewhere(&[5], vec![9]), 0);
     }
 
     #[test]

@@ -639,6 +639,7 @@ impl Engine {
             // slow rounds, issue 17 point 3).
             let held = round_elsewhere(es);
             let t_max = t_max_raw - held;
+            let lateness = round_lateness(es);
             let ki = comm.kind_index(KindKey::of(&ty), cfg);
             let kind = &mut comm.kinds[ki];
             if let (Some(c), Some(last)) = (
@@ -649,7 +650,7 @@ impl Engine {
                 // others' wait? (Unknown gaps: assumed so.)
                 // A latest entrant held up elsewhere for half the skew or more is not.
                 let explained = (held == 0 || 2 * held < t_max_raw - t_min)
-                    && round_lateness(es).is_none_or(|l| 2 * l >= t_max - t_min);
+                    && lateness.is_none_or(|l| 2 * l >= t_max - t_min);
                 c.observe_explained(t_max, t_min, last, explained);
             }
             let (t_base_now, _, _) = kind.baseline.current();
@@ -657,7 +658,6 @@ impl Engine {
                 .longest_r
                 .max(detect::slowdown_ratio(t_max, t_base_now));
             if t_max > t_base_now {
-                let lateness = round_lateness(es);
                 kind.share.observe(t_max, t_min, t_base_now, lateness);
                 if lateness.is_some_and(|l| l > 0) {
                     if let Some(j) = es.iter().position(|e| e.duration_ns == t_min) {

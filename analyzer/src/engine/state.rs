@@ -125,11 +125,14 @@ pub(super) fn round_lateness(es: &[Entry]) -> Option<u64> {
 }
 
 /// The part of a round's entry skew its latest entrant spent held up in its other
-/// communicators ([`detect::lateness_elsewhere`]).
+/// communicators ([`detect::lateness_elsewhere`]); 0 without allocating when nobody
+/// spent time elsewhere (a rank with one communicator).
 pub(super) fn round_elsewhere(es: &[Entry]) -> u64 {
+    if es.iter().all(|e| e.elsewhere_ns == 0) {
+        return 0;
+    }
     let durations: Vec<u64> = es.iter().map(|e| e.duration_ns).collect();
-    let elsewhere: Vec<u64> = es.iter().map(|e| e.elsewhere_ns).collect();
-    detect::lateness_elsewhere(&durations, &elsewhere)
+    detect::lateness_elsewhere(&durations, es.iter().map(|e| e.elsewhere_ns).collect())
 }
 
 impl Default for Entry {
