@@ -23,6 +23,7 @@ use common::*;
 
 const ENV_MODE: &str = "CCL_RT_TEST_MODE";
 const ENV_UID: &str = "CCL_RT_TEST_UID";
+const ENV_UID2: &str = "CCL_RT_TEST_UID2";
 const ENV_RANK: &str = "CCL_RT_TEST_RANK";
 const ENV_NRANKS: &str = "CCL_RT_TEST_NRANKS";
 
@@ -43,7 +44,11 @@ fn env_usize(name: &str) -> usize {
 }
 
 fn child_comm() -> std::sync::Arc<Comm> {
-    let uid = unhex(&std::env::var(ENV_UID).expect("uid")).expect("uid hex");
+    child_comm_of(ENV_UID)
+}
+
+fn child_comm_of(uid_var: &str) -> std::sync::Arc<Comm> {
+    let uid = unhex(&std::env::var(uid_var).expect("uid")).expect("uid hex");
     let mut id = [0u8; 128];
     id.copy_from_slice(&uid);
     Comm::init_rank(
@@ -281,6 +286,69 @@ fn kill_rank() {
     }
 }
 
+/// Prints each completed probe record that carries time spent in other communicators as
+/// `@@GAP <comm id> <rank> <gap ns> <elsewhere ns>`.
+struct PrintGaps;
+
+impl probe::diag::Sink for PrintGaps {
+    fn deliver(&mut self, batch: ccld_wire::Batch) {
+        for r in batch.records {
+            if let (Some(gap), Some(elsewhere)) = (r.gap_ns, r.elsewhere_ns) {
+                let comm = r.trace.as_ref().map_or(0, |t| t.comm_id);
+                println!("@@GAP {comm:016x} {} {gap} {elsewhere}", r.rank);
+            }
+        }
+    }
+}
+
+/// Two communicators made by separate `ncclCommInitRank` calls, one rank of each per
+/// process (as PyTorch makes its process groups): rank 0 enters every AllReduce of B 30 ms
+/// late, so rank 1 waits in B before each AllReduce of A. Its gaps on A must leave that
+/// wait out (`@@GAP` lines of A with `elsewhere` >= 20 ms); prints `@@SHARED` and the
+/// communicators' ids.
+fn groups_rank() {
+    probe::diag::start_with(probe::diag::DiagConfig::default(), || {
+        Ok(Box::new(PrintGaps) as Box<dyn probe::diag::Sink>)
+    })
+    .expect("diagnostic thread");
+    let a = child_comm_of(ENV_UID);
+    let b = child_comm_of(ENV_UID2);
+    println!(
+        "@@SHARED {} {:016x} {:016x}",
+        a.shares_rank_group(&b),
+        a.comm_id(),
+        b.comm_id()
+    );
+    let send = vec![1f32; 256];
+    let mut recv = vec![0f32; 256];
+    let all_reduce = |c: &std::sync::Arc<Comm>, recv: &mut [f32]| {
+        enqueue(
+            c,
+            CollArgs {
+                kind: CollKind::AllReduce,
+                sendbuf: send.as_ptr() as usize,
+                recvbuf: recv.as_mut_ptr() as usize,
+                count: send.len(),
+                dtype: DataType::Float32 as i32,
+                op: 0,
+                root: -1,
+                stream: 0,
+            },
+        )
+        .expect("all_reduce");
+    };
+    for _ in 0..12 {
+        if a.rank() == 0 {
+            std::thread::sleep(Duration::from_millis(30));
+        }
+        all_reduce(&b, &mut recv);
+        all_reduce(&a, &mut recv);
+    }
+    a.destroy().expect("destroy A");
+    b.destroy().expect("destroy B");
+    println!("@@OK groups");
+}
+
 /// Rank 1 calls AllGather(256) where its peers call AllReduce(1024), after one consistent
 /// AllReduce: every rank's call must fail (exit 0 after printing `@@ERR`), none succeed.
 fn mismatch_rank() {
@@ -381,6 +449,7 @@ fn proc_rank_entry() {
         Ok("smoke") => smoke_rank(),
         Ok("mismatch") => mismatch_rank(),
         Ok("staggered") => staggered_exit_rank(),
+        Ok("groups") => groups_rank(),
         _ => {}
     }
 }
@@ -721,4 +790,51 @@ fn inconsistent_call_on(hosts: &[&str]) {
             "rank {r}: {l}"
         );
     }
+}
+
+/// Communicators of separate `ncclCommInitRank` calls, one rank of each per process, are one
+/// rank's for the probe (PyTorch's process groups): rank 1's computation gaps on A leave
+/// out the ~30 ms it waits in B for rank 0 before each AllReduce of A. Without the tie,
+/// A's records carry `elsewhere` = 0 and the whole wait counts as rank 1's computation.
+#[test]
+fn communicators_of_separate_inits_in_one_process_per_rank_are_one_ranks() {
+    let uid2 = hex(&get_unique_id().expect("unique id").0);
+    let mut job = spawn_job_on(2, "groups", &[(ENV_UID2, uid2.as_str())], &[]);
+    let codes = wait_all(&mut job.children, Duration::from_secs(60));
+    let lines: Vec<(usize, String)> = job.lines.try_iter().collect();
+    assert!(
+        codes.iter().all(|c| *c == Some(0)),
+        "exit codes {codes:?}, output {lines:?}"
+    );
+    let shared: Vec<Vec<&str>> = lines
+        .iter()
+        .filter_map(|(_, l)| l.strip_prefix("SHARED "))
+        .map(|l| l.split(' ').collect())
+        .collect();
+    assert_eq!(shared.len(), 2, "{lines:?}");
+    assert!(shared.iter().all(|s| s[0] == "true"), "{shared:?}");
+    let comm_a = shared[0][1];
+    // Rank 1's gaps on A: (gap, elsewhere) in ms.
+    let gaps: Vec<(f64, f64)> = lines
+        .iter()
+        .filter_map(|(_, l)| l.strip_prefix("GAP "))
+        .map(|l| l.split(' ').collect::<Vec<_>>())
+        .filter(|f| f[0] == comm_a && f[1] == "1")
+        .map(|f| {
+            (
+                f[2].parse::<f64>().unwrap() / 1e6,
+                f[3].parse::<f64>().unwrap() / 1e6,
+            )
+        })
+        .collect();
+    let held = gaps.iter().filter(|(_, e)| *e >= 20.0).count();
+    assert!(
+        held >= 3,
+        "rank 1's gaps on A (gap ms, elsewhere ms): {gaps:?}"
+    );
+    // The gap left is the rank's own time between the calls, far below the wait.
+    assert!(
+        gaps.iter().filter(|(g, e)| *e >= 20.0 && *g < 10.0).count() >= 3,
+        "{gaps:?}"
+    );
 }

@@ -23,9 +23,9 @@ impl Comm {
         };
         frame.set_mode(!probe_off);
         let inject = crate::inject::Injection::from_env()?.map(Arc::new);
-        // A split child shares its parent's group; an initialised communicator starts one
-        // (ranks may be threads of one process, on one device too).
-        let rank_group = rank_group.unwrap_or_default();
+        // A split child shares its parent's group; an initialised communicator's is chosen
+        // at probe registration (`init_rank_group`).
+        let rank_group = rank_group.map(OnceLock::from).unwrap_or_default();
         Ok(Comm {
             nranks,
             rank,
@@ -155,10 +155,40 @@ impl Comm {
             },
             Arc::clone(&self.frame),
             Arc::clone(&self.op_log),
-            Arc::clone(&self.rank_group),
+            Arc::clone(
+                self.rank_group
+                    .get_or_init(|| self.init_rank_group(boot, device)),
+            ),
         );
         let _ = self.probe_source.set(Arc::downgrade(&source));
         Ok(Some(source))
+    }
+
+    /// The rank group of a communicator made by `ncclCommInitRank` (or `ncclCommInitAll`):
+    /// where it is the process's only rank of the communicator, the process's group of its
+    /// device (one process per rank: every communicator of the process on that device is
+    /// the same rank's, as PyTorch's process groups are), else a group of its own (ranks as
+    /// threads of one process, possibly on one device).
+    fn init_rank_group(&self, boot: &Bootstrap, device: i32) -> Arc<probe::diag::RankGroup> {
+        let here = |r: usize| (boot.peer_host_hash(r), boot.peer_pid(r));
+        let me = here(self.rank);
+        let local = (0..self.nranks).filter(|&r| here(r) == me).count();
+        if local == 1 {
+            probe::diag::RankGroup::of_process_device(device)
+        } else {
+            probe::diag::RankGroup::new()
+        }
+    }
+
+    /// Whether this communicator and `other` count as one rank's for the probe's
+    /// computation gaps (`probe::diag::RankGroup`): split from one another, or each the
+    /// process's only rank of its communicator on the same device. False before either
+    /// registered with a running probe.
+    pub fn shares_rank_group(&self, other: &Comm) -> bool {
+        match (self.rank_group.get(), other.rank_group.get()) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
     }
 
     /// [`Comm::attach`] for the device backend: probe registration as on the host backend,
@@ -555,7 +585,7 @@ impl Comm {
             self.uid,
             cfg,
             Some(self.device),
-            Some(Arc::clone(&self.rank_group)),
+            self.rank_group.get().cloned(),
         )?);
         let r = child.attach(child_boot);
         child.finish_init(r)?;

@@ -172,8 +172,10 @@ pub struct Comm {
     probe_source: OnceLock<std::sync::Weak<probe::Source>>,
     /// This rank's communicators (`probe::diag::RankGroup`): those split from it share
     /// it, so that the time the rank spends in one comes out of its computation gaps in
-    /// the others.
-    rank_group: Arc<probe::diag::RankGroup>,
+    /// the others. A split child's is its parent's from the start; an initialised
+    /// communicator's is chosen once its bootstrap knows where the ranks run
+    /// ([`Comm::init_rank_group`]).
+    rank_group: OnceLock<Arc<probe::diag::RankGroup>>,
 }
 
 /// `NCCL_ALGO`/`NCCL_PROTO` on the host backend (`crate::hostalgo`): both parsed strictly

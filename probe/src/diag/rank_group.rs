@@ -19,17 +19,18 @@
 //! which is never longer than the real one: the correction errs towards the raw gap.
 //!
 //! Who belongs together: the communicators split from one another (`ncclCommSplit` passes
-//! the parent's group to the child). A communicator created by `ncclCommInitRank` starts a
-//! group of its own, on either backend: several ranks may be threads of one process, on
-//! one device too (the device emulation's tests, ranks sharing a GPU), and keying groups by
-//! device made each such rank's gaps lose the other ranks' operations (2 of the 7
-//! emulated-device cases failed, a slow rank unnamed). So communicators of one rank made
-//! by separate `ncclCommInitRank` calls (PyTorch's process groups without `split_from`)
-//! are not tied.
+//! the parent's group to the child), and the communicators made by `ncclCommInitRank` in
+//! which the process holds a single rank, per device ([`RankGroup::of_process_device`]):
+//! one process per rank (per GPU), as MPI, Slurm and torchrun jobs run, where PyTorch makes
+//! each process group with a call of its own. A communicator with several ranks in the
+//! process (ranks as threads, `ncclCommInitAll`, the device emulation's ranks sharing a GPU)
+//! starts a group of its own: tying such ranks by device made each one's gaps lose the
+//! other ranks' operations (2 of the 7 emulated-device cases failed, a slow rank unnamed).
 
 use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 
 /// The communicators of one rank (see the module docs).
 #[derive(Debug, Default)]
@@ -52,6 +53,21 @@ impl RankGroup {
     /// A new, empty group.
     pub fn new() -> Arc<RankGroup> {
         Arc::new(RankGroup::default())
+    }
+
+    /// The process's group of `device` (created on first use, alive while a member is):
+    /// for communicators made by `ncclCommInitRank` in which this process holds a single
+    /// rank, one process per rank as MPI, Slurm and PyTorch jobs run (see the module docs).
+    pub fn of_process_device(device: i32) -> Arc<RankGroup> {
+        static BY_DEVICE: OnceLock<Mutex<HashMap<i32, Weak<RankGroup>>>> = OnceLock::new();
+        let mut map = BY_DEVICE.get_or_init(|| Mutex::new(HashMap::new())).lock();
+        if let Some(g) = map.get(&device).and_then(Weak::upgrade) {
+            return g;
+        }
+        map.retain(|_, g| g.strong_count() > 0);
+        let g = RankGroup::new();
+        map.insert(device, Arc::downgrade(&g));
+        g
     }
 
     /// A new member's counter.
