@@ -10,14 +10,20 @@
 //! Every round, in an order that alternates, measures:
 //! - raw TCP throughput of the link host 0 -> host 1: one connection, this binary as
 //!   source and sink (`--tcp-source`/`--tcp-sink`), 256 MiB;
+//! - raw TCP around a ring of 2 and of 4 hosts (`--tcp-ring`): every host streams 256 MiB
+//!   to the next while it receives from the previous, the traffic of a ring AllReduce
+//!   without its arithmetic, on the same CPUs; the slowest link's GB/s;
 //! - our AllReduce (`all_reduce_perf -c 1`, float sum) on 2 hosts x 1 rank and 4 x 1;
 //! - with `--mpi-bin`, OpenMPI's `MPI_Allreduce` (`benches/c/mpi_allreduce.c`) with its TCP
 //!   BTL (`--mca btl tcp,self`) on the same hosts, `mpirun` started in host 0 and reaching
 //!   the others through an rsh agent that enters their namespaces.
 //!
 //! Figures are medians over rounds. Prints busbw per size and the ratios ours / raw TCP
-//! (target >= 0.8 at >= 4 MiB, 2 hosts: busbw of 2 ranks equals the link's payload rate)
-//! and ours / OpenMPI (target >= 1.0 at >= 64 KiB).
+//! (target >= 0.8 at >= 4 MiB, 2 hosts: busbw of a ring AllReduce equals each link's
+//! payload rate), against the one-way figure and against the ring of the same hosts, and
+//! ours / OpenMPI (target >= 1.0 at >= 64 KiB). Where the CPUs, not the link, set the pace
+//! (veth on a small machine), one way moves half the bytes per CPU-second of a ring, whose
+//! every host both sends and receives; the ring is then the like-for-like reference.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -91,6 +97,13 @@ fn parse_opts(args: &[String]) -> Opts {
 /// `--tcp-sink ADDR`: accepts one connection, reads to its end, answers one byte.
 fn tcp_sink(addr: &str) -> Result<(), String> {
     let l = TcpListener::bind(addr).map_err(|e| format!("bind {addr}: {e}"))?;
+    let total = sink_on(&l)?;
+    println!("{total}");
+    Ok(())
+}
+
+/// Accepts one connection on `l`, reads to its end, answers one byte; the bytes read.
+fn sink_on(l: &TcpListener) -> Result<u64, String> {
     let (mut s, _) = l.accept().map_err(|e| format!("accept: {e}"))?;
     let mut buf = vec![0u8; 4 << 20];
     let mut total = 0u64;
@@ -102,12 +115,36 @@ fn tcp_sink(addr: &str) -> Result<(), String> {
         }
     }
     s.write_all(&[1]).map_err(|e| format!("ack: {e}"))?;
-    println!("{total}");
-    Ok(())
+    Ok(total)
 }
 
 /// `--tcp-source ADDR BYTES`: streams BYTES, waits for the sink's byte; prints GB/s.
 fn tcp_source(addr: &str, bytes: u64) -> Result<(), String> {
+    println!("{}", source_to(addr, bytes)?);
+    Ok(())
+}
+
+/// `--tcp-ring LISTEN NEXT BYTES`: one host of a ring of raw streams, the traffic of a
+/// ring AllReduce without its arithmetic: receives BYTES on LISTEN from the previous host
+/// while it streams BYTES to the next; prints its sending GB/s.
+fn tcp_ring(listen: &str, next: &str, bytes: u64) -> Result<(), String> {
+    let l = TcpListener::bind(listen).map_err(|e| format!("bind {listen}: {e}"))?;
+    let sink = std::thread::spawn(move || sink_on(&l));
+    let sent = source_to(next, bytes);
+    let got = sink
+        .join()
+        .map_err(|_| "ring sink thread panicked".to_string())??;
+    let gbps = sent?;
+    if got != bytes {
+        return Err(format!("ring sink read {got} bytes of {bytes}"));
+    }
+    println!("{gbps}");
+    Ok(())
+}
+
+/// Connects to `addr` (retrying for 10 s while the sink starts), streams `bytes`, waits for
+/// the sink's byte; the GB/s from the first byte to that answer.
+fn source_to(addr: &str, bytes: u64) -> Result<f64, String> {
     let addr: SocketAddr = addr.parse().map_err(|e| format!("{addr}: {e}"))?;
     let t0 = Instant::now();
     let mut s = loop {
@@ -131,8 +168,7 @@ fn tcp_source(addr: &str, bytes: u64) -> Result<(), String> {
         .map_err(|e| format!("shutdown: {e}"))?;
     let mut ack = [0u8; 1];
     s.read_exact(&mut ack).map_err(|e| format!("ack: {e}"))?;
-    println!("{}", bytes as f64 / start.elapsed().as_secs_f64() / 1e9);
-    Ok(())
+    Ok(bytes as f64 / start.elapsed().as_secs_f64() / 1e9)
 }
 
 fn output(cmd: &mut Command) -> Result<String, String> {
@@ -182,6 +218,48 @@ fn raw_tcp(hosts: &Hosts, me: &Path) -> Result<f64, String> {
         return Err(format!("tcp sink read {got} bytes of {TCP_BYTES}"));
     }
     Ok(gbps)
+}
+
+/// Raw TCP around a ring of hosts 0..n (each streams to the next and receives from the
+/// previous at once, `--tcp-ring`): GB/s per link, that of the slowest (a ring AllReduce
+/// moves in lockstep, so its links go as fast as the slowest).
+fn raw_ring(hosts: &Hosts, me: &Path, n: usize) -> Result<f64, String> {
+    let addr = |h: usize| SocketAddr::new(hosts.addr(h).into(), TCP_PORT + 1).to_string();
+    let children: Vec<_> = (0..n)
+        .map(|h| {
+            hosts
+                .command(h, me)
+                .args(["--tcp-ring", &addr(h), &addr((h + 1) % n)])
+                .arg(TCP_BYTES.to_string())
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .map_err(|e| format!("tcp ring host {h}: {e}"))
+        })
+        .collect::<Result<_, _>>()?;
+    let mut slowest = f64::INFINITY;
+    let mut failed = None;
+    for (h, c) in children.into_iter().enumerate() {
+        let out = c
+            .wait_with_output()
+            .map_err(|e| format!("tcp ring host {h}: {e}"))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        match (out.status.success(), text.trim().parse::<f64>()) {
+            (true, Ok(g)) => slowest = slowest.min(g),
+            _ => {
+                failed = Some(format!(
+                    "tcp ring host {h} ({}): {text}{}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr)
+                ))
+            }
+        }
+    }
+    match failed {
+        Some(f) => Err(f),
+        None => Ok(slowest),
+    }
 }
 
 /// Our AllReduce on `n` hosts x 1 rank.
@@ -236,8 +314,26 @@ fn ours(hosts: &Hosts, dir: &Path, n: usize, o: &Opts) -> Result<Vec<Row>, Strin
     allreduce_rows(&text, n)
 }
 
-/// OpenMPI's MPI_Allreduce with the TCP BTL on `n` hosts x 1 rank.
+/// OpenMPI's MPI_Allreduce with the TCP BTL on `n` hosts x 1 rank; a failed start is
+/// retried once (Debian's Open MPI 4.1.4 daemons now and then crash in hwloc while they
+/// start, before any rank runs).
 fn mpi(hosts: &Hosts, agent: &Path, bin: &Path, n: usize, o: &Opts) -> Result<Vec<Row>, String> {
+    mpi_once(hosts, agent, bin, n, o).or_else(|e| {
+        eprintln!(
+            "net-bench: mpirun failed, once more: {}",
+            e.lines().next().unwrap_or("")
+        );
+        mpi_once(hosts, agent, bin, n, o)
+    })
+}
+
+fn mpi_once(
+    hosts: &Hosts,
+    agent: &Path,
+    bin: &Path,
+    n: usize,
+    o: &Opts,
+) -> Result<Vec<Row>, String> {
     let list: Vec<String> = (0..n).map(|h| format!("{}:1", hosts.addr(h))).collect();
     let subnet = format!("{}/24", hosts.addr(0));
     let out = output(
@@ -248,6 +344,7 @@ fn mpi(hosts: &Hosts, agent: &Path, bin: &Path, n: usize, o: &Opts) -> Result<Ve
             .args(["--mca", "plm_rsh_agent"])
             .arg(agent)
             .args(["--mca", "btl", "tcp,self"])
+            .args(["--mca", "rtc", "^hwloc"])
             .args(["--mca", "btl_tcp_if_include", &subnet])
             .args(["--mca", "oob_tcp_if_include", &subnet])
             .arg(bin)
@@ -328,6 +425,13 @@ fn main() {
                 .and_then(|b| b.parse().ok())
                 .unwrap_or(TCP_BYTES),
         )),
+        Some("--tcp-ring") => Some(tcp_ring(
+            args.get(1).map_or("", String::as_str),
+            args.get(2).map_or("", String::as_str),
+            args.get(3)
+                .and_then(|b| b.parse().ok())
+                .unwrap_or(TCP_BYTES),
+        )),
         _ => None,
     };
     if let Some(r) = r {
@@ -353,6 +457,7 @@ fn run(o: &Opts) -> Result<(), String> {
         None => None,
     };
     let mut tcp = Vec::new();
+    let mut ring: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     let mut ours_rounds: [Vec<Vec<Row>>; 2] = [Vec::new(), Vec::new()];
     let mut mpi_rounds: [Vec<Vec<Row>>; 2] = [Vec::new(), Vec::new()];
     for round in 0..o.rounds {
@@ -360,6 +465,7 @@ fn run(o: &Opts) -> Result<(), String> {
         let mpi_first = round % 2 == 1;
         tcp.push(raw_tcp(&hosts, &me)?);
         for (k, n) in [2usize, 4].into_iter().enumerate() {
+            ring[k].push(raw_ring(&hosts, &me, n)?);
             let run_mpi = |v: &mut [Vec<Vec<Row>>; 2]| -> Result<(), String> {
                 if let (Some(bin), Some(agent)) = (&o.mpi_bin, &agent) {
                     v[k].push(mpi(&hosts, agent, bin, n, o)?);
@@ -379,13 +485,30 @@ fn run(o: &Opts) -> Result<(), String> {
         let _ = std::fs::remove_file(a);
     }
     let tcp_gbps = median(&tcp);
+    let rounded = |v: &[f64]| {
+        v.iter()
+            .map(|x| (x * 100.0).round() / 100.0)
+            .collect::<Vec<_>>()
+    };
     let mut md = String::new();
     md.push_str(&format!(
-        "Raw TCP host 0 -> host 1 (one connection, {} MiB): **{tcp_gbps:.2} GB/s** (median of {} rounds: {:?})\n\n",
+        "Raw TCP host 0 -> host 1 (one connection, one way, {} MiB): **{tcp_gbps:.2} GB/s** \
+         (median of {} rounds: {:?})\n\n",
         TCP_BYTES >> 20,
         o.rounds,
-        tcp.iter().map(|x| (x * 100.0).round() / 100.0).collect::<Vec<_>>()
+        rounded(&tcp)
     ));
+    let ring_gbps = [median(&ring[0]), median(&ring[1])];
+    for (k, n) in [2usize, 4].into_iter().enumerate() {
+        md.push_str(&format!(
+            "Raw TCP ring of {n} hosts (each streams {} MiB to the next while it receives \
+             from the previous), slowest link: **{:.2} GB/s** (median of {} rounds: {:?})\n\n",
+            TCP_BYTES >> 20,
+            ring_gbps[k],
+            o.rounds,
+            rounded(&ring[k])
+        ));
+    }
     for (k, n) in [2usize, 4].into_iter().enumerate() {
         let ours_m = medians(&ours_rounds[k]);
         let mpi_m = medians(&mpi_rounds[k]);
@@ -393,16 +516,20 @@ fn run(o: &Opts) -> Result<(), String> {
             "{n} hosts x 1 rank, AllReduce float sum, busbw GB/s (median of {} rounds)\n\n",
             o.rounds
         ));
-        md.push_str("| size | ours | OpenMPI tcp | ours / OpenMPI | ours / raw TCP |\n|---|---:|---:|---:|---:|\n");
+        md.push_str(
+            "| size | ours | OpenMPI tcp | ours / OpenMPI | ours / raw TCP one way | ours / raw TCP ring |\n\
+             |---|---:|---:|---:|---:|---:|\n",
+        );
         for (bytes, bw) in &ours_m {
             let m = mpi_m.iter().find(|x| x.0 == *bytes).map(|x| x.1);
             let fmt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
             md.push_str(&format!(
-                "| {} | {bw:.3} | {} | {} | {:.2} |\n",
+                "| {} | {bw:.3} | {} | {} | {:.2} | {:.2} |\n",
                 human(*bytes),
                 fmt(m),
                 fmt(m.map(|m| bw / m)),
-                bw / tcp_gbps
+                bw / tcp_gbps,
+                bw / ring_gbps[k]
             ));
         }
         md.push('\n');
