@@ -249,19 +249,7 @@ fn kill_rank() {
     let mut recv = vec![0f32; 1 << 18];
     let mut i = 0u64;
     loop {
-        let r = enqueue(
-            &comm,
-            CollArgs {
-                kind: CollKind::AllReduce,
-                sendbuf: send.as_ptr() as usize,
-                recvbuf: recv.as_mut_ptr() as usize,
-                count: send.len(),
-                dtype: DataType::Float32 as i32,
-                op: 0,
-                root: -1,
-                stream: 0,
-            },
-        );
+        let r = enqueue(&comm, all_reduce_f32(&send, &mut recv));
         match r {
             Ok(()) => {
                 i += 1;
@@ -322,20 +310,7 @@ fn groups_rank() {
     let send = vec![1f32; 256];
     let mut recv = vec![0f32; 256];
     let all_reduce = |c: &std::sync::Arc<Comm>, recv: &mut [f32]| {
-        enqueue(
-            c,
-            CollArgs {
-                kind: CollKind::AllReduce,
-                sendbuf: send.as_ptr() as usize,
-                recvbuf: recv.as_mut_ptr() as usize,
-                count: send.len(),
-                dtype: DataType::Float32 as i32,
-                op: 0,
-                root: -1,
-                stream: 0,
-            },
-        )
-        .expect("all_reduce");
+        enqueue(c, all_reduce_f32(&send, recv)).expect("all_reduce");
     };
     for _ in 0..12 {
         if a.rank() == 0 {

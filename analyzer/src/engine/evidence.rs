@@ -628,6 +628,9 @@ pub(super) fn locate_slow(
                     .iter()
                     .map(|ri| ri.win_last_in)
                     .collect::<Vec<_>>(),
+                cfg.self_calibration
+                    .as_ref()
+                    .map_or(ThetaConfig::default().root_share, |t| t.root_share),
             );
             if !r.is_empty() {
                 s2 = r;
@@ -777,7 +780,11 @@ pub(super) fn locate_slow(
                     desc.join("; ")
                 )
             } else if by_latecomer {
-                "entered last in most of the window's rounds while every rank communicated slowly: the others waited for it inside the operations too (CPU starvation, descheduling)".to_string()
+                let total: u32 = comm.ranks.iter().map(|ri| ri.win_last_in).sum();
+                format!(
+                    "entered last in {} of the window's {total} rounds with a computation lateness while every rank communicated slowly: the others waited for it inside the operations too (CPU starvation, descheduling)",
+                    comm.ranks.get(j as usize).map_or(0, |ri| ri.win_last_in)
+                )
             } else if by_least_wait {
                 "waited least for its peers while they waited for it: slow itself (CPU starvation, descheduling, a slow copy), no single slow link".to_string()
             } else if lockstep {

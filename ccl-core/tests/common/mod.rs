@@ -522,6 +522,20 @@ pub fn reductions(comm: &Comm, dt: DataType, dev_scalar: &mut [u8; 8]) -> Vec<(R
     ]
 }
 
+/// A float sum AllReduce of `send` into `recv` on the default stream.
+pub fn all_reduce_f32(send: &[f32], recv: &mut [f32]) -> CollArgs {
+    CollArgs {
+        kind: CollKind::AllReduce,
+        sendbuf: send.as_ptr() as usize,
+        recvbuf: recv.as_mut_ptr() as usize,
+        count: send.len().min(recv.len()),
+        dtype: DataType::Float32 as i32,
+        op: 0,
+        root: -1,
+        stream: 0,
+    }
+}
+
 /// Hex of a unique id (for child processes).
 pub fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
