@@ -5,6 +5,9 @@
 //! target/release/net-bench [--mpi-bin PATH] [--rounds 3] [--min 65536] [--max 67108864]
 //!     [--factor 4] [--iters 10] [--md FILE]
 //! ```
+//! `--md FILE` writes the tables into FILE between the markers `<!-- net-bench: tables
+//! begin -->` and `<!-- net-bench: tables end -->`, keeping the text around them (the whole
+//! file is the tables when it has no markers).
 //!
 //! Four "hosts" (network namespaces joined by a bridge, `benches::netns`, one rank each).
 //! Every round, in an order that alternates, measures:
@@ -539,7 +542,47 @@ fn run(o: &Opts) -> Result<(), String> {
     );
     print!("{md}");
     if let Some(p) = &o.md {
-        std::fs::write(p, &md).map_err(|e| format!("{}: {e}", p.display()))?;
+        let old = std::fs::read_to_string(p).unwrap_or_default();
+        std::fs::write(p, splice_tables(&old, &md)).map_err(|e| format!("{}: {e}", p.display()))?;
     }
     Ok(())
+}
+
+const TABLES_BEGIN: &str = "<!-- net-bench: tables begin -->\n";
+const TABLES_END: &str = "<!-- net-bench: tables end -->\n";
+
+/// The `--md` file with this run's tables: between the markers of `old` when it has both,
+/// so that the hand-written text around them (how the run was made, how to read it) stays;
+/// otherwise the tables alone, with the markers.
+fn splice_tables(old: &str, tables: &str) -> String {
+    let fresh = format!("{TABLES_BEGIN}{tables}{TABLES_END}");
+    match (old.find(TABLES_BEGIN), old.find(TABLES_END)) {
+        (Some(b), Some(e)) if b < e => {
+            format!("{}{fresh}{}", &old[..b], &old[e + TABLES_END.len()..])
+        }
+        _ => fresh,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_replace_only_what_is_between_the_markers() {
+        let old = format!("# Title\nintro\n{TABLES_BEGIN}| old |\n{TABLES_END}\nReading it: x\n");
+        let got = splice_tables(&old, "| new |\n");
+        assert_eq!(
+            got,
+            format!("# Title\nintro\n{TABLES_BEGIN}| new |\n{TABLES_END}\nReading it: x\n")
+        );
+        // No markers (or only one, or in the wrong order): the tables alone.
+        let alone = format!("{TABLES_BEGIN}| new |\n{TABLES_END}");
+        assert_eq!(splice_tables("# hand-written\n", "| new |\n"), alone);
+        assert_eq!(
+            splice_tables(&format!("a{TABLES_END}b{TABLES_BEGIN}c"), "| new |\n"),
+            alone
+        );
+        assert_eq!(splice_tables("", "| new |\n"), alone);
+    }
 }
