@@ -228,40 +228,51 @@ fn raw_tcp(hosts: &Hosts, me: &Path) -> Result<f64, String> {
 /// moves in lockstep, so its links go as fast as the slowest).
 fn raw_ring(hosts: &Hosts, me: &Path, n: usize) -> Result<f64, String> {
     let addr = |h: usize| SocketAddr::new(hosts.addr(h).into(), TCP_PORT + 1).to_string();
+    let outs = on_each_host(n, |h| {
+        let mut c = hosts.command(h, me);
+        c.args(["--tcp-ring", &addr(h), &addr((h + 1) % n)])
+            .arg(TCP_BYTES.to_string());
+        c
+    })?;
+    outs.iter()
+        .enumerate()
+        .map(|(h, t)| {
+            t.trim()
+                .parse::<f64>()
+                .map_err(|e| format!("tcp ring host {h} output {t:?}: {e}"))
+        })
+        .try_fold(f64::INFINITY, |slowest, g| Ok(slowest.min(g?)))
+}
+
+/// Starts `command(h)` for hosts 0..n at once and waits for all; their standard outputs,
+/// or the error of the last that failed (with its standard error).
+fn on_each_host(n: usize, command: impl Fn(usize) -> Command) -> Result<Vec<String>, String> {
     let children: Vec<_> = (0..n)
         .map(|h| {
-            hosts
-                .command(h, me)
-                .args(["--tcp-ring", &addr(h), &addr((h + 1) % n)])
-                .arg(TCP_BYTES.to_string())
+            command(h)
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
-                .map_err(|e| format!("tcp ring host {h}: {e}"))
+                .map_err(|e| format!("start host {h}: {e}"))
         })
         .collect::<Result<_, _>>()?;
-    let mut slowest = f64::INFINITY;
+    let mut outs = Vec::with_capacity(n);
     let mut failed = None;
     for (h, c) in children.into_iter().enumerate() {
-        let out = c
-            .wait_with_output()
-            .map_err(|e| format!("tcp ring host {h}: {e}"))?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        match (out.status.success(), text.trim().parse::<f64>()) {
-            (true, Ok(g)) => slowest = slowest.min(g),
-            _ => {
-                failed = Some(format!(
-                    "tcp ring host {h} ({}): {text}{}",
-                    out.status,
-                    String::from_utf8_lossy(&out.stderr)
-                ))
-            }
+        let out = c.wait_with_output().map_err(|e| format!("host {h}: {e}"))?;
+        if !out.status.success() {
+            failed = Some(format!(
+                "host {h}: {}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ));
         }
+        outs.push(String::from_utf8_lossy(&out.stdout).into_owned());
     }
     match failed {
         Some(f) => Err(f),
-        None => Ok(slowest),
+        None => Ok(outs),
     }
 }
 
@@ -278,42 +289,19 @@ fn ours(hosts: &Hosts, dir: &Path, n: usize, o: &Opts) -> Result<Vec<Row>, Strin
     let args = [
         "-b", &min, "-e", &max, "-f", &f, "-c", "1", "-w", "3", "-n", &it, "-o", "sum",
     ];
-    let children: Vec<_> = (0..n)
-        .map(|h| {
-            hosts
-                .ranks_command(
-                    h,
-                    h..h + 1,
-                    n,
-                    &dir.join("all_reduce_perf"),
-                    &args,
-                    &uid,
-                    dir,
-                )
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .map_err(|e| format!("start host {h}: {e}"))
-        })
-        .collect::<Result<_, _>>()?;
-    let mut text = String::new();
-    let mut failed = None;
-    for (h, c) in children.into_iter().enumerate() {
-        let out = c.wait_with_output().map_err(|e| format!("host {h}: {e}"))?;
-        if !out.status.success() {
-            failed = Some(format!(
-                "host {h}: {}: {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        text.push_str(&String::from_utf8_lossy(&out.stdout));
-    }
+    let outs = on_each_host(n, |h| {
+        hosts.ranks_command(
+            h,
+            h..h + 1,
+            n,
+            &dir.join("all_reduce_perf"),
+            &args,
+            &uid,
+            dir,
+        )
+    });
     let _ = std::fs::remove_file(&uid);
-    if let Some(f) = failed {
-        return Err(f);
-    }
+    let text = outs?.concat();
     allreduce_rows(&text, n)
 }
 
