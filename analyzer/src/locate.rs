@@ -6,12 +6,17 @@
 //! 2. all entered, but the op type sets disagree                      -> **H2**, the minority;
 //! 3. all entered, some ranks are not hung (completed / failed / moved past the round)
 //!    -> **H2**, those ranks; except in a ring where every such rank completed the same
-//!    schedule in full: then a silent hung rank -> **H3**, those; else a hung rank whose
+//!    schedule in full: then a silent hung rank -> **H1**, those; else a hung rank whose
 //!    ring upstream is one of them waits for data that was sent and never arrived -> **H3**,
 //!    those starved ranks ([`starved_receivers`]);
 //! 4. all hung: ranks that went silent (no record or heartbeat for `silent_after`; the process
-//!    is stopped or dead, its counters are stale) -> **H3**, those ranks; otherwise
+//!    is stopped or dead, its counters are stale) -> **H1**, those ranks; otherwise
 //!    [`fewest_counts`] -> **H3**.
+//!
+//! A silent rank is H1 whether its process stopped just before the round or inside it: the
+//! fault is the same (the host side of the rank stopped: SIGSTOP, a hung or swapped-out
+//! process, a dead host), and where the stop lands is a race that must not change the class.
+//! H3 is kept for a round stuck while every process still reports (a link or a device).
 //!
 //! Slow (see [`crate::detect`]): P > beta -> **S1**, [`min_duration`]; P < alpha -> **S2**,
 //! [`slow_links`] when the per-channel wait metrics are present, else [`lowest_rate`];
@@ -76,7 +81,8 @@ pub(crate) enum HangFinding {
     InconsistentTypes(Vec<u32>),
     /// H2: these ranks are not hung in the round while the others are.
     NotHung(Vec<u32>),
-    /// H3: every rank hangs; these stopped reporting mid-operation.
+    /// H1: these stopped reporting mid-operation (their process stopped or died) while the
+    /// others hang.
     Silent(Vec<u32>),
     /// H3: every rank hangs; these made the least progress.
     FewestCounts(Vec<u32>),
@@ -89,13 +95,11 @@ impl HangFinding {
     /// The anomaly class.
     pub(crate) fn class(&self) -> AnomalyClass {
         match self {
-            HangFinding::NotEntered(_) => AnomalyClass::H1NotEntered,
+            HangFinding::NotEntered(_) | HangFinding::Silent(_) => AnomalyClass::H1NotEntered,
             HangFinding::InconsistentTypes(_) | HangFinding::NotHung(_) => {
                 AnomalyClass::H2Inconsistent
             }
-            HangFinding::Silent(_) | HangFinding::FewestCounts(_) | HangFinding::Starved(_) => {
-                AnomalyClass::H3Hardware
-            }
+            HangFinding::FewestCounts(_) | HangFinding::Starved(_) => AnomalyClass::H3Hardware,
         }
     }
 
@@ -796,7 +800,9 @@ mod tests {
         // A stopped rank among the hung ones is named before a link.
         let mut w = v.clone();
         w[3].silent = true;
-        assert_eq!(locate_hang(&w, &rings), HangFinding::Silent(vec![3]));
+        let f = locate_hang(&w, &rings);
+        assert_eq!(f, HangFinding::Silent(vec![3]));
+        assert_eq!(f.class(), AnomalyClass::H1NotEntered);
     }
 
     #[test]
@@ -844,11 +850,13 @@ mod tests {
     }
 
     #[test]
-    fn h3_silent_rank_is_the_root_else_fewest_counts() {
+    fn a_silent_rank_in_flight_is_h1_else_fewest_counts_h3() {
         let mut v = vec![hv(HangState::InFlight); 4];
         v[2].silent = true;
         v[0].send = 1;
-        assert_eq!(locate_hang(&v, &[]), HangFinding::Silent(vec![2]));
+        let f = locate_hang(&v, &[]);
+        assert_eq!(f, HangFinding::Silent(vec![2]));
+        assert_eq!(f.class(), AnomalyClass::H1NotEntered);
         v[2].silent = false;
         let f = locate_hang(&v, &[]);
         assert_eq!(f, HangFinding::FewestCounts(vec![0]));

@@ -13,7 +13,7 @@ use crate::wire::{self, AnomalyClass};
 /// Plain words of an anomaly class (`"process / rank not entered (hang)"`).
 pub fn class_words(class: i32) -> &'static str {
     match AnomalyClass::try_from(class) {
-        Ok(AnomalyClass::H1NotEntered) => "hang: rank not entered",
+        Ok(AnomalyClass::H1NotEntered) => "hang: rank not entered or stopped",
         Ok(AnomalyClass::H2Inconsistent) => "hang: inconsistent call",
         Ok(AnomalyClass::H3Hardware) => "hang: communication stuck",
         Ok(AnomalyClass::S1ComputationSlow) => "slow: computation",

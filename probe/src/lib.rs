@@ -139,6 +139,11 @@ pub fn describe(d: &w::Diagnosis) -> String {
             format!("is slow in {coll} #{op}"),
             "mixed computation/communication-slow",
         ),
+        // A silent root may have stopped inside the operation as well as before it.
+        AnomalyClass::H1NotEntered if !d.roots.is_empty() && d.roots.iter().all(|r| r.silent) => (
+            format!("stopped at or before {coll} #{op}"),
+            "not-entered hang",
+        ),
         AnomalyClass::H1NotEntered => (format!("never entered {coll} #{op}"), "not-entered hang"),
         AnomalyClass::H2Inconsistent => (
             format!("issued an operation inconsistent with its peers at {coll} #{op}"),
@@ -253,7 +258,14 @@ mod tests {
         };
         assert_eq!(
             describe(&h),
-            "rank 0 (pid 0, host ) [silent: process stopped or dead] never entered AllReduce #0: not-entered hang (3 of 4 ranks hung, longest 2.5 s)"
+            "rank 0 (pid 0, host ) [silent: process stopped or dead] stopped at or before AllReduce #0: not-entered hang (3 of 4 ranks hung, longest 2.5 s)"
+        );
+        let mut h = h;
+        h.roots[0].silent = false;
+        assert!(
+            describe(&h).contains("never entered AllReduce #0"),
+            "{}",
+            describe(&h)
         );
     }
 }

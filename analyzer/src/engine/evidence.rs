@@ -470,7 +470,7 @@ pub(super) fn locate_hang_round(
             secs(max_in_flight)
         ),
         HangFinding::Silent(_) => format!(
-            "{phrase} stopped reporting during {coll_name} #{c} while {hung} of {n} ranks hang: hardware fault or stopped process ({} s)",
+            "{phrase} stopped reporting during {coll_name} #{c} while {hung} of {n} ranks hang: stopped or dead process ({} s)",
             secs(max_in_flight)
         ),
         HangFinding::FewestCounts(_) => format!(
