@@ -79,7 +79,8 @@ pub struct SimulateArgs {
     /// Root-cause rank of the injected anomaly.
     #[arg(long, value_name = "R", default_value_t = 0)]
     pub root_rank: u32,
-    /// H1/H3: the root's process also stops reporting (SIGSTOP / dead).
+    /// H1/H3: the root's process also stops reporting (SIGSTOP / dead), before the round
+    /// (H1) or inside it after a part of its data (H3); either is diagnosed H1.
     #[arg(long)]
     pub silent: bool,
     /// H2: the root completes a different operation and moves on (instead of hanging on
