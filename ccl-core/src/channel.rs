@@ -565,6 +565,20 @@ impl Transport {
         self.remote.is_some()
     }
 
+    /// A waiting executor runs a round of the socket proxy itself (see
+    /// [`crate::transport::socket::proxy::Proxy::drive`]); whether anything moved. False
+    /// without sockets.
+    pub(crate) fn drive_sockets(&self) -> bool {
+        self.remote.as_ref().is_some_and(Remote::drive)
+    }
+
+    /// The executor stops waiting: the socket proxy's thread takes over at once.
+    pub(crate) fn release_sockets(&self) {
+        if let Some(r) = &self.remote {
+            r.release();
+        }
+    }
+
     /// Why `peer` can no longer take part (its process exited, or its connection was
     /// lost), `None` while it can. Ranks of this process are never checked.
     pub(crate) fn peer_gone(&self, peer: usize) -> Option<String> {

@@ -388,6 +388,14 @@ fn is_fatal(e: &CclError) -> bool {
 
 impl Worker {
     fn run_job(&mut self, items: &[WorkItem]) -> Result<()> {
+        let r = self.run_items(items);
+        // Whatever the job's waits drove of the socket proxy, its thread takes over now
+        // (what was committed last may still be on its way).
+        self.t.release_sockets();
+        r
+    }
+
+    fn run_items(&mut self, items: &[WorkItem]) -> Result<()> {
         for item in items {
             if let Some(e) = &self.broken {
                 return Err(with_context(
@@ -783,8 +791,13 @@ impl Worker {
                 }
                 // Announce, then poll once more before sleeping (no lost wake-up: a
                 // producer that committed before seeing the announcement is seen by
-                // that poll).
-                None if backoff.is_parking() => *announced = Some(bell.announce()),
+                // that poll). The socket proxy's thread polls the sockets meanwhile.
+                None if backoff.is_parking() => {
+                    self.t.release_sockets();
+                    *announced = Some(bell.announce());
+                }
+                // Before spinning or yielding, move what the sockets hold.
+                None if self.t.drive_sockets() => {}
                 None => backoff.pause(),
             }
         }

@@ -324,7 +324,11 @@ impl Worker {
                     self.t.bell.unannounce();
                     w.backoff.pause();
                 }
-                None if w.backoff.is_parking() => w.announced = Some(self.t.bell.announce()),
+                None if w.backoff.is_parking() => {
+                    self.t.release_sockets();
+                    w.announced = Some(self.t.bell.announce());
+                }
+                None if self.t.drive_sockets() => {}
                 None => w.backoff.pause(),
             }
         }

@@ -252,6 +252,7 @@ impl Remote {
             wake_bell: Doorbell::new(Arc::clone(&wake_region), 0)?,
             wake: Arc::clone(&wake),
             flush: LINK_TIMEOUT,
+            drive_lease: proxy::DRIVE_LEASE,
         })?;
         let mut r = Remote {
             me,
@@ -291,6 +292,16 @@ impl Remote {
     /// Whether `peer` is reached over sockets.
     pub(crate) fn is_remote(&self, peer: usize) -> bool {
         self.remote.get(peer).copied().unwrap_or(false)
+    }
+
+    /// See [`Proxy::drive`].
+    pub(crate) fn drive(&self) -> bool {
+        self.proxy.drive()
+    }
+
+    /// See [`Proxy::release`].
+    pub(crate) fn release(&self) {
+        self.proxy.release()
     }
 
     /// Why the connection to `peer` was lost, `None` while it is fine.
@@ -676,6 +687,11 @@ mod tests {
 
     /// A running proxy of rank `rank` (of 2) with private words and no streams yet.
     fn test_proxy(rank: usize) -> Proxy {
+        test_proxy_leased(rank, proxy::DRIVE_LEASE)
+    }
+
+    /// [`test_proxy`] whose `drive` keeps the thread off the sockets for `lease`.
+    fn test_proxy_leased(rank: usize, lease: Duration) -> Proxy {
         let (bell, poison) = local_words();
         let wake_region = Arc::new(ShmRegion::anonymous(CACHE_LINE).unwrap());
         Proxy::start(ProxyLocal {
@@ -687,6 +703,7 @@ mod tests {
             wake_bell: Doorbell::new(wake_region, 0).unwrap(),
             wake: Arc::new(EventFd::new().unwrap()),
             flush: Duration::from_millis(100),
+            drive_lease: lease,
         })
         .unwrap()
     }
@@ -695,14 +712,26 @@ mod tests {
     fn proxy_serving(
         rank: usize,
         peer: usize,
+        socks: (TcpStream, Vec<TcpStream>),
+        out: Option<Outbound>,
+        inb: Option<Inbound>,
+    ) -> Proxy {
+        proxy_serving_leased(rank, peer, socks, out, inb, proxy::DRIVE_LEASE)
+    }
+
+    /// [`proxy_serving`] with [`test_proxy_leased`].
+    fn proxy_serving_leased(
+        rank: usize,
+        peer: usize,
         (sock, extra): (TcpStream, Vec<TcpStream>),
         out: Option<Outbound>,
         inb: Option<Inbound>,
+        lease: Duration,
     ) -> Proxy {
         for s in std::iter::once(&sock).chain(&extra) {
             s.set_nonblocking(true).unwrap();
         }
-        let proxy = test_proxy(rank);
+        let proxy = test_proxy_leased(rank, lease);
         proxy
             .add(Cmd::Data(Box::new(DataStream {
                 peer,
@@ -882,13 +911,22 @@ mod tests {
     /// A proxy (rank 0) serving one inbound stream from rank 1 over `k` sockets, with
     /// 1 MiB slots; the test writes the other ends.
     fn proxy_with_striped_inbound(k: usize) -> (Proxy, Vec<TcpStream>, FifoReceiverEnd) {
+        proxy_with_striped_inbound_leased(k, proxy::DRIVE_LEASE)
+    }
+
+    /// [`proxy_with_striped_inbound`] with [`test_proxy_leased`].
+    fn proxy_with_striped_inbound_leased(
+        k: usize,
+        lease: Duration,
+    ) -> (Proxy, Vec<TcpStream>, FifoReceiverEnd) {
         let (feeds, mut socks) = socket_pairs(k);
         let layout = FifoLayout::for_buffer(4 << 20, 4).unwrap();
         let fifo = Arc::new(ShmRegion::anonymous(layout.bytes()).unwrap());
         let tx = crate::transport::shm::FifoSender::new(Arc::clone(&fifo), 0, layout).unwrap();
         let rx = crate::transport::shm::FifoReceiver::new(fifo, 0, layout).unwrap();
         let first = socks.remove(0);
-        let proxy = proxy_serving(0, 1, (first, socks), None, Some(Inbound::Fifo(tx)));
+        let proxy =
+            proxy_serving_leased(0, 1, (first, socks), None, Some(Inbound::Fifo(tx)), lease);
         (proxy, feeds, rx)
     }
 
@@ -1001,6 +1039,51 @@ mod tests {
         }
         sender.join().unwrap();
         assert_eq!((a.peers.lost(1), b.peers.lost(0)), (None, None));
+    }
+
+    /// A waiting executor that drives the proxy moves the data itself while its proxy
+    /// thread stays asleep (a message that waits 20 ms in the socket is still there at the
+    /// next `drive`, which delivers it), and after `release` the thread takes the sockets
+    /// over again. The lease is long here, so that a test thread the scheduler holds off
+    /// for a while does not let it lapse.
+    #[test]
+    fn a_driving_executor_moves_the_data_and_the_proxy_thread_takes_over_after_release() {
+        let (proxy, mut feeds, mut rx) =
+            proxy_with_striped_inbound_leased(1, Duration::from_secs(60));
+        // The first drive takes the stream in and holds the thread off.
+        proxy.drive();
+        for i in 0..10u8 {
+            // Small enough for the socket buffers while nobody reads.
+            let payload = pattern(32_000, i);
+            let h = DataHeader {
+                len: payload.len(),
+                desc: [u64::from(i), 1, 2],
+            };
+            feeds[0].write_all(&h.encode()).unwrap();
+            feeds[0].write_all(&payload).unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+            assert_eq!(rx.pending(), 0, "message {i} landed without a drive");
+            let t0 = Instant::now();
+            while rx.pending() == 0 {
+                proxy.drive();
+                assert!(
+                    t0.elapsed() < Duration::from_secs(10),
+                    "message {i} never came"
+                );
+            }
+            let got = rx.try_peek_checked().unwrap().unwrap();
+            assert!(got == &payload[..], "message {i} corrupted");
+            rx.release();
+        }
+        proxy.release();
+        let (payload, h) = message_of_200k(99, [7, 8, 9]);
+        feeds[0].write_all(&h.encode()).unwrap();
+        feeds[0].write_all(&payload).unwrap();
+        wait_until("the proxy thread to deliver after release", || {
+            rx.pending() > 0
+        });
+        assert!(rx.try_peek_checked().unwrap().unwrap() == &payload[..]);
+        assert_eq!(proxy.peers.lost(1), None);
     }
 
     #[test]

@@ -230,11 +230,53 @@ pub(crate) enum Cmd {
 #[derive(Debug)]
 pub(crate) struct Proxy {
     cmds: Sender<Cmd>,
-    wake: Arc<EventFd>,
+    shared: Arc<Shared>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     pub peers: Arc<PeerStates>,
 }
+
+/// What the proxy thread and a waiting executor share: the proxy's state, behind a lock
+/// that the executor only tries ([`Proxy::drive`]), and the lease by which an executor
+/// that runs the rounds itself keeps the proxy thread asleep.
+struct Shared {
+    state: Mutex<Loop>,
+    /// Until when (nanoseconds from `epoch`) a waiting executor runs the rounds; 0: no
+    /// executor does. Renewed by every [`Proxy::drive`], so that an executor that stops
+    /// without [`Proxy::release`] (an error path) holds the thread off for at most
+    /// [`DRIVE_LEASE`].
+    driven_until: AtomicU64,
+    lease_ns: u64,
+    epoch: Instant,
+    wake: Arc<EventFd>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("driven_until", &self.driven_until)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Shared {
+    fn now(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// How much of an executor's lease is left (`None`: no executor drives).
+    fn lease_left(&self) -> Option<Duration> {
+        let until = self.driven_until.load(Ordering::Acquire);
+        let now = self.now();
+        (until > now).then(|| Duration::from_nanos(until - now))
+    }
+}
+
+/// How long one [`Proxy::drive`] keeps the proxy thread off the sockets by default. A waiting
+/// executor renews it at every poll; it lapses when the executor stops polling (it went
+/// to sleep, returned, or the scheduler took its CPU for longer), and the proxy thread
+/// takes over.
+pub(crate) const DRIVE_LEASE: Duration = Duration::from_millis(2);
 
 /// What the proxy thread needs of its rank.
 pub(crate) struct ProxyLocal {
@@ -252,6 +294,9 @@ pub(crate) struct ProxyLocal {
     pub wake: Arc<EventFd>,
     /// How long a destroy waits for committed data to leave.
     pub flush: Duration,
+    /// How long one [`Proxy::drive`] keeps the proxy thread off the sockets
+    /// ([`DRIVE_LEASE`]; tests take longer ones).
+    pub drive_lease: Duration,
 }
 
 impl Proxy {
@@ -260,14 +305,24 @@ impl Proxy {
         let stop = Arc::new(AtomicBool::new(false));
         let peers = Arc::new(PeerStates::new(local.nranks));
         let wake = Arc::clone(&local.wake);
+        let lease_ns = u64::try_from(local.drive_lease.as_nanos()).unwrap_or(u64::MAX);
         let (s, p) = (Arc::clone(&stop), Arc::clone(&peers));
+        let shared = Arc::new(Shared {
+            state: Mutex::new(Loop::new(local, rx, s, p)),
+            driven_until: AtomicU64::new(0),
+            lease_ns,
+            epoch: Instant::now(),
+            wake,
+        });
+        let (sh, st) = (Arc::clone(&shared), Arc::clone(&stop));
+        let rank = sh.state.lock().l.rank;
         let thread = std::thread::Builder::new()
-            .name(format!("ccld-proxy-{}", local.rank))
-            .spawn(move || Loop::new(local, rx, s, p).run())
+            .name(format!("ccld-proxy-{rank}"))
+            .spawn(move || run(&sh, &st))
             .map_err(|e| CclError::sys("starting the socket proxy thread", e))?;
         Ok(Proxy {
             cmds: tx,
-            wake,
+            shared,
             stop,
             thread: Some(thread),
             peers,
@@ -279,18 +334,99 @@ impl Proxy {
         self.cmds
             .send(cmd)
             .map_err(|_| CclError::Internal("the socket proxy thread has stopped".into()))?;
-        self.wake.signal();
+        self.shared.wake.signal();
         Ok(())
+    }
+
+    /// Runs one round of the proxy on the calling thread (a waiting executor), unless the
+    /// proxy thread is in one; whether anything moved. Until [`Proxy::release`] (or the
+    /// lease's end) the proxy thread sleeps, so that one thread per rank does the socket
+    /// work while the executor waits, instead of two that hand each message between them
+    /// across CPUs.
+    pub(crate) fn drive(&self) -> bool {
+        let until = self.shared.now().saturating_add(self.shared.lease_ns);
+        self.shared.driven_until.store(until, Ordering::Release);
+        let Some(mut lp) = self.shared.state.try_lock() else {
+            return false;
+        };
+        lp.take_cmds();
+        lp.round()
+    }
+
+    /// Ends a [`Proxy::drive`] lease (the executor stops waiting): the proxy thread takes
+    /// the sockets over at once. Nothing to do when no lease is held.
+    pub(crate) fn release(&self) {
+        if self.shared.driven_until.swap(0, Ordering::AcqRel) != 0 {
+            self.shared.wake.signal();
+        }
     }
 }
 
 impl Drop for Proxy {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
-        self.wake.signal();
+        self.shared.driven_until.store(0, Ordering::Release);
+        self.shared.wake.signal();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+/// The proxy thread: rounds while something moves, then yields, then sleeps in `poll` on
+/// its sockets and eventfd; while an executor drives ([`Proxy::drive`]), it sleeps on the
+/// eventfd alone until the lease ends. The lock is held for a round, never while sleeping
+/// or yielding.
+fn run(sh: &Shared, stop: &AtomicBool) {
+    let mut idle = 0u32;
+    loop {
+        if let Some(left) = sh.lease_left() {
+            if !stop.load(Ordering::Acquire) {
+                let mut fds = [libc::pollfd {
+                    fd: sh.wake.fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                }];
+                if poll(&mut fds, left.min(MAX_SLEEP)).is_err() {
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+                sh.wake.drain();
+                idle = 0;
+                continue;
+            }
+        }
+        let mut lp = sh.state.lock();
+        lp.take_cmds();
+        if lp.stop.load(Ordering::Acquire) {
+            lp.finish();
+            return;
+        }
+        if lp.round() {
+            idle = 0;
+            continue;
+        }
+        idle += 1;
+        if idle < IDLE_YIELDS {
+            drop(lp);
+            std::thread::yield_now();
+            continue;
+        }
+        // Announce, re-check, then sleep: a ring after the announcement signals the
+        // eventfd, one before it is seen by the re-check.
+        let _seen = lp.l.wake_bell.announce();
+        if !lp.round() && !lp.stop.load(Ordering::Acquire) {
+            let mut fds = lp.poll_fds();
+            drop(lp);
+            if let Err(e) = poll(&mut fds, MAX_SLEEP) {
+                tracing::warn!(target: "nccl::NET", "socket proxy: {e}");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            lp = sh.state.lock();
+        } else {
+            idle = 0;
+        }
+        lp.l.wake.drain();
+        lp.l.wake_bell.unannounce();
     }
 }
 
@@ -455,36 +591,6 @@ impl Loop {
         }
     }
 
-    fn run(mut self) {
-        let mut idle = 0u32;
-        loop {
-            self.take_cmds();
-            if self.stop.load(Ordering::Acquire) {
-                self.finish();
-                return;
-            }
-            if self.round() {
-                idle = 0;
-                continue;
-            }
-            idle += 1;
-            if idle < IDLE_YIELDS {
-                std::thread::yield_now();
-                continue;
-            }
-            // Announce, re-check, then sleep: a ring after the announcement signals the
-            // eventfd, one before it is seen by the re-check.
-            let _seen = self.l.wake_bell.announce();
-            if !self.round() && !self.stop.load(Ordering::Acquire) {
-                self.sleep();
-            } else {
-                idle = 0;
-            }
-            self.l.wake.drain();
-            self.l.wake_bell.unannounce();
-        }
-    }
-
     fn take_cmds(&mut self) {
         loop {
             match self.cmds.try_recv() {
@@ -552,7 +658,8 @@ impl Loop {
         progress
     }
 
-    fn sleep(&mut self) {
+    /// What the proxy sleeps on: its eventfd and every socket with something to do.
+    fn poll_fds(&self) -> Vec<libc::pollfd> {
         let mut fds = Vec::with_capacity(1 + self.data.len() + self.ctl.len());
         fds.push(libc::pollfd {
             fd: self.l.wake.fd(),
@@ -588,10 +695,7 @@ impl Loop {
                 revents: 0,
             });
         }
-        if let Err(e) = poll(&mut fds, MAX_SLEEP) {
-            tracing::warn!(target: "nccl::NET", rank = self.l.rank, "socket proxy: {e}");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        fds
     }
 
     /// A data stream broke the protocol (junk, a frame that does not fit, data lost in the
