@@ -726,6 +726,11 @@ impl Worker {
         let mut spin_checked = false;
         let mut episode = WaitEpisode::default();
         let mut peer_check = PeerCheck::new(t_start, self.shared.tuning.peer_check);
+        let mut driver = SocketDriver::new(if self.t.uses_sockets() {
+            largest_message(lanes, ctx.unit)
+        } else {
+            usize::MAX
+        });
         while !lanes.is_empty() {
             let mut progressed = false;
             for lr in lanes.iter_mut() {
@@ -764,6 +769,7 @@ impl Worker {
                 }
                 backoff.reset();
                 peer_check.progressed();
+                driver.progressed();
                 continue;
             }
             self.check_poison()?;
@@ -797,7 +803,7 @@ impl Worker {
                     *announced = Some(bell.announce());
                 }
                 // Before spinning or yielding, move what the sockets hold.
-                None if self.t.drive_sockets() => {}
+                None if driver.drive(&self.t) => {}
                 None => backoff.pause(),
             }
         }
@@ -1139,6 +1145,16 @@ fn desc_of(
         .ok_or_else(|| CclError::Internal(format!("no descriptor for buffer {buf}")))
 }
 
+/// The largest message (bytes) a step of `lanes` sends or receives.
+fn largest_message(lanes: &[LaneRun<'_>], unit: usize) -> usize {
+    lanes
+        .iter()
+        .flat_map(|lr| lr.lane.steps.iter())
+        .map(|s| s.count * unit)
+        .max()
+        .unwrap_or(0)
+}
+
 fn ring_bell(bells: &[Option<crate::transport::shm::Doorbell>], peer: Option<usize>) {
     if let Some(Some(b)) = peer.and_then(|p| bells.get(p)) {
         b.ring_if_waiting();
@@ -1160,7 +1176,7 @@ use probe_path::ProbeStart;
 use tree_exec::tree_counts;
 pub(crate) use tree_exec::{expected_counts, host_choice};
 pub(crate) use wait::read_current;
-use wait::{publish_current, spin_budget, yield_budget, Wait, WaitEpisode};
+use wait::{publish_current, spin_budget, yield_budget, SocketDriver, Wait, WaitEpisode};
 
 #[cfg(test)]
 #[path = "executor_tests.rs"]

@@ -56,6 +56,7 @@ struct Waiter {
     /// Polls without progress in the current wait (the peer check reads the clock on
     /// every [`Backoff::CLOCK_EVERY`]-th while spinning).
     polls: u32,
+    driver: super::wait::SocketDriver,
 }
 
 impl Worker {
@@ -69,6 +70,7 @@ impl Worker {
             peer_check: PeerCheck::new(op.t_start, self.shared.tuning.peer_check),
             spin_checked: false,
             polls: 0,
+            driver: super::wait::SocketDriver::new(chunk.min(op.bytes)),
         };
         let mut acc = std::mem::take(&mut self.scratch);
         let mut tmp = std::mem::take(&mut self.scratch2);
@@ -292,6 +294,7 @@ impl Worker {
                 }
                 w.backoff.reset();
                 w.peer_check.progressed();
+                w.driver.progressed();
                 return Ok(v);
             }
             if self.shared.abort.load(Ordering::Acquire) {
@@ -328,7 +331,7 @@ impl Worker {
                     self.t.release_sockets();
                     w.announced = Some(self.t.bell.announce());
                 }
-                None if self.t.drive_sockets() => {}
+                None if w.driver.drive(&self.t) => {}
                 None => w.backoff.pause(),
             }
         }
