@@ -70,7 +70,11 @@ impl Worker {
             peer_check: PeerCheck::new(op.t_start, self.shared.tuning.peer_check),
             spin_checked: false,
             polls: 0,
-            driver: super::wait::SocketDriver::new(chunk.min(op.bytes)),
+            driver: super::wait::SocketDriver::new(if self.t.uses_sockets() {
+                chunk.min(op.bytes)
+            } else {
+                usize::MAX
+            }),
         };
         let mut acc = std::mem::take(&mut self.scratch);
         let mut tmp = std::mem::take(&mut self.scratch2);

@@ -134,7 +134,8 @@ impl SocketDriver {
     /// The largest message of an operation whose waits drive the sockets.
     pub(super) const MAX_MESSAGE: usize = 64 << 10;
 
-    /// The driver of an operation whose largest message has `message_bytes` (pure).
+    /// The driver of an operation whose largest message has `message_bytes` (pure;
+    /// `usize::MAX` for a communicator without sockets).
     pub(super) fn new(message_bytes: usize) -> SocketDriver {
         SocketDriver {
             on: message_bytes <= Self::MAX_MESSAGE,

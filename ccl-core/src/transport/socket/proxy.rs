@@ -272,10 +272,10 @@ impl Shared {
     }
 }
 
-/// How long one [`Proxy::drive`] keeps the proxy thread off the sockets by default. A waiting
-/// executor renews it at every poll; it lapses when the executor stops polling (it went
-/// to sleep, returned, or the scheduler took its CPU for longer), and the proxy thread
-/// takes over.
+/// How long one [`Proxy::drive`] keeps the proxy thread off the sockets by default. A
+/// waiting executor renews it at every poll; it lapses when the executor stops polling (it
+/// went to sleep, returned, or the scheduler took its CPU for longer), and the proxy
+/// thread takes over.
 pub(crate) const DRIVE_LEASE: Duration = Duration::from_millis(2);
 
 /// What the proxy thread needs of its rank.
@@ -318,7 +318,7 @@ impl Proxy {
         let rank = sh.state.lock().l.rank;
         let thread = std::thread::Builder::new()
             .name(format!("ccld-proxy-{rank}"))
-            .spawn(move || run(&sh, &st))
+            .spawn(move || run(&sh, &st, rank))
             .map_err(|e| CclError::sys("starting the socket proxy thread", e))?;
         Ok(Proxy {
             cmds: tx,
@@ -377,7 +377,7 @@ impl Drop for Proxy {
 /// its sockets and eventfd; while an executor drives ([`Proxy::drive`]), it sleeps on the
 /// eventfd alone until the lease ends. The lock is held for a round, never while sleeping
 /// or yielding.
-fn run(sh: &Shared, stop: &AtomicBool) {
+fn run(sh: &Shared, stop: &AtomicBool, rank: usize) {
     let mut idle = 0u32;
     loop {
         if let Some(left) = sh.lease_left() {
@@ -418,7 +418,7 @@ fn run(sh: &Shared, stop: &AtomicBool) {
             let mut fds = lp.poll_fds();
             drop(lp);
             if let Err(e) = poll(&mut fds, MAX_SLEEP) {
-                tracing::warn!(target: "nccl::NET", "socket proxy: {e}");
+                tracing::warn!(target: "nccl::NET", rank, "socket proxy: {e}");
                 std::thread::sleep(Duration::from_millis(1));
             }
             lp = sh.state.lock();
