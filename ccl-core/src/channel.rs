@@ -31,6 +31,7 @@ use crate::transport::shm::{
 };
 use crate::transport::socket::frame::StreamId;
 use crate::transport::socket::proxy::{Inbound, Outbound};
+use crate::transport::socket::sendref::SendRefs;
 use crate::transport::socket::Remote;
 
 /// Byte offset of the poison word in each rank's doorbell segment (after the doorbell);
@@ -98,6 +99,9 @@ pub(crate) struct PeerLinks {
     pub ll_rx: Option<LlReceiver>,
     /// LL messages to the peer (Tree links only).
     pub ll_tx: Option<LlSender>,
+    /// Per channel, for a peer on another host: the references of by-reference sends on
+    /// `tx` (`transport::socket::sendref`); empty over shared memory.
+    pub tx_refs: Vec<Arc<SendRefs>>,
 }
 
 /// The LL FIFO of every Tree link, after its Simple FIFO in the link's segment: 4 messages
@@ -244,7 +248,7 @@ fn connect_pairs(
     for (p, in_region, _, _) in &created {
         let p = *p;
         recv_patiently(boot, p, ready, abort)?;
-        let region = match rem.as_deref_mut() {
+        let (region, tx_refs) = match rem.as_deref_mut() {
             Some(r) if r.is_remote(p) => {
                 let out = Arc::new(ShmRegion::anonymous(bytes)?);
                 let link = PairLink {
@@ -253,21 +257,24 @@ fn connect_pairs(
                     nch,
                     ll_at,
                 };
-                attach_pair(r, p, link, &out, in_region, abort)?;
-                out
+                let refs = attach_pair(r, p, link, &out, in_region, abort)?;
+                (out, refs)
             }
-            _ => Arc::new(ShmRegion::open(&name(boot, seg_kind, me, p, p))?),
+            _ => (
+                Arc::new(ShmRegion::open(&name(boot, seg_kind, me, p, p))?),
+                Vec::new(),
+            ),
         };
         let ll_tx = if ll {
             Some(LlSender::new(Arc::clone(&region), ll_at, LL_LAYOUT)?)
         } else {
             None
         };
-        txs.push((senders(&region, layout, nch)?, ll_tx));
+        txs.push((senders(&region, layout, nch)?, ll_tx, tx_refs));
         boot.send(p, ack, &[])?;
     }
     let mut out = Vec::with_capacity(new.len());
-    for ((p, region, rx, ll_rx), (tx, ll_tx)) in created.into_iter().zip(txs) {
+    for ((p, region, rx, ll_rx), (tx, ll_tx, tx_refs)) in created.into_iter().zip(txs) {
         recv_patiently(boot, p, ack, abort)?;
         if !is_remote(p, &rem) {
             region.unlink()?;
@@ -279,6 +286,7 @@ fn connect_pairs(
                 tx,
                 ll_rx,
                 ll_tx,
+                tx_refs,
             },
         ));
     }
@@ -297,7 +305,7 @@ struct PairLink {
 
 /// Hands the proxy its ends of a pairwise link with remote `peer`: it reads what this rank
 /// commits to `out` and fills `inb` with what the peer sends, one stream per channel (and
-/// one for the LL FIFO of a Tree link).
+/// one for the LL FIFO of a Tree link). Returns the channels' by-reference tables.
 fn attach_pair(
     rem: &mut Remote,
     peer: usize,
@@ -305,18 +313,21 @@ fn attach_pair(
     out: &Arc<ShmRegion>,
     inb: &Arc<ShmRegion>,
     abort: &AtomicBool,
-) -> Result<()> {
+) -> Result<Vec<Arc<SendRefs>>> {
     let outs = receivers(out, link.layout, link.nch)?;
     let ins = senders(inb, link.layout, link.nch)?;
+    let mut refs = Vec::with_capacity(link.nch);
     for (c, (o, i)) in outs.into_iter().zip(ins).enumerate() {
         let id = match link.kind {
             PairKind::P2p => StreamId::p2p(c),
             PairKind::Tree => StreamId::tree(c),
         };
+        let r = Arc::new(SendRefs::new(link.layout.nslots));
+        refs.push(Arc::clone(&r));
         rem.attach(
             peer,
             id,
-            Some(Outbound::Fifo(o)),
+            Some(Outbound::Fifo(o, r)),
             Some(Inbound::Fifo(i)),
             abort,
         )?;
@@ -332,19 +343,20 @@ fn attach_pair(
             abort,
         )?;
     }
-    Ok(())
+    Ok(refs)
 }
 
 /// Hands the proxy its ends of the ring's remote links: what this rank commits to `next`
 /// (when remote) and what `prev` sends (when remote), one stream per channel. With two
-/// ranks both are the same peer and share each channel's stream.
+/// ranks both are the same peer and share each channel's stream. Returns the by-reference
+/// tables of the channels to `next` (none when `next` is on this host).
 fn attach_ring(
     rem: &mut Remote,
     (prev, inb): (usize, &Arc<ShmRegion>),
     (next, out): (usize, &Arc<ShmRegion>),
     layout: FifoLayout,
     nch: usize,
-) -> Result<()> {
+) -> Result<Vec<Arc<SendRefs>>> {
     let never = AtomicBool::new(false);
     let mut outs = if rem.is_remote(next) {
         receivers(out, layout, nch)?
@@ -358,8 +370,13 @@ fn attach_ring(
         Vec::new()
     }
     .into_iter();
+    let mut refs = Vec::new();
     for c in 0..nch {
-        let o = outs.next().map(Outbound::Fifo);
+        let o = outs.next().map(|f| {
+            let r = Arc::new(SendRefs::new(layout.nslots));
+            refs.push(Arc::clone(&r));
+            Outbound::Fifo(f, r)
+        });
         let i = ins.next().map(Inbound::Fifo);
         let id = StreamId::ring(c);
         match (rem.is_remote(next), rem.is_remote(prev)) {
@@ -374,7 +391,7 @@ fn attach_ring(
             }
         }
     }
-    Ok(())
+    Ok(refs)
 }
 
 /// Waits for a handshake message without a deadline: like a send in NCCL, a p2p operation
@@ -501,7 +518,7 @@ impl Transport {
             r.unlink()?;
         }
         if let (Some(r), Some(inb), Some(out)) = (rem.as_mut(), &ring_in, &ring_out) {
-            attach_ring(r, (prev, inb), (next, out), layout, max_channels)?;
+            ring.tx_refs = attach_ring(r, (prev, inb), (next, out), layout, max_channels)?;
         }
         tracing::info!(target: "nccl::SHM", rank = me,
             "comm {:#018x} ring {prev} -> {me} -> {next}: {max_channels} channel(s) x {} slots of {} bytes, segments unlinked",
@@ -570,6 +587,15 @@ impl Transport {
     /// without sockets.
     pub(crate) fn drive_sockets(&self) -> bool {
         self.remote.as_ref().is_some_and(Remote::drive)
+    }
+
+    /// Runs `f` while no round of the socket proxy runs (see
+    /// [`crate::transport::socket::proxy::Proxy::while_idle`]); at once without sockets.
+    pub(crate) fn while_proxy_idle(&self, f: impl FnOnce()) {
+        match &self.remote {
+            Some(r) => r.while_proxy_idle(f),
+            None => f(),
+        }
     }
 
     /// The executor stops waiting: the socket proxy's thread takes over at once.

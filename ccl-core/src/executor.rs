@@ -122,6 +122,8 @@ fn run_guarded(w: &Mutex<Worker>, items: &[WorkItem]) -> Result<()> {
         |_| {
             let e = CclError::Internal("communicator executor panicked".into());
             g.broken = Some(e.clone());
+            let w = &mut *g;
+            w.byref.revoke(&w.t);
             Err(e)
         },
     )
@@ -161,6 +163,7 @@ impl WorkerHandle {
             probe_next: ProbeStart::default(),
             probe_pending: false,
             probe_timed: true,
+            byref: ByRef::from_env()?,
         }));
         let st = Arc::clone(&state);
         let join = std::thread::Builder::new()
@@ -303,6 +306,9 @@ pub(crate) struct Worker {
     probe_pending: bool,
     /// Whether the current operation's end is read from the clock (`Source::start_op`).
     probe_timed: bool,
+    /// Messages to peers on other hosts sent from the operation's buffers, not yet written
+    /// (`executor_byref.rs`).
+    byref: ByRef,
 }
 
 /// The state of one lane being run.
@@ -389,6 +395,9 @@ fn is_fatal(e: &CclError) -> bool {
 impl Worker {
     fn run_job(&mut self, items: &[WorkItem]) -> Result<()> {
         let r = self.run_items(items);
+        // A failed operation may have left messages sent by reference unwritten: the
+        // proxy must not read the user's buffers once the error is returned.
+        self.byref.revoke(&self.t);
         // Whatever the job's waits drove of the socket proxy, its thread takes over now
         // (what was committed last may still be on its way).
         self.t.release_sockets();
@@ -731,7 +740,9 @@ impl Worker {
         } else {
             usize::MAX
         });
-        while !lanes.is_empty() {
+        // An operation ends once its lanes are done and the messages it sent by reference
+        // are written (the caller may reuse the buffers then).
+        while !lanes.is_empty() || !self.byref.is_empty() {
             let mut progressed = false;
             for lr in lanes.iter_mut() {
                 while let Some(step) = lr.lane.steps[..lr.end].get(lr.pos) {
@@ -754,7 +765,10 @@ impl Worker {
                 }
             }
             lanes.retain(|lr| lr.pos < lr.end);
-            if lanes.is_empty() {
+            if !self.byref.is_empty() && self.byref.retire() {
+                progressed = true;
+            }
+            if lanes.is_empty() && self.byref.is_empty() {
                 break;
             }
             if self.shared.abort.load(Ordering::Acquire) {
@@ -775,9 +789,11 @@ impl Worker {
             self.check_poison()?;
             let now = now_ns();
             let waited_on = lanes.iter().filter_map(LaneRun::waits_on);
-            if self.check_peers(&mut peer_check, now, waited_on)? {
+            let ref_peer = self.byref.oldest_peer();
+            if self.check_peers(&mut peer_check, now, waited_on.chain(ref_peer))? {
                 continue;
             }
+            self.byref.check_broken(now)?;
             if block.is_some() {
                 episode.snoozing(now, lanes.iter().map(|lr| (lr.lane.channel, lr.wait)));
             }
@@ -984,12 +1000,21 @@ impl Worker {
         let src_addr = ctx.bufs[step.src_buf] + step.src_off * ctx.unit;
         let dst_addr = ctx.bufs[step.dst_buf] + step.dst_off * ctx.unit;
         if step.kind == StepKind::Send {
+            // Unscaled, the message is the source's bytes: to a remote peer it may leave
+            // from the source itself.
+            let by_ref = match ctx.red {
+                Some(r) if r.prescale().is_some() => None,
+                _ => self.byref.table(&links.tx_refs, ch, nb),
+            };
             let tx = links.tx.get_mut(ch).ok_or_else(missing)?;
+            let seq = tx.committed();
             let Some(slot) = tx.try_reserve() else {
                 return Ok(Wait::Downstream);
             };
             let slot = slot.get_mut(..nb).ok_or_else(missing)?;
-            if nb > 0 {
+            if let Some(refs) = by_ref {
+                self.byref.post(refs, seq, lane.send_to, src_addr, nb);
+            } else if nb > 0 {
                 // SAFETY: src range inside the send buffer (schedule bounds, enqueue
                 // contract); the slot is FIFO memory, disjoint from user buffers.
                 let s = unsafe { mem::src(src_addr, 0, nb) };
@@ -1005,7 +1030,7 @@ impl Worker {
             }
             return Ok(Wait::None);
         }
-        let (rxs, txs) = (&mut links.rx, &mut links.tx);
+        let (rxs, txs, refs_tab) = (&mut links.rx, &mut links.tx, &links.tx_refs);
         let rx = rxs.get_mut(ch).ok_or_else(missing)?;
         let peeked = if ctx.check {
             rx.try_peek_with_desc()?
@@ -1035,10 +1060,30 @@ impl Worker {
                 lane.recv_from.map_or(-1, |r| r as i64)
             )));
         }
+        // The destination may hold the bytes of a message sent by reference and not yet
+        // written (an in-place operation's source): wait for the kernel to have them.
+        let writes_dst = !matches!(step.kind, StepKind::RecvReduceSend);
+        if writes_dst && !self.byref.is_empty() && self.byref.blocks(dst_addr, nb) {
+            return Ok(Wait::Downstream);
+        }
         let sends = step.kind.sends();
         let mut out: Option<&mut [u8]> = None;
+        // Where the outgoing message is taken from when it goes by reference: the bytes
+        // this step leaves in the destination (a forwarded copy, or a reduced chunk that
+        // does not overwrite its own source).
+        let mut by_ref = None;
+        let mut seq = 0;
         if sends {
+            let dst_is_message = match step.kind {
+                StepKind::RecvCopySend => true,
+                StepKind::RecvReduceCopySend => !mem::overlap(src_addr, dst_addr, nb),
+                _ => false,
+            };
+            if dst_is_message {
+                by_ref = self.byref.table(refs_tab, ch, nb);
+            }
             let tx = txs.get_mut(ch).ok_or_else(missing)?;
+            seq = tx.committed();
             match tx.try_reserve() {
                 None => return Ok(Wait::Downstream),
                 Some(slot) => {
@@ -1057,9 +1102,21 @@ impl Worker {
                 unsafe { mem::dst(dst_addr, 0, nb) }.copy_from_slice(inb);
             }
             (StepKind::RecvCopySend, Some(o)) => {
-                o.copy_from_slice(inb);
+                if by_ref.is_none() {
+                    o.copy_from_slice(inb);
+                }
                 // SAFETY: as for Recv.
                 unsafe { mem::dst(dst_addr, 0, nb) }.copy_from_slice(inb);
+            }
+            (StepKind::RecvReduceCopySend, Some(_)) if by_ref.is_some() => {
+                let r = red()?;
+                // SAFETY: disjoint ranges (checked when `by_ref` was chosen), src inside
+                // the send buffer, dst inside the receive buffer; no other live reference.
+                let (d, s) = unsafe { (mem::dst(dst_addr, 0, nb), mem::src(src_addr, 0, nb)) };
+                r.combine(d, inb, s);
+                if r.needs_finish() {
+                    r.finish(d);
+                }
             }
             (StepKind::RecvReduceSend, Some(o)) => {
                 // SAFETY: src range inside the send buffer, only read here.
@@ -1108,6 +1165,9 @@ impl Worker {
             ctx.frame.add_recv(b, ch, 1);
         }
         if sends {
+            if let Some(refs) = by_ref {
+                self.byref.post(refs, seq, lane.send_to, dst_addr, nb);
+            }
             let tx = txs.get_mut(ch).ok_or_else(missing)?;
             commit(tx, ctx, nb, step.src_buf)?;
             ring_bell(&t.peer_bells, lane.send_to);
@@ -1161,6 +1221,9 @@ fn ring_bell(bells: &[Option<crate::transport::shm::Doorbell>], peer: Option<usi
     }
 }
 
+#[path = "executor_byref.rs"]
+mod byref;
+
 #[path = "executor_tree.rs"]
 mod tree_exec;
 
@@ -1172,6 +1235,7 @@ mod probe_path;
 
 pub(crate) use crate::label::{Label, LabelExtra};
 use crate::op::log_call;
+use byref::ByRef;
 use probe_path::ProbeStart;
 use tree_exec::tree_counts;
 pub(crate) use tree_exec::{expected_counts, host_choice};

@@ -449,7 +449,12 @@ fn spawn_job_on(n: usize, mode: &str, extra: &[(&str, &str)], hosts: &[&str]) ->
             }
             v
         },
-        &["NCCL_HOSTID", "NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE"],
+        &[
+            "NCCL_HOSTID",
+            "NCCL_P2P_DISABLE",
+            "NCCL_SHM_DISABLE",
+            "CCLD_SOCKET_SEND_BY_REF",
+        ],
     )
 }
 
@@ -500,17 +505,30 @@ fn eight_processes_make_progress() {
 
 /// The socket transport: two "hosts" (`NCCL_HOSTID`) of two processes each, so every ring
 /// has shared-memory and socket links, every Tree and p2p link of a pair across hosts
-/// goes over TCP.
+/// goes over TCP. Every message over a socket goes by reference
+/// (`CCLD_SOCKET_SEND_BY_REF=1`; with these 16 KiB slots the default of 32 KiB would copy
+/// them all): in place and out of place, every collective's data leaves from the user's
+/// buffers.
 #[test]
 fn matrix_two_hosts_of_two_processes() {
-    job_on(4, "matrix", &[], &["a", "a", "b", "b"]);
+    job_on(
+        4,
+        "matrix",
+        &[("CCLD_SOCKET_SEND_BY_REF", "1")],
+        &["a", "a", "b", "b"],
+    );
 }
 
 /// Three "hosts" with uneven ranks (2, 1, 1), interleaved so that no ring neighbours share
-/// a host but ranks 0 and 2 do.
+/// a host but ranks 0 and 2 do; messages by reference as above.
 #[test]
 fn matrix_three_uneven_hosts() {
-    job_on(4, "matrix", &[], &["x", "y", "x", "z"]);
+    job_on(
+        4,
+        "matrix",
+        &[("CCLD_SOCKET_SEND_BY_REF", "1")],
+        &["x", "y", "x", "z"],
+    );
 }
 
 /// `NCCL_P2P_DISABLE=1` + `NCCL_SHM_DISABLE=1`: ranks of one host talk over sockets too
@@ -590,22 +608,33 @@ fn sigkill_of_a_remote_successor_fails_its_sender() {
     sigkill_of_the_last_rank(&["a", "b", "a"]);
 }
 
+/// The two cases above with every message over a socket sent by reference
+/// (`CCLD_SOCKET_SEND_BY_REF=1`): a survivor's failed operation revokes what it had not
+/// written, and every survivor still names the victim, and only it.
+#[test]
+fn sigkill_with_sends_by_reference_names_the_victim() {
+    for hosts in [["a", "b", "b"], ["a", "b", "a"]] {
+        sigkill_of_the_last_rank_with(&hosts, &[("CCLD_SOCKET_SEND_BY_REF", "1")]);
+    }
+}
+
 fn sigkill_of_the_last_rank(hosts: &[&str]) {
+    sigkill_of_the_last_rank_with(hosts, &[]);
+}
+
+fn sigkill_of_the_last_rank_with(hosts: &[&str], extra: &[(&str, &str)]) {
     let n = 3;
     let victim = n - 1;
     let log_dir =
         std::env::temp_dir().join(format!("ccld-kill-{}-{}", std::process::id(), hosts.len()));
     std::fs::create_dir_all(&log_dir).expect("log dir");
     let pattern = log_dir.join("warn.%p.log").to_string_lossy().into_owned();
-    let mut job = spawn_job_on(
-        n,
-        "kill",
-        &[
-            ("NCCL_DEBUG", "WARN"),
-            ("NCCL_DEBUG_FILE", pattern.as_str()),
-        ],
-        hosts,
-    );
+    let mut env = vec![
+        ("NCCL_DEBUG", "WARN"),
+        ("NCCL_DEBUG_FILE", pattern.as_str()),
+    ];
+    env.extend_from_slice(extra);
+    let mut job = spawn_job_on(n, "kill", &env, hosts);
     let remote_to_victim = |r: usize| !hosts.is_empty() && hosts.get(r) != hosts.get(victim);
     let mut hash = None;
     let mut running = false;

@@ -519,6 +519,16 @@ pub const CCLD_YIELD_US: Param = Param {
     alias_of: None,
 };
 
+/// `CCLD_SOCKET_SEND_BY_REF`.
+pub const CCLD_SOCKET_SEND_BY_REF: Param = Param {
+    name: "CCLD_SOCKET_SEND_BY_REF",
+    kind: Kind::Int { min: 0, max: u64::MAX, suffixes: true },
+    default: "32K",
+    doc: "socket transport: a message of at least this many bytes to a peer on another host leaves from the operation's own buffer (the proxy writes it from there, and the operation completes once the kernel has every such message) instead of a copy in the send slot; 0 = always copy, as over shared memory",
+    scope: Scope::Runtime,
+    alias_of: None,
+};
+
 /// `CCLD_PEER_CHECK_MS`.
 pub const CCLD_PEER_CHECK_MS: Param = Param {
     name: "CCLD_PEER_CHECK_MS",
@@ -855,6 +865,7 @@ pub const ALL: &[&Param] = &[
     &CCLD_BOOTSTRAP_IP,
     &CCLD_SPIN_US,
     &CCLD_YIELD_US,
+    &CCLD_SOCKET_SEND_BY_REF,
     &CCLD_PEER_CHECK_MS,
     &CCLD_DEVICE_PLANS,
     &CCLD_DISABLE,

@@ -26,6 +26,7 @@
 
 pub(crate) mod frame;
 pub(crate) mod proxy;
+pub(crate) mod sendref;
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -302,6 +303,11 @@ impl Remote {
     /// See [`Proxy::release`].
     pub(crate) fn release(&self) {
         self.proxy.release()
+    }
+
+    /// See [`Proxy::while_idle`].
+    pub(crate) fn while_proxy_idle(&self, f: impl FnOnce()) {
+        self.proxy.while_idle(f)
     }
 
     /// Why the connection to `peer` was lost, `None` while it is fine.
@@ -785,7 +791,13 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let a_sock = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (b_sock, _) = listener.accept().unwrap();
-        let a = proxy_serving(0, 1, (a_sock, vec![]), Some(Outbound::Fifo(a_out)), None);
+        let a = proxy_serving(
+            0,
+            1,
+            (a_sock, vec![]),
+            Some(Outbound::Fifo(a_out, Arc::new(sendref::SendRefs::new(4)))),
+            None,
+        );
         let b = proxy_serving(1, 0, (b_sock, vec![]), None, Some(Inbound::Fifo(b_in)));
         for i in 0..4u8 {
             let slot = send.try_reserve().expect("a free slot");
@@ -1007,7 +1019,13 @@ mod tests {
         let (mut a_socks, mut b_socks) = socket_pairs(4);
         let a_first = a_socks.remove(0);
         let b_first = b_socks.remove(0);
-        let a = proxy_serving(0, 1, (a_first, a_socks), Some(Outbound::Fifo(a_out)), None);
+        let a = proxy_serving(
+            0,
+            1,
+            (a_first, a_socks),
+            Some(Outbound::Fifo(a_out, Arc::new(sendref::SendRefs::new(4)))),
+            None,
+        );
         let b = proxy_serving(1, 0, (b_first, b_socks), None, Some(Inbound::Fifo(b_in)));
         let lens = [0, 1, 65_536, 65_537, 200_000, 777_777, layout.slot_bytes];
         let sender = std::thread::spawn(move || {
@@ -1039,6 +1057,67 @@ mod tests {
         }
         sender.join().unwrap();
         assert_eq!((a.peers.lost(1), b.peers.lost(0)), (None, None));
+    }
+
+    /// Messages posted by reference ([`sendref`]) arrive with the referenced bytes, not
+    /// the slot's, striped like any payload, and in order with copied ones; the written
+    /// count says when each referenced buffer may be reused. A reference revoked before
+    /// the proxy reached it is never read: the stream ends instead, with nothing of it
+    /// delivered, and the sending side does not blame its peer.
+    #[test]
+    fn referenced_payloads_arrive_from_the_buffer_and_a_revoked_one_is_never_sent() {
+        let layout = FifoLayout::for_buffer(4 << 20, 4).unwrap();
+        let (mut send, a_out, b_in, mut recv) = fifo_pairs(layout);
+        let (mut a_socks, mut b_socks) = socket_pairs(2);
+        let (a_first, b_first) = (a_socks.remove(0), b_socks.remove(0));
+        let refs = Arc::new(sendref::SendRefs::new(layout.nslots));
+        let out = Outbound::Fifo(a_out, Arc::clone(&refs));
+        let a = proxy_serving(0, 1, (a_first, a_socks), Some(out), None);
+        let b = proxy_serving(1, 0, (b_first, b_socks), None, Some(Inbound::Fifo(b_in)));
+        // Message 0 by reference (two pieces), 1 copied, 2 by reference.
+        let bufs = [pattern(300_000, 1), pattern(10, 2), pattern(70_000, 3)];
+        for (i, buf) in bufs.iter().enumerate() {
+            let seq = send.committed();
+            let slot = send.try_reserve().expect("a free slot");
+            if i == 1 {
+                slot[..buf.len()].copy_from_slice(buf);
+            } else {
+                slot[..buf.len()].fill(0xEE);
+                refs.post(seq, buf.as_ptr() as usize, buf.len());
+            }
+            send.commit_with_desc(buf.len(), [i as u64, 0, 9]);
+        }
+        wait_until("the three messages written", || refs.written(2));
+        for (i, buf) in bufs.iter().enumerate() {
+            wait_until("the next message", || recv.pending() > 0);
+            let (data, desc) = recv.try_peek_with_desc().unwrap().unwrap();
+            assert_eq!(desc, [i as u64, 0, 9]);
+            assert!(data == &buf[..], "message {i} is not its buffer's bytes");
+            recv.release();
+        }
+        // Message 3: posted and revoked under the proxy's lock before it could be sent.
+        let buf = pattern(50_000, 4);
+        a.while_idle(|| {
+            let seq = send.committed();
+            send.try_reserve().expect("a free slot")[..buf.len()].fill(0xEE);
+            refs.post(seq, buf.as_ptr() as usize, buf.len());
+            send.commit(buf.len());
+            refs.revoke(seq);
+        });
+        wait_until("the stream ends", || refs.broken());
+        assert!(!refs.written(3));
+        drop(buf);
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            recv.try_peek_checked().unwrap().is_none(),
+            "a revoked message arrived"
+        );
+        assert_eq!(
+            a.peers.lost(1),
+            None,
+            "the sender's own failure blamed on its peer"
+        );
+        drop(b);
     }
 
     /// A waiting executor that drives the proxy moves the data itself while its proxy

@@ -32,6 +32,7 @@ use parking_lot::Mutex;
 use super::frame::{
     stripe, Control, DataHeader, StreamFrame, StreamId, CONTROL_BYTES, DATA_HEADER_BYTES,
 };
+use super::sendref::{Payload, SendRefs};
 use crate::error::{CclError, Result};
 use crate::transport::current;
 use crate::transport::shm::{
@@ -39,21 +40,58 @@ use crate::transport::shm::{
 };
 use crate::transport::wake::{poll, send_vectored, EventFd};
 
-/// The executor's send FIFO of a remote link, read by the proxy.
+/// The executor's send FIFO of a remote link, read by the proxy; a Simple FIFO's messages
+/// may be references to the user's buffers ([`SendRefs`]).
 #[derive(Debug)]
 pub(crate) enum Outbound {
-    Fifo(FifoReceiver),
+    Fifo(FifoReceiver, Arc<SendRefs>),
     Ll(LlReceiver),
 }
 
 impl Outbound {
     /// The next message to send: for a Simple FIFO the one after the `unacked` messages
     /// already sent (their slots stay taken until the peer's credit), for LL the next one.
+    /// A referenced message's bytes are those of the user's buffer; a revoked one is an
+    /// error (its operation failed, the buffer may be gone).
     #[allow(clippy::type_complexity)]
     fn peek(&mut self, unacked: usize) -> Result<Option<(&[u8], [u64; FifoLayout::DESC_WORDS])>> {
         match self {
-            Outbound::Fifo(f) => f.try_peek_ahead(unacked),
+            Outbound::Fifo(f, refs) => {
+                let seq = f.released() + unacked as u64;
+                let Some((slot, desc)) = f.try_peek_ahead(unacked)? else {
+                    return Ok(None);
+                };
+                match refs.payload(seq) {
+                    Payload::Slot => Ok(Some((slot, desc))),
+                    Payload::Ref { addr, len } if len == slot.len() => {
+                        // SAFETY: the executor posted this range of an operation's buffer
+                        // before committing the message (the commit's Release, our peek's
+                        // Acquire), and keeps the operation from completing, and the range
+                        // from being written, until `SendRefs::written` says the message
+                        // is with the kernel; a failing operation revokes the reference
+                        // under the lock this round holds before its error reaches the
+                        // user (sendref.rs). The slice dies with this round's use of it.
+                        let bytes = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };
+                        Ok(Some((bytes, desc)))
+                    }
+                    Payload::Ref { len, .. } => Err(CclError::Internal(format!(
+                        "message {seq} refers to {len} bytes but was committed with {}",
+                        slot.len()
+                    ))),
+                    Payload::Revoked => Err(CclError::Aborted(format!(
+                        "message {seq} was revoked: the operation that sent it failed"
+                    ))),
+                }
+            }
             Outbound::Ll(f) => f.try_peek_with_desc(),
+        }
+    }
+
+    /// The references of a Simple FIFO.
+    fn refs(&self) -> Option<&SendRefs> {
+        match self {
+            Outbound::Fifo(_, r) => Some(r),
+            Outbound::Ll(_) => None,
         }
     }
 }
@@ -353,6 +391,14 @@ impl Proxy {
         lp.round()
     }
 
+    /// Runs `f` while no round of the proxy runs, on its thread or a driving executor's
+    /// (by-reference sends are revoked so: `sendref.rs`). Rounds never block, so this
+    /// waits for one round at most.
+    pub(crate) fn while_idle<R>(&self, f: impl FnOnce() -> R) -> R {
+        let _round = self.shared.state.lock();
+        f()
+    }
+
     /// Ends a [`Proxy::drive`] lease (the executor stops waiting): the proxy thread takes
     /// the sockets over at once. Nothing to do when no lease is held.
     pub(crate) fn release(&self) {
@@ -465,7 +511,7 @@ struct Data {
 impl Data {
     /// Whether frames can arrive: the inbound side, or credits for a Simple outbound side.
     fn reads(&self) -> bool {
-        self.s.inb.is_some() || matches!(self.s.out, Some(Outbound::Fifo(_)))
+        self.s.inb.is_some() || matches!(self.s.out, Some(Outbound::Fifo(..)))
     }
 
     /// The events to poll socket `j` of the stream for (0: nothing to do there now).
@@ -493,6 +539,15 @@ impl Data {
             ev |= libc::POLLOUT;
         }
         ev
+    }
+
+    /// The stream stops: nothing more is sent or received on it, and an executor waiting
+    /// for a referenced message to be written learns that it never will be.
+    fn stop(&mut self) {
+        self.done = true;
+        if let Some(r) = self.s.out.as_ref().and_then(Outbound::refs) {
+            r.set_broken();
+        }
     }
 
     fn got_on(&self, j: usize) -> usize {
@@ -703,7 +758,7 @@ impl Loop {
     /// fails its operations with `ncclRemoteError` at its next peer check).
     fn fail_data(&mut self, i: usize, why: String) {
         let d = &mut self.data[i];
-        d.done = true;
+        d.stop();
         d.s.shutdown(Shutdown::Both);
         tracing::warn!(target: "nccl::NET", rank = self.l.rank,
             "connection to rank {} ({}) failed: {why}", d.s.peer, d.s.id);
@@ -719,7 +774,7 @@ impl Loop {
     /// rank still sent it credits is not reported lost.
     fn end_data(&mut self, i: usize, why: String) {
         let d = &mut self.data[i];
-        d.done = true;
+        d.stop();
         d.s.shutdown(Shutdown::Both);
         tracing::debug!(target: "nccl::NET", rank = self.l.rank,
             "connection to rank {} ({}) ended: {why}", d.s.peer, d.s.id);
@@ -771,6 +826,12 @@ impl Loop {
             let (payload, desc) = match out.peek(unacked) {
                 Ok(Some(m)) => m,
                 Ok(None) => return progress,
+                Err(CclError::Aborted(why)) => {
+                    // Our own operation failed with this message unwritten: the stream
+                    // cannot go on, but the peer is not to blame.
+                    self.end_data(i, why);
+                    return true;
+                }
                 Err(e) => {
                     let why = format!("local send FIFO is corrupt: {e}");
                     self.fail_data(i, why);
@@ -846,7 +907,13 @@ impl Loop {
             d.sent = 0;
             match out {
                 // The slot stays taken until the peer's credit (`pump_in`).
-                Outbound::Fifo(_) => d.unacked += 1,
+                Outbound::Fifo(f, refs) => {
+                    d.unacked += 1;
+                    // An executor may wait for a referenced message to be written.
+                    if refs.set_written(f.released() + d.unacked as u64) {
+                        self.ring_exec = true;
+                    }
+                }
                 Outbound::Ll(f) => {
                     f.release();
                     self.ring_exec = true;
@@ -872,7 +939,7 @@ impl Loop {
                         Ok(0) => {
                             // End of stream between messages: the peer closed it (destroy);
                             // a lost peer shows on the control stream.
-                            d.done = true;
+                            d.stop();
                             let why = (d.hdr_len > 0).then(|| {
                                 format!(
                                     "truncated frame header ({} of {DATA_HEADER_BYTES} bytes)",
@@ -909,7 +976,7 @@ impl Loop {
                     match StreamFrame::decode(&d.hdr, cap, d.unacked as u32) {
                         Ok(StreamFrame::Credit(n)) => {
                             d.wire_t0 = None;
-                            if let Some(Outbound::Fifo(f)) = d.s.out.as_mut() {
+                            if let Some(Outbound::Fifo(f, _)) = d.s.out.as_mut() {
                                 for _ in 0..n {
                                     f.release_oldest();
                                 }
@@ -1141,7 +1208,7 @@ impl Loop {
             let pending = self.data.iter().any(|d| {
                 !d.done
                     && (d.out_len.is_some()
-                        || matches!(&d.s.out, Some(Outbound::Fifo(f)) if f.pending() > d.unacked))
+                        || matches!(&d.s.out, Some(Outbound::Fifo(f, _)) if f.pending() > d.unacked))
             });
             if !pending || Instant::now() >= deadline {
                 break;
