@@ -274,6 +274,56 @@ fn kill_rank() {
     }
 }
 
+/// Rank 0 runs a 64 MiB AllReduce whose 32 MiB messages go by reference to rank 1 on
+/// another "host", which stops itself (SIGSTOP) after a first operation: rank 0's first
+/// message stalls in the kernel's buffers, partly written. A thread aborts the
+/// communicator; rank 0 reuses its send buffer at once (7.0) and the test resumes rank 1
+/// (SIGCONT), which then runs the AllReduce itself. Rank 1 must fail with an error, never
+/// sum a 7.0 into its output (8.0), and both processes must end cleanly. (The abort tears
+/// the connection down, so this does not tell a revoked message from one the proxy
+/// abandoned; the proxy-level test `referenced_payloads_arrive_from_the_buffer_and_a_
+/// revoked_one_is_never_sent` checks the revocation itself.)
+fn abort_byref_rank() {
+    let comm = child_comm();
+    let r = comm.rank();
+    let small = vec![1f32; 8];
+    let mut small_out = vec![0f32; 8];
+    enqueue(&comm, all_reduce_f32(&small, &mut small_out)).expect("first AllReduce");
+    let n = 16 << 20;
+    let mut send = vec![1f32; n];
+    let mut recv = vec![0f32; n];
+    if r == 1 {
+        println!("@@STOPPING");
+        // SAFETY: raises a signal at this process; no handler is involved.
+        unsafe { libc::raise(libc::SIGSTOP) };
+        let res = enqueue(&comm, all_reduce_f32(&send, &mut recv));
+        let eights = recv.iter().filter(|&&x| x == 8.0).count();
+        println!("@@RANK1 {} {eights}", res.is_err());
+        std::process::exit(if eights == 0 { 0 } else { 9 });
+    }
+    let c = std::sync::Arc::clone(&comm);
+    let aborter = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(1500));
+        c.abort()
+    });
+    let res = enqueue(&comm, all_reduce_f32(&send, &mut recv));
+    send.fill(7.0);
+    println!("@@REUSED");
+    aborter.join().expect("aborter").expect("abort");
+    // Rank 1 runs meanwhile, and finds this rank gone when it exits.
+    std::thread::sleep(Duration::from_millis(1500));
+    match res {
+        Err(e @ ccl_core::CclError::Aborted(_)) => {
+            println!("@@ABORTED {e}");
+            std::process::exit(0);
+        }
+        other => {
+            println!("@@UNEXPECTED {other:?}");
+            std::process::exit(3);
+        }
+    }
+}
+
 /// Prints each completed probe record that carries time spent in other communicators as
 /// `@@GAP <comm id> <rank> <gap ns> <elsewhere ns>`.
 struct PrintGaps;
@@ -421,6 +471,7 @@ fn proc_rank_entry() {
     match std::env::var(ENV_MODE).as_deref() {
         Ok("matrix") => matrix_rank(),
         Ok("kill") => kill_rank(),
+        Ok("abort_byref") => abort_byref_rank(),
         Ok("smoke") => smoke_rank(),
         Ok("mismatch") => mismatch_rank(),
         Ok("staggered") => staggered_exit_rank(),
@@ -616,6 +667,43 @@ fn sigkill_with_sends_by_reference_names_the_victim() {
     for hosts in [["a", "b", "b"], ["a", "b", "a"]] {
         sigkill_of_the_last_rank_with(&hosts, &[("CCLD_SOCKET_SEND_BY_REF", "1")]);
     }
+}
+
+/// An operation aborted while a message it sent by reference sits partly written (the
+/// peer is stopped) returns `Aborted`, the caller may reuse the buffer at once, and the
+/// peer gets an error, not the reused bytes (`abort_byref_rank`).
+#[test]
+fn an_abort_with_a_send_by_reference_half_written_fails_cleanly() {
+    let mut job = spawn_job_on(
+        2,
+        "abort_byref",
+        &[("NCCL_BUFFSIZE", "268435456"), ("NCCL_MAX_CTAS", "1")],
+        &["a", "b"],
+    );
+    let mut lines: Vec<(usize, String)> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !lines.iter().any(|(r, l)| *r == 0 && l == "REUSED") {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match job.lines.recv_timeout(left) {
+            Ok(l) => lines.push(l),
+            Err(_) => break,
+        }
+    }
+    // SAFETY: sends a signal to our own child process.
+    unsafe { libc::kill(job.children[1].id() as i32, libc::SIGCONT) };
+    let codes = wait_all(&mut job.children, Duration::from_secs(60));
+    lines.extend(job.lines.try_iter());
+    assert_eq!(codes, vec![Some(0), Some(0)], "exit codes: {lines:?}");
+    assert!(
+        lines
+            .iter()
+            .any(|(r, l)| *r == 0 && l.starts_with("ABORTED ")),
+        "{lines:?}"
+    );
+    assert!(
+        lines.iter().any(|(r, l)| *r == 1 && l == "RANK1 true 0"),
+        "{lines:?}"
+    );
 }
 
 fn sigkill_of_the_last_rank(hosts: &[&str]) {
