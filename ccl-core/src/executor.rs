@@ -793,7 +793,9 @@ impl Worker {
             if self.check_peers(&mut peer_check, now, waited_on.chain(ref_peer))? {
                 continue;
             }
-            self.byref.check_broken(now)?;
+            if !self.byref.is_empty() {
+                self.byref.check_broken(now)?;
+            }
             if block.is_some() {
                 episode.snoozing(now, lanes.iter().map(|lr| (lr.lane.channel, lr.wait)));
             }
@@ -1002,10 +1004,10 @@ impl Worker {
         if step.kind == StepKind::Send {
             // Unscaled, the message is the source's bytes: to a remote peer it may leave
             // from the source itself.
-            let by_ref = match ctx.red {
-                Some(r) if r.prescale().is_some() => None,
-                _ => self.byref.table(&links.tx_refs, ch, nb),
-            };
+            let by_ref = self
+                .byref
+                .table(&links.tx_refs, ch, nb)
+                .filter(|_| ctx.red.is_none_or(|r| r.prescale().is_none()));
             let tx = links.tx.get_mut(ch).ok_or_else(missing)?;
             let seq = tx.committed();
             let Some(slot) = tx.try_reserve() else {

@@ -5,7 +5,8 @@
 //! (anonymous) memory instead of a peer's `/dev/shm` segment, a doorbell that wakes this
 //! communicator's proxy thread ([`proxy`]) instead of the peer's, and a private word in
 //! place of the peer's poison word. The proxy moves the messages between those FIFOs and
-//! TCP connections: per stream (each channel of a ring, Tree or p2p link)
+//! TCP connections (a large outbound message may leave from the user's buffer instead of
+//! its slot, [`sendref`]): per stream (each channel of a ring, Tree or p2p link)
 //! `NCCL_SOCKET_NTHREADS` x `NCCL_NSOCKS_PERTHREAD` of them (1 by default; a payload is
 //! striped over them, [`frame::stripe`]), plus one control connection per pair of ranks
 //! ([`frame::StreamId`]).

@@ -4,7 +4,9 @@
 //!
 //! - Outbound: the executor commits into a local FIFO as it would for a peer on this host;
 //!   the proxy writes the message (a [`DataHeader`] and the payload, straight from the
-//!   slot) to the stream's socket and releases the slot once all of it is written.
+//!   slot, or from the operation's buffer when the executor sent it by reference:
+//!   [`super::sendref`]) to the stream's socket, and releases a Simple slot at the peer's
+//!   credit.
 //! - Inbound: the proxy reads a header, reserves a slot in the executor's local receive
 //!   FIFO and reads the payload straight into it, then commits. While the FIFO is full it
 //!   stops reading that socket (TCP's window then slows the sender).
