@@ -8,7 +8,7 @@
 //! and the proxy writes them from there ([`SendRefs::payload`]). The slot stays the unit
 //! of flow control: the proxy releases it at the peer's credit, as for a copied message.
 //!
-//! The contract, kept by the executor (`executor.rs`, `PendingRef`):
+//! The contract, kept by the executor (`executor_byref.rs`, `ByRef`):
 //! - a referenced range is not written while its message is unwritten
 //!   ([`SendRefs::written`]): a step that would write into it waits;
 //! - an operation does not complete while a message it referenced is unwritten (the
