@@ -225,53 +225,8 @@ pub(crate) fn now_ns() -> u64 {
     probe::now_ns()
 }
 
-/// Raw access to user buffers. The C API's contract (NCCL's) is that every buffer is valid
-/// for the sizes implied by the operation's arguments until the operation completes, and
-/// the caller blocks in `group_end` until then; schedules only address units inside those
-/// sizes (checked by the schedule simulation tests).
-mod mem {
-    /// # Safety
-    /// `addr + off .. + len` must be readable for the returned lifetime and not written
-    /// through any other reference while the slice lives.
-    pub(super) unsafe fn src<'a>(addr: usize, off: usize, len: usize) -> &'a [u8] {
-        // SAFETY: forwarded to the caller (see the function contract); addr is non-null
-        // for any operation that moves bytes (validated by group::validate).
-        unsafe { std::slice::from_raw_parts((addr + off) as *const u8, len) }
-    }
-
-    /// # Safety
-    /// `addr + off .. + len` must be writable for the returned lifetime and not accessed
-    /// through any other reference while the slice lives.
-    pub(super) unsafe fn dst<'a>(addr: usize, off: usize, len: usize) -> &'a mut [u8] {
-        // SAFETY: as for `src`, for writing.
-        unsafe { std::slice::from_raw_parts_mut((addr + off) as *mut u8, len) }
-    }
-
-    /// memmove of `len` bytes (ranges may overlap or coincide).
-    ///
-    /// # Safety
-    /// Both ranges must be valid for `len` bytes.
-    pub(super) unsafe fn copy(src: usize, dst: usize, len: usize) {
-        if src != dst && len > 0 {
-            // SAFETY: both ranges valid (caller); ptr::copy allows overlap.
-            unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len) }
-        }
-    }
-
-    /// Reads `len` bytes at `addr` (a device-resident PreMulSum scalar on the host backend).
-    ///
-    /// # Safety
-    /// `addr` must be readable for `len` bytes.
-    pub(super) unsafe fn read_bytes(addr: usize, len: usize) -> Vec<u8> {
-        // SAFETY: this function's contract: `addr .. addr + len` is readable; u8 needs no
-        // alignment, and the bytes are copied out before returning.
-        unsafe { std::slice::from_raw_parts(addr as *const u8, len) }.to_vec()
-    }
-
-    pub(super) fn overlap(a: usize, b: usize, len: usize) -> bool {
-        len > 0 && a < b + len && b < a + len
-    }
-}
+#[path = "executor_mem.rs"]
+mod mem;
 
 /// Executor state of one communicator (its FIFOs, scratch space, broken flag).
 #[derive(Debug)]
@@ -331,34 +286,6 @@ impl LaneRun<'_> {
             Wait::Upstream => self.lane.recv_from,
             Wait::Downstream => self.lane.send_to,
         }
-    }
-}
-
-/// When an executor waiting without progress next checks its peers
-/// ([`Worker::check_peers`]).
-pub(super) struct PeerCheck {
-    /// Due time, [`now_ns`] clock.
-    next: u64,
-    every: u64,
-    /// A peer was seen gone at the last check; the next pass without progress checks
-    /// again at once.
-    suspect: bool,
-}
-
-impl PeerCheck {
-    /// Checks every `every` from `start_ns` ([`now_ns`] clock).
-    pub(super) fn new(start_ns: u64, every: Duration) -> PeerCheck {
-        let every = u64::try_from(every.as_nanos()).unwrap_or(u64::MAX);
-        PeerCheck {
-            next: start_ns.saturating_add(every),
-            every,
-            suspect: false,
-        }
-    }
-
-    /// The operation moved on: a peer seen gone may have left its last messages.
-    pub(super) fn progressed(&mut self) {
-        self.suspect = false;
     }
 }
 
@@ -1242,7 +1169,9 @@ use probe_path::ProbeStart;
 use tree_exec::tree_counts;
 pub(crate) use tree_exec::{expected_counts, host_choice};
 pub(crate) use wait::read_current;
-use wait::{publish_current, spin_budget, yield_budget, SocketDriver, Wait, WaitEpisode};
+use wait::{
+    publish_current, spin_budget, yield_budget, PeerCheck, SocketDriver, Wait, WaitEpisode,
+};
 
 #[cfg(test)]
 #[path = "executor_tests.rs"]

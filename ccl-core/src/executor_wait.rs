@@ -224,6 +224,34 @@ impl WaitEpisode {
     }
 }
 
+/// When an executor waiting without progress next checks its peers
+/// ([`Worker::check_peers`]).
+pub(super) struct PeerCheck {
+    /// Due time, [`super::now_ns`] clock.
+    pub(super) next: u64,
+    pub(super) every: u64,
+    /// A peer was seen gone at the last check; the next pass without progress checks
+    /// again at once.
+    pub(super) suspect: bool,
+}
+
+impl PeerCheck {
+    /// Checks every `every` from `start_ns` ([`super::now_ns`] clock).
+    pub(super) fn new(start_ns: u64, every: Duration) -> PeerCheck {
+        let every = u64::try_from(every.as_nanos()).unwrap_or(u64::MAX);
+        PeerCheck {
+            next: start_ns.saturating_add(every),
+            every,
+            suspect: false,
+        }
+    }
+
+    /// The operation moved on: a peer seen gone may have left its last messages.
+    pub(super) fn progressed(&mut self) {
+        self.suspect = false;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{default_spin_us, SocketDriver, DEFAULT_SPIN_US};

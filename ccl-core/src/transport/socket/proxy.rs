@@ -23,7 +23,7 @@
 use std::io::{ErrorKind, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -34,6 +34,7 @@ use parking_lot::Mutex;
 use super::frame::{
     stripe, Control, DataHeader, StreamFrame, StreamId, CONTROL_BYTES, DATA_HEADER_BYTES,
 };
+use super::peers::{PeerStates, CLOSED, LOST};
 use super::sendref::{Payload, SendRefs};
 use crate::error::{CclError, Result};
 use crate::transport::current;
@@ -204,49 +205,6 @@ fn read_piece(sock: &mut TcpStream, piece: &mut [u8], at: &mut usize, progress: 
         }
     }
     Io::Done
-}
-
-/// What the proxy knows of each peer's connection (indexed by rank).
-#[derive(Debug)]
-pub(crate) struct PeerStates {
-    state: Vec<AtomicU8>,
-    reason: Mutex<Vec<Option<String>>>,
-}
-
-const OPEN: u8 = 0;
-const CLOSED: u8 = 1;
-const LOST: u8 = 2;
-
-impl PeerStates {
-    pub(crate) fn new(n: usize) -> PeerStates {
-        PeerStates {
-            state: (0..n).map(|_| AtomicU8::new(OPEN)).collect(),
-            reason: Mutex::new(vec![None; n]),
-        }
-    }
-
-    /// Why the connection to `peer` was lost (`None`: open, or closed with a goodbye).
-    pub(crate) fn lost(&self, peer: usize) -> Option<String> {
-        if self.state.get(peer)?.load(Ordering::Acquire) != LOST {
-            return None;
-        }
-        Some(
-            self.reason.lock()[peer]
-                .clone()
-                .unwrap_or_else(|| "connection lost".into()),
-        )
-    }
-
-    fn mark(&self, peer: usize, to: u8, why: Option<String>) {
-        let Some(s) = self.state.get(peer) else {
-            return;
-        };
-        if s.load(Ordering::Acquire) != OPEN {
-            return;
-        }
-        self.reason.lock()[peer] = why;
-        s.store(to, Ordering::Release);
-    }
 }
 
 /// Messages from the set-up code (init, lazy p2p connections) to the proxy.
