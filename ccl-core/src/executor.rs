@@ -354,8 +354,14 @@ impl Worker {
         let sh = &self.shared;
         // Injected faults act on ring schedules: operations of a run with CCLD_INJECT keep
         // to Ring/Simple.
-        let (algo, proto) =
-            host_choice(item, sh.nranks, &sh.tuning, &self.sel, sh.inject.is_some());
+        let (algo, proto) = host_choice(
+            item,
+            sh.nranks,
+            &sh.tuning,
+            &self.sel,
+            sh.inject.is_some(),
+            self.t.uses_sockets(),
+        );
         let plan = if algo == HostAlgo::Tree {
             Plan {
                 n_channels: 1,

@@ -381,20 +381,25 @@ fn wrong_len(got: usize, want: usize, peer: usize) -> CclError {
     ))
 }
 
-/// Algorithm and protocol of `item` on a host communicator of `nranks` ranks with
-/// selection `sel`. Injected faults (`CCLD_INJECT`, `injecting`) act on ring schedules, so
-/// such runs keep to Ring/Simple.
+/// Algorithm and protocol of `item` on a host communicator of `nranks` ranks (with socket
+/// links if `over_sockets`) with selection `sel`. Injected faults (`CCLD_INJECT`,
+/// `injecting`) act on ring schedules, so such runs keep to Ring/Simple.
 pub(crate) fn host_choice(
     item: &WorkItem,
     nranks: usize,
     t: &Tuning,
     sel: &Selection,
     injecting: bool,
+    over_sockets: bool,
 ) -> (HostAlgo, HostProto) {
     match item {
-        WorkItem::Coll(c) if !injecting => {
-            sel.choose(c.kind, c.count * c.dtype.size(), nranks, t.min_channels)
-        }
+        WorkItem::Coll(c) if !injecting => sel.choose(
+            c.kind,
+            c.count * c.dtype.size(),
+            nranks,
+            t.min_channels,
+            over_sockets,
+        ),
         _ => (HostAlgo::Ring, HostProto::Simple),
     }
 }
@@ -407,13 +412,17 @@ pub(crate) fn expected_counts(
     rank: usize,
     nranks: usize,
     t: &Tuning,
+    over_sockets: bool,
 ) -> Result<Vec<schedule::ExpectedCounts>> {
     let sel = Selection::parse(
         crate::env::var(crate::hostalgo::ENV_ALGO)?.as_deref(),
         crate::env::var(crate::proto::ENV_PROTO)?.as_deref(),
     )?;
     let injecting = crate::env::var(&ccl_params::CCLD_INJECT)?.is_some();
-    match (host_choice(item, nranks, t, &sel, injecting), item) {
+    match (
+        host_choice(item, nranks, t, &sel, injecting, over_sockets),
+        item,
+    ) {
         ((HostAlgo::Tree, proto), WorkItem::Coll(c)) => {
             let steps = crate::tree::steps(rank, nranks);
             let (send, recv) = tree_counts(c, proto, &steps, t);

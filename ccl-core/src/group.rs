@@ -610,7 +610,7 @@ pub fn expected_counts(comm: &Comm, ops: &[CollArgs]) -> Result<Vec<ExpectedCoun
             .expected_counts());
     }
     // Host: Ring or Tree (crate::hostalgo).
-    executor::expected_counts(&item, rank, n, &tuning)
+    executor::expected_counts(&item, rank, n, &tuning, comm.over_sockets())
 }
 
 /// The protocol `ops` (one collective, or the Send/Recv calls of one group) run with on a

@@ -8,9 +8,10 @@
 //!   data in each 8-byte word) or `Simple`.
 //!
 //! Automatic choice (both variables unset): AllReduce of at most [`TREE_MAX_BYTES`] per
-//! rank (and no minimum channel count above one) runs Tree/Simple; everything else
-//! Ring/Simple. On one rank Tree has no steps: the input is loaded (scaled for
-//! PreMulSum/Avg) and written out without the ring schedule's plan. `NCCL_ALGO` /
+//! rank (more with socket links: [`tree_limit`]), with no minimum channel count above
+//! one, runs Tree/Simple; everything else Ring/Simple. On one rank Tree has no steps: the
+//! input is loaded (scaled for PreMulSum/Avg) and written out without the ring schedule's
+//! plan. `NCCL_ALGO` /
 //! `NCCL_PROTO` restrict the candidates: with `NCCL_ALGO=Tree` every AllReduce runs Tree;
 //! Tree runs LL only when `NCCL_PROTO` allows LL and not Simple (LL measured slower than
 //! Simple at every size on the 2-core reference VM: docs/performance.md). Ring with LL is
@@ -26,8 +27,38 @@ use crate::proto::ProtoSet;
 pub(crate) const ENV_ALGO: &ccl_params::Param = &ccl_params::NCCL_ALGO;
 
 /// AllReduce operations of at most this many bytes per rank run Tree when the choice is
-/// automatic (measured on the 2-core reference VM: docs/performance.md).
+/// automatic and every rank is on one host (measured on the 2-core reference VM:
+/// docs/performance.md).
 pub(crate) const TREE_MAX_BYTES: usize = 8 << 10;
+
+/// The same limit on a communicator of two ranks with a socket link between them (on two
+/// hosts, or with `NCCL_P2P_DISABLE` and `NCCL_SHM_DISABLE` both set): each step pays the
+/// link's latency, and a 2-rank ring takes two dependent steps where Tree takes one
+/// exchange of the same bytes. Tree sends one FIFO slot (`NCCL_BUFFSIZE` / 8, 128 KiB by
+/// default) per exchange and waits for the partner's before the next, so beyond one
+/// slot the pipelined ring catches up (a tie at 256-512 KiB, ahead from 1 MiB): measured
+/// on network-namespace hosts, docs/perf-net.md "Tree over sockets".
+pub(crate) const TREE_MAX_BYTES_SOCKETS_2: usize = 128 << 10;
+
+/// The limit with socket links and more than two ranks: Tree's log2 N exchanges each move
+/// the whole buffer, where the ring's 2 (N - 1) steps move 1 / N of it, so the latency it
+/// saves pays only for small messages (measured at 4 hosts of one rank and 2 hosts of two,
+/// docs/perf-net.md "Tree over sockets").
+pub(crate) const TREE_MAX_BYTES_SOCKETS: usize = 32 << 10;
+
+// Socket links only ever widen Tree's range.
+const _: () = assert!(TREE_MAX_BYTES_SOCKETS_2 >= TREE_MAX_BYTES);
+const _: () = assert!(TREE_MAX_BYTES_SOCKETS >= TREE_MAX_BYTES);
+
+/// Largest AllReduce (bytes per rank) the automatic choice runs as Tree on `nranks` ranks,
+/// with socket links if `over_sockets`.
+pub(crate) fn tree_limit(nranks: usize, over_sockets: bool) -> usize {
+    match (over_sockets, nranks) {
+        (false, _) => TREE_MAX_BYTES,
+        (true, 2) => TREE_MAX_BYTES_SOCKETS_2,
+        (true, _) => TREE_MAX_BYTES_SOCKETS,
+    }
+}
 
 /// The algorithms `NCCL_ALGO` allows (of those the host backend runs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -169,21 +200,24 @@ impl Selection {
     }
 
     /// Algorithm and protocol of a collective `coll` of `bytes` per rank on `nranks` ranks
-    /// with at least `min_channels` channels asked for (the same on every rank, given the
-    /// same variables). A minimum above one channel (`NCCL_MIN_CTAS`, `config.minCTAs`)
-    /// keeps the automatic choice on the ring, which honours it (Tree runs one channel).
+    /// with at least `min_channels` channels asked for, on a communicator with socket
+    /// links if `over_sockets` (the same on every rank, given the same variables: every
+    /// rank knows every rank's host). A minimum above one channel
+    /// (`NCCL_MIN_CTAS`, `config.minCTAs`) keeps the automatic choice on the ring, which
+    /// honours it (Tree runs one channel).
     pub(crate) fn choose(
         &self,
         coll: CollKind,
         bytes: usize,
         nranks: usize,
         min_channels: usize,
+        over_sockets: bool,
     ) -> (HostAlgo, HostProto) {
         let ring = (HostAlgo::Ring, HostProto::Simple);
         if coll != CollKind::AllReduce || nranks == 0 || bytes == 0 || !self.algos.tree {
             return ring;
         }
-        let small = bytes <= TREE_MAX_BYTES;
+        let small = bytes <= tree_limit(nranks, over_sockets);
         if self.algos.ring && (!small || min_channels > 1) {
             return ring;
         }
@@ -236,53 +270,105 @@ mod tests {
         use HostAlgo::*;
         use HostProto::*;
         let auto = Selection::default();
-        assert_eq!(auto.choose(AllReduce, 8, 2, 1), (Tree, Simple));
-        assert_eq!(auto.choose(AllReduce, TREE_MAX_BYTES, 5, 1), (Tree, Simple));
+        assert_eq!(auto.choose(AllReduce, 8, 2, 1, false), (Tree, Simple));
         assert_eq!(
-            auto.choose(AllReduce, TREE_MAX_BYTES + 4, 2, 1),
+            auto.choose(AllReduce, TREE_MAX_BYTES, 5, 1, false),
+            (Tree, Simple)
+        );
+        assert_eq!(
+            auto.choose(AllReduce, TREE_MAX_BYTES + 4, 2, 1, false),
             (Ring, Simple)
         );
-        assert_eq!(auto.choose(AllReduce, 8, 1, 1), (Tree, Simple));
-        assert_eq!(auto.choose(AllReduce, 64 << 10, 1, 1), (Ring, Simple));
-        assert_eq!(auto.choose(AllReduce, 8, 2, 3), (Ring, Simple));
+        assert_eq!(auto.choose(AllReduce, 8, 1, 1, false), (Tree, Simple));
+        assert_eq!(
+            auto.choose(AllReduce, 64 << 10, 1, 1, false),
+            (Ring, Simple)
+        );
+        assert_eq!(auto.choose(AllReduce, 8, 2, 3, false), (Ring, Simple));
         assert_eq!(
             Selection::parse(Some("Tree"), None)
                 .unwrap()
-                .choose(AllReduce, 8, 2, 3),
+                .choose(AllReduce, 8, 2, 3, false),
             (Tree, Simple)
         );
-        assert_eq!(auto.choose(AllReduce, 0, 4, 1), (Ring, Simple));
-        assert_eq!(auto.choose(Broadcast, 8, 4, 1), (Ring, Simple));
-        assert_eq!(auto.choose(ReduceScatter, 8, 4, 1), (Ring, Simple));
+        assert_eq!(auto.choose(AllReduce, 0, 4, 1, false), (Ring, Simple));
+        assert_eq!(auto.choose(Broadcast, 8, 4, 1, false), (Ring, Simple));
+        assert_eq!(auto.choose(ReduceScatter, 8, 4, 1, false), (Ring, Simple));
         let sel = |a, p| Selection::parse(a, p).unwrap();
         assert_eq!(
-            sel(Some("Ring"), None).choose(AllReduce, 8, 2, 1),
+            sel(Some("Ring"), None).choose(AllReduce, 8, 2, 1, false),
             (Ring, Simple)
         );
         assert_eq!(
-            sel(Some("Tree"), None).choose(AllReduce, 1 << 20, 2, 1),
+            sel(Some("Tree"), None).choose(AllReduce, 1 << 20, 2, 1, false),
             (Tree, Simple)
         );
         assert_eq!(
-            sel(Some("Tree"), Some("LL")).choose(AllReduce, 1 << 20, 2, 1),
+            sel(Some("Tree"), Some("LL")).choose(AllReduce, 1 << 20, 2, 1, false),
             (Tree, Ll)
         );
         assert_eq!(
-            sel(None, Some("Simple")).choose(AllReduce, 8, 2, 1),
+            sel(None, Some("Simple")).choose(AllReduce, 8, 2, 1, false),
             (Tree, Simple)
         );
-        assert_eq!(sel(None, Some("LL")).choose(AllReduce, 8, 2, 1), (Tree, Ll));
         assert_eq!(
-            sel(None, Some("LL")).choose(AllReduce, 1 << 20, 2, 1),
+            sel(None, Some("LL")).choose(AllReduce, 8, 2, 1, false),
+            (Tree, Ll)
+        );
+        assert_eq!(
+            sel(None, Some("LL")).choose(AllReduce, 1 << 20, 2, 1, false),
             (Ring, Simple)
         );
         assert_eq!(
-            sel(None, Some("LL128")).choose(AllReduce, 8, 2, 1),
+            sel(None, Some("LL128")).choose(AllReduce, 8, 2, 1, false),
             (Ring, Simple)
         );
         assert_eq!(
-            sel(Some("Tree"), Some("LL128")).choose(AllReduce, 8, 2, 1),
+            sel(Some("Tree"), Some("LL128")).choose(AllReduce, 8, 2, 1, false),
             (Tree, Simple)
+        );
+    }
+
+    #[test]
+    fn over_sockets_tree_runs_up_to_its_own_limit() {
+        use CollKind::*;
+        use HostAlgo::*;
+        use HostProto::*;
+        let auto = Selection::default();
+        let sel = |a, p| Selection::parse(a, p).unwrap();
+        for n in [1, 2, 3, 4, 8] {
+            let limit = tree_limit(n, true);
+            assert_eq!(
+                limit,
+                if n == 2 {
+                    TREE_MAX_BYTES_SOCKETS_2
+                } else {
+                    TREE_MAX_BYTES_SOCKETS
+                }
+            );
+            assert_eq!(tree_limit(n, false), TREE_MAX_BYTES);
+            assert_eq!(auto.choose(AllReduce, 16 << 10, n, 1, true), (Tree, Simple));
+            assert_eq!(auto.choose(AllReduce, limit, n, 1, true), (Tree, Simple));
+            assert_eq!(
+                auto.choose(AllReduce, limit + 4, n, 1, true),
+                (Ring, Simple)
+            );
+            // The same size over shared memory stays on the ring.
+            assert_eq!(
+                auto.choose(AllReduce, 16 << 10, n, 1, false),
+                (Ring, Simple)
+            );
+        }
+        // What limits Tree over shared memory limits it over sockets too.
+        assert_eq!(auto.choose(AllReduce, 8, 2, 3, true), (Ring, Simple));
+        assert_eq!(auto.choose(Broadcast, 8, 2, 1, true), (Ring, Simple));
+        assert_eq!(
+            sel(Some("Ring"), None).choose(AllReduce, 8, 2, 1, true),
+            (Ring, Simple)
+        );
+        assert_eq!(
+            sel(None, Some("LL")).choose(AllReduce, 16 << 10, 2, 1, true),
+            (Tree, Ll)
         );
     }
 }

@@ -374,6 +374,27 @@ fn groups_rank() {
     println!("@@OK groups");
 }
 
+/// AllReduce (float sum) of 8 KiB to 256 KiB per rank with the default buffers; prints
+/// the algorithm the op log recorded for each size (`@@ALGO bytes Tree|Ring`) after
+/// checking the sums.
+fn algo_rank() {
+    let comm = child_comm();
+    let n = comm.nranks() as f32;
+    for kib in [8usize, 16, 32, 64, 128, 256] {
+        let count = (kib << 10) / 4;
+        let send = vec![1f32 + comm.rank() as f32; count];
+        let mut recv = vec![0f32; count];
+        let before = comm.ops_started();
+        enqueue(&comm, all_reduce_f32(&send, &mut recv)).expect("all_reduce");
+        let want = n * (n + 1.0) / 2.0;
+        assert!(recv.iter().all(|v| *v == want), "{kib} KiB: sums");
+        let snap = settled_op(&comm, before).expect("op log entry");
+        println!("@@ALGO {kib} {:?}", snap.info.algo);
+    }
+    comm.destroy().expect("destroy");
+    println!("@@OK algo");
+}
+
 /// Rank 1 calls AllGather(256) where its peers call AllReduce(1024), after one consistent
 /// AllReduce: every rank's call must fail (exit 0 after printing `@@ERR`), none succeed.
 fn mismatch_rank() {
@@ -476,6 +497,7 @@ fn proc_rank_entry() {
         Ok("mismatch") => mismatch_rank(),
         Ok("staggered") => staggered_exit_rank(),
         Ok("groups") => groups_rank(),
+        Ok("algo") => algo_rank(),
         _ => {}
     }
 }
@@ -567,6 +589,63 @@ fn matrix_two_hosts_of_two_processes() {
         "matrix",
         &[("CCLD_SOCKET_SEND_BY_REF", "1")],
         &["a", "a", "b", "b"],
+    );
+}
+
+/// Two "hosts" of one process each: AllReduce runs Tree up to 128 KiB per rank over the
+/// socket (`hostalgo::tree_limit`), here in messages of one 8 KiB slot (so the 64 KiB
+/// cases of one-byte types take 8 exchanges), and the probe counts it as Tree; every
+/// other case as on the ring.
+#[test]
+fn matrix_two_hosts_of_one_process() {
+    job_on(2, "matrix", &[], &["a", "b"]);
+}
+
+/// The automatic algorithm choice (`hostalgo::tree_limit`, docs/host-backend.md): Tree for
+/// AllReduce up to 8 KiB per rank over shared memory; over sockets up to 128 KiB at 2 ranks
+/// and 32 KiB at more; Ring above. Read from the op log of every rank.
+#[test]
+fn automatic_choice_runs_tree_further_over_sockets() {
+    let tree_up_to = |n: usize, hosts: &[&str]| -> Vec<usize> {
+        let mut job = spawn_job_on(n, "algo", &[], hosts);
+        let codes = wait_all(&mut job.children, Duration::from_secs(120));
+        let lines: Vec<(usize, String)> = job.lines.try_iter().collect();
+        assert!(
+            codes.iter().all(|c| *c == Some(0)),
+            "exit codes {codes:?}, output {lines:?}"
+        );
+        // Per rank: the largest size that ran Tree, checking that every smaller one did.
+        (0..n)
+            .map(|r| {
+                let algos: Vec<(usize, bool)> = lines
+                    .iter()
+                    .filter(|(lr, _)| *lr == r)
+                    .filter_map(|(_, l)| l.strip_prefix("ALGO "))
+                    .map(|l| {
+                        let (kib, algo) = l.split_once(' ').expect("ALGO kib algo");
+                        (kib.parse().expect("kib"), algo == "Tree")
+                    })
+                    .collect();
+                assert_eq!(algos.len(), 6, "rank {r}: {lines:?}");
+                let last = algos
+                    .iter()
+                    .take_while(|(_, t)| *t)
+                    .last()
+                    .map_or(0, |a| a.0);
+                assert!(
+                    algos.iter().all(|(k, t)| *t == (*k <= last)),
+                    "rank {r}: {algos:?}"
+                );
+                last
+            })
+            .collect()
+    };
+    assert_eq!(tree_up_to(2, &[]), [8, 8], "shared memory");
+    assert_eq!(tree_up_to(2, &["a", "b"]), [128, 128], "2 hosts of 1");
+    assert_eq!(
+        tree_up_to(4, &["a", "a", "b", "b"]),
+        [32; 4],
+        "2 hosts of 2"
     );
 }
 

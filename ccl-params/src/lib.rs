@@ -434,7 +434,7 @@ pub const NCCL_ALGO: Param = Param {
     name: "NCCL_ALGO",
     kind: Kind::Text,
     default: "automatic",
-    doc: "NVIDIA's syntax (comma list, `^` excludes). Host backend: `Ring` (every collective) and `Tree` (recursive doubling, AllReduce); unset: AllReduce of at most 8 KiB per rank runs Tree, the rest Ring (docs/host-backend.md, \"Algorithms and protocols\"); other NCCL names accepted and ignored, unknown names fail init. Device backend: Ring (P2P for point-to-point), read only to warn",
+    doc: "NVIDIA's syntax (comma list, `^` excludes). Host backend: `Ring` (every collective) and `Tree` (recursive doubling, AllReduce); unset: AllReduce of at most 8 KiB per rank runs Tree, the rest Ring (over sockets: up to 128 KiB on 2 ranks, 32 KiB on more; docs/host-backend.md, \"Algorithms and protocols\"); other NCCL names accepted and ignored, unknown names fail init. Device backend: Ring (P2P for point-to-point), read only to warn",
     scope: Scope::Runtime,
     alias_of: None,
 };

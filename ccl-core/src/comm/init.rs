@@ -108,6 +108,7 @@ impl Comm {
             inject: self.inject.clone(),
             source,
         };
+        let over_sockets = transport.uses_sockets();
         let worker = WorkerHandle::spawn(shared, Arc::clone(&boot), transport)?;
         let rt = Runtime {
             boot,
@@ -116,6 +117,7 @@ impl Comm {
             poison: Some(poison),
             worker: Mutex::new(Some(worker)),
             dev: None,
+            over_sockets,
         };
         self.rt
             .set(rt)
@@ -216,6 +218,7 @@ impl Comm {
             poison: None,
             worker: Mutex::new(None),
             dev: Some(Arc::new(dev)),
+            over_sockets: false,
         };
         self.rt
             .set(rt)

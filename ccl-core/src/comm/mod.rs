@@ -129,6 +129,9 @@ pub(crate) struct Runtime {
     worker: Mutex<Option<WorkerHandle>>,
     /// Device backend state (`None` on the host backend).
     dev: Option<Arc<DeviceComm>>,
+    /// Host backend: some pair of ranks talks over the socket transport (the same on every
+    /// rank).
+    over_sockets: bool,
 }
 
 /// Longest wait for the probe's records at `ncclCommAbort` / `ncclCommDestroy`.
@@ -360,6 +363,12 @@ impl Comm {
     /// `ncclCommCuDevice` (host backend: the device index given at init, else 0).
     pub fn cuda_device(&self) -> i32 {
         self.device
+    }
+
+    /// Whether some pair of ranks talks over the socket transport (false until init
+    /// completed, and on the device backend).
+    pub(crate) fn over_sockets(&self) -> bool {
+        self.rt.get().is_some_and(|rt| rt.over_sockets)
     }
 
     /// The 64-bit communicator id used in Trace IDs (0 until init completed).
