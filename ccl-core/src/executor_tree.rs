@@ -107,6 +107,13 @@ impl Worker {
     ) -> Result<()> {
         let len = acc.len();
         let rank = self.shared.rank;
+        if let [TreeStep::Exchange { peer }] = *steps {
+            if len >= PAIR_MIN_BYTES
+                && (op.sendbuf == op.recvbuf || !overlap(op.sendbuf, op.recvbuf, op.bytes))
+            {
+                return self.tree_pair_chunk(op, peer, off, len, tmp, w);
+            }
+        }
         // SAFETY: the chunk lies inside the send buffer (off + len <= count * elem size,
         // enqueue contract); acc is our scratch, disjoint from user memory.
         op.red.load(acc, unsafe { mem::src(op.sendbuf, off, len) });
@@ -150,6 +157,60 @@ impl Worker {
         Ok(())
     }
 
+    /// One chunk of a 2-rank Tree (a single exchange) without the scratch accumulator: the
+    /// prescaled input goes straight from the send buffer into the slot, and the result
+    /// straight into the receive buffer, lower rank's contribution first as in
+    /// [`Self::tree_chunk`] (the same operations on the same values, so the same bits).
+    /// The buffers are the same or disjoint (the caller checks).
+    fn tree_pair_chunk(
+        &mut self,
+        op: &TreeOp<'_>,
+        peer: usize,
+        off: usize,
+        len: usize,
+        tmp: &mut Vec<u8>,
+        w: &mut Waiter,
+    ) -> Result<()> {
+        let red = op.red;
+        let in_place = op.sendbuf == op.recvbuf;
+        // SAFETY: the chunk lies inside the send buffer (enqueue contract), which nothing
+        // writes while this slice is used: in place, the receive-buffer slice below is
+        // made only after its last use.
+        let x = unsafe { mem::src(op.sendbuf, off, len) };
+        self.tree_send_with(op, peer, len, w, |slot| red.load(slot, x))?;
+        let lower = peer > self.shared.rank;
+        if in_place && (!lower || red.prescale().is_some()) {
+            // The result needs the input after the receive buffer (the same memory) is
+            // written: reduce into scratch, then copy.
+            tmp.resize(len, 0);
+            if lower {
+                red.load(tmp, x);
+                self.tree_recv(op, peer, len, w, |inb| red.merge_inplace(tmp, inb))?;
+            } else {
+                self.tree_recv(op, peer, len, w, |inb| red.combine(tmp, inb, x))?;
+            }
+            // SAFETY: the chunk lies inside the receive buffer; x is no longer used.
+            let dst = unsafe { mem::dst(op.recvbuf, off, len) };
+            dst.copy_from_slice(tmp);
+            red.finish(dst);
+            return Ok(());
+        }
+        // SAFETY: the chunk lies inside the receive buffer, disjoint from the send buffer
+        // (or, in place for the lower rank without prescale, the same bytes, after x's last
+        // use: the receive buffer already holds pre(x) = x).
+        let dst = unsafe { mem::dst(op.recvbuf, off, len) };
+        if lower {
+            if !in_place {
+                red.load(dst, x);
+            }
+            self.tree_recv(op, peer, len, w, |inb| red.merge_inplace(dst, inb))?;
+        } else {
+            self.tree_recv(op, peer, len, w, |inb| red.combine(dst, inb, x))?;
+        }
+        red.finish(dst);
+        Ok(())
+    }
+
     /// Sends `data` to `peer` as one message (waits for a free slot).
     fn tree_send(
         &mut self,
@@ -158,7 +219,19 @@ impl Worker {
         data: &[u8],
         w: &mut Waiter,
     ) -> Result<()> {
-        let len = data.len();
+        self.tree_send_with(op, peer, data.len(), w, |buf| buf.copy_from_slice(data))
+    }
+
+    /// Sends a message of `len` bytes to `peer` that `fill` writes into the reserved slot
+    /// (waits for a free slot; `fill` runs once, on the slot's first `len` bytes).
+    fn tree_send_with(
+        &mut self,
+        op: &TreeOp<'_>,
+        peer: usize,
+        len: usize,
+        w: &mut Waiter,
+        fill: impl Fn(&mut [u8]),
+    ) -> Result<()> {
         self.tree_wait(op, peer, w, |me| {
             let links =
                 me.t.tree
@@ -173,9 +246,10 @@ impl Worker {
                     let Some(buf) = tx.try_reserve() else {
                         return Ok(None);
                     };
-                    buf.get_mut(..len)
-                        .ok_or_else(|| CclError::Internal("LL message too long".into()))?
-                        .copy_from_slice(data);
+                    fill(
+                        buf.get_mut(..len)
+                            .ok_or_else(|| CclError::Internal("LL message too long".into()))?,
+                    );
                     tx.commit_with_desc(len, if op.check { op.desc } else { [0; 3] })?;
                 }
                 HostProto::Simple => {
@@ -186,9 +260,10 @@ impl Worker {
                     let Some(slot) = tx.try_reserve() else {
                         return Ok(None);
                     };
-                    slot.get_mut(..len)
-                        .ok_or_else(|| CclError::Internal("Tree message too long".into()))?
-                        .copy_from_slice(data);
+                    fill(
+                        slot.get_mut(..len)
+                            .ok_or_else(|| CclError::Internal("Tree message too long".into()))?,
+                    );
                     if op.check {
                         tx.commit_with_desc(len, op.desc);
                     } else {
@@ -373,6 +448,18 @@ impl Worker {
         };
         Err(self.inconsistent(&m))
     }
+}
+
+/// Smallest chunk a 2-rank Tree runs without its scratch accumulator
+/// ([`Worker::tree_pair_chunk`]). Below it the two saved copies are a few cache lines;
+/// with the direct path at every size, 8-64 B measured 6 % slower in one run (within
+/// this VM's run-to-run spread), so small chunks keep the path they had
+/// (docs/performance.md, "Tree on 2 ranks without the scratch copies").
+const PAIR_MIN_BYTES: usize = 2048;
+
+/// Whether the `bytes`-long buffers at `a` and `b` share any byte.
+fn overlap(a: usize, b: usize, bytes: usize) -> bool {
+    a < b.saturating_add(bytes) && b < a.saturating_add(bytes)
 }
 
 fn wrong_len(got: usize, want: usize, peer: usize) -> CclError {
