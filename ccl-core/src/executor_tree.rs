@@ -452,7 +452,7 @@ impl Worker {
 
 /// Smallest chunk a 2-rank Tree runs without its scratch accumulator
 /// ([`Worker::tree_pair_chunk`]). Below it the two saved copies are a few cache lines;
-/// with the direct path at every size, 8-64 B measured 6 % slower in one run (within
+/// with the direct path at every size, 8-64 B measured 6 % slower in two runs (about
 /// this VM's run-to-run spread), so small chunks keep the path they had
 /// (docs/performance.md, "Tree on 2 ranks without the scratch copies").
 const PAIR_MIN_BYTES: usize = 2048;
