@@ -374,7 +374,7 @@ fn groups_rank() {
     println!("@@OK groups");
 }
 
-/// AllReduce (float sum) of 8 KiB to 256 KiB per rank with the default buffers; prints
+/// AllReduce (float sum) of 8 KiB to 256 KiB per rank (in 8 KiB slots under [`job_on`]); prints
 /// the algorithm the op log recorded for each size (`@@ALGO bytes Tree|Ring`) after
 /// checking the sums.
 fn algo_rank() {
@@ -539,7 +539,9 @@ fn job(n: usize, mode: &str) {
     job_on(n, mode, &[], &[]);
 }
 
-fn job_on(n: usize, mode: &str, extra: &[(&str, &str)], hosts: &[&str]) {
+/// Runs the job and checks that every rank exited 0 and printed its OK line; returns the
+/// ranks' marker lines.
+fn job_on(n: usize, mode: &str, extra: &[(&str, &str)], hosts: &[&str]) -> Vec<(usize, String)> {
     let mut env = vec![("NCCL_BUFFSIZE", "65536")];
     env.extend_from_slice(extra);
     let mut job = spawn_job_on(n, mode, &env, hosts);
@@ -554,6 +556,7 @@ fn job_on(n: usize, mode: &str, extra: &[(&str, &str)], hosts: &[&str]) {
         n,
         "{lines:?}"
     );
+    lines
 }
 
 #[test]
@@ -607,13 +610,7 @@ fn matrix_two_hosts_of_one_process() {
 #[test]
 fn automatic_choice_runs_tree_further_over_sockets() {
     let tree_up_to = |n: usize, hosts: &[&str]| -> Vec<usize> {
-        let mut job = spawn_job_on(n, "algo", &[], hosts);
-        let codes = wait_all(&mut job.children, Duration::from_secs(120));
-        let lines: Vec<(usize, String)> = job.lines.try_iter().collect();
-        assert!(
-            codes.iter().all(|c| *c == Some(0)),
-            "exit codes {codes:?}, output {lines:?}"
-        );
+        let lines = job_on(n, "algo", &[], hosts);
         // Per rank: the largest size that ran Tree, checking that every smaller one did.
         (0..n)
             .map(|r| {
