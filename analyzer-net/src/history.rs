@@ -248,7 +248,7 @@ mod tests {
         StoredDiagnosis {
             id: StoredDiagnosis::make_id(shard, seq),
             comm_id: comm,
-            class: if seq % 2 == 0 { "H1" } else { "S2" }.into(),
+            class: if seq.is_multiple_of(2) { "H1" } else { "S2" }.into(),
             detected_ns: t,
             payload: vec![seq as u8, 1, 2, 3],
         }

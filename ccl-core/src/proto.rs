@@ -316,7 +316,10 @@ mod tests {
         assert_eq!(LL_MAX_CHUNK, kernels::ffi::CCL_LL_MAX_CHUNK);
         for s in (64..70_000).step_by(7) {
             let c = ll_chunk_bytes(s);
-            assert!(c % 8 == 0 && 2 * c <= s && c <= LL_MAX_CHUNK, "{s} {c}");
+            assert!(
+                c.is_multiple_of(8) && 2 * c <= s && c <= LL_MAX_CHUNK,
+                "{s} {c}"
+            );
             // The kernel's rule (CCL_LL_CHUNK, checked against the C macro by kernels' ABI test).
             assert_eq!(c as u64, kernels::ffi::ll_chunk(s as u64), "{s}");
         }

@@ -149,7 +149,11 @@ fn matrix_rank() {
             root: ((r + n - 1) % n) as i32,
             ..s
         };
-        let order = if r % 2 == 0 { [rv, s] } else { [s, rv] };
+        let order = if r.is_multiple_of(2) {
+            [rv, s]
+        } else {
+            [s, rv]
+        };
         let before = comm.ops_started();
         ccl_core::group_start().unwrap();
         for a in order {

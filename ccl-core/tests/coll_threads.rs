@@ -159,7 +159,11 @@ fn sendrecv_ring(comm: &Arc<Comm>, dt: DataType, count: usize) -> Result<(), Str
         root: prev as i32,
         ..s
     };
-    let order = if r % 2 == 0 { [rv, s] } else { [s, rv] };
+    let order = if r.is_multiple_of(2) {
+        [rv, s]
+    } else {
+        [s, rv]
+    };
     let before = comm.ops_started();
     group_start().map_err(|e| e.to_string())?;
     for a in order {

@@ -94,7 +94,7 @@ fn pipeline_rank(c: &Arc<Comm>, iters: usize, reps01: usize) -> Result<(), Strin
             return Err(format!("rank {r} AllReduce {i}: got {}", recv[0]));
         }
         for _ in 0..reps {
-            let kind = if r % 2 == 0 {
+            let kind = if r.is_multiple_of(2) {
                 CollKind::Send
             } else {
                 CollKind::Recv

@@ -173,7 +173,7 @@ fn head_tail_protocol_stress_no_early_read_no_early_overwrite() {
                             break tx.try_reserve().unwrap();
                         }
                         spins += 1;
-                        if spins % 64 == 0 {
+                        if spins.is_multiple_of(64) {
                             std::thread::yield_now();
                         } else {
                             std::hint::spin_loop();
@@ -194,7 +194,7 @@ fn head_tail_protocol_stress_no_early_read_no_early_overwrite() {
             while i <= n {
                 let Some(data) = rx.try_peek() else {
                     idle += 1;
-                    if idle % 64 == 0 {
+                    if idle.is_multiple_of(64) {
                         std::thread::yield_now();
                     }
                     continue;
@@ -208,7 +208,7 @@ fn head_tail_protocol_stress_no_early_read_no_early_overwrite() {
                 };
                 check(data, "at peek");
                 // Give the producer a chance to (wrongly) overwrite the slot.
-                if i % 7 == 0 {
+                if i.is_multiple_of(7) {
                     std::thread::yield_now();
                 } else {
                     for _ in 0..(i % 50) {

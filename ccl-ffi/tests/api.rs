@@ -215,7 +215,7 @@ fn mem_alloc_and_free() {
     // SAFETY: valid out-pointer; memory used within its size.
     unsafe {
         assert_eq!(ncclMemAlloc(&mut p, 100), 0);
-        assert!(!p.is_null() && p as usize % 4096 == 0);
+        assert!(!p.is_null() && (p as usize).is_multiple_of(4096));
         std::ptr::write_bytes(p.cast::<u8>(), 1, 100);
         assert_eq!(ncclMemFree(p), 0);
         assert_eq!(ncclMemFree(p), INVALID_ARGUMENT);

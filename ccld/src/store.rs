@@ -375,7 +375,7 @@ mod tests {
         StoredDiagnosis {
             id: StoredDiagnosis::make_id(shard, seq),
             comm_id: comm,
-            class: if seq % 2 == 0 {
+            class: if seq.is_multiple_of(2) {
                 "H1".into()
             } else {
                 "S2".into()

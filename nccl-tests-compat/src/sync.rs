@@ -119,7 +119,7 @@ impl Busy {
     pub fn enter(&self, t: usize) -> BusyGuard<'_> {
         let slot = &self.slots[t.min(self.slots.len() - 1)];
         let prev = slot.load(Ordering::Relaxed);
-        let outer = prev % 2 == 0;
+        let outer = prev.is_multiple_of(2);
         if outer {
             slot.store(prev + 1, Ordering::Relaxed);
         }

@@ -88,7 +88,7 @@ mod tests {
                     let mut polls = 0u32;
                     while done[1 - me].load(Ordering::Acquire) < r - 1 {
                         polls += 1;
-                        if polls % 64 == 0 {
+                        if polls.is_multiple_of(64) {
                             std::thread::yield_now();
                         }
                         std::hint::spin_loop();

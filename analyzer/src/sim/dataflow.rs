@@ -32,7 +32,7 @@ pub fn ring_dataflow(n: usize, steps: u64, slots: u64, limit: &[Option<u64>]) ->
                 let prev = (j + n - 1) % n;
                 let next = (j + 1) % n;
                 // Primitive d: even = send, odd = recv (send(0), recv(0), send(1), ...).
-                let ok = if d % 2 == 0 {
+                let ok = if d.is_multiple_of(2) {
                     sent[j] < recvd[next] + slots
                 } else {
                     sent[prev] > recvd[j]
@@ -40,7 +40,7 @@ pub fn ring_dataflow(n: usize, steps: u64, slots: u64, limit: &[Option<u64>]) ->
                 if !ok {
                     break;
                 }
-                if d % 2 == 0 {
+                if d.is_multiple_of(2) {
                     sent[j] += 1;
                 } else {
                     recvd[j] += 1;

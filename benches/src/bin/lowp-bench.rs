@@ -10,8 +10,8 @@
 //!    GB/s of output bytes, against an element-at-a-time loop written like the code before
 //!    the block path (decode one element, add in f32, round, store), interleaved rounds,
 //!    median.
-//! 2. AllReduce: our `all_reduce_perf` (`ccl-run -n RANKS`, processes, `-c 1`) in `float`
-//!    `bfloat16` and `half` at the same byte sizes, order rotating per round; median busbw
+//! 2. AllReduce: our `all_reduce_perf` (`ccl-run -n RANKS`, processes, `-c 1`) in `float`,
+//!    `bfloat16`, `half` and `f8e4m3` at the same byte sizes, order rotating per round; median busbw
 //!    of each and the ratios to f32 (issue 18's target: bf16 >= 0.8).
 
 use std::hint::black_box;
@@ -130,9 +130,9 @@ fn main() {
 
     let dir = release_dir();
     println!(
-        "\n# AllReduce sum, {ranks} ranks as processes (ccl-run), -c 1, busbw GB/s, median of {rounds} rounds, order of float / bfloat16 / half rotating"
+        "\n# AllReduce sum, {ranks} ranks as processes (ccl-run), -c 1, busbw GB/s, median of {rounds} rounds, order of float / bfloat16 / half / f8e4m3 rotating"
     );
-    let dts = ["float", "bfloat16", "half"];
+    let dts = ["float", "bfloat16", "half", "f8e4m3"];
     let mut bw = vec![vec![Vec::new(); sizes.len()]; dts.len()];
     for round in 0..rounds {
         for (i, &s) in sizes.iter().enumerate() {
@@ -146,14 +146,21 @@ fn main() {
             }
         }
     }
-    println!("| bytes | float busbw | bfloat16 busbw | half busbw | bf16 / f32 | half / f32 |");
-    println!("|---|---|---|---|---|---|");
+    println!(
+        "| bytes | float busbw | bfloat16 busbw | half busbw | f8e4m3 busbw | bf16 / f32 | half / f32 | f8e4m3 / f32 |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
     for (i, s) in sizes.iter().enumerate() {
-        let (f, b, h) = (median(&bw[0][i]), median(&bw[1][i]), median(&bw[2][i]));
+        let m: Vec<f64> = (0..dts.len()).map(|d| median(&bw[d][i])).collect();
         println!(
-            "| {s} | {f:.2} | {b:.2} | {h:.2} | {:.2} | {:.2} |",
-            b / f,
-            h / f
+            "| {s} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            m[0],
+            m[1],
+            m[2],
+            m[3],
+            m[1] / m[0],
+            m[2] / m[0],
+            m[3] / m[0]
         );
     }
 }

@@ -95,26 +95,87 @@ pub const E4M3_MAX: f32 = 448.0;
 /// Largest finite e5m2 value.
 pub const E5M2_MAX: f32 = 57344.0;
 
-/// Shared FP8 encoder: `MBITS` mantissa bits, exponent bias `BIAS`; `max_bits` is the f32
-/// bit pattern of the largest finite value and `max_code` its code.
+/// The parameters of an OCP FP8 format, shared by the element conversions below and the
+/// vector codec (`lanes.rs`), so that both compute the same thing.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Fp8Format {
+    /// Mantissa bits.
+    pub(crate) mbits: u32,
+    /// Exponent bias.
+    pub(crate) bias: u32,
+    /// f32 bit pattern of the largest finite value.
+    pub(crate) max_bits: u32,
+    /// Code of the largest finite value.
+    pub(crate) max_code: u32,
+    /// E4M3's specials (no infinities, only `S.1111.111` is NaN) rather than E5M2's
+    /// IEEE-style ones (exponent all ones: infinity or NaN).
+    pub(crate) e4m3_specials: bool,
+}
+
+impl Fp8Format {
+    /// Shift between an f32 mantissa and this format's.
+    #[inline(always)]
+    pub(crate) const fn shift(&self) -> u32 {
+        23 - self.mbits
+    }
+    /// f32 bits of the float whose ulp is the subnormal quantum `2^(1 - bias - mbits)`
+    /// (see [`subnormal_code`]).
+    #[inline(always)]
+    pub(crate) const fn sub_magic(&self) -> u32 {
+        (151 - self.bias - self.mbits) << 23
+    }
+    /// f32 bits of the smallest normal value.
+    #[inline(always)]
+    pub(crate) const fn min_normal_bits(&self) -> u32 {
+        (127 + 1 - self.bias) << 23
+    }
+    /// What is added to a code's exponent-and-mantissa bits, shifted into place, to make
+    /// the f32 bits of a normal value (the exponent rebiased `bias -> 127`).
+    #[inline(always)]
+    pub(crate) const fn rebias(&self) -> u32 {
+        (127 - self.bias) << 23
+    }
+}
+
+/// FP8 E4M3: bias 7, 3 mantissa bits, largest finite 448.
+pub(crate) const E4M3_FORMAT: Fp8Format = Fp8Format {
+    mbits: 3,
+    bias: 7,
+    max_bits: 0x43E0_0000,
+    max_code: 0x7E,
+    e4m3_specials: true,
+};
+
+/// FP8 E5M2: bias 15, 2 mantissa bits, largest finite 57344.
+pub(crate) const E5M2_FORMAT: Fp8Format = Fp8Format {
+    mbits: 2,
+    bias: 15,
+    max_bits: 0x4760_0000,
+    max_code: 0x7B,
+    e4m3_specials: false,
+};
+
+/// Shared FP8 encoder.
 #[inline(always)]
-fn f32_to_fp8<const MBITS: u32, const BIAS: u32>(x: f32, max_bits: u32, max_code: u32) -> u8 {
+fn f32_to_fp8(x: f32, f: &Fp8Format) -> u8 {
     let bits = x.to_bits();
     let sign = (bits >> 24) & 0x80;
     let abs = bits & 0x7FFF_FFFF;
-    let shift = 23 - MBITS;
-    // normal results: rebias 127 -> BIAS and round the dropped bits to nearest even
+    let shift = f.shift();
+    // normal results: rebias 127 -> bias and round the dropped bits to nearest even
     let odd = (abs >> shift) & 1;
     let normal = abs
-        .wrapping_sub((127 - BIAS) << 23)
+        .wrapping_sub(f.rebias())
         .wrapping_add((1 << (shift - 1)) - 1 + odd)
         >> shift;
-    // subnormal quantum 2^(1 - BIAS - MBITS); magic = quantum * 2^23
-    let sub = subnormal_code(abs, (151 - BIAS - MBITS) << 23);
-    let min_normal_bits = (127 + 1 - BIAS) << 23;
-    let r = if abs < min_normal_bits { sub } else { normal };
+    let sub = subnormal_code(abs, f.sub_magic());
+    let r = if abs < f.min_normal_bits() {
+        sub
+    } else {
+        normal
+    };
     // finite overflow and infinities saturate (__NV_SATFINITE)
-    let r = if abs > max_bits { max_code } else { r };
+    let r = if abs > f.max_bits { f.max_code } else { r };
     if abs > 0x7F80_0000 {
         0x7F
     } else {
@@ -126,14 +187,14 @@ fn f32_to_fp8<const MBITS: u32, const BIAS: u32>(x: f32, max_bits: u32, max_code
 /// saturating (CUDA `__NV_SATFINITE`): |x| > 448 and ±inf -> ±448; NaN -> `0x7F`.
 #[inline]
 pub fn f32_to_e4m3(x: f32) -> u8 {
-    f32_to_fp8::<3, 7>(x, 0x43E0_0000, 0x7E)
+    f32_to_fp8(x, &E4M3_FORMAT)
 }
 
 /// `f32` -> FP8 E5M2 (bias 15, IEEE-style inf/NaN), round to nearest even, saturating
 /// (CUDA `__NV_SATFINITE`): |x| > 57344 and ±inf -> ±57344; NaN -> `0x7F`.
 #[inline]
 pub fn f32_to_e5m2(x: f32) -> u8 {
-    f32_to_fp8::<2, 15>(x, 0x4760_0000, 0x7B)
+    f32_to_fp8(x, &E5M2_FORMAT)
 }
 
 /// FP8 E4M3 -> `f32` (exact; the NaN codes `S.1111.111` -> quiet NaN).

@@ -149,9 +149,9 @@ pub fn input(dt: DataType, red: Red, r: usize, i: usize) -> f64 {
             ((r * 7 + i * 3) % range) as f64
         }
         Red::Prod => {
-            if (i + r) % 4 == 0 {
+            if (i + r).is_multiple_of(4) {
                 2.0
-            } else if !unsigned && (i + 2 * r) % 3 == 0 {
+            } else if !unsigned && (i + 2 * r).is_multiple_of(3) {
                 -1.0
             } else {
                 1.0

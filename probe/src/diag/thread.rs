@@ -234,7 +234,7 @@ pub(super) fn diag_loop(cfg: DiagConfig, rx: Receiver<Done>, btx: SyncSender<(wi
         }
         // The thread clock is a system call: read it every 16th tick only.
         ticks += 1;
-        if ticks % 16 == 0 {
+        if ticks.is_multiple_of(16) {
             global().cpu_ns[0].store(thread_cpu_ns(), Ordering::Relaxed);
         }
         // Parked rather than slept: `flush` wakes the thread early. An overshoot of the park

@@ -267,7 +267,10 @@ impl Kernel {
         if needs_red && red.is_none() {
             return bad("reduction steps in a plan with reduce = 0".into());
         }
-        if p.frame as usize % 8 != 0 || p.abort_flag as usize % 4 != 0 || p.done as usize % 4 != 0 {
+        if !(p.frame as usize).is_multiple_of(8)
+            || !(p.abort_flag as usize).is_multiple_of(4)
+            || !(p.done as usize).is_multiple_of(4)
+        {
             return bad("unaligned frame or abort flag".into());
         }
         let stall = match p.stall_channel {
@@ -591,7 +594,7 @@ impl Kernel {
                 blocked_up = runs.iter().any(|r| r.wait == Blocked::Up);
                 blocked_down = runs.iter().any(|r| r.wait == Blocked::Down);
             }
-            if idle % 64 == 0 && self.aborted() {
+            if idle.is_multiple_of(64) && self.aborted() {
                 return;
             }
             backoff(idle);
@@ -613,7 +616,7 @@ impl Kernel {
                     break (lo, hi);
                 }
                 idle = idle.saturating_add(1);
-                if idle % 64 == 0 && self.aborted() {
+                if idle.is_multiple_of(64) && self.aborted() {
                     return false;
                 }
                 backoff(idle);

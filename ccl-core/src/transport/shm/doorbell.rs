@@ -341,7 +341,7 @@ impl Backoff {
             // The budget starts at the first clock read, after CLOCK_EVERY pauses: a wait
             // that ends sooner (most, on a quiet machine) reads no clock at all.
             self.polls = self.polls.wrapping_add(1);
-            if self.polls % Self::CLOCK_EVERY != 0 {
+            if !self.polls.is_multiple_of(Self::CLOCK_EVERY) {
                 return;
             }
             let now = std::time::Instant::now();

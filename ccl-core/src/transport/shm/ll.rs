@@ -61,7 +61,7 @@ impl LlLayout {
                 self.nslots
             )));
         }
-        if self.cap < 4 || self.cap > (1 << 20) || self.cap % 4 != 0 {
+        if self.cap < 4 || self.cap > (1 << 20) || !self.cap.is_multiple_of(4) {
             return Err(CclError::arg(format!(
                 "LL FIFO message capacity {} is not a multiple of 4 in 4..=1 MiB",
                 self.cap
@@ -336,7 +336,11 @@ impl LlReceiver {
                 let v = (w & 0xFFFF_FFFF) as u32;
                 if self.ready < HEAD_WORDS {
                     let i = (self.ready - 1) / 2;
-                    let shift = if (self.ready - 1) % 2 == 0 { 0 } else { 32 };
+                    let shift = if (self.ready - 1).is_multiple_of(2) {
+                        0
+                    } else {
+                        32
+                    };
                     self.desc[i] =
                         (self.desc[i] & !(0xFFFF_FFFF << shift)) | (u64::from(v) << shift);
                 } else {

@@ -402,7 +402,7 @@ impl ShmRegion {
 
     /// Header word at `off` (< HEADER_BYTES, 8-aligned); private to this file.
     fn header_u64(&self, off: usize) -> &AtomicU64 {
-        debug_assert!(off + 8 <= HEADER_BYTES && off % 8 == 0);
+        debug_assert!(off + 8 <= HEADER_BYTES && off.is_multiple_of(8));
         // SAFETY: every mapping is at least HEADER_BYTES long (total_len / the size check in
         // open_attempt) and page-aligned, so base+off is in bounds and 8-aligned; the header
         // is never handed out to users, only accessed atomically here.
@@ -424,7 +424,7 @@ impl ShmRegion {
                 self.name, self.len
             )));
         }
-        if offset % align != 0 {
+        if !offset.is_multiple_of(align) {
             return Err(CclError::arg(format!(
                 "offset {offset} in segment {} is not {align}-byte aligned",
                 self.name

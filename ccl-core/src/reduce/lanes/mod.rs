@@ -5,17 +5,18 @@
 //!
 //! The results are bit-identical to the element-at-a-time path of [`super::kinds`] (the
 //! reference: same f32 arithmetic, same rounding; `tests.rs` compares both over random and
-//! edge inputs, NaN/Inf/subnormals included). On x86_64 the loops are compiled twice: for
-//! the baseline target and with AVX2 enabled, picked at run time
-//! (`is_x86_feature_detected!`, cached by std); bf16 uses AVX2 integer code for its
-//! conversions, f16 the F16C conversion instructions
-//! when present (exact decode; round-to-nearest-even encode with NaN lanes replaced by the
-//! canonical NaN, as the element path does). Elements past the last whole block go through
-//! the element-at-a-time path.
+//! edge inputs, NaN/Inf/subnormals included). On x86_64 the loops are compiled for the
+//! baseline target and with AVX2 enabled (fp8 also with AVX-512F), picked at run time
+//! (`is_x86_feature_detected!`, cached by std). The conversions there: bf16 and fp8 in
+//! AVX2 integer code, fp8 in AVX-512F code where the CPU has it (sixteen lanes, mask
+//! selects), f16 with the F16C conversion instructions when present (exact decode but for
+//! signalling NaNs, which come out quiet; round-to-nearest-even encode with NaN lanes
+//! replaced by the canonical NaN, as the element path does). Elements past the last whole
+//! block go through the element-at-a-time path.
 
 use super::convert::{
     bf16_bits_to_f32, e4m3_to_f32, e5m2_to_f32, f16_bits_to_f32, f32_to_e4m3, f32_to_e5m2,
-    f32_to_f16_bits,
+    f32_to_f16_bits, Fp8Format, E4M3_FORMAT, E5M2_FORMAT,
 };
 use super::kinds::{Kind, BF16, E4M3, E5M2, F16, F32};
 
@@ -28,6 +29,8 @@ pub(crate) trait Lanes: Kind<A = f32> {
     const IS_F16: bool = false;
     /// True only for [`BF16`] (which has an AVX2 path on x86_64).
     const IS_BF16: bool = false;
+    /// The format's parameters for the FP8 types (which have an AVX2 path on x86_64).
+    const FP8: Option<Fp8Format> = None;
     /// Element bits (low `8 * N` bits of the `u32`) -> exact f32.
     fn dec1(bits: u32) -> f32;
     /// f32 -> element bits, rounded as [`Kind::put`] does; branch-free.
@@ -106,6 +109,7 @@ impl Lanes for BF16 {
 }
 
 impl Lanes for E4M3 {
+    const FP8: Option<Fp8Format> = Some(E4M3_FORMAT);
     #[inline(always)]
     fn dec1(bits: u32) -> f32 {
         e4m3_to_f32(bits as u8)
@@ -117,6 +121,7 @@ impl Lanes for E4M3 {
 }
 
 impl Lanes for E5M2 {
+    const FP8: Option<Fp8Format> = Some(E5M2_FORMAT);
     #[inline(always)]
     fn dec1(bits: u32) -> f32 {
         e5m2_to_f32(bits as u8)
@@ -315,168 +320,28 @@ unsafe fn update2_op<C: Codec>(op: LaneOp, acc: &mut [u8], b: &[u8]) {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
-    use super::*;
-    use std::arch::x86_64::*;
+mod x86;
 
-    /// f16 through the F16C conversion instructions (`vcvtph2ps` is exact; `vcvtps2ph`
-    /// with round-to-nearest-even is IEEE's conversion; NaN lanes are then replaced by
-    /// the canonical `0x7FFF`, as [`super::super::convert::f32_to_f16_bits`] does).
-    /// Needs AVX2 and F16C.
-    pub(super) struct HwF16;
+/// One codec of a format as safe functions (tests only): its name, [`Lanes::decode`] and
+/// [`Lanes::encode`] as it does them.
+#[cfg(test)]
+pub(super) struct TestCodec {
+    pub(super) name: &'static str,
+    pub(super) decode: fn(&[u8], &mut [f32; B]),
+    pub(super) encode: fn(&[f32; B], &mut [u8]),
+}
 
-    impl Codec for HwF16 {
-        type K = F16;
-        #[inline(always)]
-        unsafe fn decode(src: &[u8], out: &mut [f32; B]) {
-            let src = &src[..B * 2];
-            for k in 0..B / 8 {
-                // SAFETY: bytes 16k..16k+16 are inside `src` (B * 2 bytes) and `out` has
-                // lanes 8k..8k+8; unaligned load/store; F16C/AVX present (caller).
-                unsafe {
-                    let h = _mm_loadu_si128(src.as_ptr().add(16 * k).cast());
-                    _mm256_storeu_ps(out.as_mut_ptr().add(8 * k), _mm256_cvtph_ps(h));
-                }
-            }
-        }
-        #[inline(always)]
-        unsafe fn encode(v: &[f32; B], dst: &mut [u8]) {
-            let dst = &mut dst[..B * 2];
-            for k in 0..B / 8 {
-                // SAFETY: lanes 8k..8k+8 of `v`, bytes 16k..16k+16 of `dst` (B * 2
-                // bytes); unaligned load/store; AVX2/F16C present (caller).
-                unsafe {
-                    let x = _mm256_loadu_ps(v.as_ptr().add(8 * k));
-                    let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x);
-                    let nan = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_UNORD_Q>(x, x));
-                    let m = _mm_packs_epi32(
-                        _mm256_castsi256_si128(nan),
-                        _mm256_extracti128_si256::<1>(nan),
-                    );
-                    let r = _mm_blendv_epi8(h, _mm_set1_epi16(0x7FFF), m);
-                    _mm_storeu_si128(dst.as_mut_ptr().add(16 * k).cast(), r);
-                }
-            }
-        }
-    }
-
-    /// bf16 with AVX2 integer instructions: decode is a zero-extend and shift; encode adds
-    /// `0x7FFF + lsb` and shifts (round to nearest even, as
-    /// [`super::super::convert::f32_to_bf16_bits`]), NaN lanes become `0x7FFF`. Needs AVX2.
-    pub(super) struct HwBf16;
-
-    impl Codec for HwBf16 {
-        type K = BF16;
-        #[inline(always)]
-        unsafe fn decode(src: &[u8], out: &mut [f32; B]) {
-            let src = &src[..B * 2];
-            for k in 0..B / 8 {
-                // SAFETY: bytes 16k..16k+16 are inside `src` (B * 2 bytes), lanes 8k..8k+8
-                // inside `out`; unaligned load/store; AVX2 present (caller).
-                unsafe {
-                    let h = _mm_loadu_si128(src.as_ptr().add(16 * k).cast());
-                    let w = _mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h));
-                    _mm256_storeu_ps(out.as_mut_ptr().add(8 * k), _mm256_castsi256_ps(w));
-                }
-            }
-        }
-        #[inline(always)]
-        unsafe fn encode(v: &[f32; B], dst: &mut [u8]) {
-            let dst = &mut dst[..B * 2];
-            for k in 0..B / 8 {
-                // SAFETY: lanes 8k..8k+8 of `v`, bytes 16k..16k+16 of `dst` (B * 2
-                // bytes); unaligned load/store; AVX2 present (caller).
-                unsafe {
-                    let x = _mm256_castps_si256(_mm256_loadu_ps(v.as_ptr().add(8 * k)));
-                    let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(x), _mm256_set1_epi32(1));
-                    let bias = _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), lsb);
-                    let r = _mm256_srli_epi32::<16>(_mm256_add_epi32(x, bias));
-                    let abs = _mm256_and_si256(x, _mm256_set1_epi32(0x7FFF_FFFF));
-                    let nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7F80_0000));
-                    let r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FFF), nan);
-                    // every lane <= 0xFFFF: the unsigned-saturating pack is exact; it packs
-                    // within 128-bit halves, so gather quadwords 0 and 2
-                    let p = _mm256_permute4x64_epi64::<0b1000>(_mm256_packus_epi32(r, r));
-                    _mm_storeu_si128(
-                        dst.as_mut_ptr().add(16 * k).cast(),
-                        _mm256_castsi256_si128(p),
-                    );
-                }
-            }
-        }
-    }
-
-    /// [`map2_op`] compiled for AVX2.
-    ///
-    /// # Safety
-    /// The CPU must support AVX2, and `C` needs nothing more.
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn map2<C: Codec>(op: LaneOp, dst: &mut [u8], a: &[u8], b: &[u8]) {
-        // SAFETY: C needs at most AVX2, promised by the caller.
-        unsafe { map2_op::<C>(op, dst, a, b) }
-    }
-
-    /// [`update2_op`] compiled for AVX2.
-    ///
-    /// # Safety
-    /// The CPU must support AVX2, and `C` needs nothing more.
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn update2<C: Codec>(op: LaneOp, acc: &mut [u8], b: &[u8]) {
-        // SAFETY: C needs at most AVX2, promised by the caller.
-        unsafe { update2_op::<C>(op, acc, b) }
-    }
-
-    /// [`scale_with`] compiled for AVX2.
-    ///
-    /// # Safety
-    /// The CPU must support AVX2, and `C` needs nothing more.
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn scale<C: Codec>(dst: &mut [u8], src: &[u8], s: f32) {
-        // SAFETY: C needs at most AVX2, promised by the caller.
-        unsafe { scale_with::<C>(dst, src, s) }
-    }
-
-    /// f16 [`map2_op`] with F16C.
-    ///
-    /// # Safety
-    /// The CPU must support AVX2 and F16C.
-    #[target_feature(enable = "avx2,f16c")]
-    pub(super) unsafe fn map2_f16(op: LaneOp, dst: &mut [u8], a: &[u8], b: &[u8]) {
-        // SAFETY: the features HwF16 needs are enabled here and promised by the caller.
-        unsafe { map2_op::<HwF16>(op, dst, a, b) }
-    }
-
-    /// f16 [`update2_op`] with F16C.
-    ///
-    /// # Safety
-    /// The CPU must support AVX2 and F16C.
-    #[target_feature(enable = "avx2,f16c")]
-    pub(super) unsafe fn update2_f16(op: LaneOp, acc: &mut [u8], b: &[u8]) {
-        // SAFETY: as for map2_f16.
-        unsafe { update2_op::<HwF16>(op, acc, b) }
-    }
-
-    /// f16 [`scale_with`] with F16C.
-    ///
-    /// # Safety
-    /// The CPU must support AVX2 and F16C.
-    #[target_feature(enable = "avx2,f16c")]
-    pub(super) unsafe fn scale_f16(dst: &mut [u8], src: &[u8], s: f32) {
-        // SAFETY: as for map2_f16.
-        unsafe { scale_with::<HwF16>(dst, src, s) }
-    }
-
-    /// AVX2 support (cached by std after the first call).
-    #[inline(always)]
-    pub(super) fn avx2() -> bool {
-        std::arch::is_x86_feature_detected!("avx2")
-    }
-
-    /// AVX2 and F16C support.
-    #[inline(always)]
-    pub(super) fn f16c() -> bool {
-        avx2() && std::arch::is_x86_feature_detected!("f16c")
-    }
+/// Every codec of `K` this CPU can run: the portable one, then the hardware ones.
+#[cfg(test)]
+pub(super) fn codecs_for_tests<K: Lanes>() -> Vec<TestCodec> {
+    let mut out = vec![TestCodec {
+        name: "portable",
+        decode: |s, o| K::decode(s, o),
+        encode: |v, d| K::encode(v, d),
+    }];
+    #[cfg(target_arch = "x86_64")]
+    out.extend(x86::codecs_for_tests::<K>());
+    out
 }
 
 /// `dst[i] = op(a[i], b[i])` over whole elements of the shortest slice.
@@ -490,6 +355,14 @@ pub(crate) fn map2<K: Lanes>(op: LaneOp, dst: &mut [u8], a: &[u8], b: &[u8]) {
         if K::IS_BF16 && x86::avx2() {
             // SAFETY: AVX2 support was just checked; HwBf16 needs only AVX2; K is BF16.
             return unsafe { x86::map2::<x86::HwBf16>(op, dst, a, b) };
+        }
+        if K::FP8.is_some() && x86::avx512f() {
+            // SAFETY: AVX-512F support was just checked; HwFp8x16 needs only that.
+            return unsafe { x86::map2_x16::<x86::HwFp8x16<K>>(op, dst, a, b) };
+        }
+        if K::FP8.is_some() && x86::avx2() {
+            // SAFETY: AVX2 support was just checked; HwFp8 needs only AVX2; K is an FP8 kind.
+            return unsafe { x86::map2::<x86::HwFp8<K>>(op, dst, a, b) };
         }
         if x86::avx2() {
             // SAFETY: AVX2 support was just checked; Soft needs no feature.
@@ -512,6 +385,14 @@ pub(crate) fn update2<K: Lanes>(op: LaneOp, acc: &mut [u8], b: &[u8]) {
             // SAFETY: AVX2 support was just checked; HwBf16 needs only AVX2; K is BF16.
             return unsafe { x86::update2::<x86::HwBf16>(op, acc, b) };
         }
+        if K::FP8.is_some() && x86::avx512f() {
+            // SAFETY: AVX-512F support was just checked; HwFp8x16 needs only that.
+            return unsafe { x86::update2_x16::<x86::HwFp8x16<K>>(op, acc, b) };
+        }
+        if K::FP8.is_some() && x86::avx2() {
+            // SAFETY: AVX2 support was just checked; HwFp8 needs only AVX2; K is an FP8 kind.
+            return unsafe { x86::update2::<x86::HwFp8<K>>(op, acc, b) };
+        }
         if x86::avx2() {
             // SAFETY: AVX2 support was just checked; Soft needs no feature.
             return unsafe { x86::update2::<Soft<K>>(op, acc, b) };
@@ -532,6 +413,14 @@ pub(crate) fn scale<K: Lanes>(dst: &mut [u8], src: &[u8], s: f32) {
         if K::IS_BF16 && x86::avx2() {
             // SAFETY: AVX2 support was just checked; HwBf16 needs only AVX2; K is BF16.
             return unsafe { x86::scale::<x86::HwBf16>(dst, src, s) };
+        }
+        if K::FP8.is_some() && x86::avx512f() {
+            // SAFETY: AVX-512F support was just checked; HwFp8x16 needs only that.
+            return unsafe { x86::scale_x16::<x86::HwFp8x16<K>>(dst, src, s) };
+        }
+        if K::FP8.is_some() && x86::avx2() {
+            // SAFETY: AVX2 support was just checked; HwFp8 needs only AVX2; K is an FP8 kind.
+            return unsafe { x86::scale::<x86::HwFp8<K>>(dst, src, s) };
         }
         if x86::avx2() {
             // SAFETY: AVX2 support was just checked; Soft needs no feature.
