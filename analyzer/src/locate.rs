@@ -530,8 +530,8 @@ pub(crate) fn slow_links(chans: &[Vec<Option<ChanWait>>]) -> (Vec<u32>, Vec<Slow
 /// A slow link found by [`slow_wires`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct WireLink {
-    /// Channel.
-    pub channel: u32,
+    /// Channel (`None`: a link of an algorithm whose peers differ by step, [`slow_senders`]).
+    pub channel: Option<u32>,
     /// Sender.
     pub from: u32,
     /// Receiver.
@@ -580,7 +580,7 @@ pub(crate) fn slow_wires(chans: &[Vec<(Option<f64>, u32)>]) -> (Vec<u32>, Vec<Wi
             continue;
         };
         links.push(WireLink {
-            channel: c as u32,
+            channel: Some(c as u32),
             from: from as u32,
             to: to as u32,
             wire: share,
@@ -599,6 +599,47 @@ pub(crate) fn slow_wires(chans: &[Vec<(Option<f64>, u32)>]) -> (Vec<u32>, Vec<Wi
         .collect();
     roots.sort_unstable();
     (roots, links)
+}
+
+/// S2 by time on the wire for algorithms whose inbound messages come from a different peer
+/// at each step (Tree: recursive doubling), where the rates advance in lockstep and a
+/// channel has no single upstream: every link `(from, to, share)` is a sending peer's
+/// share of the receiver's operation time on the wire (`OpRecord.peer_wire`). A link
+/// stands out when its share is at least [`LINK_MARGIN`] and exceeds the median of all
+/// links by [`LINK_MARGIN`]; each such link gives its sender a vote and the senders with
+/// the most votes are the root (a slow egress slows every link the rank sends on; a slow
+/// ingress spreads its votes over the receiver's partners instead). Returns (roots, links).
+pub(crate) fn slow_senders(links: &[(u32, u32, f64)]) -> (Vec<u32>, Vec<WireLink>) {
+    if links.len() < 2 {
+        return (Vec::new(), Vec::new());
+    }
+    let mut shares: Vec<f64> = links.iter().map(|l| l.2).collect();
+    let med = median(&mut shares);
+    let found: Vec<WireLink> = links
+        .iter()
+        .filter(|&&(from, to, share)| {
+            from != to && share >= LINK_MARGIN && share - med >= LINK_MARGIN
+        })
+        .map(|&(from, to, wire)| WireLink {
+            channel: None,
+            from,
+            to,
+            wire,
+            median: med,
+        })
+        .collect();
+    let mut votes: HashMap<u32, u32> = HashMap::new();
+    for l in &found {
+        *votes.entry(l.from).or_default() += 1;
+    }
+    let top = votes.values().copied().max().unwrap_or(0);
+    let mut roots: Vec<u32> = votes
+        .iter()
+        .filter(|(_, v)| **v == top)
+        .map(|(r, _)| *r)
+        .collect();
+    roots.sort_unstable();
+    (roots, found)
 }
 
 /// S2 when no slow link stands out: the rank that waited least. In a lockstep ring a rank
@@ -1120,7 +1161,10 @@ mod tests {
         let (roots, links) = slow_wires(&[ch.clone(), ch]);
         assert_eq!(roots, vec![1]);
         assert_eq!(links.len(), 2);
-        assert_eq!((links[0].from, links[0].to, links[1].channel), (1, 2, 1));
+        assert_eq!(
+            (links[0].from, links[0].to, links[1].channel),
+            (1, 2, Some(1))
+        );
         assert!((links[0].wire - 0.25).abs() < 1e-12);
         // Another ring order on channel 1 (0 -> 2 -> 1 -> 3 -> 0) with the sender 1 slow
         // again: its receiver there is 3; the votes still name rank 1 alone.
@@ -1132,6 +1176,48 @@ mod tests {
         ];
         let ch0 = wire_ring(&[Some(0.01), Some(0.012), Some(0.25), Some(0.008)]);
         assert_eq!(slow_wires(&[ch0, other]).0, vec![1]);
+    }
+
+    #[test]
+    fn slow_senders_names_the_rank_whose_links_crawl() {
+        // Recursive doubling on 4 ranks, rank 1's egress slow: its messages to 0 (step 1)
+        // and to 3 (step 2) spend half the receivers' time on the wire; its slow
+        // acknowledgements slow 0 -> 1 a little too.
+        let links = [
+            (1, 0, 0.5),
+            (0, 1, 0.08),
+            (3, 2, 0.01),
+            (2, 3, 0.01),
+            (2, 0, 0.02),
+            (0, 2, 0.01),
+            (1, 3, 0.45),
+            (3, 1, 0.02),
+        ];
+        let (roots, found) = slow_senders(&links);
+        assert_eq!(roots, vec![1]);
+        let got: Vec<(u32, u32)> = found.iter().map(|l| (l.from, l.to)).collect();
+        assert_eq!(got, vec![(1, 0), (1, 3)]);
+        assert!(found.iter().all(|l| l.channel.is_none()));
+        // Two ranks: the slow direction stands out from the median of the two.
+        assert_eq!(slow_senders(&[(0, 1, 0.02), (1, 0, 0.6)]).0, vec![1]);
+    }
+
+    #[test]
+    fn slow_senders_needs_a_link_that_stands_out() {
+        let uniform = [(0, 1, 0.3), (1, 0, 0.31), (2, 3, 0.29), (3, 2, 0.3)];
+        let small = [(0, 1, 0.0), (1, 0, 0.09), (2, 3, 0.0), (3, 2, 0.01)];
+        for l in [&uniform[..], &small[..], &[(0, 1, 0.9)][..], &[][..]] {
+            assert_eq!(slow_senders(l), (Vec::new(), Vec::new()));
+        }
+        // A slow ingress at rank 2: every link into it stands out, one vote per sender.
+        let ingress = [
+            (0, 2, 0.4),
+            (3, 2, 0.45),
+            (2, 0, 0.0),
+            (2, 3, 0.01),
+            (0, 1, 0.0),
+        ];
+        assert_eq!(slow_senders(&ingress).0, vec![0, 3]);
     }
 
     #[test]

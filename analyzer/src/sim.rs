@@ -466,7 +466,7 @@ impl Sim {
             class,
             Some(AnomalyClass::S2CommunicationSlow | AnomalyClass::S3MixedSlow)
         );
-        let barrier = cfg.barrier_every > 0 && r % u64::from(cfg.barrier_every) == 0;
+        let barrier = cfg.barrier_every > 0 && r.is_multiple_of(u64::from(cfg.barrier_every));
         let coll = if barrier || cfg.algo == SimAlgo::Tree {
             wire::CollKind::AllReduce
         } else {
@@ -801,6 +801,7 @@ impl Sim {
             frozen_ns: None,
             duration_estimated: false,
             elsewhere_ns: None,
+            peer_wire: Vec::new(),
             gap_ns: None,
             stride: 0,
             failure: 0,

@@ -50,6 +50,7 @@ fn rec(comm: u64, c: u64, rank: u32, n: u32, state: OpState, dur: u64) -> OpReco
         frozen_ns: None,
         duration_estimated: false,
         elsewhere_ns: None,
+        peer_wire: Vec::new(),
         gap_ns: None,
         stride: 0,
         failure: 0,

@@ -177,6 +177,7 @@ impl RecordGen {
             frozen_ns: None,
             duration_estimated: false,
             elsewhere_ns: None,
+            peer_wire: Vec::new(),
             gap_ns: None,
             stride: 0,
             failure: 0,

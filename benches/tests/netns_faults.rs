@@ -26,6 +26,38 @@ use benches::real_faults::{parse_incidents, Incident};
 
 const RANKS: usize = 4;
 
+/// What the job runs, and how a rate-limit case limits it.
+#[derive(Clone, Copy, Debug)]
+struct Load {
+    /// `all_reduce_perf -b/-e`.
+    size: &'static str,
+    /// The `tbf` rate of a rate-limited link.
+    rate: &'static str,
+    /// `CCLD_SLOW_THETA` for the rate-limit case (the shared windows' 25 where `None`).
+    theta: Option<&'static str>,
+}
+
+/// 8 MiB AllReduces (rings, 60 .. 80 ms each here). The shared windows' theta (25) is
+/// sized for operations of 0.2 .. 0.5 ms, where one descheduling of a few ms is a large R;
+/// for these the same descheduling is R < 0.3 and the paper's theta (about 3) applies; 100
+/// Mbit/s makes them about 1 s (R about 12, measured).
+const RING_8M: Load = Load {
+    size: "8M",
+    rate: "100mbit",
+    theta: Some("3"),
+};
+
+/// 16 KiB AllReduces, which the automatic choice runs as Tree over sockets (up to 32 KiB
+/// at more than 2 ranks, `hostalgo::tree_limit`): recursive doubling, every rank exchanging
+/// with a partner per step, no ring; 0.1 .. 0.3 ms each here. 10 Mbit/s makes the 32 KiB
+/// each rank sends per operation take 26 ms or more (R about 100), clear of the shared
+/// theta.
+const TREE_16K: Load = Load {
+    size: "16K",
+    rate: "10mbit",
+    theta: None,
+};
+
 #[derive(Clone, Copy, Debug)]
 enum LinkFault {
     Kill,
@@ -54,15 +86,16 @@ fn start(
     bin: &std::path::Path,
     report: &std::path::Path,
     env: &[(&str, &str)],
+    size: &str,
 ) -> Job {
     let uid = bin.join(format!("netns-faults-uid-{}", std::process::id()));
     let _ = std::fs::remove_file(&uid);
     let pids = Arc::new(Mutex::new(vec![None; RANKS]));
     let args = [
         "-b",
-        "8M",
+        size,
         "-e",
-        "8M",
+        size,
         "-n",
         "100000000",
         "-w",
@@ -143,7 +176,12 @@ fn incidents(report: &std::path::Path) -> Vec<Incident> {
 
 /// Runs the job, applies `fault` to host `victim` after a warm-up, and returns what the
 /// analyzer reported within 15 s (and 2 s more after the first incident), with the delay.
-fn run(fault: LinkFault, victim: usize, set: u8) -> Option<(Vec<Incident>, Option<Duration>)> {
+fn run(
+    fault: LinkFault,
+    victim: usize,
+    set: u8,
+    load: Load,
+) -> Option<(Vec<Incident>, Option<Duration>)> {
     let hosts = Hosts::for_test(RANKS, set)?;
     let bin = profile_dir().expect("profile dir");
     cargo_build(&bin, &["-p", "ccl-ffi", "--lib"]).expect("build libnccl.so.2");
@@ -154,15 +192,11 @@ fn run(fault: LinkFault, victim: usize, set: u8) -> Option<(Vec<Incident>, Optio
     .expect("build all_reduce_perf");
     let report = bin.join(format!("netns-faults-{}.jsonl", std::process::id()));
     let _ = std::fs::remove_file(&report);
-    // The shared windows' theta (25) is sized for operations of 0.2 .. 0.5 ms, where one
-    // descheduling of a few ms is a large R. These 8 MiB operations take 60 .. 80 ms here,
-    // so the same descheduling is R < 0.3 and the paper's theta (about 3) applies; the
-    // rate limit makes them about 1 s (R about 12, measured).
-    let env: &[(&str, &str)] = match fault {
-        LinkFault::RateLimit => &[("CCLD_SLOW_THETA", "3")],
-        _ => &[],
+    let env: Vec<(&str, &str)> = match (fault, load.theta) {
+        (LinkFault::RateLimit, Some(theta)) => vec![("CCLD_SLOW_THETA", theta)],
+        _ => Vec::new(),
     };
-    let mut job = start(&hosts, &bin, &report, env);
+    let mut job = start(&hosts, &bin, &report, &env, load.size);
     let t0 = Instant::now();
     while job.pids.lock().unwrap().iter().any(Option::is_none) {
         assert!(
@@ -187,7 +221,7 @@ fn run(fault: LinkFault, victim: usize, set: u8) -> Option<(Vec<Incident>, Optio
             let ns = hosts.namespace(victim);
             let out = std::process::Command::new("tc")
                 .args(["-n", &ns, "qdisc", "add", "dev", &link, "root", "tbf"])
-                .args(["rate", "100mbit", "burst", "64kb", "latency", "50ms"])
+                .args(["rate", load.rate, "burst", "64kb", "latency", "50ms"])
                 .output()
                 .expect("run tc");
             assert!(
@@ -225,11 +259,26 @@ fn run(fault: LinkFault, victim: usize, set: u8) -> Option<(Vec<Incident>, Optio
     Some((seen, first))
 }
 
+/// [`check_load`] with the 8 MiB ring operations of most cases.
 fn check(fault: LinkFault, victim: usize, set: u8, classes: &[&str], exited: bool) {
-    let Some((seen, delay)) = run(fault, victim, set) else {
+    check_load(fault, victim, set, RING_8M, classes, exited)
+}
+
+/// Runs the job under `load`, applies `fault` to host `victim`, and asserts that the first
+/// incident is one of `classes` naming only `victim` (and that no incident names another
+/// rank).
+fn check_load(
+    fault: LinkFault,
+    victim: usize,
+    set: u8,
+    load: Load,
+    classes: &[&str],
+    exited: bool,
+) {
+    let Some((seen, delay)) = run(fault, victim, set, load) else {
         return;
     };
-    eprintln!("{fault:?} of host {victim}: after {delay:?}:");
+    eprintln!("{fault:?} of host {victim} ({load:?}): after {delay:?}:");
     for i in &seen {
         eprintln!("  {} {}", i.describe(), i.summary);
     }
@@ -267,6 +316,13 @@ fn killing_a_remote_rank_is_named_as_its_process_death() {
 fn a_rate_limited_link_is_named_communication_slow() {
     check(LinkFault::RateLimit, 1, 5, &["S2"], false);
     check(LinkFault::RateLimit, 3, 6, &["S2"], false);
+}
+
+/// The same under small AllReduces, which run as Tree ([`TREE_16K`]).
+#[test]
+fn a_rate_limited_link_under_tree_operations_is_named_communication_slow() {
+    check_load(LinkFault::RateLimit, 1, 9, TREE_16K, &["S2"], false);
+    check_load(LinkFault::RateLimit, 2, 9, TREE_16K, &["S2"], false);
 }
 
 /// A hang at the rank behind the link: H1 (not entered) when the link went down between

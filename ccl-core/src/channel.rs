@@ -410,7 +410,7 @@ fn recv_patiently(boot: &Bootstrap, peer: usize, tag: u32, abort: &AtomicBool) -
         match boot.recv_timeout(peer, tag, SLICE) {
             Err(CclError::Timeout(_)) => {
                 waited += SLICE;
-                if waited.as_millis() % 60_000 == 0 {
+                if waited.as_millis().is_multiple_of(60_000) {
                     tracing::info!(target: "nccl::P2P", rank = boot.rank(),
                         "still waiting for rank {peer} to post its matching p2p operation ({} s)",
                         waited.as_secs());
@@ -575,6 +575,18 @@ impl Transport {
             .as_ref()?
             .wire_ns(prev, StreamId::ring(ch))
             .cloned()
+    }
+
+    /// The wire-time counters of the Tree's messages from `prev` (its Simple and its LL
+    /// stream) when `prev` is reached over sockets; none otherwise.
+    pub(crate) fn tree_wire(&self, prev: usize) -> Vec<Arc<AtomicU64>> {
+        let Some(r) = self.remote.as_ref() else {
+            return Vec::new();
+        };
+        [StreamId::tree(0), StreamId::tree_ll()]
+            .into_iter()
+            .filter_map(|id| r.wire_ns(prev, id).cloned())
+            .collect()
     }
 
     /// Whether some peer is reached through the socket transport.

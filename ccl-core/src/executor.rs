@@ -160,6 +160,9 @@ impl WorkerHandle {
             sel,
             tree_steps,
             scratch2: Vec::new(),
+            tree_wire: None,
+            tree_wire_start: Vec::new(),
+            peer_wire: Vec::new(),
             probe_next: ProbeStart::default(),
             probe_pending: false,
             probe_timed: true,
@@ -254,6 +257,14 @@ pub(crate) struct Worker {
     tree_steps: Vec<crate::tree::TreeStep>,
     /// Second scratch buffer (Tree merges with the partial of a lower rank first).
     scratch2: Vec<u8>,
+    /// The wire-time counters of the Tree's inbound messages, by sending peer, over
+    /// sockets (looked up at the first probed Tree operation; empty without socket peers),
+    /// and their values at the current operation's start (`executor_tree.rs`).
+    tree_wire: Option<Vec<(u32, Arc<AtomicU64>)>>,
+    tree_wire_start: Vec<u64>,
+    /// The current operation's inbound wire time by sending peer, for its completion
+    /// record ([`probe::Source::op_done_wire`]); cleared at its end.
+    peer_wire: Vec<probe::PeerWire>,
     /// The current operation's probe start ([`Worker::probe_start`]), kept in place (no
     /// copy per operation); `probe_pending`: a Tree operation runs it once its first
     /// message is sent ([`Worker::start_pending_probe`]).

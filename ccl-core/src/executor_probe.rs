@@ -89,7 +89,7 @@ impl Worker {
         let fin = sh.op_log.finish(counter, end, r.is_ok());
         if let (Some(src), Some(fin)) = (&sh.source, fin) {
             match r {
-                Ok(()) => src.op_done(&fin),
+                Ok(()) => src.op_done_wire(&fin, &self.peer_wire),
                 Err(e) => {
                     let f = self
                         .failure
@@ -100,5 +100,6 @@ impl Worker {
                 }
             }
         }
+        self.peer_wire.clear();
     }
 }

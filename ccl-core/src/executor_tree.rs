@@ -76,6 +76,9 @@ impl Worker {
                 usize::MAX
             }),
         };
+        if op.block.is_some() && self.t.uses_sockets() {
+            self.mark_tree_wire(&steps);
+        }
         let mut acc = std::mem::take(&mut self.scratch);
         let mut tmp = std::mem::take(&mut self.scratch2);
         acc.resize(chunk.min(op.bytes), 0);
@@ -93,7 +96,48 @@ impl Worker {
         self.scratch = acc;
         self.scratch2 = tmp;
         self.tree_steps = steps;
+        if op.block.is_some() && r.is_ok() {
+            self.take_tree_wire();
+        }
         r
+    }
+
+    /// Notes the wire-time counters of the peers this rank receives from (over sockets)
+    /// at the operation's start. Each peer sends to this rank in one step of the operation
+    /// at most (fold-in, one exchange per doubling step, fold-out: all different ranks),
+    /// so a counter's growth is that step's; a neighbouring operation's messages that
+    /// overlap blur it by at most one message, as on the ring.
+    fn mark_tree_wire(&mut self, steps: &[crate::tree::TreeStep]) {
+        if self.tree_wire.is_none() {
+            let mut v = Vec::new();
+            for st in steps.iter().filter(|st| st.messages().1 > 0) {
+                for c in self.t.tree_wire(st.peer()) {
+                    v.push((st.peer() as u32, c));
+                }
+            }
+            self.tree_wire = Some(v);
+        }
+        let counters = self.tree_wire.as_deref().unwrap_or(&[]);
+        self.tree_wire_start.clear();
+        self.tree_wire_start
+            .extend(counters.iter().map(|(_, c)| c.load(Ordering::Relaxed)));
+    }
+
+    /// The counters' growth since [`Worker::mark_tree_wire`], by sending peer, into
+    /// `peer_wire` for the operation's completion record.
+    fn take_tree_wire(&mut self) {
+        let counters = self.tree_wire.as_deref().unwrap_or(&[]);
+        for ((from, c), start) in counters.iter().zip(&self.tree_wire_start) {
+            let ns = c.load(Ordering::Relaxed).saturating_sub(*start);
+            match self.peer_wire.iter_mut().find(|w| w.from == *from) {
+                Some(w) => w.wire_ns += ns,
+                None => self.peer_wire.push(probe::PeerWire {
+                    from: *from,
+                    wire_ns: ns,
+                }),
+            }
+        }
+        self.tree_wire_start.clear();
     }
 
     fn tree_chunk(
@@ -387,7 +431,8 @@ impl Worker {
                 self.check_partner(op, peer)?;
             }
             w.polls = w.polls.wrapping_add(1);
-            let check_now = !w.backoff.is_timed_spin() || w.polls % Backoff::CLOCK_EVERY == 0;
+            let check_now =
+                !w.backoff.is_timed_spin() || w.polls.is_multiple_of(Backoff::CLOCK_EVERY);
             if check_now && self.check_peers(&mut w.peer_check, super::now_ns(), [peer])? {
                 continue;
             }

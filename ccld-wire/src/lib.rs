@@ -98,6 +98,7 @@ mod tests {
             frozen_ns: None,
             duration_estimated: false,
             elsewhere_ns: None,
+            peer_wire: Vec::new(),
             gap_ns: None,
             stride: 0,
             failure: 0,

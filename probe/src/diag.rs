@@ -255,6 +255,18 @@ struct Done {
     /// Its sequence-space identity, copied at completion (the ring is as short as the op
     /// log's).
     id: Option<OpSeq>,
+    /// Inbound wire time by sending peer ([`Source::op_done_wire`]); empty (no
+    /// allocation) for every operation without socket peers that differ by step.
+    peer_wire: Vec<PeerWire>,
+}
+
+/// The time one sending peer's inbound messages of an operation spent on the wire, first
+/// byte to last, measured by the receiving socket proxy (the record's `peer_wire`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PeerWire {
+    /// The sending rank.
+    pub from: u32,
+    pub wire_ns: u64,
 }
 
 /// A rank's computation gap before an operation ([`Source::gap_before`]).
@@ -368,6 +380,7 @@ impl Source {
             thinning,
             failure: None,
             id: self.seqs.get(counter),
+            peer_wire: Vec::new(),
         }
     }
 
@@ -410,7 +423,7 @@ impl Source {
     fn stride_for(&self, counter: u64, start_ns: u64) -> u32 {
         let t = &self.thin;
         let mut stride = t.stride.load(Ordering::Relaxed).max(1);
-        if counter % thin::EPOCH_OPS == 0 {
+        if counter.is_multiple_of(thin::EPOCH_OPS) {
             let prev = t.epoch_counter.load(Ordering::Relaxed);
             if counter >= thin::EPOCH_OPS && prev == counter - thin::EPOCH_OPS + 1 {
                 let took = start_ns.saturating_sub(t.epoch_start_ns.load(Ordering::Relaxed));
@@ -447,7 +460,7 @@ impl Source {
         // The previous start predicted this collective's selection under the same stride,
         // unless the stride changed here.
         let predicted = t.predicted.load(Ordering::Relaxed);
-        let report = if predicted >> 1 == key + 1 && local % thin::EPOCH_OPS != 0 {
+        let report = if predicted >> 1 == key + 1 && !local.is_multiple_of(thin::EPOCH_OPS) {
             predicted & 1 == 1
         } else {
             thin::selected(comm, key, stride)
@@ -464,7 +477,7 @@ impl Source {
         let next = thin::selected(comm, next_coll, stride);
         t.predicted
             .store((next_coll + 1) << 1 | u64::from(next), Ordering::Relaxed);
-        report || next || (local + 1) % thin::EPOCH_OPS == 0
+        report || next || (local + 1).is_multiple_of(thin::EPOCH_OPS)
     }
 
     /// When operation `local`, started at `start_ns`, ended: the clock when `timed` (what
@@ -492,6 +505,14 @@ impl Source {
     /// returned: unless thinning leaves it out ([`thin`]), copies its counters and queues
     /// them for the diagnostic thread without blocking.
     pub fn op_done(&self, snap: &OpSnapshot) {
+        self.op_done_wire(snap, &[]);
+    }
+
+    /// [`Source::op_done`] with the operation's inbound wire time by sending peer, for
+    /// operations whose inbound messages come from a different peer at each step (a Tree
+    /// over sockets; a ring's wire time goes into its frame channels instead). Copied into
+    /// the record only if the completion is reported.
+    pub fn op_done_wire(&self, snap: &OpSnapshot, peer_wire: &[PeerWire]) {
         let Some(thinning) = self.thin_completion(snap) else {
             return;
         };
@@ -503,7 +524,8 @@ impl Source {
         if self.ident.device < 0 {
             self.note_exec_tid();
         }
-        let msg = self.done_message(snap, thinning);
+        let mut msg = self.done_message(snap, thinning);
+        msg.peer_wire = peer_wire.to_vec();
         if global().done_tx.try_send(msg).is_err() {
             // Full queue (or no diagnostic thread): dropped, counted.
             count_drop(1);

@@ -30,7 +30,7 @@ mod standby;
 pub mod thin;
 pub mod wire;
 
-pub use diag::{now_ns, register, Identity, Source};
+pub use diag::{now_ns, register, Identity, PeerWire, Source};
 pub use failure::{DescriptorMismatch, Failure, FailureCause, OpDescriptor, PeerLost};
 pub use frame::{
     ext_bytes, ChannelCounts, ChannelWaits, Frame, FrameBlock, FrameHeader, FrameHeaderSnapshot,

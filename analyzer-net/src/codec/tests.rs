@@ -4,7 +4,7 @@ use super::*;
 use bytes::BytesMut;
 use ccld_wire::{
     Batch, ChannelStat, DescriptorMismatch, OpDescriptor, OpState, OpTypeSet, P2pPeerSeq, PeerLost,
-    RankMembership, TraceId,
+    PeerWire, RankMembership, TraceId,
 };
 
 /// Small deterministic generator (xorshift64*).
@@ -84,6 +84,12 @@ fn random_record(g: &mut Rng) -> OpRecord {
         frozen_ns: g.chance(2).then(|| g.next()),
         duration_estimated: g.chance(2),
         elsewhere_ns: g.chance(2).then(|| g.below(1 << 30)),
+        peer_wire: (0..g.below(3))
+            .map(|k| PeerWire {
+                from: k as u32,
+                wire_ns: g.next(),
+            })
+            .collect(),
         gap_ns: g.chance(2).then(|| g.below(1 << 30)),
         stride: g.below(5) as u32,
         failure: g.below(7) as i32,

@@ -75,6 +75,7 @@ pub fn rec(comm: u64, op: u64, rank: u32, nranks: u32, dur_ns: u64) -> OpRecord 
         frozen_ns: None,
         duration_estimated: false,
         elsewhere_ns: None,
+        peer_wire: Vec::new(),
         gap_ns: None,
         stride: 0,
         failure: 0,

@@ -620,6 +620,23 @@ pub(super) fn locate_slow(
                 }
             }
         }
+        if algo == wire::Algorithm::Tree as i32 {
+            let links: Vec<(u32, u32, f64)> = comm
+                .ranks
+                .iter()
+                .enumerate()
+                .flat_map(|(j, ri)| {
+                    ri.window_peer_wire()
+                        .shares()
+                        .map(move |(from, share)| (from, j as u32, share))
+                })
+                .collect();
+            let (by_wire, found) = locate::slow_senders(&links);
+            if !by_wire.is_empty() {
+                s2 = by_wire;
+                wire_links = found;
+            }
+        }
         let by_wire = !wire_links.is_empty();
         if !by_links && !by_wire && !by_least_wait && algo == wire::Algorithm::Ring as i32 {
             let r = locate::usual_latecomer(
@@ -765,9 +782,9 @@ pub(super) fn locate_slow(
                     .filter(|l| l.from == j)
                     .take(4)
                     .map(|l| {
+                        let ch = l.channel.map_or(String::new(), |c| format!("ch {c}: "));
                         format!(
-                            "ch {}: {} -> {} (its messages spent {:.0}% of the receiver's time on the wire, median link {:.0}%)",
-                            l.channel,
+                            "{ch}{} -> {} (its messages spent {:.0}% of the receiver's time on the wire, median link {:.0}%)",
                             l.from,
                             l.to,
                             l.wire * 100.0,
@@ -798,7 +815,7 @@ pub(super) fn locate_slow(
                 roots.iter_mut().find(|x| x.rank == j),
             ) {
                 x.link_peer = Some(l.to);
-                x.channel = Some(l.channel);
+                x.channel = l.channel;
             }
             if by_links {
                 if let (Some(l), Some(x)) = (

@@ -544,6 +544,9 @@ impl Engine {
                 }
                 a.next = ch.ring_next.unwrap_or((rank + 1) % nranks);
             }
+            if !rec.peer_wire.is_empty() {
+                info.win_pw.add(rec.duration_ns, &rec.peer_wire);
+            }
         }
         if all_done {
             self.finalize(comm_id, idx, now_ns);
@@ -782,6 +785,10 @@ impl Engine {
             r.frozen.roll();
             r.win_send_rate = 0.0;
             r.win_recv_rate = 0.0;
+            let RankInfo {
+                win_pw, prev_pw, ..
+            } = r;
+            win_pw.roll_into(prev_pw);
             for a in &mut r.win_ch {
                 let next = a.next;
                 *a = ChanAcc {

@@ -215,6 +215,52 @@ pub(super) struct ChanAcc {
     pub(super) has_wire: bool,
 }
 
+/// Inbound wire time by sending peer over a window (`OpRecord.peer_wire`).
+#[derive(Clone, Debug, Default)]
+pub(super) struct PeerWireAcc {
+    /// Summed durations of the timed completions that carried `peer_wire`.
+    pub(super) dur_ns: u64,
+    /// (sending rank, wire ns) summed over those completions.
+    pub(super) from: Vec<(u32, u64)>,
+}
+
+impl PeerWireAcc {
+    /// Adds one completion of `dur_ns` with its `peer_wire`.
+    pub(super) fn add(&mut self, dur_ns: u64, peers: &[wire::PeerWire]) {
+        self.dur_ns = self.dur_ns.saturating_add(dur_ns);
+        for p in peers {
+            match self.from.iter_mut().find(|x| x.0 == p.from) {
+                Some(x) => x.1 = x.1.saturating_add(p.wire_ns),
+                None => self.from.push((p.from, p.wire_ns)),
+            }
+        }
+    }
+
+    /// Each sending peer's share of the time on the wire.
+    pub(super) fn shares(&self) -> impl Iterator<Item = (u32, f64)> + '_ {
+        let d = self.dur_ns as f64;
+        self.from
+            .iter()
+            .filter(move |_| d > 0.0)
+            // A message of the next operation may start arriving before this one ends:
+            // the share can pass 1 by a little.
+            .map(move |&(f, w)| (f, (w as f64 / d).min(1.0)))
+    }
+
+    fn clear(&mut self) {
+        self.dur_ns = 0;
+        self.from.clear();
+    }
+
+    /// Closes a window: a window with evidence becomes `prev`, and this one starts empty.
+    pub(super) fn roll_into(&mut self, prev: &mut PeerWireAcc) {
+        if self.dur_ns > 0 {
+            std::mem::swap(self, prev);
+        }
+        self.clear();
+    }
+}
+
 #[derive(Debug)]
 pub(super) struct RankInfo {
     pub(super) host: String,
@@ -257,6 +303,10 @@ pub(super) struct RankInfo {
     /// channel evidence of a rank whose records of a round arrived in the window before the
     /// round was complete (a peer's records came late, e.g. over a rate-limited link).
     pub(super) prev_ch: Vec<ChanAcc>,
+    /// The window's inbound wire time by sending peer (`OpRecord.peer_wire`, Tree over
+    /// sockets), and that of the latest closed window with some (as `prev_ch`).
+    pub(super) win_pw: PeerWireAcc,
+    pub(super) prev_pw: PeerWireAcc,
     /// The rank's threads' CPU wait (`OpRecord.cpu_wait_ns`).
     pub(super) cpu_wait: WindowShare,
     /// The time its process was frozen (`OpRecord.frozen_ns`).
@@ -284,6 +334,16 @@ impl RankInfo {
             &self.win_ch
         } else {
             &self.prev_ch
+        }
+    }
+
+    /// The window's inbound wire time by sending peer, or, in a window without any, the
+    /// latest closed window's (as [`RankInfo::window_channels`]).
+    pub(super) fn window_peer_wire(&self) -> &PeerWireAcc {
+        if self.win_pw.dur_ns > 0 {
+            &self.win_pw
+        } else {
+            &self.prev_pw
         }
     }
 }
@@ -339,6 +399,8 @@ impl RankInfo {
             win_recv_rate: 0.0,
             win_ch: Vec::new(),
             prev_ch: Vec::new(),
+            win_pw: PeerWireAcc::default(),
+            prev_pw: PeerWireAcc::default(),
             cpu_wait: WindowShare::default(),
             frozen: WindowShare::default(),
         }
@@ -543,6 +605,8 @@ impl Comm {
                 std::mem::size_of::<RankInfo>()
                     + r.host.capacity()
                     + (r.win_ch.capacity() + r.prev_ch.capacity()) * std::mem::size_of::<ChanAcc>()
+                    + (r.win_pw.from.capacity() + r.prev_pw.from.capacity())
+                        * std::mem::size_of::<(u32, u64)>()
             })
             .sum();
         let spare: usize = self.spare.iter().map(|v| v.capacity() * e).sum();

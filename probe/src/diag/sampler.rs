@@ -155,6 +155,7 @@ impl Sampler {
             frozen_ns: self.frozen_ns,
             gap_ns: thinning.gap.gap_ns,
             elsewhere_ns: thinning.gap.elsewhere_ns,
+            peer_wire: Vec::new(),
             stride: thinning.stride,
             failure: 0,
             peer_lost: None,
@@ -368,6 +369,14 @@ impl Sampler {
         if let Some(id) = &d.id {
             set_identity(&mut rec, id);
         }
+        rec.peer_wire = d
+            .peer_wire
+            .iter()
+            .map(|w| wire::PeerWire {
+                from: w.from,
+                wire_ns: w.wire_ns,
+            })
+            .collect();
         rec
     }
 

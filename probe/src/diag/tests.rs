@@ -59,10 +59,21 @@ fn rates_are_reciprocal_change_ticks_and_completion_makes_a_record() {
         thinning: Thinning::default(),
         failure: None,
         id: None,
+        peer_wire: vec![PeerWire {
+            from: 2,
+            wire_ns: 7_000,
+        }],
     };
     let r = sm.complete(&s, &d, 0);
     assert_eq!(r.trace.unwrap().op_counter, 5);
     assert_eq!((r.rank, r.nranks, r.duration_ns), (1, 4, 2_000_000_000));
+    assert_eq!(
+        r.peer_wire,
+        [wire::PeerWire {
+            from: 2,
+            wire_ns: 7_000
+        }]
+    );
     assert_eq!(r.state, wire::OpState::Completed as i32);
     let c0 = &r.channels[0];
     assert_eq!((c0.send_count, c0.send_rate, c0.recv_rate), (8, 0.25, 0.0));
@@ -100,6 +111,7 @@ fn records_carry_the_cpu_wait_of_the_thread_that_ran_the_operations() {
             thinning: Thinning::default(),
             failure: None,
             id: None,
+            peer_wire: Vec::new(),
         }
     };
     // Before any reading the metric is unknown.
@@ -432,7 +444,7 @@ fn slow_operations_and_snapshotted_ones_are_always_reported() {
         // estimates, but for the one before an epoch boundary (the stride may change
         // there). A gap is measured only from a timed end (and the op log no longer holds
         // the operation before the first).
-        let timed = |k: u64| (k + 1) % thin::EPOCH_OPS == 0;
+        let timed = |k: u64| (k + 1).is_multiple_of(thin::EPOCH_OPS);
         assert_eq!(r.duration_estimated, !timed(k), "op {k}");
         let gap = (k > c - 7 && timed(k - 1)).then_some(5_000);
         assert_eq!(r.gap_ns, gap, "op {k}");
