@@ -587,18 +587,7 @@ pub(crate) fn slow_wires(chans: &[Vec<(Option<f64>, u32)>]) -> (Vec<u32>, Vec<Wi
             median: med,
         });
     }
-    let mut votes: HashMap<u32, u32> = HashMap::new();
-    for l in &links {
-        *votes.entry(l.from).or_default() += 1;
-    }
-    let top = votes.values().copied().max().unwrap_or(0);
-    let mut roots: Vec<u32> = votes
-        .iter()
-        .filter(|(_, v)| **v == top)
-        .map(|(r, _)| *r)
-        .collect();
-    roots.sort_unstable();
-    (roots, links)
+    (most_voted_senders(&links), links)
 }
 
 /// S2 by time on the wire for algorithms whose inbound messages come from a different peer
@@ -628,8 +617,13 @@ pub(crate) fn slow_senders(links: &[(u32, u32, f64)]) -> (Vec<u32>, Vec<WireLink
             median: med,
         })
         .collect();
+    (most_voted_senders(&found), found)
+}
+
+/// The senders of the most links in `links` (one vote per link), in rank order.
+fn most_voted_senders(links: &[WireLink]) -> Vec<u32> {
     let mut votes: HashMap<u32, u32> = HashMap::new();
-    for l in &found {
+    for l in links {
         *votes.entry(l.from).or_default() += 1;
     }
     let top = votes.values().copied().max().unwrap_or(0);
@@ -639,7 +633,7 @@ pub(crate) fn slow_senders(links: &[(u32, u32, f64)]) -> (Vec<u32>, Vec<WireLink
         .map(|(r, _)| *r)
         .collect();
     roots.sort_unstable();
-    (roots, found)
+    roots
 }
 
 /// S2 when no slow link stands out: the rank that waited least. In a lockstep ring a rank
