@@ -1,5 +1,6 @@
 //! Real link faults across "hosts" (`benches::netns`), applied from outside, no
-//! `CCLD_INJECT`: four hosts with one rank each run `all_reduce_perf` in a loop under the
+//! `CCLD_INJECT`: hosts with one rank each (four; two in one case) run `all_reduce_perf`
+//! in a loop (8 MiB rings; 16 and 64 KiB Trees in the rate-limit cases) under the
 //! default embedded analyzer (the windows shortened as in the real-faults matrix,
 //! incidents read from `CCLD_REPORT=FILE.jsonl` as a user would), then one host's link or
 //! process is hit:
@@ -10,7 +11,7 @@
 //!   by whether the rank was inside an operation), and the other ranks fail with an NCCL
 //!   error within the link timeout.
 //!
-//! Each at two positions of the ring. Needs root: skips elsewhere, fails in CI.
+//! Each at two positions. Needs root: skips elsewhere, fails in CI.
 //! `CCLD_KEEP_REPORT=1` keeps the incident file (its path is printed).
 
 use std::io::{BufRead, BufReader};
@@ -24,11 +25,11 @@ use benches::real_faults::run::WINDOW_ENV;
 use benches::real_faults::setup::{cargo_build, profile_dir};
 use benches::real_faults::{parse_incidents, Incident};
 
-const RANKS: usize = 4;
-
 /// What the job runs, and how a rate-limit case limits it.
 #[derive(Clone, Copy, Debug)]
 struct Load {
+    /// Hosts of one rank each.
+    hosts: usize,
     /// `all_reduce_perf -b/-e`.
     size: &'static str,
     /// The `tbf` rate of a rate-limited link.
@@ -42,6 +43,7 @@ struct Load {
 /// for these the same descheduling is R < 0.3 and the paper's theta (about 3) applies; 100
 /// Mbit/s makes them about 1 s (R about 12, measured).
 const RING_8M: Load = Load {
+    hosts: 4,
     size: "8M",
     rate: "100mbit",
     theta: Some("3"),
@@ -53,6 +55,7 @@ const RING_8M: Load = Load {
 /// each rank sends per operation take 26 ms or more (R about 100), clear of the shared
 /// theta.
 const TREE_16K: Load = Load {
+    hosts: 4,
     size: "16K",
     rate: "10mbit",
     theta: None,
@@ -90,7 +93,8 @@ fn start(
 ) -> Job {
     let uid = bin.join(format!("netns-faults-uid-{}", std::process::id()));
     let _ = std::fs::remove_file(&uid);
-    let pids = Arc::new(Mutex::new(vec![None; RANKS]));
+    let ranks = hosts.len();
+    let pids = Arc::new(Mutex::new(vec![None; ranks]));
     let args = [
         "-b",
         size,
@@ -103,12 +107,12 @@ fn start(
         "-c",
         "0",
     ];
-    let children = (0..RANKS)
+    let children = (0..ranks)
         .map(|h| {
             let mut c = hosts.ranks_command(
                 h,
                 h..h + 1,
-                RANKS,
+                ranks,
                 &bin.join("all_reduce_perf"),
                 &args,
                 &uid,
@@ -182,7 +186,7 @@ fn run(
     set: u8,
     load: Load,
 ) -> Option<(Vec<Incident>, Option<Duration>)> {
-    let hosts = Hosts::for_test(RANKS, set)?;
+    let hosts = Hosts::for_test(load.hosts, set)?;
     let bin = profile_dir().expect("profile dir");
     cargo_build(&bin, &["-p", "ccl-ffi", "--lib"]).expect("build libnccl.so.2");
     cargo_build(
@@ -318,11 +322,28 @@ fn a_rate_limited_link_is_named_communication_slow() {
     check(LinkFault::RateLimit, 3, 6, &["S2"], false);
 }
 
+/// 64 KiB AllReduces on 2 hosts, which the automatic choice runs as Tree over sockets
+/// (up to 128 KiB at 2 ranks): one exchange per operation; 10 Mbit/s makes the 64 KiB each
+/// rank sends take 50 ms or more.
+const TREE_64K_2: Load = Load {
+    hosts: 2,
+    size: "64K",
+    rate: "10mbit",
+    theta: None,
+};
+
 /// The same under small AllReduces, which run as Tree ([`TREE_16K`]).
 #[test]
 fn a_rate_limited_link_under_tree_operations_is_named_communication_slow() {
     check_load(LinkFault::RateLimit, 1, 9, TREE_16K, &["S2"], false);
     check_load(LinkFault::RateLimit, 2, 9, TREE_16K, &["S2"], false);
+}
+
+/// Two hosts, the first case users meet: the same under [`TREE_64K_2`], either host.
+#[test]
+fn a_rate_limited_link_between_two_hosts_is_named_communication_slow() {
+    check_load(LinkFault::RateLimit, 0, 9, TREE_64K_2, &["S2"], false);
+    check_load(LinkFault::RateLimit, 1, 9, TREE_64K_2, &["S2"], false);
 }
 
 /// A hang at the rank behind the link: H1 (not entered) when the link went down between
