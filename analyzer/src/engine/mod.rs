@@ -545,7 +545,8 @@ impl Engine {
                 a.next = ch.ring_next.unwrap_or((rank + 1) % nranks);
             }
             if !rec.peer_wire.is_empty() {
-                info.win_pw.add(rec.duration_ns, &rec.peer_wire);
+                info.win_pw
+                    .add(rec.duration_ns, &rec.peer_wire, rank, nranks);
             }
         }
         if all_done {

@@ -225,10 +225,12 @@ pub(super) struct PeerWireAcc {
 }
 
 impl PeerWireAcc {
-    /// Adds one completion of `dur_ns` with its `peer_wire`.
-    pub(super) fn add(&mut self, dur_ns: u64, peers: &[wire::PeerWire]) {
+    /// Adds one completion of `dur_ns` with its `peer_wire`, of rank `rank` of `nranks`.
+    /// Entries naming no other rank of the communicator (junk from a client) are skipped,
+    /// so the list stays within `nranks - 1` entries.
+    pub(super) fn add(&mut self, dur_ns: u64, peers: &[wire::PeerWire], rank: u32, nranks: u32) {
         self.dur_ns = self.dur_ns.saturating_add(dur_ns);
-        for p in peers {
+        for p in peers.iter().filter(|p| p.from < nranks && p.from != rank) {
             match self.from.iter_mut().find(|x| x.0 == p.from) {
                 Some(x) => x.1 = x.1.saturating_add(p.wire_ns),
                 None => self.from.push((p.from, p.wire_ns)),

@@ -1405,3 +1405,36 @@ fn heartbeats_create_ranks_and_bad_memberships_are_skipped() {
     assert_eq!(st.ranks[2].last_op_counter, 9);
     assert_eq!(st.ranks[2].host, "hx");
 }
+
+/// `peer_wire` entries that name no other rank of the communicator (a client's junk) are
+/// not kept: the per-rank list stays bounded by the communicator's size.
+#[test]
+fn peer_wire_entries_of_unknown_ranks_are_skipped() {
+    let mut acc = state::PeerWireAcc::default();
+    let junk: Vec<wire::PeerWire> = (0..10_000u32)
+        .map(|from| wire::PeerWire {
+            from: from.wrapping_mul(2_654_435_761),
+            wire_ns: u64::MAX,
+        })
+        .chain([
+            wire::PeerWire {
+                from: 1,
+                wire_ns: 7,
+            },
+            wire::PeerWire {
+                from: 2,
+                wire_ns: u64::MAX,
+            },
+        ])
+        .collect();
+    for _ in 0..3 {
+        acc.add(10, &junk, 1, 4);
+    }
+    let mut from: Vec<u32> = acc.from.iter().map(|x| x.0).collect();
+    from.sort_unstable();
+    // rank 1 itself and everything >= 4 dropped; 0, 2 and 3 may come from the junk
+    assert!(from.iter().all(|&f| f < 4 && f != 1), "{from:?}");
+    assert!(from.contains(&2));
+    // saturating sums, shares capped at 1
+    assert!(acc.shares().all(|(_, s)| (0.0..=1.0).contains(&s)));
+}
