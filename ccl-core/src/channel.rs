@@ -610,6 +610,15 @@ impl Transport {
         }
     }
 
+    /// A job ended: its last socket work is done on this thread, and the proxy's thread
+    /// takes over when the lease runs out, unless something is left to write (see
+    /// [`crate::transport::socket::proxy::Proxy::settle`]).
+    pub(crate) fn settle_sockets(&self) {
+        if let Some(r) = &self.remote {
+            r.settle();
+        }
+    }
+
     /// The executor stops waiting: the socket proxy's thread takes over at once.
     pub(crate) fn release_sockets(&self) {
         if let Some(r) = &self.remote {

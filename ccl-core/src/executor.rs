@@ -336,9 +336,14 @@ impl Worker {
         // A failed operation may have left messages sent by reference unwritten: the
         // proxy must not read the user's buffers once the error is returned.
         self.byref.revoke(&self.t);
-        // Whatever the job's waits drove of the socket proxy, its thread takes over now
-        // (what was committed last may still be on its way).
-        self.t.release_sockets();
+        // Whatever the job's waits drove of the socket proxy, its thread takes over: at
+        // once after a failure, else when the lease runs out (or at once where bytes are
+        // left to write), so that a loop of small operations does not wake it per job.
+        if r.is_ok() {
+            self.t.settle_sockets();
+        } else {
+            self.t.release_sockets();
+        }
         r
     }
 
@@ -679,7 +684,7 @@ impl Worker {
         let mut spin_checked = false;
         let mut episode = WaitEpisode::default();
         let mut peer_check = PeerCheck::new(t_start, self.shared.tuning.peer_check);
-        let mut driver = SocketDriver::new(if self.t.uses_sockets() {
+        let mut driver = self.socket_driver(if self.t.uses_sockets() {
             largest_message(lanes, ctx.unit)
         } else {
             usize::MAX
@@ -1186,9 +1191,7 @@ use probe_path::ProbeStart;
 use tree_exec::tree_counts;
 pub(crate) use tree_exec::{expected_counts, host_choice};
 pub(crate) use wait::read_current;
-use wait::{
-    publish_current, spin_budget, yield_budget, PeerCheck, SocketDriver, Wait, WaitEpisode,
-};
+use wait::{publish_current, spin_budget, yield_budget, PeerCheck, Wait, WaitEpisode};
 
 #[cfg(test)]
 #[path = "executor_tests.rs"]

@@ -70,7 +70,7 @@ impl Worker {
             peer_check: PeerCheck::new(op.t_start, self.shared.tuning.peer_check),
             spin_checked: false,
             polls: 0,
-            driver: super::wait::SocketDriver::new(if self.t.uses_sockets() {
+            driver: self.socket_driver(if self.t.uses_sockets() {
                 chunk.min(op.bytes)
             } else {
                 usize::MAX
@@ -323,7 +323,10 @@ impl Worker {
                 me.shared.frame.add_send(b, 0, 1);
             }
             Ok(Some(()))
-        })
+        })?;
+        // Over sockets, on its way now rather than at this rank's next wait.
+        w.driver.flush(&self.t);
+        Ok(())
     }
 
     /// Receives one message of `len` bytes from `peer` and hands it to `f`.

@@ -40,6 +40,18 @@ impl Worker {
         }
     }
 
+    /// The socket driver of an operation whose largest message has `message_bytes`
+    /// ([`SocketDriver::new`]). One that does not drive hands the sockets back at once: a
+    /// lease left by an earlier job ([`crate::channel::Transport::settle_sockets`]) would
+    /// otherwise keep the proxy thread asleep while this operation waits on it.
+    pub(super) fn socket_driver(&self, message_bytes: usize) -> SocketDriver {
+        let d = SocketDriver::new(message_bytes);
+        if !d.on {
+            self.t.release_sockets();
+        }
+        d
+    }
+
     /// Whether a peer published (at the start of its current operation) the CPU this rank
     /// runs on: then the peer can only run when this rank gives the CPU up, and spinning
     /// would delay it by the whole spin budget.
@@ -169,6 +181,23 @@ impl SocketDriver {
     pub(super) fn progressed(&mut self) {
         self.fruitless = 0;
     }
+
+    /// Puts what this rank just committed on a remote link onto the sockets at once (one
+    /// proxy round on this thread), if this operation drives and has not handed the
+    /// sockets back. While a drive's lease runs, the proxy thread sleeps on its eventfd
+    /// and a commit does not wake it: without this, a message committed when the
+    /// partner's message was already there would leave only after this rank reduced that
+    /// one, at the job's end ([`crate::channel::Transport::settle_sockets`]).
+    pub(super) fn flush(&mut self, t: &crate::channel::Transport) {
+        self.step_flush(|| t.drive_sockets());
+    }
+
+    /// [`SocketDriver::flush`] with the round as an argument (pure logic).
+    fn step_flush(&mut self, round: impl FnOnce() -> bool) {
+        if self.on && self.fruitless < Self::IDLE && round() {
+            self.fruitless = 0;
+        }
+    }
 }
 
 /// Outcome of one attempt to run a step.
@@ -297,6 +326,31 @@ mod tests {
             steps(&mut d, SocketDriver::IDLE, false),
             (SocketDriver::IDLE, 1)
         );
+    }
+
+    #[test]
+    fn a_flush_runs_a_round_only_while_the_operation_drives() {
+        let flushes = |d: &mut SocketDriver, moved: bool| {
+            let ran = Cell::new(false);
+            d.step_flush(|| {
+                ran.set(true);
+                moved
+            });
+            ran.get()
+        };
+        let mut d = SocketDriver::new(SocketDriver::MAX_MESSAGE);
+        assert!(flushes(&mut d, false));
+        // A flush that moved something counts as progress: IDLE more rounds before the
+        // hand-back.
+        steps(&mut d, SocketDriver::IDLE - 1, false);
+        assert!(flushes(&mut d, true));
+        assert_eq!(steps(&mut d, SocketDriver::IDLE - 1, false).1, 0);
+        // Handed back: the proxy thread has the sockets, a flush leaves them alone.
+        assert_eq!(steps(&mut d, 1, false).1, 1);
+        assert!(!flushes(&mut d, true));
+        // Large messages never drive, nor flush.
+        let mut big = SocketDriver::new(SocketDriver::MAX_MESSAGE + 1);
+        assert!(!flushes(&mut big, true));
     }
 
     #[test]

@@ -25,6 +25,7 @@
 //! link that went silent ([`LINK_TIMEOUT`]). The executor's peer check
 //! (`CCLD_PEER_CHECK_MS`) then fails the operation with `ncclRemoteError`.
 
+pub(crate) mod ends;
 pub(crate) mod frame;
 pub(crate) mod peers;
 pub(crate) mod proxy;
@@ -300,6 +301,11 @@ impl Remote {
     /// See [`Proxy::drive`].
     pub(crate) fn drive(&self) -> bool {
         self.proxy.drive()
+    }
+
+    /// See [`Proxy::settle`].
+    pub(crate) fn settle(&self) {
+        self.proxy.settle()
     }
 
     /// See [`Proxy::release`].

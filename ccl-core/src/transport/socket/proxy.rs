@@ -35,104 +35,16 @@ use super::frame::{
     stripe, Control, DataHeader, StreamFrame, StreamId, CONTROL_BYTES, DATA_HEADER_BYTES,
 };
 use super::peers::{PeerStates, CLOSED, LOST};
-use super::sendref::{Payload, SendRefs};
 use crate::error::{CclError, Result};
 use crate::transport::current;
-use crate::transport::shm::{
-    Doorbell, FifoLayout, FifoReceiver, FifoSender, LlReceiver, LlSender, SharedWord,
-};
+use crate::transport::shm::{Doorbell, SharedWord};
 use crate::transport::wake::{poll, send_vectored, EventFd};
 
-/// The executor's send FIFO of a remote link, read by the proxy; a Simple FIFO's messages
-/// may be references to the user's buffers ([`SendRefs`]).
-#[derive(Debug)]
-pub(crate) enum Outbound {
-    Fifo(FifoReceiver, Arc<SendRefs>),
-    Ll(LlReceiver),
-}
+pub(crate) use super::ends::{Inbound, Outbound};
 
-impl Outbound {
-    /// The next message to send: for a Simple FIFO the one after the `unacked` messages
-    /// already sent (their slots stay taken until the peer's credit), for LL the next one.
-    /// A referenced message's bytes are those of the user's buffer; a revoked one is an
-    /// error (its operation failed, the buffer may be gone).
-    #[allow(clippy::type_complexity)]
-    fn peek(&mut self, unacked: usize) -> Result<Option<(&[u8], [u64; FifoLayout::DESC_WORDS])>> {
-        match self {
-            Outbound::Fifo(f, refs) => {
-                let seq = f.released() + unacked as u64;
-                let Some((slot, desc)) = f.try_peek_ahead(unacked)? else {
-                    return Ok(None);
-                };
-                match refs.payload(seq) {
-                    Payload::Slot => Ok(Some((slot, desc))),
-                    Payload::Ref { addr, len } if len == slot.len() => {
-                        // SAFETY: the executor posted this range of an operation's buffer
-                        // before committing the message (the commit's Release, our peek's
-                        // Acquire), and keeps the operation from completing, and the range
-                        // from being written, until `SendRefs::written` says the message
-                        // is with the kernel; a failing operation revokes the reference
-                        // under the lock this round holds before its error reaches the
-                        // user (sendref.rs). The slice dies with this round's use of it.
-                        let bytes = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };
-                        Ok(Some((bytes, desc)))
-                    }
-                    Payload::Ref { len, .. } => Err(CclError::Internal(format!(
-                        "message {seq} refers to {len} bytes but was committed with {}",
-                        slot.len()
-                    ))),
-                    Payload::Revoked => Err(CclError::Aborted(format!(
-                        "message {seq} was revoked: the operation that sent it failed"
-                    ))),
-                }
-            }
-            Outbound::Ll(f) => f.try_peek_with_desc(),
-        }
-    }
-
-    /// The references of a Simple FIFO.
-    fn refs(&self) -> Option<&SendRefs> {
-        match self {
-            Outbound::Fifo(_, r) => Some(r),
-            Outbound::Ll(_) => None,
-        }
-    }
-}
-
-/// The executor's receive FIFO of a remote link, filled by the proxy.
-#[derive(Debug)]
-pub(crate) enum Inbound {
-    Fifo(FifoSender),
-    Ll(LlSender),
-}
-
-impl Inbound {
-    /// The largest message a slot holds.
-    fn cap(&self) -> usize {
-        match self {
-            Inbound::Fifo(f) => f.layout().slot_bytes,
-            Inbound::Ll(f) => f.cap(),
-        }
-    }
-
-    fn reserve(&mut self) -> Option<&mut [u8]> {
-        match self {
-            Inbound::Fifo(f) => f.try_reserve(),
-            Inbound::Ll(f) => f.try_reserve(),
-        }
-    }
-
-    fn commit(&mut self, h: &DataHeader) -> Result<()> {
-        match self {
-            Inbound::Fifo(f) => {
-                // A slot is reserved and `h.len` fits it (checked by `DataHeader::decode`).
-                f.commit_with_desc(h.len, h.desc);
-                Ok(())
-            }
-            Inbound::Ll(f) => f.commit_with_desc(h.len, h.desc),
-        }
-    }
-}
+#[path = "readable.rs"]
+mod readable;
+use readable::Readable;
 
 /// One stream (a channel of a link) with one peer; either side may be absent (a ring
 /// link's stream carries one direction unless the ring has two ranks). Its first socket
@@ -348,7 +260,7 @@ impl Proxy {
             return false;
         };
         lp.take_cmds();
-        lp.round()
+        lp.round(true)
     }
 
     /// Runs `f` while no round of the proxy runs, on its thread or a driving executor's
@@ -357,6 +269,33 @@ impl Proxy {
     pub(crate) fn while_idle<R>(&self, f: impl FnOnce() -> R) -> R {
         let _round = self.shared.state.lock();
         f()
+    }
+
+    /// Ends a job's share of the socket work without waking the proxy thread when it can:
+    /// one more round on this thread (what the job committed last, and the credits for
+    /// what it consumed, leave now), then the lease runs out by itself, so that a job that
+    /// follows at once (a loop of small operations) drives on with the proxy thread still
+    /// asleep, instead of waking it at every job's end: a wake-up and a context switch,
+    /// on a CPU the partner's messages may be waiting for. Hands back at once
+    /// ([`Proxy::release`]) when the proxy thread was in a round (the round could not run
+    /// here) or bytes are left to write. Nothing to do when no lease is held. While the
+    /// lease runs out, what arrives waits for the next job's first drive or the lease's
+    /// end ([`DRIVE_LEASE`]).
+    pub(crate) fn settle(&self) {
+        if self.shared.driven_until.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let pending = match self.shared.state.try_lock() {
+            Some(mut lp) => {
+                lp.take_cmds();
+                lp.round(true);
+                lp.out_pending()
+            }
+            None => true,
+        };
+        if pending {
+            self.release();
+        }
     }
 
     /// Ends a [`Proxy::drive`] lease (the executor stops waiting): the proxy thread takes
@@ -407,7 +346,7 @@ fn run(sh: &Shared, stop: &AtomicBool, rank: usize) {
             lp.finish();
             return;
         }
-        if lp.round() {
+        if lp.round(false) {
             idle = 0;
             continue;
         }
@@ -420,7 +359,7 @@ fn run(sh: &Shared, stop: &AtomicBool, rank: usize) {
         // Announce, re-check, then sleep: a ring after the announcement signals the
         // eventfd, one before it is seen by the re-check.
         let _seen = lp.l.wake_bell.announce();
-        if !lp.round() && !lp.stop.load(Ordering::Acquire) {
+        if !lp.round(false) && !lp.stop.load(Ordering::Acquire) {
             let mut fds = lp.poll_fds();
             drop(lp);
             if let Err(e) = poll(&mut fds, MAX_SLEEP) {
@@ -568,6 +507,8 @@ struct Loop {
     ctl: Vec<Ctl>,
     /// Set when something was committed or released: ring the executor once per round.
     ring_exec: bool,
+    /// Which streams have something to read this round ([`Readable::refresh`]).
+    ready: Readable,
 }
 
 /// Most control bytes queued for one peer before further answers to its queries are
@@ -603,6 +544,7 @@ impl Loop {
             data: Vec::new(),
             ctl: Vec::new(),
             ring_exec: false,
+            ready: Readable::default(),
         }
     }
 
@@ -655,15 +597,27 @@ impl Loop {
         }
     }
 
-    /// One pass over every connection; whether anything moved.
-    fn round(&mut self) -> bool {
+    /// One pass over every connection; whether anything moved. `poll_first`: read only
+    /// the sockets one `poll` finds readable ([`Readable::refresh`]), as an executor's
+    /// rounds do (latency-bound, most find nothing); the proxy thread's rounds, which
+    /// carry the large transfers, try every socket (there the extra system call per round
+    /// measured 5-25 % slower from 1 MiB at 2 hosts, docs/perf-net.md).
+    fn round(&mut self, poll_first: bool) -> bool {
         let mut progress = false;
+        if poll_first {
+            self.ready.refresh(&self.data, &self.ctl);
+        } else {
+            self.ready.all(self.data.len(), self.ctl.len());
+        }
         for i in 0..self.data.len() {
             progress |= self.pump_out(i);
-            progress |= self.pump_in(i);
+            if self.ready.data[i] {
+                progress |= self.pump_in(i);
+            }
         }
         for i in 0..self.ctl.len() {
-            progress |= self.pump_ctl(i);
+            let read = self.ready.ctl[i];
+            progress |= self.pump_ctl(i, read);
         }
         self.settle_losses();
         if self.ring_exec {
@@ -674,6 +628,23 @@ impl Loop {
     }
 
     /// What the proxy sleeps on: its eventfd and every socket with something to do.
+    /// Whether a data stream has something to write that the last round could not: a
+    /// message (or its rest), a credit frame, credits owed.
+    fn out_pending(&mut self) -> bool {
+        self.data.iter_mut().any(|d| {
+            if d.done {
+                return false;
+            }
+            if d.out_len.is_some() || d.credit_frame.is_some() || d.credit_owed > 0 {
+                return true;
+            }
+            let unacked = d.unacked;
+            d.s.out
+                .as_mut()
+                .is_some_and(|o| !matches!(o.peek(unacked), Ok(None)))
+        })
+    }
+
     fn poll_fds(&self) -> Vec<libc::pollfd> {
         let mut fds = Vec::with_capacity(1 + self.data.len() + self.ctl.len());
         fds.push(libc::pollfd {
@@ -1025,7 +996,9 @@ impl Loop {
         }
     }
 
-    fn pump_ctl(&mut self, i: usize) -> bool {
+    /// One round of the control stream `i`: what is queued for the peer is written, and
+    /// what the peer sent is read if `read` (its socket was found readable).
+    fn pump_ctl(&mut self, i: usize, read: bool) -> bool {
         let mut progress = false;
         let stopping = self.stop.load(Ordering::Acquire);
         let c = &mut self.ctl[i];
@@ -1061,6 +1034,9 @@ impl Loop {
         if c.sent == c.out.len() {
             c.out.clear();
             c.sent = 0;
+        }
+        if !read {
+            return progress;
         }
         loop {
             let c = &mut self.ctl[i];
@@ -1178,13 +1154,13 @@ impl Loop {
             }
         }
         for i in 0..self.ctl.len() {
-            self.pump_ctl(i);
+            self.pump_ctl(i, true);
         }
         let deadline = Instant::now() + Duration::from_millis(200).min(self.l.flush);
         while self.ctl.iter().any(|c| !c.done && c.sent < c.out.len()) && Instant::now() < deadline
         {
             for i in 0..self.ctl.len() {
-                self.pump_ctl(i);
+                self.pump_ctl(i, true);
             }
             std::thread::sleep(Duration::from_micros(200));
         }

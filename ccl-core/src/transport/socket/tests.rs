@@ -775,3 +775,89 @@ fn ranks_that_stripe_differently_fail_naming_the_variables() {
         "{e:?}"
     );
 }
+
+/// A proxy (rank 0) whose thread a drive keeps off the sockets for a minute, sending to
+/// a raw socket, and the executor's end of its send FIFO (slots of `slot_bytes`).
+fn leased_sender(slot_bytes: usize) -> (Proxy, crate::transport::shm::FifoSender, TcpStream) {
+    let layout = FifoLayout::for_buffer(slot_bytes * 4, 4).unwrap();
+    let (send, out, _, _) = fifo_pairs(layout);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let sock = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (peer, _) = listener.accept().unwrap();
+    let proxy = proxy_serving_leased(
+        0,
+        1,
+        (sock, vec![]),
+        Some(Outbound::Fifo(out, Arc::new(sendref::SendRefs::new(4)))),
+        None,
+        Duration::from_secs(60),
+    );
+    // The first drive takes the stream in and holds the thread off.
+    proxy.drive();
+    (proxy, send, peer)
+}
+
+/// Reads one data frame from `peer`: its header and payload.
+fn read_frame(peer: &mut TcpStream) -> (DataHeader, Vec<u8>) {
+    let mut hdr = [0u8; DATA_HEADER_BYTES];
+    peer.read_exact(&mut hdr).unwrap();
+    let h = match frame::StreamFrame::decode(&hdr, usize::MAX, 0).unwrap() {
+        frame::StreamFrame::Data(h) => h,
+        other => panic!("expected a data frame, got {other:?}"),
+    };
+    let mut payload = vec![0u8; h.len];
+    peer.read_exact(&mut payload).unwrap();
+    (h, payload)
+}
+
+/// A job's end settles the sockets: what it committed last is written by that round, on
+/// the executor's thread, while the lease keeps the proxy thread asleep (a commit alone
+/// moves nothing before the lease ends).
+#[test]
+fn a_settled_job_sends_what_it_committed_last_while_the_proxy_thread_sleeps() {
+    let (proxy, mut send, mut peer) = leased_sender(4096);
+    peer.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let payload = pattern(3000, 5);
+    send.try_reserve().expect("a free slot")[..3000].copy_from_slice(&payload);
+    send.commit_with_desc(3000, [1, 2, 3]);
+    let mut b = [0u8; 1];
+    let e = peer
+        .read(&mut b)
+        .expect_err("a commit alone sent something");
+    assert!(would_block_or_timeout(&e), "{e}");
+    proxy.settle();
+    peer.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let (h, got) = read_frame(&mut peer);
+    assert_eq!((h.len, h.desc), (3000, [1, 2, 3]));
+    assert!(got == payload, "payload corrupted");
+    assert_eq!(proxy.peers.lost(1), None);
+}
+
+/// A settle that cannot write everything (the peer reads nothing yet, the socket's
+/// buffers fill) hands the sockets back: the proxy thread writes the rest although the
+/// lease has a minute to run.
+#[test]
+fn a_settle_that_leaves_bytes_unwritten_hands_the_sockets_back() {
+    let len = 16 << 20;
+    let (proxy, mut send, mut peer) = leased_sender(len);
+    let payload = pattern(len, 9);
+    send.try_reserve()
+        .expect("a free slot")
+        .copy_from_slice(&payload);
+    send.commit_with_desc(len, [4, 5, 6]);
+    proxy.settle();
+    peer.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let (h, got) = read_frame(&mut peer);
+    assert_eq!((h.len, h.desc), (len, [4, 5, 6]));
+    assert!(got == payload, "payload corrupted");
+}
+
+fn would_block_or_timeout(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    )
+}
