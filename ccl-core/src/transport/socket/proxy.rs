@@ -601,7 +601,7 @@ impl Loop {
     /// the sockets one `poll` finds readable ([`Readable::refresh`]), as an executor's
     /// rounds do (latency-bound, most find nothing); the proxy thread's rounds, which
     /// carry the large transfers, try every socket (there the extra system call per round
-    /// measured 5-25 % slower from 1 MiB at 2 hosts, docs/perf-net.md).
+    /// measured 2-28 % slower from 1 MiB at 2 hosts, docs/perf-net.md).
     fn round(&mut self, poll_first: bool) -> bool {
         let mut progress = false;
         if poll_first {
@@ -627,7 +627,6 @@ impl Loop {
         progress
     }
 
-    /// What the proxy sleeps on: its eventfd and every socket with something to do.
     /// Whether a data stream has something to write that the last round could not: a
     /// message (or its rest), a credit frame, credits owed.
     fn out_pending(&mut self) -> bool {
@@ -645,6 +644,7 @@ impl Loop {
         })
     }
 
+    /// What the proxy sleeps on: its eventfd and every socket with something to do.
     fn poll_fds(&self) -> Vec<libc::pollfd> {
         let mut fds = Vec::with_capacity(1 + self.data.len() + self.ctl.len());
         fds.push(libc::pollfd {
