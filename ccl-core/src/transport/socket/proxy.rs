@@ -607,16 +607,16 @@ impl Loop {
         if poll_first {
             self.ready.refresh(&self.data, &self.ctl);
         } else {
-            self.ready.all(self.data.len(), self.ctl.len());
+            self.ready.all();
         }
         for i in 0..self.data.len() {
             progress |= self.pump_out(i);
-            if self.ready.data[i] {
+            if self.ready.data(i) {
                 progress |= self.pump_in(i);
             }
         }
         for i in 0..self.ctl.len() {
-            let read = self.ready.ctl[i];
+            let read = self.ready.ctl(i);
             progress |= self.pump_ctl(i, read);
         }
         self.settle_losses();
