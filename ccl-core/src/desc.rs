@@ -523,6 +523,7 @@ pub(crate) fn add_descriptor_only_steps(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::label::OpPlace;
     use crate::op::{CollOp, P2pCall, RedSpec};
     use crate::types::{DataType, RedOpKind};
 
@@ -617,7 +618,7 @@ mod tests {
             root: 2,
             red: (kind == CollKind::AllReduce).then_some(RedSpec::Builtin(RedOpKind::Sum)),
             raw_op: 0,
-            label: "x".into(),
+            place: OpPlace::default(),
         })
     }
 
@@ -639,7 +640,7 @@ mod tests {
             buf: 64,
             count,
             dtype: DataType::Int32,
-            label: "p".into(),
+            place: OpPlace::default(),
         };
         let item = WorkItem::P2p(vec![
             call(Dir::Send, 1, 5),
@@ -697,7 +698,7 @@ mod tests {
             buf: 64,
             count,
             dtype: DataType::Int32,
-            label: "p".into(),
+            place: OpPlace::default(),
         };
         let item = WorkItem::P2p(vec![
             call(Dir::Send, 2, 5),

@@ -23,7 +23,7 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ccl_optype::{Algo, CollKind, Proto};
+use ccl_optype::CollKind;
 use probe::{Frame, OpLog};
 
 use crate::bootstrap::Bootstrap;
@@ -31,7 +31,7 @@ use crate::channel::Transport;
 use crate::error::with_context;
 use crate::error::{CclError, Result};
 use crate::hostalgo::{HostAlgo, HostProto, Selection};
-use crate::op::{plan_for, type_set, CollOp, RedSpec, ScalarArg, WorkItem};
+use crate::op::{plan_for, CollOp, RedSpec, ScalarArg, WorkItem};
 use crate::reduce::Reducer;
 use crate::schedule::Tuning;
 use crate::schedule::{self, Lane, LinkKind, LocalKind, Plan, StepKind};
@@ -140,6 +140,7 @@ impl WorkerHandle {
         let spin = spin_budget(shared.nranks, transport.uses_sockets())?;
         let yield_for = yield_budget()?;
         let tree_steps = crate::tree::steps(shared.rank, shared.nranks);
+        let tree_msgs = tree_exec::step_messages(&tree_steps);
         let sel = Selection::parse(
             crate::env::var(crate::hostalgo::ENV_ALGO)?.as_deref(),
             crate::env::var(crate::proto::ENV_PROTO)?.as_deref(),
@@ -159,12 +160,15 @@ impl WorkerHandle {
             yield_for,
             sel,
             tree_steps,
+            tree_msgs,
             scratch2: Vec::new(),
+            last_reducer: None,
             tree_wire: None,
             tree_wire_start: Vec::new(),
             peer_wire: Vec::new(),
             probe_next: ProbeStart::default(),
-            probe_pending: false,
+            pending: None,
+            cur: OpStart::default(),
             probe_timed: true,
             byref: ByRef::from_env()?,
         }));
@@ -255,8 +259,13 @@ pub(crate) struct Worker {
     sel: Selection,
     /// This rank's Tree steps ([`crate::tree::steps`]), computed once.
     tree_steps: Vec<crate::tree::TreeStep>,
+    /// Messages this rank sends and receives in one pass of `tree_steps`.
+    tree_msgs: (u64, u64),
     /// Second scratch buffer (Tree merges with the partial of a lower rank first).
     scratch2: Vec<u8>,
+    /// The reducer of the last built-in reduction run, with its data type and operator:
+    /// a loop of identical calls builds it once ([`Worker::reducer`]).
+    last_reducer: Option<(DataType, RedOpKind, Reducer)>,
     /// The wire-time counters of the Tree's inbound messages, by sending peer, over
     /// sockets (looked up at the first probed Tree operation; empty without socket peers),
     /// and their values at the current operation's start (`executor_tree.rs`).
@@ -266,10 +275,14 @@ pub(crate) struct Worker {
     /// record ([`probe::Source::op_done_wire`]); cleared at its end.
     peer_wire: Vec<probe::PeerWire>,
     /// The current operation's probe start ([`Worker::probe_start`]), kept in place (no
-    /// copy per operation); `probe_pending`: a Tree operation runs it once its first
-    /// message is sent ([`Worker::start_pending_probe`]).
+    /// copy per operation).
     probe_next: ProbeStart,
-    probe_pending: bool,
+    /// A Tree operation's start, until its first message is sent
+    /// ([`Worker::start_pending`]).
+    pending: Option<PendingStart>,
+    /// The current operation's counter, start time and frame block
+    /// ([`Worker::begin_item`]).
+    cur: OpStart,
     /// Whether the current operation's end is read from the clock (`Source::start_op`).
     probe_timed: bool,
     /// Messages to peers on other hosts sent from the operation's buffers, not yet written
@@ -378,6 +391,67 @@ impl Worker {
             sh.inject.is_some(),
             self.t.uses_sockets(),
         );
+        // Probing can be paused at run time (`Comm::set_probing`): decided once per operation.
+        let probing = sh.probe_on && sh.frame.is_measuring();
+        match (algo, item) {
+            (
+                HostAlgo::Tree,
+                WorkItem::Coll(
+                    c @ CollOp {
+                        red: Some(spec), ..
+                    },
+                ),
+            ) => self.run_tree_item(item, c, spec, proto, probing),
+            _ => self.run_plan_item(item, algo, probing),
+        }
+    }
+
+    /// A Tree AllReduce. Its start (descriptor published, operation counted and timed,
+    /// probe started, call logged: [`Worker::begin_item`]) waits until its first message
+    /// is on its way ([`Worker::start_pending`]), so that this bookkeeping overlaps the
+    /// partner's receiving the message instead of delaying it. No fault is injected into
+    /// Tree operations (a run with `CCLD_INJECT` keeps to Ring).
+    fn run_tree_item(
+        &mut self,
+        item: &WorkItem,
+        c: &CollOp,
+        spec: &RedSpec,
+        proto: HostProto,
+        probing: bool,
+    ) -> Result<()> {
+        let (descs, seq) = self.seqs.descriptors(item);
+        let desc = descs
+            .first()
+            .copied()
+            .ok_or_else(|| CclError::Internal("no descriptor".into()))?;
+        self.failure = None;
+        let red = self.reducer(spec, c.dtype)?;
+        self.pending = Some(PendingStart {
+            seq,
+            desc,
+            proto,
+            probing,
+        });
+        let r = self.check_poison().and_then(|()| {
+            self.run_tree(&tree_exec::TreeOp {
+                item,
+                proto,
+                red: &red,
+                sendbuf: c.sendbuf,
+                recvbuf: c.recvbuf,
+                bytes: c.count * c.dtype.size(),
+                elem: c.dtype.size(),
+                desc,
+                check: crate::desc::check_on(),
+                probing,
+            })
+        });
+        self.finish_item(item, r, false)
+    }
+
+    /// Every other operation (Ring schedules, p2p groups): started before its first step.
+    fn run_plan_item(&mut self, item: &WorkItem, algo: HostAlgo, probing: bool) -> Result<()> {
+        let sh = &self.shared;
         let plan = if algo == HostAlgo::Tree {
             Plan {
                 n_channels: 1,
@@ -425,6 +499,7 @@ impl Worker {
             }) => Some(self.reducer(spec, *dtype)?),
             _ => None,
         };
+        let sh = &self.shared;
         let fault = match &sh.inject {
             Some(inj) => inj.for_op(sh.rank, sh.nranks, sh.op_counter.load(Ordering::Acquire)),
             None => crate::inject::OpFault::default(),
@@ -443,86 +518,22 @@ impl Worker {
         if let Some(d) = fault.delay {
             std::thread::sleep(d);
         }
-        let mut info = type_set(item, sh.nranks, &plan);
-        if algo == HostAlgo::Tree {
-            info.algo = Algo::Tree;
-            info.proto = match proto {
-                HostProto::Ll => Proto::Ll,
-                HostProto::Simple => Proto::Simple,
-            };
-        }
-        if fault.halve {
-            info.count /= 2;
-            info.bytes /= 2;
-        }
-        // Only this executor (under the worker lock) counts this communicator's
-        // operations: a plain load and store, no locked read-modify-write.
-        let counter = sh.op_counter.load(Ordering::Relaxed);
-        sh.op_counter.store(counter + 1, Ordering::Release);
-        // Probing can be paused at run time (`Comm::set_probing`): decided once per operation.
-        let probing = sh.probe_on && sh.frame.is_measuring();
-        // One clock read for the op log's start time and the peer-check timer.
-        let t_start = now_ns();
-        // The operation's frame block (`Frame::begin_op` claims `counter % FRAME_BLOCKS`).
-        let block = probing.then_some((counter % probe::FRAME_BLOCKS as u64) as usize);
-        // A Tree AllReduce (small messages, where the probe's bookkeeping is a visible
-        // share of the operation) starts the probe once its first message is on its way,
-        // so that the bookkeeping overlaps the wait for the partner's (`run_tree`); the
-        // other operations start it here.
-        if probing {
-            // Filled in place (no copy of the struct per operation).
-            let p = &mut self.probe_next;
-            p.counter = counter;
-            p.seq = seq_id;
-            p.info = Some(info);
-            p.t_start = t_start;
-            p.n_channels = plan.n_channels;
-            p.tree_expected = match (algo, item) {
-                (HostAlgo::Tree, WorkItem::Coll(c)) => {
-                    Some(tree_counts(c, proto, &self.tree_steps, &sh.tuning))
-                }
-                _ => None,
-            };
-            self.probe_begin((algo != HostAlgo::Tree).then_some(plan.lanes.as_slice()));
-        }
-        let sh = &self.shared;
-        log_call(item, &info, sh.rank, sh.nranks, sh.comm_id, counter, None);
-        // Tree links are made at init.
-        let peers: smallvec::SmallVec<[usize; 8]> = if algo == HostAlgo::Tree {
-            smallvec::SmallVec::new()
-        } else {
-            plan.lanes
-                .iter()
-                .filter(|l| l.link == LinkKind::P2p)
-                .flat_map(|l| l.recv_from.into_iter().chain(l.send_to))
-                .collect()
-        };
+        self.begin_item(item, seq_id, probing, None, &plan, fault.halve);
+        let OpStart { block, t_start, .. } = self.cur;
+        let peers: smallvec::SmallVec<[usize; 8]> = plan
+            .lanes
+            .iter()
+            .filter(|l| l.link == LinkKind::P2p)
+            .flat_map(|l| l.recv_from.into_iter().chain(l.send_to))
+            .collect();
         let r = self
             .t
             .ensure_p2p(&self.boot, &peers, &self.shared.abort)
-            .and_then(|()| match (algo, item, reducer.as_ref()) {
-                (HostAlgo::Tree, WorkItem::Coll(c), Some(red)) => {
-                    self.check_poison()?;
-                    self.run_tree(&tree_exec::TreeOp {
-                        proto,
-                        red,
-                        sendbuf: c.sendbuf,
-                        recvbuf: c.recvbuf,
-                        bytes: c.count * c.dtype.size(),
-                        elem: c.dtype.size(),
-                        desc: descs
-                            .first()
-                            .copied()
-                            .ok_or_else(|| CclError::Internal("no descriptor".into()))?,
-                        check: crate::desc::check_on(),
-                        block,
-                        t_start,
-                    })
-                }
-                (HostAlgo::Tree, ..) => Err(CclError::Internal(
+            .and_then(|()| match algo {
+                HostAlgo::Tree => Err(CclError::Internal(
                     "Tree algorithm for an operation other than AllReduce".into(),
                 )),
-                _ => self.run_plan(
+                HostAlgo::Ring => self.run_plan(
                     &plan,
                     &bufs,
                     &descs,
@@ -533,29 +544,20 @@ impl Worker {
                 ),
             });
         drop(staged);
-        // A Tree operation that failed before its first message still has its start.
-        self.start_pending_probe();
-        if fault.halve {
-            self.diverged = true;
-        }
-        let sh = &self.shared;
-        if let (Err(e), Some(f)) = (&r, &self.failure) {
-            if f.cause == probe::FailureCause::PeerLost {
-                tracing::warn!(target: "nccl::NET", rank = sh.rank,
-                    "comm {:#018x} rank {}: peer lost during {}: {e}", sh.comm_id, sh.rank,
-                    item.label());
-            }
-        }
-        if probing {
-            self.probe_end(counter, t_start, &r);
-        }
-        r
+        self.finish_item(item, r, fault.halve)
     }
 
-    fn reducer(&self, spec: &RedSpec, dtype: DataType) -> Result<Reducer> {
+    fn reducer(&mut self, spec: &RedSpec, dtype: DataType) -> Result<Reducer> {
         let n = self.shared.nranks;
         match spec {
-            RedSpec::Builtin(k) => Reducer::new(dtype, *k, None, n),
+            RedSpec::Builtin(k) => match self.last_reducer {
+                Some((d, o, r)) if d == dtype && o == *k => Ok(r),
+                _ => {
+                    let r = Reducer::new(dtype, *k, None, n)?;
+                    self.last_reducer = Some((dtype, *k, r));
+                    Ok(r)
+                }
+            },
             RedSpec::PreMul(ScalarArg::HostImmediate(v)) => {
                 Reducer::new(dtype, RedOpKind::PreMulSum, Some(v), n)
             }
@@ -1184,10 +1186,10 @@ mod wait;
 #[path = "executor_probe.rs"]
 mod probe_path;
 
-pub(crate) use crate::label::{Label, LabelExtra};
+pub(crate) use crate::label::OpPlace;
 use crate::op::log_call;
 use byref::ByRef;
-use probe_path::ProbeStart;
+use probe_path::{OpStart, PendingStart, ProbeStart};
 use tree_exec::tree_counts;
 pub(crate) use tree_exec::{expected_counts, host_choice};
 pub(crate) use wait::read_current;

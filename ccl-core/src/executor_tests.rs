@@ -1,8 +1,9 @@
 //! Unit tests of the executor's pure parts (plans, type sets, errors, completion).
 
 use super::*;
-use crate::op::P2pCall;
+use crate::op::{type_set, P2pCall};
 use crate::schedule::Dir;
+use ccl_optype::{Algo, Proto};
 
 fn tuning() -> Tuning {
     Tuning {
@@ -25,7 +26,7 @@ fn coll(kind: CollKind, count: usize, dtype: DataType) -> WorkItem {
         root: 1,
         red: (kind == CollKind::AllReduce).then_some(RedSpec::Builtin(RedOpKind::Sum)),
         raw_op: 0,
-        label: "x".into(),
+        place: OpPlace::default(),
     })
 }
 
@@ -79,7 +80,7 @@ fn type_sets() {
         buf: 64,
         count,
         dtype: DataType::Int32,
-        label: "p".into(),
+        place: OpPlace::default(),
     };
     let p = WorkItem::P2p(vec![call(Dir::Recv, 2, 5), call(Dir::Send, 2, 7)]);
     let ts = type_set(&p, 4, &plan_for(&p, 0, 4, &t).unwrap());

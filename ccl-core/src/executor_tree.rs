@@ -17,6 +17,8 @@ use crate::tree::{self, TreeStep};
 
 /// Everything the Tree steps of one operation share.
 pub(super) struct TreeOp<'a> {
+    /// The operation, for its deferred start ([`Worker::start_pending`]).
+    pub item: &'a WorkItem,
     pub proto: HostProto,
     pub red: &'a Reducer,
     pub sendbuf: usize,
@@ -25,12 +27,10 @@ pub(super) struct TreeOp<'a> {
     pub elem: usize,
     pub desc: [u64; FifoLayout::DESC_WORDS],
     pub check: bool,
-    /// The operation's frame block. Counts go into it only after the probe's start,
-    /// which the Tree run defers to its first sent message or first wait
-    /// ([`Worker::start_pending_probe`]).
-    pub block: Option<usize>,
-    /// Start time, [`super::now_ns`] clock.
-    pub t_start: u64,
+    /// Whether the probe records the operation. Its counts go into its frame block
+    /// (`Worker::cur`) only after its start, which the Tree run defers to its first sent
+    /// message or first wait ([`Worker::start_pending`]).
+    pub probing: bool,
 }
 
 /// Payload bytes of one Tree message with `proto` (whole elements of `elem` bytes).
@@ -67,7 +67,8 @@ impl Worker {
         let mut w = Waiter {
             backoff: self.backoff(),
             announced: None,
-            peer_check: PeerCheck::new(op.t_start, self.shared.tuning.peer_check),
+            // Armed with the start time at the first wait (the start is deferred).
+            peer_check: PeerCheck::unarmed(self.shared.tuning.peer_check),
             spin_checked: false,
             polls: 0,
             driver: self.socket_driver(if self.t.uses_sockets() {
@@ -76,7 +77,7 @@ impl Worker {
                 usize::MAX
             }),
         };
-        if op.block.is_some() && self.t.uses_sockets() {
+        if op.probing && self.t.uses_sockets() {
             self.mark_tree_wire(&steps);
         }
         let mut acc = std::mem::take(&mut self.scratch);
@@ -96,7 +97,7 @@ impl Worker {
         self.scratch = acc;
         self.scratch2 = tmp;
         self.tree_steps = steps;
-        if op.block.is_some() && r.is_ok() {
+        if op.probing && r.is_ok() {
             self.take_tree_wire();
         }
         r
@@ -316,10 +317,10 @@ impl Worker {
                 }
             }
             ring_bell(&me.t.peer_bells, Some(peer));
-            // The message is on its way: the probe's start, deferred to here, overlaps the
-            // partner's receiving it.
-            me.start_pending_probe();
-            if let Some(b) = op.block {
+            // The message is on its way: the operation's start, deferred to here, overlaps
+            // the partner's receiving it.
+            me.start_pending(op.item);
+            if let Some(b) = me.cur.block {
                 me.shared.frame.add_send(b, 0, 1);
             }
             Ok(Some(()))
@@ -397,8 +398,8 @@ impl Worker {
                 return Err(me.inconsistent(&m));
             }
             ring_bell(&me.t.peer_bells, Some(peer));
-            me.start_pending_probe();
-            if let Some(b) = op.block {
+            me.start_pending(op.item);
+            if let Some(b) = me.cur.block {
                 me.shared.frame.add_recv(b, 0, 1);
             }
             Ok(Some(()))
@@ -441,9 +442,11 @@ impl Worker {
             }
             if !w.spin_checked {
                 // First wait of the operation: no spinning if a peer shares our CPU; a
-                // probe start still pending runs now, while the partner is awaited.
+                // start still pending runs now, while the partner is awaited, and the
+                // peer checks count from it.
                 w.spin_checked = true;
-                self.start_pending_probe();
+                self.start_pending(op.item);
+                w.peer_check.arm(self.cur.t_start);
                 if self.peer_on_my_cpu() {
                     w.backoff = Backoff::with_yield(self.yield_for);
                 }
@@ -560,27 +563,31 @@ pub(crate) fn expected_counts(
     ) {
         ((HostAlgo::Tree, proto), WorkItem::Coll(c)) => {
             let steps = crate::tree::steps(rank, nranks);
-            let (send, recv) = tree_counts(c, proto, &steps, t);
+            let (send, recv) = tree_counts(c, proto, step_messages(&steps), t);
             Ok(vec![schedule::ExpectedCounts { send, recv }])
         }
         _ => Ok(super::plan_for(item, rank, nranks, t)?.expected_counts()),
     }
 }
 
-/// Messages a Tree AllReduce sends and receives on a rank whose Tree steps are `steps`
-/// (all on channel 0).
+/// Messages one pass of `steps` sends and receives.
+pub(super) fn step_messages(steps: &[crate::tree::TreeStep]) -> (u64, u64) {
+    steps
+        .iter()
+        .map(|s| s.messages())
+        .fold((0, 0), |(a, b), (s, r)| (a + s, b + r))
+}
+
+/// Messages a Tree AllReduce sends and receives on a rank whose Tree steps send and
+/// receive `step_msgs` ([`step_messages`]) per chunk (all on channel 0).
 pub(super) fn tree_counts(
     c: &CollOp,
     proto: HostProto,
-    steps: &[crate::tree::TreeStep],
+    (send, recv): (u64, u64),
     t: &Tuning,
 ) -> (u64, u64) {
     let es = c.dtype.size();
     let msg = message_bytes(proto, t.slot_bytes, es);
     let chunks = (c.count * es).div_ceil(msg) as u64;
-    let (send, recv) = steps
-        .iter()
-        .map(|s| s.messages())
-        .fold((0, 0), |(a, b), (s, r)| (a + s, b + r));
     (send * chunks, recv * chunks)
 }

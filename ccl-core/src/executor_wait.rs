@@ -275,6 +275,21 @@ impl PeerCheck {
         }
     }
 
+    /// Checks every `every` once armed ([`PeerCheck::arm`]): for an operation whose start
+    /// time is read later (a Tree operation's deferred start).
+    pub(super) fn unarmed(every: Duration) -> PeerCheck {
+        let mut c = PeerCheck::new(0, every);
+        c.next = u64::MAX;
+        c
+    }
+
+    /// Arms an unarmed check with the operation's start time (no effect once armed).
+    pub(super) fn arm(&mut self, start_ns: u64) {
+        if self.next == u64::MAX {
+            self.next = start_ns.saturating_add(self.every);
+        }
+    }
+
     /// The operation moved on: a peer seen gone may have left its last messages.
     pub(super) fn progressed(&mut self) {
         self.suspect = false;
@@ -283,7 +298,7 @@ impl PeerCheck {
 
 #[cfg(test)]
 mod tests {
-    use super::{default_spin_us, SocketDriver, DEFAULT_SPIN_US};
+    use super::{default_spin_us, PeerCheck, SocketDriver, DEFAULT_SPIN_US};
     use std::cell::Cell;
 
     /// Calls `step` `n` times with a round that reports `moved`; (rounds run, hand-backs).
@@ -306,6 +321,19 @@ mod tests {
             );
         }
         (rounds.get(), backs.get())
+    }
+
+    #[test]
+    fn an_unarmed_peer_check_is_never_due_until_armed_with_the_start_time() {
+        let every = std::time::Duration::from_millis(200);
+        let mut c = PeerCheck::unarmed(every);
+        assert_eq!(c.next, u64::MAX, "not due at any time before it is armed");
+        c.arm(1_000);
+        assert_eq!(c.next, 1_000 + 200_000_000);
+        // Armed once: a later arm (the same operation) keeps the first start.
+        c.arm(5_000);
+        assert_eq!(c.next, 1_000 + 200_000_000);
+        assert_eq!(c.next, PeerCheck::new(1_000, every).next);
     }
 
     #[test]

@@ -19,8 +19,8 @@ use ccl_optype::CollKind;
 
 use crate::comm::{Comm, FIRST_USER_OP};
 use crate::error::{CclError, Result};
-use crate::executor::{self, Completion, Job, Label, LabelExtra};
-use crate::op::{CollOp, P2pCall, RedSpec, WorkItem};
+use crate::executor::{self, Completion, Job, OpPlace};
+use crate::op::{is_rooted, CollOp, P2pCall, RedSpec, WorkItem};
 use crate::schedule::{Dir, ExpectedCounts};
 use crate::types::{DataType, RedOpKind};
 
@@ -93,13 +93,6 @@ fn is_reduction(k: CollKind) -> bool {
     )
 }
 
-fn is_rooted(k: CollKind) -> bool {
-    matches!(
-        k,
-        CollKind::Broadcast | CollKind::Reduce | CollKind::Gather | CollKind::Scatter
-    )
-}
-
 /// Checks `args` against `comm` and returns the operation to queue.
 fn validate(comm: &Comm, args: &CollArgs) -> Result<Valid> {
     comm.usable()?;
@@ -147,9 +140,12 @@ fn validate(comm: &Comm, args: &CollArgs) -> Result<Valid> {
             })
     };
     let null = |which: &str| CclError::arg(format!("{name}: {which} is null with count {count}"));
-    // Formatted only when a message needs it (errors, logs): not on the latency path.
-    let label =
-        |extra: LabelExtra| Label::new(name, extra, count, dtype.name(), comm.comm_id(), rank);
+    // The operation's label is formatted from its fields and this only when a message
+    // needs it (errors, logs): not on the latency path.
+    let place = OpPlace {
+        comm_id: comm.comm_id(),
+        rank,
+    };
     match args.kind {
         CollKind::Send | CollKind::Recv => {
             let peer = root_or_peer("peer")?;
@@ -167,7 +163,7 @@ fn validate(comm: &Comm, args: &CollArgs) -> Result<Valid> {
                 buf,
                 count,
                 dtype,
-                label: label(LabelExtra::Peer(peer)),
+                place,
             }));
         }
         _ => {}
@@ -224,11 +220,6 @@ fn validate(comm: &Comm, args: &CollArgs) -> Result<Valid> {
             return Err(null("recvbuff"));
         }
     }
-    let extra = if is_rooted(args.kind) {
-        LabelExtra::Root(root)
-    } else {
-        LabelExtra::None
-    };
     Ok(Valid::Coll(CollOp {
         kind: args.kind,
         dtype,
@@ -238,7 +229,7 @@ fn validate(comm: &Comm, args: &CollArgs) -> Result<Valid> {
         root,
         red,
         raw_op: args.op,
-        label: label(extra),
+        place,
     }))
 }
 
@@ -451,7 +442,8 @@ fn run_device_batch(ops: Vec<(Arc<Comm>, Valid, usize)>) -> Result<()> {
                     let e = CclError::usage(format!(
                         "{}: the device backend runs the Send/Recv of one communicator in a \
                          group on one stream ({:#x}), not also on {stream:#x}",
-                        p.label, per[i].3
+                        p.label(),
+                        per[i].3
                     ));
                     after_failure(&per[i].0, &e);
                     return Err(e);

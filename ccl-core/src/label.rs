@@ -1,6 +1,7 @@
-//! Operation labels for messages, formatted on first use (see [`Label`]).
+//! Operation labels for messages (errors and log lines), formatted only when a message
+//! needs one, never on the latency path.
 
-/// What follows the operation's name in its [`Label`].
+/// What follows the operation's name in its label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum LabelExtra {
     None,
@@ -8,82 +9,53 @@ pub(crate) enum LabelExtra {
     Peer(usize),
 }
 
-/// The parts of a [`Label`].
-#[derive(Clone, Debug)]
-struct LabelParts {
-    name: &'static str,
-    extra: LabelExtra,
-    count: usize,
-    dtype: &'static str,
-    comm_id: u64,
-    rank: usize,
+/// Where an operation runs (its communicator and this rank): what its label needs besides
+/// the operation's own fields. Two words, so that a validated operation stays small enough
+/// to be moved between the call's layers without a `memcpy` call (it carried a 104-byte
+/// label before, formatted lazily; docs/performance.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct OpPlace {
+    pub comm_id: u64,
+    pub rank: usize,
 }
 
-/// An operation's name for messages, e.g. `AllReduce (count 7, float) on comm 0x.. rank 1`:
-/// formatted on first use (errors and log lines), not on every call, so that it costs
-/// nothing on the latency path. Dereferences to the text.
-#[derive(Clone, Debug)]
-pub(crate) struct Label {
-    parts: Option<LabelParts>,
-    text: std::sync::OnceLock<String>,
-}
-
-impl Label {
-    /// The label of operation `name` with `extra`, `count` elements of `dtype` on rank
-    /// `rank` of communicator `comm_id`.
-    pub(crate) fn new(
-        name: &'static str,
-        extra: LabelExtra,
-        count: usize,
-        dtype: &'static str,
-        comm_id: u64,
-        rank: usize,
-    ) -> Label {
-        Label {
-            parts: Some(LabelParts {
-                name,
-                extra,
-                count,
-                dtype,
-                comm_id,
-                rank,
-            }),
-            text: std::sync::OnceLock::new(),
-        }
+impl OpPlace {
+    /// The label of operation `name` with `extra`, `count` elements of `dtype` here, e.g.
+    /// `AllReduce (count 7, float) on comm 0x.. rank 1`.
+    pub(crate) fn label(&self, name: &str, extra: LabelExtra, count: usize, dtype: &str) -> String {
+        let extra = match extra {
+            LabelExtra::None => String::new(),
+            LabelExtra::Root(r) => format!(" root {r}"),
+            LabelExtra::Peer(r) => format!(" peer {r}"),
+        };
+        format!(
+            "{name}{extra} (count {count}, {dtype}) on comm {:#018x} rank {}",
+            self.comm_id, self.rank
+        )
     }
 }
 
-impl From<&str> for Label {
-    fn from(s: &str) -> Label {
-        Label {
-            parts: None,
-            text: std::sync::OnceLock::from(s.to_string()),
-        }
-    }
-}
+#[cfg(test)]
+mod tests {
+    use super::{LabelExtra, OpPlace};
 
-impl std::ops::Deref for Label {
-    type Target = str;
-    fn deref(&self) -> &str {
-        self.text.get_or_init(|| match &self.parts {
-            None => String::new(),
-            Some(p) => {
-                let extra = match p.extra {
-                    LabelExtra::None => String::new(),
-                    LabelExtra::Root(r) => format!(" root {r}"),
-                    LabelExtra::Peer(r) => format!(" peer {r}"),
-                };
-                format!(
-                    "{}{extra} (count {}, {}) on comm {:#018x} rank {}",
-                    p.name, p.count, p.dtype, p.comm_id, p.rank
-                )
-            }
-        })
-    }
-}
-
-impl std::fmt::Display for Label {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self)
+    #[test]
+    fn labels_name_the_operation_and_where_it_runs() {
+        let p = OpPlace {
+            comm_id: 0x34,
+            rank: 2,
+        };
+        assert_eq!(
+            p.label("AllReduce", LabelExtra::None, 7, "float"),
+            "AllReduce (count 7, float) on comm 0x0000000000000034 rank 2"
+        );
+        assert_eq!(
+            p.label("Broadcast", LabelExtra::Root(1), 0, "int8"),
+            "Broadcast root 1 (count 0, int8) on comm 0x0000000000000034 rank 2"
+        );
+        assert_eq!(
+            p.label("Send", LabelExtra::Peer(3), 5, "int32"),
+            "Send peer 3 (count 5, int32) on comm 0x0000000000000034 rank 2"
+        );
     }
 }

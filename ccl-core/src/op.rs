@@ -10,7 +10,7 @@
 use ccl_optype::{Algo, CollKind, OpTypeSet, Proto};
 
 use crate::error::Result;
-use crate::label::Label;
+use crate::label::{LabelExtra, OpPlace};
 use crate::schedule::{self, CollDesc, Dir, P2pOp, Plan, Tuning};
 use crate::types::{DataType, RedOpKind};
 
@@ -41,7 +41,7 @@ pub(crate) struct CollOp {
     pub root: usize,
     pub red: Option<RedSpec>,
     pub raw_op: i32,
-    pub label: Label,
+    pub place: OpPlace,
 }
 
 /// A validated Send or Recv.
@@ -52,7 +52,7 @@ pub(crate) struct P2pCall {
     pub buf: usize,
     pub count: usize,
     pub dtype: DataType,
-    pub label: Label,
+    pub place: OpPlace,
 }
 
 /// One unit of work: a collective, or all Send/Recv of one group on this communicator.
@@ -62,12 +62,50 @@ pub(crate) enum WorkItem {
     P2p(Vec<P2pCall>),
 }
 
+/// Whether `k` has a root rank.
+pub(crate) fn is_rooted(k: CollKind) -> bool {
+    matches!(
+        k,
+        CollKind::Broadcast | CollKind::Reduce | CollKind::Gather | CollKind::Scatter
+    )
+}
+
+impl CollOp {
+    /// The operation's name for messages (formatted here, on error and log paths only).
+    pub(crate) fn label(&self) -> String {
+        let extra = if is_rooted(self.kind) {
+            LabelExtra::Root(self.root)
+        } else {
+            LabelExtra::None
+        };
+        self.place
+            .label(self.kind.name(), extra, self.count, self.dtype.name())
+    }
+}
+
+impl P2pCall {
+    /// The call's name for messages.
+    pub(crate) fn label(&self) -> String {
+        let name = if self.dir == Dir::Send {
+            "Send"
+        } else {
+            "Recv"
+        };
+        self.place.label(
+            name,
+            LabelExtra::Peer(self.peer),
+            self.count,
+            self.dtype.name(),
+        )
+    }
+}
+
 impl WorkItem {
     pub(crate) fn label(&self) -> String {
         match self {
-            WorkItem::Coll(c) => c.label.to_string(),
+            WorkItem::Coll(c) => c.label(),
             WorkItem::P2p(v) => {
-                let names: Vec<&str> = v.iter().map(|c| &*c.label).collect();
+                let names: Vec<String> = v.iter().map(P2pCall::label).collect();
                 format!("p2p group [{}]", names.join(", "))
             }
         }

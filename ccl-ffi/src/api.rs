@@ -219,27 +219,9 @@ fn collective(
     stream: CudaStream,
 ) -> Result<()> {
     let c = handles::get(comm)?;
-    DataType::from_raw(dtype)?;
-    if op < 0 {
-        return Err(CclError::arg(format!("invalid reduction operation {op}")));
-    }
-    if count > 0 {
-        let (need_send, need_recv) = match kind {
-            CollKind::AllReduce
-            | CollKind::AllGather
-            | CollKind::ReduceScatter
-            | CollKind::AlltoAll => (true, true),
-            CollKind::Broadcast => (false, true),
-            CollKind::Reduce | CollKind::Gather | CollKind::Send => (true, false),
-            CollKind::Scatter | CollKind::Recv => (false, true),
-        };
-        if need_send && sendbuf.is_null() {
-            return Err(CclError::arg(format!("{} sendbuff is NULL", kind.name())));
-        }
-        if need_recv && recvbuf.is_null() {
-            return Err(CclError::arg(format!("{} recvbuff is NULL", kind.name())));
-        }
-    }
+    // ccl-core validates the rest (data type, operator, root or peer, buffers), after the
+    // communicator's state, in NCCL's order (`ncclEnqueueCheck`: the communicator is
+    // ready before its arguments are checked).
     // ccl-core logs the NCCL-style INFO line of each operation (with its opCount); this is
     // the raw call as received, for NCCL_DEBUG=TRACE NCCL_DEBUG_SUBSYS=CALL.
     tracing::debug!(

@@ -430,7 +430,7 @@ impl DeviceComm {
             WorkItem::P2p(calls) => (
                 calls
                     .iter()
-                    .map(|c| self.kernel_buffer("buff", &c.label, c.buf))
+                    .map(|c| self.kernel_buffer("buff", &c.label(), c.buf))
                     .collect::<Result<Vec<usize>>>()?,
                 None,
                 0,
