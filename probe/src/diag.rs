@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 use ccld_wire as wire;
 
 use crate::frame::Frame;
-use crate::optype::{EndTime, OpLog, OpSnapshot, OpState};
+use crate::optype::{EndTime, Finished, OpLog, OpSnapshot, OpState};
 use crate::sched::CpuWaitTracker;
 use crate::seqspace::{OpSeq, SeqLog, SeqSpace};
 use crate::thin;
@@ -501,19 +501,24 @@ impl Source {
         )
     }
 
-    /// Called by the executor when an operation finished, with the entry `OpLog::finish`
-    /// returned: unless thinning leaves it out ([`thin`]), copies its counters and queues
-    /// them for the diagnostic thread without blocking.
-    pub fn op_done(&self, snap: &OpSnapshot) {
-        self.op_done_wire(snap, &[]);
+    /// Called by the executor when an operation finished, with what `OpLog::finish`
+    /// returned: unless thinning leaves it out ([`thin`]), reads its op-log entry, copies
+    /// its counters and queues them for the diagnostic thread without blocking.
+    pub fn op_done(&self, fin: &Finished) {
+        self.op_done_wire(fin, &[]);
     }
 
     /// [`Source::op_done`] with the operation's inbound wire time by sending peer, for
     /// operations whose inbound messages come from a different peer at each step (a Tree
     /// over sockets; a ring's wire time goes into its frame channels instead). Copied into
     /// the record only if the completion is reported.
-    pub fn op_done_wire(&self, snap: &OpSnapshot, peer_wire: &[PeerWire]) {
-        let Some(thinning) = self.thin_completion(snap) else {
+    pub fn op_done_wire(&self, fin: &Finished, peer_wire: &[PeerWire]) {
+        let Some(thinning) = self.thin_completion(fin) else {
+            return;
+        };
+        // The whole entry (the type set), only for a record that is sent. The completing
+        // thread is the log's only writer: the entry is the one it just finished.
+        let Some(snap) = self.op_log.get(fin.op_counter) else {
             return;
         };
         // On the host backend the completing thread ran the operation (on the device
@@ -524,7 +529,7 @@ impl Source {
         if self.ident.device < 0 {
             self.note_exec_tid();
         }
-        let mut msg = self.done_message(snap, thinning);
+        let mut msg = self.done_message(&snap, thinning);
         msg.peer_wire = peer_wire.to_vec();
         if global().done_tx.try_send(msg).is_err() {
             // Full queue (or no diagnostic thread): dropped, counted.
@@ -532,18 +537,21 @@ impl Source {
         }
     }
 
-    /// [`Source::op_done`] for an operation that failed (`snap.state` is `Failed`), with
+    /// [`Source::op_done`] for an operation that failed (`fin.state` is `Failed`), with
     /// why it failed: the record carries `failure`, `peer_lost` and `mismatch`. Failed
     /// operations are always reported (never thinned out).
-    pub fn op_failed(&self, snap: &OpSnapshot, failure: crate::failure::Failure) {
+    pub fn op_failed(&self, fin: &Finished, failure: crate::failure::Failure) {
         if self.ident.device < 0 {
             self.note_exec_tid();
         }
-        let thinning = self.thin_completion(snap).unwrap_or(Thinning {
+        let thinning = self.thin_completion(fin).unwrap_or(Thinning {
             gap: Gap::default(),
             stride: 1,
         });
-        let mut msg = self.done_message(snap, thinning);
+        let Some(snap) = self.op_log.get(fin.op_counter) else {
+            return;
+        };
+        let mut msg = self.done_message(&snap, thinning);
         msg.failure = Some(Box::new(failure));
         if global().done_tx.try_send(msg).is_err() {
             count_drop(1);
@@ -562,7 +570,7 @@ impl Source {
 
     /// The bookkeeping of a completion (gap, epoch, stride) and whether it is reported:
     /// `Some` with what its record says about thinning, `None` when thinning leaves it out.
-    fn thin_completion(&self, snap: &OpSnapshot) -> Option<Thinning> {
+    fn thin_completion(&self, snap: &Finished) -> Option<Thinning> {
         let c = snap.op_counter;
         let t = &self.thin;
         let report =

@@ -36,7 +36,7 @@ pub use frame::{
     ext_bytes, ChannelCounts, ChannelWaits, Frame, FrameBlock, FrameHeader, FrameHeaderSnapshot,
     ProbingFrame, TraceId, EXT_WORDS_PER_CHANNEL, FRAME_BLOCKS, FRAME_HEADER_BYTES, PAPER_CHANNELS,
 };
-pub use optype::{Algo, CollKind, EndTime, OpLog, OpSnapshot, OpState, OpTypeSet, Proto};
+pub use optype::{Algo, CollKind, EndTime, Finished, OpLog, OpSnapshot, OpState, OpTypeSet, Proto};
 pub use seqspace::{OpSeq, PeerSeq, SeqLog, SeqSpace};
 
 use ccld_wire::{self as w, AnomalyClass};

@@ -42,6 +42,22 @@ pub struct OpSnapshot {
     pub state: OpState,
 }
 
+/// An operation's end as [`OpLog::finish`] stored it: what its completion needs to be
+/// thinned (`Source::op_done`), without the type set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Finished {
+    /// Full operation counter.
+    pub op_counter: u64,
+    /// Start time (the entry's).
+    pub start_ns: u64,
+    /// End time.
+    pub end_ns: u64,
+    /// Whether `end_ns` was read from the clock.
+    pub timed: bool,
+    /// `Completed` or `Failed`.
+    pub state: OpState,
+}
+
 /// When an operation ended, as [`OpLog::finish`] records it.
 ///
 /// The probe reads the clock at the end of the operations whose records it may report
@@ -171,40 +187,44 @@ impl OpLog {
         );
     }
 
-    /// Records the end of operation `op_counter` (single writer) and returns the final
-    /// entry (for the completion message). Ignored (`None`) if the slot was already reused
-    /// by a later operation.
+    /// Records the end of operation `op_counter` (single writer) and returns what its
+    /// completion needs to be thinned ([`Finished`]); a completion that is reported reads
+    /// the whole entry afterwards ([`OpLog::get`]). Ignored (`None`) if the slot was
+    /// already reused by a later operation.
     ///
     /// Only the writer changes a slot, so it reads its own slot without the sequence
-    /// check, and rewrites only the two words that change (state, end time).
-    pub fn finish(&self, op_counter: u64, end: EndTime, ok: bool) -> Option<OpSnapshot> {
-        let end_ns = end.ns;
+    /// check, reads only the words a thinned completion needs (counter, state, start
+    /// time) and rewrites only the two that change (state, end time): most completions
+    /// are thinned out, and this runs on the operation's return path.
+    pub fn finish(&self, op_counter: u64, end: EndTime, ok: bool) -> Option<Finished> {
         let slot = &self.slots[(op_counter % FRAME_BLOCKS as u64) as usize];
-        if slot.seq.load(Ordering::Relaxed) == 0 {
+        if slot.seq.load(Ordering::Relaxed) == 0
+            || slot.words[0].load(Ordering::Relaxed) != op_counter
+        {
             return None;
         }
-        let mut w = [0u64; SLOT_WORDS];
-        for (d, src) in w.iter_mut().zip(&slot.words) {
-            *d = src.load(Ordering::Relaxed);
-        }
-        let mut snap = decode(&w).filter(|s| s.op_counter == op_counter)?;
-        snap.state = if ok {
+        let state = if ok {
             OpState::Completed
         } else {
             OpState::Failed
         };
-        snap.end_ns = end_ns;
-        snap.timed = end.timed;
         let timed = if end.timed { TIMED_BIT } else { 0 };
-        let state_word =
-            (w[1] & !(0xff << 32) & !TIMED_BIT) | u64::from(snap.state as u8) << 32 | timed;
+        let w1 = slot.words[1].load(Ordering::Relaxed);
+        let state_word = (w1 & !(0xff << 32) & !TIMED_BIT) | u64::from(state as u8) << 32 | timed;
+        let start_ns = slot.words[6].load(Ordering::Relaxed);
         let s = slot.seq.load(Ordering::Relaxed);
         slot.seq.store(s.wrapping_add(1), Ordering::Relaxed);
         std::sync::atomic::fence(Ordering::Release);
         slot.words[1].store(state_word, Ordering::Relaxed);
-        slot.words[7].store(end_ns, Ordering::Relaxed);
+        slot.words[7].store(end.ns, Ordering::Relaxed);
         slot.seq.store(s.wrapping_add(2), Ordering::Release);
-        Some(snap)
+        Some(Finished {
+            op_counter,
+            start_ns,
+            end_ns: end.ns,
+            timed: end.timed,
+            state,
+        })
     }
 
     /// Consistent copy of the slot of `op_counter`, if it still holds that operation.
@@ -260,7 +280,17 @@ mod tests {
         assert_eq!(s.info, info());
         assert_eq!((s.start_ns, s.end_ns, s.state), (111, 0, OpState::InFlight));
         let fin = log.finish(3, EndTime::exact(222), true).unwrap();
-        assert_eq!(Some(fin), log.get(3), "finish returns the entry it stored");
+        assert_eq!(
+            fin,
+            Finished {
+                op_counter: 3,
+                start_ns: 111,
+                end_ns: 222,
+                timed: true,
+                state: OpState::Completed
+            },
+            "finish returns what it stored"
+        );
         assert_eq!(log.get(3).unwrap().state, OpState::Completed);
         assert_eq!(log.get(3).unwrap().end_ns, 222);
         log.start(11, &info(), 333);
@@ -270,8 +300,12 @@ mod tests {
             "stale finish is ignored"
         );
         assert_eq!(log.get(11).unwrap().state, OpState::InFlight);
-        let failed = log.finish(11, EndTime::exact(555), false).unwrap();
-        assert_eq!(Some(failed), log.get(11));
+        let fin = log.finish(11, EndTime::exact(555), false).unwrap();
+        assert_eq!(
+            (fin.start_ns, fin.end_ns, fin.state),
+            (333, 555, OpState::Failed)
+        );
+        let failed = log.get(11).unwrap();
         assert_eq!(
             (failed.info, failed.start_ns, failed.end_ns, failed.state),
             (info(), 333, 555, OpState::Failed)
@@ -288,7 +322,11 @@ mod tests {
             (fin.end_ns, fin.timed, fin.state),
             (900, false, OpState::Completed)
         );
-        assert_eq!(log.get(5), Some(fin));
+        let entry = log.get(5).unwrap();
+        assert_eq!(
+            (entry.end_ns, entry.timed, entry.state, entry.start_ns),
+            (900, false, OpState::Completed, 100)
+        );
         // The slot's next operation starts timed again, whatever the last one was.
         log.start(13, &info(), 1_000);
         let fin = log.finish(13, EndTime::exact(1_200), true).unwrap();

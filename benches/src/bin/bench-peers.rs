@@ -34,12 +34,16 @@ struct Opts {
     md: Option<PathBuf>,
 }
 
-fn usage(msg: &str) -> ! {
-    eprintln!("bench-peers: {msg}");
+fn print_usage() {
     eprintln!(
         "usage: bench-peers --mpi-bin PATH [--mpirun mpirun] [--ranks 2,4] [--rounds 5] [--min 8] \
          [--max 33554432] [--factor 4] [--iters 20] [--svg FILE] [--md FILE]"
     );
+}
+
+fn usage(msg: &str) -> ! {
+    eprintln!("bench-peers: {msg}");
+    print_usage();
     std::process::exit(2)
 }
 
@@ -59,6 +63,26 @@ fn parse_opts() -> Opts {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
     while i < args.len() {
+        if matches!(args[i].as_str(), "-h" | "--help") {
+            print_usage();
+            std::process::exit(0);
+        }
+        if ![
+            "--ranks",
+            "--rounds",
+            "--min",
+            "--max",
+            "--factor",
+            "--iters",
+            "--mpi-bin",
+            "--mpirun",
+            "--svg",
+            "--md",
+        ]
+        .contains(&args[i].as_str())
+        {
+            usage(&format!("unknown option {}", args[i]));
+        }
         let v = args
             .get(i + 1)
             .cloned()

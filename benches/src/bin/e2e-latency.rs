@@ -20,9 +20,24 @@ use probe::CollKind;
 fn main() {
     let mut n = 4usize;
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if let [flag, v] = args.as_slice() {
-        if flag == "--ranks" {
-            n = v.parse().unwrap_or(4).clamp(2, 16);
+    match args.as_slice() {
+        [] => {}
+        [flag, v] if flag == "--ranks" => match v.parse::<usize>() {
+            Ok(r) => n = r.clamp(2, 16),
+            Err(_) => {
+                eprintln!(
+                    "e2e-latency: --ranks: not a number: {v}\nusage: e2e-latency [--ranks 4]"
+                );
+                std::process::exit(2);
+            }
+        },
+        [h] if h == "-h" || h == "--help" => {
+            eprintln!("usage: e2e-latency [--ranks 4]");
+            std::process::exit(0);
+        }
+        _ => {
+            eprintln!("e2e-latency: unknown arguments {args:?}\nusage: e2e-latency [--ranks 4]");
+            std::process::exit(2);
         }
     }
     println!(

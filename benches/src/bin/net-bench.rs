@@ -50,12 +50,16 @@ struct Opts {
     md: Option<PathBuf>,
 }
 
-fn usage(msg: &str) -> ! {
-    eprintln!("net-bench: {msg}");
+fn print_usage() {
     eprintln!(
         "usage: net-bench [--mpi-bin PATH] [--rounds 3] [--min 65536] [--max 67108864] \
          [--factor 4] [--iters 10] [--md FILE]"
     );
+}
+
+fn usage(msg: &str) -> ! {
+    eprintln!("net-bench: {msg}");
+    print_usage();
     std::process::exit(2)
 }
 
@@ -71,6 +75,23 @@ fn parse_opts(args: &[String]) -> Opts {
     };
     let mut i = 0;
     while i < args.len() {
+        if matches!(args[i].as_str(), "-h" | "--help") {
+            print_usage();
+            std::process::exit(0);
+        }
+        if ![
+            "--rounds",
+            "--min",
+            "--max",
+            "--factor",
+            "--iters",
+            "--mpi-bin",
+            "--md",
+        ]
+        .contains(&args[i].as_str())
+        {
+            usage(&format!("unknown option {}", args[i]));
+        }
         let v = args
             .get(i + 1)
             .cloned()

@@ -47,14 +47,13 @@ fn rates_are_reciprocal_change_ticks_and_completion_makes_a_record() {
         assert!(sm.sample(std::slice::from_ref(&s), 2_000 + t).is_empty());
     }
     s.frame.add_wait_upstream(b, 0, 300);
-    let fin = s
-        .op_log
+    s.op_log
         .finish(5, EndTime::exact(1_000 + 2_000_000_000), true)
         .unwrap();
     let d = Done {
         source: s.id,
         counter: 5,
-        snap: fin,
+        snap: s.op_log.get(5).unwrap(),
         chans: DoneChans::Heap(Sampler::live_chans(&s, 5)),
         thinning: Thinning::default(),
         failure: None,
@@ -106,7 +105,7 @@ fn records_carry_the_cpu_wait_of_the_thread_that_ran_the_operations() {
         Done {
             source: s.id,
             counter: c,
-            snap: fin,
+            snap: s.op_log.get(c).unwrap(),
             chans: DoneChans::Heap(Sampler::live_chans(&s, c)),
             thinning: Thinning::default(),
             failure: None,
@@ -205,11 +204,10 @@ fn completions_of_fast_operations_keep_their_records() {
             s.op_log.start(k, &info(), 1_000 * k);
             s.frame.add_send(b, 0, k + 1);
             s.frame.add_recv(b, 1, 2 * k + 1);
-            let fin = s
-                .op_log
+            s.op_log
                 .finish(k, EndTime::exact(1_000 * k + 10 * (k + 1)), true)
                 .unwrap();
-            s.done_message(&fin, Thinning::default())
+            s.done_message(&s.op_log.get(k).unwrap(), Thinning::default())
         })
         .collect();
     for (k, d) in (0..n_ops).zip(&msgs) {
