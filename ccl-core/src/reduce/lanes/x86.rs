@@ -71,24 +71,34 @@ impl Codec for HwBf16 {
     #[inline(always)]
     unsafe fn encode(v: &[f32; B], dst: &mut [u8]) {
         let dst = &mut dst[..B * 2];
-        for k in 0..B / 8 {
-            // SAFETY: lanes 8k..8k+8 of `v`, bytes 16k..16k+16 of `dst` (B * 2
+        /// Eight f32 lanes -> their bf16 bits in the low half of each 32-bit lane.
+        ///
+        /// # Safety
+        /// The CPU has AVX2.
+        #[inline(always)]
+        unsafe fn round8(xf: __m256) -> __m256i {
+            // SAFETY: register-only AVX2 operations; AVX2 present (caller).
+            unsafe {
+                let x = _mm256_castps_si256(xf);
+                let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(x), _mm256_set1_epi32(1));
+                let biased = _mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7FFF)), lsb);
+                let r = _mm256_srli_epi32::<16>(biased);
+                // NaN lanes (unordered with themselves): one compare, no mask of the sign
+                let nan = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_UNORD_Q>(xf, xf));
+                _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FFF), nan)
+            }
+        }
+        for k in 0..B / 16 {
+            // SAFETY: lanes 16k..16k+16 of `v`, bytes 32k..32k+32 of `dst` (B * 2
             // bytes); unaligned load/store; AVX2 present (caller).
             unsafe {
-                let x = _mm256_castps_si256(_mm256_loadu_ps(v.as_ptr().add(8 * k)));
-                let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(x), _mm256_set1_epi32(1));
-                let bias = _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), lsb);
-                let r = _mm256_srli_epi32::<16>(_mm256_add_epi32(x, bias));
-                let abs = _mm256_and_si256(x, _mm256_set1_epi32(0x7FFF_FFFF));
-                let nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7F80_0000));
-                let r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FFF), nan);
+                let r0 = round8(_mm256_loadu_ps(v.as_ptr().add(16 * k)));
+                let r1 = round8(_mm256_loadu_ps(v.as_ptr().add(16 * k + 8)));
                 // every lane <= 0xFFFF: the unsigned-saturating pack is exact; it packs
-                // within 128-bit halves, so gather quadwords 0 and 2
-                let p = _mm256_permute4x64_epi64::<0b1000>(_mm256_packus_epi32(r, r));
-                _mm_storeu_si128(
-                    dst.as_mut_ptr().add(16 * k).cast(),
-                    _mm256_castsi256_si128(p),
-                );
+                // within 128-bit halves (r0 lo, r1 lo, r0 hi, r1 hi), so reorder the
+                // quadwords to r0 lo, r0 hi, r1 lo, r1 hi
+                let p = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi32(r0, r1));
+                _mm256_storeu_si256(dst.as_mut_ptr().add(32 * k).cast(), p);
             }
         }
     }
