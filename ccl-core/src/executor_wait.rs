@@ -123,16 +123,19 @@ pub(crate) fn read_current(
 }
 
 /// A waiting executor's share of the socket work ([`crate::channel::Transport::drive_sockets`]).
-/// For an operation of small messages ([`SocketDriver::MAX_MESSAGE`]), latency-bound, it
-/// runs the socket proxy's rounds itself while they move something: a message is sent and
-/// seen without waking a second thread. After [`SocketDriver::IDLE`] fruitless rounds in a
-/// row it hands the sockets back to the proxy thread (which then sleeps in `poll` on them
-/// and rings this rank's doorbell) until the wait makes progress again, so that a long
-/// wait for a peer without a CPU costs the same yields as without sockets. Operations of
-/// larger messages leave the sockets to the proxy thread, which sends and receives one
-/// message while the executor copies or reduces the next (measured on the 2-core machine
-/// over veth: driving them too was neutral with 2 hosts and 0.8-0.9x with 4;
-/// docs/perf-net.md).
+/// For an operation of messages up to [`SocketDriver::MAX_MESSAGE`] (every message with
+/// the default `NCCL_BUFFSIZE`) it runs the socket proxy's rounds itself while they move
+/// something: a message is sent and seen without waking a second thread. After
+/// [`SocketDriver::IDLE`] fruitless rounds in a row it hands the sockets back to the proxy
+/// thread (which then sleeps in `poll` on them and rings this rank's doorbell) until the
+/// wait makes progress again, so that a long wait for a peer without a CPU costs the same
+/// yields as without sockets. Operations of larger messages (a larger `NCCL_BUFFSIZE`)
+/// leave the sockets to the proxy thread, which sends and receives one message while the
+/// executor copies or reduces the next. Measured on the 2-core machine over veth
+/// (docs/perf-net.md, 2026-12-06): driving messages of up to 128 KiB instead of 64 KiB
+/// took 0.64-0.81x the time from 128 KiB to 16 MiB with 2 hosts, and was neutral with 4
+/// hosts and with 2 hosts x 2 ranks (when the proxy's hand-back woke its thread at every
+/// job's end, driving large transfers had been neutral with 2 hosts and 0.8-0.9x with 4).
 pub(super) struct SocketDriver {
     /// Whether this operation's waits drive the sockets at all.
     on: bool,
@@ -143,8 +146,9 @@ impl SocketDriver {
     /// Fruitless rounds before the executor stops driving (the proxy thread's own idle
     /// budget, `IDLE_YIELDS` in the proxy).
     pub(super) const IDLE: u32 = 64;
-    /// The largest message of an operation whose waits drive the sockets.
-    pub(super) const MAX_MESSAGE: usize = 64 << 10;
+    /// The largest message of an operation whose waits drive the sockets: one FIFO slot
+    /// of the default `NCCL_BUFFSIZE` (1 MiB in 8 slots).
+    pub(super) const MAX_MESSAGE: usize = 128 << 10;
 
     /// The driver of an operation whose largest message has `message_bytes` (pure;
     /// `usize::MAX` for a communicator without sockets).
