@@ -8,6 +8,8 @@
 #![warn(unreachable_pub)]
 
 pub mod analyzer_util;
+/// Command lines of the benchmark binaries (`--option value` pairs, `--help`).
+pub mod cli;
 /// End-to-end harness (ranks as threads, `CCLD_INJECT`, embedded analyzer) shared by e2e tests.
 pub mod e2e_harness;
 pub mod netns;

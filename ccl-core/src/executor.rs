@@ -453,12 +453,7 @@ impl Worker {
     fn run_plan_item(&mut self, item: &WorkItem, algo: HostAlgo, probing: bool) -> Result<()> {
         let sh = &self.shared;
         let plan = if algo == HostAlgo::Tree {
-            Plan {
-                n_channels: 1,
-                unit: 1,
-                lanes: Vec::new(),
-                local: Vec::new(),
-            }
+            Plan::stepless()
         } else {
             let mut plan = plan_for(item, sh.rank, sh.nranks, &sh.tuning)?;
             crate::desc::add_descriptor_only_steps(&mut plan, item, sh.rank, sh.nranks);

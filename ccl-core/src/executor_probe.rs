@@ -128,12 +128,7 @@ impl Worker {
     pub(super) fn start_pending(&mut self, item: &WorkItem) {
         if let Some(p) = self.pending.take() {
             publish_current(&self.t.current, Some(p.desc));
-            let plan = Plan {
-                n_channels: 1,
-                unit: 1,
-                lanes: Vec::new(),
-                local: Vec::new(),
-            };
+            let plan = Plan::stepless();
             self.begin_item(item, p.seq, p.probing, Some(p.proto), &plan, false);
         }
     }

@@ -207,6 +207,19 @@ pub struct Plan {
     pub local: Vec<LocalStep>,
 }
 
+impl Plan {
+    /// A plan of one channel without steps: what the probe and the op type set see of an
+    /// operation the host executor runs without a schedule (a Tree AllReduce).
+    pub fn stepless() -> Plan {
+        Plan {
+            n_channels: 1,
+            unit: 1,
+            lanes: Vec::new(),
+            local: Vec::new(),
+        }
+    }
+}
+
 /// Expected probe counters of one channel.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ExpectedCounts {

@@ -34,17 +34,12 @@ struct Opts {
     md: Option<PathBuf>,
 }
 
-fn print_usage() {
-    eprintln!(
-        "usage: bench-peers --mpi-bin PATH [--mpirun mpirun] [--ranks 2,4] [--rounds 5] [--min 8] \
-         [--max 33554432] [--factor 4] [--iters 20] [--svg FILE] [--md FILE]"
-    );
-}
+const USAGE: &str = "usage: bench-peers --mpi-bin PATH [--mpirun mpirun] [--ranks 2,4] \
+                     [--rounds 5] [--min 8] [--max 33554432] [--factor 4] [--iters 20] \
+                     [--svg FILE] [--md FILE]";
 
 fn usage(msg: &str) -> ! {
-    eprintln!("bench-peers: {msg}");
-    print_usage();
-    std::process::exit(2)
+    benches::cli::fail("bench-peers", USAGE, msg)
 }
 
 fn parse_opts() -> Opts {
@@ -61,37 +56,24 @@ fn parse_opts() -> Opts {
         md: None,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut i = 0;
-    while i < args.len() {
-        if matches!(args[i].as_str(), "-h" | "--help") {
-            print_usage();
-            std::process::exit(0);
-        }
-        if ![
-            "--ranks",
-            "--rounds",
-            "--min",
-            "--max",
-            "--factor",
-            "--iters",
-            "--mpi-bin",
-            "--mpirun",
-            "--svg",
-            "--md",
-        ]
-        .contains(&args[i].as_str())
-        {
-            usage(&format!("unknown option {}", args[i]));
-        }
-        let v = args
-            .get(i + 1)
-            .cloned()
-            .unwrap_or_else(|| usage(&format!("{} needs a value", args[i])));
+    let known = [
+        "--ranks",
+        "--rounds",
+        "--min",
+        "--max",
+        "--factor",
+        "--iters",
+        "--mpi-bin",
+        "--mpirun",
+        "--svg",
+        "--md",
+    ];
+    for (opt, v) in benches::cli::option_pairs("bench-peers", USAGE, &args, &known) {
         let num = |v: &str| -> u64 {
             v.parse()
-                .unwrap_or_else(|_| usage(&format!("{}: not a number: {v}", args[i])))
+                .unwrap_or_else(|_| usage(&format!("{opt}: not a number: {v}")))
         };
-        match args[i].as_str() {
+        match opt.as_str() {
             "--ranks" => o.ranks = v.split(',').map(|r| num(r) as usize).collect(),
             "--rounds" => o.rounds = num(&v) as usize,
             "--min" => o.min = num(&v),
@@ -104,7 +86,6 @@ fn parse_opts() -> Opts {
             "--md" => o.md = Some(v.into()),
             other => usage(&format!("unknown option {other}")),
         }
-        i += 2;
     }
     if o.mpi_bin.as_os_str().is_empty() {
         usage("--mpi-bin is required");

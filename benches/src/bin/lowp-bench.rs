@@ -24,25 +24,6 @@ use ccl_core::types::{DataType, RedOpKind};
 const USAGE: &str = "usage: lowp-bench [--rounds 7] [--ranks 2] \
     [--sizes 131072,2097152,33554432] [--kernel-bytes 1048576]";
 
-/// Exits with the usage on `--help` (status 0) and on an option it does not know (2).
-fn check_args(args: &[String]) {
-    let known = ["--rounds", "--ranks", "--sizes", "--kernel-bytes"];
-    let mut i = 1;
-    while i < args.len() {
-        match args[i].as_str() {
-            "-h" | "--help" => {
-                eprintln!("{USAGE}");
-                std::process::exit(0);
-            }
-            a if known.contains(&a) => i += 2,
-            other => {
-                eprintln!("lowp-bench: unknown option {other}\n{USAGE}");
-                std::process::exit(2);
-            }
-        }
-    }
-}
-
 fn arg<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> T {
     match args.iter().position(|a| a == name) {
         Some(i) => match args.get(i + 1).map(|v| v.parse::<T>()) {
@@ -105,7 +86,12 @@ fn time_gbps(bytes: usize, mut f: impl FnMut()) -> f64 {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    check_args(&args);
+    benches::cli::option_pairs(
+        "lowp-bench",
+        USAGE,
+        &args[1..],
+        &["--rounds", "--ranks", "--sizes", "--kernel-bytes"],
+    );
     let rounds: usize = arg(&args, "--rounds", 7);
     let ranks: usize = arg(&args, "--ranks", 2);
     let kbytes: usize = arg(&args, "--kernel-bytes", 1 << 20);

@@ -50,17 +50,11 @@ struct Opts {
     md: Option<PathBuf>,
 }
 
-fn print_usage() {
-    eprintln!(
-        "usage: net-bench [--mpi-bin PATH] [--rounds 3] [--min 65536] [--max 67108864] \
-         [--factor 4] [--iters 10] [--md FILE]"
-    );
-}
+const USAGE: &str = "usage: net-bench [--mpi-bin PATH] [--rounds 3] [--min 65536] \
+                     [--max 67108864] [--factor 4] [--iters 10] [--md FILE]";
 
 fn usage(msg: &str) -> ! {
-    eprintln!("net-bench: {msg}");
-    print_usage();
-    std::process::exit(2)
+    benches::cli::fail("net-bench", USAGE, msg)
 }
 
 fn parse_opts(args: &[String]) -> Opts {
@@ -73,34 +67,21 @@ fn parse_opts(args: &[String]) -> Opts {
         mpi_bin: None,
         md: None,
     };
-    let mut i = 0;
-    while i < args.len() {
-        if matches!(args[i].as_str(), "-h" | "--help") {
-            print_usage();
-            std::process::exit(0);
-        }
-        if ![
-            "--rounds",
-            "--min",
-            "--max",
-            "--factor",
-            "--iters",
-            "--mpi-bin",
-            "--md",
-        ]
-        .contains(&args[i].as_str())
-        {
-            usage(&format!("unknown option {}", args[i]));
-        }
-        let v = args
-            .get(i + 1)
-            .cloned()
-            .unwrap_or_else(|| usage(&format!("{} needs a value", args[i])));
+    let known = [
+        "--rounds",
+        "--min",
+        "--max",
+        "--factor",
+        "--iters",
+        "--mpi-bin",
+        "--md",
+    ];
+    for (opt, v) in benches::cli::option_pairs("net-bench", USAGE, args, &known) {
         let num = |v: &str| -> u64 {
             v.parse()
-                .unwrap_or_else(|_| usage(&format!("{}: not a number: {v}", args[i])))
+                .unwrap_or_else(|_| usage(&format!("{opt}: not a number: {v}")))
         };
-        match args[i].as_str() {
+        match opt.as_str() {
             "--rounds" => o.rounds = num(&v).max(1) as usize,
             "--min" => o.min = num(&v).max(4),
             "--max" => o.max = num(&v),
@@ -110,7 +91,6 @@ fn parse_opts(args: &[String]) -> Opts {
             "--md" => o.md = Some(PathBuf::from(v)),
             other => usage(&format!("unknown option {other}")),
         }
-        i += 2;
     }
     if o.max < o.min {
         usage("--max is below --min");
