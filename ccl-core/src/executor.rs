@@ -136,8 +136,15 @@ impl WorkerHandle {
         boot: Arc<Bootstrap>,
         transport: Transport,
     ) -> Result<Self> {
-        // A rank with remote peers shares its CPUs with its socket proxy thread as well.
-        let spin = spin_budget(shared.nranks, transport.uses_sockets())?;
+        // The ranks that share this rank's CPUs are the communicator's ranks on this
+        // machine (one kernel: "hosts" that are containers or network namespaces of one
+        // machine count together); a rank with remote peers shares them with its socket
+        // proxy thread as well.
+        let (here, proxy) = (boot.ranks_on_this_machine(), transport.uses_sockets());
+        let spin = spin_budget(here, proxy)?;
+        tracing::info!(target: "nccl::INIT", rank = shared.rank,
+            "host executor: a wait spins {} us ({here} of {} ranks on this machine{})",
+            spin.as_micros(), shared.nranks, if proxy { ", with socket proxies" } else { "" });
         let yield_for = yield_budget()?;
         let tree_steps = crate::tree::steps(shared.rank, shared.nranks);
         let tree_msgs = tree_exec::step_messages(&tree_steps);

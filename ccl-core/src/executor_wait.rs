@@ -69,11 +69,11 @@ impl Worker {
     }
 }
 
-/// The spin budget of a rank of a communicator of `nranks` ranks, with a socket proxy
-/// thread (`proxy`) or not.
-pub(super) fn spin_budget(nranks: usize, proxy: bool) -> Result<Duration> {
+/// The spin budget of a rank whose machine runs `ranks_here` ranks of its communicator
+/// (itself included), with a socket proxy thread each (`proxy`) or not.
+pub(super) fn spin_budget(ranks_here: usize, proxy: bool) -> Result<Duration> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let us = crate::env::u64_or(ENV_SPIN_US, default_spin_us(nranks, proxy, cores))?;
+    let us = crate::env::u64_or(ENV_SPIN_US, default_spin_us(ranks_here, proxy, cores))?;
     Ok(Duration::from_micros(us.min(10_000_000)))
 }
 
@@ -83,14 +83,16 @@ pub(super) fn yield_budget() -> Result<Duration> {
     Ok(Duration::from_micros(us.min(10_000_000)))
 }
 
-/// Default of `CCLD_SPIN_US` (pure): [`DEFAULT_SPIN_US`] when the threads that wait for
-/// each other (the ranks, and their socket proxies) fit the `cores` this process may run
-/// on, or when the process is bound to one CPU and has no proxy thread: a launcher that
-/// binds ranks to cores (`ccl-run`, `mpirun --bind-to core`, srun's `--cpu-bind`) gives
-/// each rank a core of its own, and a peer bound to the same CPU still turns spinning off
-/// at the first wait of every operation (`peer_on_my_cpu`). 0 otherwise.
-pub(super) fn default_spin_us(nranks: usize, proxy: bool, cores: usize) -> u64 {
-    let busy = nranks * if proxy { 2 } else { 1 };
+/// Default of `CCLD_SPIN_US` (pure): [`DEFAULT_SPIN_US`] when the threads of this machine
+/// that wait for each other (its `ranks_here` ranks of the communicator, and their socket
+/// proxies) fit the `cores` this process may run on, or when the process is bound to one
+/// CPU and has no proxy thread: a launcher that binds ranks to cores (`ccl-run`, `mpirun
+/// --bind-to core`, srun's `--cpu-bind`) gives each rank a core of its own, and a peer
+/// bound to the same CPU still turns spinning off at the first wait of every operation
+/// (`peer_on_my_cpu`). 0 otherwise. Ranks on other machines do not count: they spin on
+/// their own cores.
+pub(super) fn default_spin_us(ranks_here: usize, proxy: bool, cores: usize) -> u64 {
+    let busy = ranks_here * if proxy { 2 } else { 1 };
     if busy <= cores || (cores == 1 && !proxy) {
         DEFAULT_SPIN_US
     } else {
@@ -403,5 +405,9 @@ mod tests {
         // Bound to one CPU by a launcher: a core of its own, unless a proxy shares it.
         assert_eq!(default_spin_us(8, false, 1), DEFAULT_SPIN_US);
         assert_eq!(default_spin_us(8, true, 1), 0);
+        // 8 ranks with proxies on each 64-core machine of a 16-machine job: the count is
+        // this machine's ranks (`Bootstrap::ranks_on_this_machine`), not the job's 128.
+        assert_eq!(default_spin_us(8, true, 64), DEFAULT_SPIN_US);
+        assert_eq!(default_spin_us(33, true, 64), 0);
     }
 }

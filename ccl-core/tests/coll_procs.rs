@@ -174,6 +174,8 @@ fn matrix_rank() {
 
 /// A light case list for many processes on few cores.
 fn smoke_rank() {
+    // NCCL-style logging, as libnccl.so.2 sets it up (silent unless NCCL_DEBUG is set).
+    ccl_core::debug::init();
     let comm = child_comm();
     let n = comm.nranks() as usize;
     let mut b = Bufs::default();
@@ -531,6 +533,7 @@ fn spawn_job_on(n: usize, mode: &str, extra: &[(&str, &str)], hosts: &[&str]) ->
             "NCCL_P2P_DISABLE",
             "NCCL_SHM_DISABLE",
             "CCLD_SOCKET_SEND_BY_REF",
+            "CCLD_SPIN_US",
         ],
     )
 }
@@ -596,6 +599,37 @@ fn matrix_two_hosts_of_two_processes() {
         "matrix",
         &[("CCLD_SOCKET_SEND_BY_REF", "1")],
         &["a", "a", "b", "b"],
+    );
+}
+
+/// The spin budget counts the ranks that share this machine's CPUs: "hosts" made with
+/// `NCCL_HOSTID` (as network namespaces or containers) on one kernel are one machine, so
+/// 2 "hosts" x 2 processes on this machine count 4 ranks, not the 2 of a host. Read from
+/// every rank's INIT line (`NCCL_DEBUG=INFO`).
+#[test]
+fn the_spin_budget_counts_the_ranks_of_this_machine_across_host_ids() {
+    let dir = std::env::temp_dir().join(format!("ccld-spin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("log dir");
+    let pattern = dir.join("init.%p.log").to_string_lossy().into_owned();
+    let env = [
+        ("NCCL_DEBUG", "INFO"),
+        ("NCCL_DEBUG_SUBSYS", "INIT"),
+        ("NCCL_DEBUG_FILE", pattern.as_str()),
+    ];
+    job_on(4, "smoke", &env, &["a", "a", "b", "b"]);
+    let lines: Vec<String> = std::fs::read_dir(&dir)
+        .expect("logs")
+        .map(|e| std::fs::read_to_string(e.expect("entry").path()).expect("log"))
+        .flat_map(|t| t.lines().map(str::to_string).collect::<Vec<_>>())
+        .filter(|l| l.contains("host executor: a wait spins"))
+        .collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(lines.len(), 4, "one line per rank: {lines:?}");
+    assert!(
+        lines
+            .iter()
+            .all(|l| l.contains("(4 of 4 ranks on this machine, with socket proxies)")),
+        "{lines:?}"
     );
 }
 

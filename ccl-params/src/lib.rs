@@ -503,7 +503,7 @@ pub const CCLD_BOOTSTRAP_IP: Param = Param {
 pub const CCLD_SPIN_US: Param = Param {
     name: "CCLD_SPIN_US",
     kind: Kind::Int { min: 0, max: u64::MAX, suffixes: true },
-    default: "200 when each rank has a core: the ranks (and their socket proxies) fit the process's cores, or the process is bound to one CPU and has no proxy; 0 otherwise",
+    default: "200 when each rank has a core: the communicator's ranks on this machine (one kernel, whatever the host names or `NCCL_HOSTID`), and their socket proxies, fit the process's cores, or the process is bound to one CPU and has no proxy; 0 otherwise",
     doc: "host backend: how long (microseconds) an operation waiting for a peer spins before it yields and then sleeps on its doorbell; 0 = no spinning: it yields for `CCLD_YIELD_US`, then sleeps. No spinning while a peer last ran on the waiting rank's CPU (bind ranks to CPUs: `ccl-run` does by default)",
     scope: Scope::Runtime,
     alias_of: None,

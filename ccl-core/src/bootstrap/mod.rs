@@ -150,8 +150,9 @@ fn read_trimmed(path: &str) -> Option<String> {
         .filter(|s| !s.is_empty())
 }
 
-/// This host's name and identity hash (host name + boot id).
-fn host_identity() -> (String, u64) {
+/// This host's name, its identity hash (host name + boot id, [`host_hash`]) and its
+/// machine hash ([`machine_hash`]).
+fn host_identity() -> (String, u64, u64) {
     let name = read_trimmed("/proc/sys/kernel/hostname")
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| "localhost".into());
@@ -159,6 +160,7 @@ fn host_identity() -> (String, u64) {
     (
         name.clone(),
         host_hash(&name, &boot, host_id_override().as_deref()),
+        machine_hash(&boot),
     )
 }
 
@@ -174,6 +176,14 @@ fn host_hash(name: &str, boot_id: &str, host_id: Option<&str>) -> u64 {
         Some(id) => hash64(SEED_HOST, format!("NCCL_HOSTID\n{id}").as_bytes()),
         None => hash64(SEED_HOST, format!("{name}\n{boot_id}").as_bytes()),
     }
+}
+
+/// The hash that decides which ranks share CPUs: of the boot id alone, so that ranks on
+/// one running kernel count as one machine whatever their host names or `NCCL_HOSTID`
+/// (containers, the network-namespace "hosts" of the tests). An unreadable boot id makes
+/// every rank one machine: the cautious answer for the spin budget that reads it.
+fn machine_hash(boot_id: &str) -> u64 {
+    hash64(SEED_HOST, format!("machine\n{boot_id}").as_bytes())
 }
 
 /// One rank's handle on the bootstrap network of one communicator.
@@ -268,7 +278,7 @@ impl Bootstrap {
         let my_addr = listener
             .local_addr()
             .map_err(|e| CclError::sys("bootstrap: rank listener address", e))?;
-        let (host, host_hash) = host_identity();
+        let (host, host_hash, machine_hash) = host_identity();
         let reg = Registration {
             nranks: nranks as u32,
             rank: rank as u32,
@@ -276,6 +286,7 @@ impl Bootstrap {
                 addr: my_addr,
                 pid: std::process::id(),
                 host_hash,
+                machine_hash,
                 host,
             },
         };
@@ -407,6 +418,21 @@ impl Bootstrap {
     /// of range.
     pub fn peer_host_hash(&self, rank: usize) -> u64 {
         self.info(rank).map_or(0, |p| p.host_hash)
+    }
+
+    /// Machine hash (boot id) of `rank`: equal means the same running kernel, and so the
+    /// same CPUs, even across host hashes. 0 when out of range.
+    pub fn peer_machine_hash(&self, rank: usize) -> u64 {
+        self.info(rank).map_or(0, |p| p.machine_hash)
+    }
+
+    /// How many ranks of this communicator run on this rank's machine
+    /// ([`Bootstrap::peer_machine_hash`]), itself included: the ranks that share its CPUs.
+    pub fn ranks_on_this_machine(&self) -> usize {
+        let me = self.peer_machine_hash(self.rank());
+        (0..self.nranks())
+            .filter(|&r| self.peer_machine_hash(r) == me)
+            .count()
     }
 
     /// Bootstrap listener address of `rank`.
@@ -611,6 +637,31 @@ mod tests {
             host_hash("node-a", "boot-1", Some("rack7")),
             host_hash("node-a", "boot-1", Some("rack8"))
         );
+    }
+
+    #[test]
+    fn the_machine_is_the_boot_id_whatever_the_host_name_or_host_id() {
+        assert_eq!(machine_hash("boot-1"), machine_hash("boot-1"));
+        assert_ne!(machine_hash("boot-1"), machine_hash("boot-2"));
+        // Two "hosts" of one kernel (network namespaces with host names of their own, or
+        // NCCL_HOSTID): different hosts, one machine.
+        assert_ne!(
+            host_hash("ns-a", "boot-1", None),
+            host_hash("ns-b", "boot-1", None)
+        );
+        let (_, host, machine) = host_identity();
+        assert_ne!(host, machine, "the two hashes are seeded apart");
+    }
+
+    #[test]
+    fn every_rank_of_one_process_is_on_this_machine() {
+        let bs = form(3);
+        for b in &bs {
+            assert_eq!(b.ranks_on_this_machine(), 3);
+            assert_eq!(b.peer_machine_hash(0), b.peer_machine_hash(2));
+            assert_ne!(b.peer_machine_hash(1), 0);
+        }
+        assert_eq!(bs[0].peer_machine_hash(3), 0, "out of range");
     }
 
     #[test]

@@ -31,14 +31,20 @@ fn socket_addr() -> impl Strategy<Value = SocketAddr> {
 }
 
 fn peer() -> impl Strategy<Value = PeerInfo> {
-    (socket_addr(), any::<u32>(), any::<u64>(), "\\PC{0,40}").prop_map(
-        |(addr, pid, host_hash, host)| PeerInfo {
+    (
+        socket_addr(),
+        any::<u32>(),
+        any::<u64>(),
+        any::<u64>(),
+        "\\PC{0,40}",
+    )
+        .prop_map(|(addr, pid, host_hash, machine_hash, host)| PeerInfo {
             addr,
             pid,
             host_hash,
+            machine_hash,
             host,
-        },
-    )
+        })
 }
 
 fn reply() -> impl Strategy<Value = Reply> {

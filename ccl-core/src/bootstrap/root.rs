@@ -347,6 +347,7 @@ mod tests {
                 addr: format!("127.0.0.1:{}", 2000 + rank).parse().unwrap(),
                 pid,
                 host_hash: 1,
+                machine_hash: 1,
                 host: "h".into(),
             },
         }
@@ -444,6 +445,7 @@ mod tests {
             addr: "127.0.0.1:1".parse().unwrap(),
             pid,
             host_hash,
+            machine_hash: 1,
             host: "h".into(),
         };
         // Ranks 0 and 2 share the root's process; rank 1 is another process on the same

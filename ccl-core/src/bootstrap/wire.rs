@@ -161,6 +161,10 @@ pub struct PeerInfo {
     pub pid: u32,
     /// Hash of host name + boot id: equal for ranks on the same host.
     pub host_hash: u64,
+    /// Hash of the boot id alone: equal for ranks on one running kernel, which share its
+    /// CPUs even where their host hashes differ (containers, network namespaces with
+    /// host names of their own, `NCCL_HOSTID`).
+    pub machine_hash: u64,
     /// Host name (for logs and diagnostics).
     pub host: String,
 }
@@ -169,6 +173,7 @@ fn put_peer(out: &mut Vec<u8>, p: &PeerInfo) {
     put_addr(out, &p.addr);
     out.extend_from_slice(&p.pid.to_le_bytes());
     out.extend_from_slice(&p.host_hash.to_le_bytes());
+    out.extend_from_slice(&p.machine_hash.to_le_bytes());
     put_string(out, &p.host);
 }
 
@@ -177,6 +182,7 @@ fn get_peer(c: &mut Cursor<'_>) -> Option<PeerInfo> {
         addr: c.addr()?,
         pid: c.u32()?,
         host_hash: c.u64()?,
+        machine_hash: c.u64()?,
         host: c.string()?,
     })
 }
@@ -384,6 +390,7 @@ mod tests {
             addr: format!("127.0.0.{}:{}", i + 1, 1000 + i).parse().unwrap(),
             pid: 100 + i,
             host_hash: 0xabc ^ u64::from(i),
+            machine_hash: 0xdef,
             host: format!("host-{i}-é"),
         }
     }
