@@ -30,6 +30,25 @@ pub fn option_pairs(
     pairs
 }
 
+/// The options of a sweep of sizes measured against a peer, shared by net-bench and
+/// bench-peers with one meaning: rounds, smallest and largest size in bytes, size factor,
+/// timed iterations per size, the MPI peer's binary.
+pub const SWEEP_OPTIONS: [&str; 6] = [
+    "--rounds",
+    "--min",
+    "--max",
+    "--factor",
+    "--iters",
+    "--mpi-bin",
+];
+
+/// `value` of option `opt` as a non-negative integer; anything else [`fail`]s, naming both.
+pub fn number(prog: &str, usage: &str, opt: &str, value: &str) -> u64 {
+    value
+        .parse()
+        .unwrap_or_else(|_| fail(prog, usage, &format!("{opt}: not a number: {value}")))
+}
+
 /// Prints `prog: msg` and `usage`, and exits with status 2.
 pub fn fail(prog: &str, usage: &str, msg: &str) -> ! {
     eprintln!("{prog}: {msg}");

@@ -570,11 +570,11 @@ impl Source {
 
     /// The bookkeeping of a completion (gap, epoch, stride) and whether it is reported:
     /// `Some` with what its record says about thinning, `None` when thinning leaves it out.
-    fn thin_completion(&self, snap: &Finished) -> Option<Thinning> {
-        let c = snap.op_counter;
+    fn thin_completion(&self, fin: &Finished) -> Option<Thinning> {
+        let c = fin.op_counter;
         let t = &self.thin;
         let report =
-            snap.state != OpState::Completed || t.report_of.load(Ordering::Relaxed) == c + 1 || {
+            fin.state != OpState::Completed || t.report_of.load(Ordering::Relaxed) == c + 1 || {
                 // Pairs with the heavy barrier in `Sampler::sample` (the op log's finish
                 // store came before this): either the diagnostic thread sees this
                 // operation finished and sends no snapshot, or this load sees its mark and
@@ -585,25 +585,25 @@ impl Source {
             };
         // Read before this completion becomes the latest.
         let gap = if report {
-            self.gap_before(c, snap.start_ns)
+            self.gap_before(c, fin.start_ns)
         } else {
             Gap::default()
         };
         // Single writer: a plain read-modify-write (no locked instruction).
         let busy = self.busy.0.load(Ordering::Relaxed);
-        let took = snap.end_ns.saturating_sub(snap.start_ns);
+        let took = fin.end_ns.saturating_sub(fin.start_ns);
         self.busy
             .0
             .store(busy.wrapping_add(took), Ordering::Relaxed);
-        if snap.timed {
+        if fin.timed {
             // The start of the next operation's gap (this source's own time included, so
             // that only the other members' time differs at the gap's end).
             t.last_end_busy_ns
                 .store(self.group.busy_ns(), Ordering::Relaxed);
         }
         t.last_counter.store(c + 1, Ordering::Relaxed);
-        t.last_end_ns.store(snap.end_ns, Ordering::Relaxed);
-        t.last_timed.store(snap.timed, Ordering::Relaxed);
+        t.last_end_ns.store(fin.end_ns, Ordering::Relaxed);
+        t.last_timed.store(fin.timed, Ordering::Relaxed);
         // Single writer: plain read-modify-writes (no locked instruction).
         let bump = |a: &AtomicU64| a.store(a.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         let bit = 1u64 << (c % 64);

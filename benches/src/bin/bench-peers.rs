@@ -56,23 +56,10 @@ fn parse_opts() -> Opts {
         md: None,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let known = [
-        "--ranks",
-        "--rounds",
-        "--min",
-        "--max",
-        "--factor",
-        "--iters",
-        "--mpi-bin",
-        "--mpirun",
-        "--svg",
-        "--md",
-    ];
+    let mut known = benches::cli::SWEEP_OPTIONS.to_vec();
+    known.extend(["--ranks", "--mpirun", "--svg", "--md"]);
     for (opt, v) in benches::cli::option_pairs("bench-peers", USAGE, &args, &known) {
-        let num = |v: &str| -> u64 {
-            v.parse()
-                .unwrap_or_else(|_| usage(&format!("{opt}: not a number: {v}")))
-        };
+        let num = |v: &str| benches::cli::number("bench-peers", USAGE, &opt, v);
         match opt.as_str() {
             "--ranks" => o.ranks = v.split(',').map(|r| num(r) as usize).collect(),
             "--rounds" => o.rounds = num(&v) as usize,

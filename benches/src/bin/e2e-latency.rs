@@ -18,27 +18,11 @@ use ccld_wire::{self as wire, AnomalyClass};
 use probe::CollKind;
 
 fn main() {
-    let mut n = 4usize;
+    const USAGE: &str = "usage: e2e-latency [--ranks 4]";
     let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.as_slice() {
-        [] => {}
-        [flag, v] if flag == "--ranks" => match v.parse::<usize>() {
-            Ok(r) => n = r.clamp(2, 16),
-            Err(_) => {
-                eprintln!(
-                    "e2e-latency: --ranks: not a number: {v}\nusage: e2e-latency [--ranks 4]"
-                );
-                std::process::exit(2);
-            }
-        },
-        [h] if h == "-h" || h == "--help" => {
-            eprintln!("usage: e2e-latency [--ranks 4]");
-            std::process::exit(0);
-        }
-        _ => {
-            eprintln!("e2e-latency: unknown arguments {args:?}\nusage: e2e-latency [--ranks 4]");
-            std::process::exit(2);
-        }
+    let mut n = 4usize;
+    for (opt, v) in benches::cli::option_pairs("e2e-latency", USAGE, &args, &["--ranks"]) {
+        n = (benches::cli::number("e2e-latency", USAGE, &opt, &v) as usize).clamp(2, 16);
     }
     println!(
         "# e2e latency, {n} ranks, AllReduce 64 KiB, root rank {}",

@@ -24,19 +24,6 @@ use ccl_core::types::{DataType, RedOpKind};
 const USAGE: &str = "usage: lowp-bench [--rounds 7] [--ranks 2] \
     [--sizes 131072,2097152,33554432] [--kernel-bytes 1048576]";
 
-fn arg<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> T {
-    match args.iter().position(|a| a == name) {
-        Some(i) => match args.get(i + 1).map(|v| v.parse::<T>()) {
-            Some(Ok(v)) => v,
-            _ => {
-                eprintln!("lowp-bench: {name} needs a valid value");
-                std::process::exit(2);
-            }
-        },
-        None => default,
-    }
-}
-
 /// The element-at-a-time sum, as the reduction ran before the block path (the baseline).
 fn scalar_sum(d: DataType, dst: &mut [u8], a: &[u8], b: &[u8]) {
     let n = d.size();
@@ -85,26 +72,26 @@ fn time_gbps(bytes: usize, mut f: impl FnMut()) -> f64 {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    benches::cli::option_pairs(
-        "lowp-bench",
-        USAGE,
-        &args[1..],
-        &["--rounds", "--ranks", "--sizes", "--kernel-bytes"],
-    );
-    let rounds: usize = arg(&args, "--rounds", 7);
-    let ranks: usize = arg(&args, "--ranks", 2);
-    let kbytes: usize = arg(&args, "--kernel-bytes", 1 << 20);
-    let sizes: String = arg(&args, "--sizes", "131072,2097152,33554432".to_string());
-    let sizes: Vec<u64> = sizes
-        .split(',')
-        .map(|s| {
-            s.parse().unwrap_or_else(|_| {
-                eprintln!("lowp-bench: bad size {s}");
-                std::process::exit(2)
-            })
-        })
-        .collect();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (mut rounds, mut ranks, mut kbytes) = (7usize, 2usize, 1usize << 20);
+    let mut sizes: Vec<u64> = vec![131_072, 2_097_152, 33_554_432];
+    let known = ["--rounds", "--ranks", "--sizes", "--kernel-bytes"];
+    for (opt, v) in benches::cli::option_pairs("lowp-bench", USAGE, &args, &known) {
+        let num = |v: &str| benches::cli::number("lowp-bench", USAGE, &opt, v);
+        match opt.as_str() {
+            "--rounds" => rounds = num(&v) as usize,
+            "--ranks" => ranks = num(&v) as usize,
+            "--kernel-bytes" => kbytes = num(&v) as usize,
+            _ => sizes = v.split(',').map(num).collect(),
+        }
+    }
+    if rounds == 0 || ranks == 0 || kbytes == 0 || sizes.contains(&0) {
+        benches::cli::fail(
+            "lowp-bench",
+            USAGE,
+            "rounds, ranks, kernel bytes and sizes must be >= 1",
+        );
+    }
 
     println!("# kernel: dst = a + b over {kbytes} bytes, GB/s of output, median of {rounds} interleaved rounds");
     let types = [

@@ -67,20 +67,10 @@ fn parse_opts(args: &[String]) -> Opts {
         mpi_bin: None,
         md: None,
     };
-    let known = [
-        "--rounds",
-        "--min",
-        "--max",
-        "--factor",
-        "--iters",
-        "--mpi-bin",
-        "--md",
-    ];
+    let mut known = benches::cli::SWEEP_OPTIONS.to_vec();
+    known.push("--md");
     for (opt, v) in benches::cli::option_pairs("net-bench", USAGE, args, &known) {
-        let num = |v: &str| -> u64 {
-            v.parse()
-                .unwrap_or_else(|_| usage(&format!("{opt}: not a number: {v}")))
-        };
+        let num = |v: &str| benches::cli::number("net-bench", USAGE, &opt, v);
         match opt.as_str() {
             "--rounds" => o.rounds = num(&v).max(1) as usize,
             "--min" => o.min = num(&v).max(4),
