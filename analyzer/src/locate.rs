@@ -130,7 +130,19 @@ fn ranks_where(v: &[HangView], f: impl Fn(&HangView) -> bool) -> Vec<u32> {
 pub(crate) fn locate_hang(v: &[HangView], rings: &[Vec<u32>]) -> HangFinding {
     let not_entered = ranks_where(v, |x| x.state == HangState::NotEntered);
     if !not_entered.is_empty() {
-        return HangFinding::NotEntered(not_entered);
+        // A stopped or dead process among them explains the others: a live rank that did
+        // not enter either is held up before the round, in practice by that process through
+        // another communicator (a pipeline Send to it, a tensor-parallel AllReduce with it).
+        let stopped: Vec<u32> = not_entered
+            .iter()
+            .copied()
+            .filter(|&r| v[r as usize].silent)
+            .collect();
+        return HangFinding::NotEntered(if stopped.is_empty() {
+            not_entered
+        } else {
+            stopped
+        });
     }
     let minority = type_minority(v);
     if !minority.is_empty() {

@@ -36,7 +36,12 @@
 //!   one rank entered last in at least `blame_min_rounds` (4) extreme rounds and those
 //!   rounds hold at least `blame_share` (half) of the window's total lateness: the others
 //!   spent most of their waiting on that rank, in a few long waits that the medians above
-//!   ignore. That rank is the root. An extreme round counts for its last rank only when
+//!   ignore. That rank is the root, if those waits also add up to at least
+//!   `blame_window_share` (10 %) of the window's wall time: on a loaded machine the
+//!   scheduler holds some rank off for a few milliseconds now and then, which on a
+//!   communicator whose usual lateness is tens of microseconds makes extreme rounds too,
+//!   but costs the job a few percent of a window, where a stopped or throttled rank costs
+//!   it a good part (a 60 ms / 20 ms SIGSTOP duty cycle about three quarters). An extreme round counts for its last rank only when
 //!   that rank's own computation gap (since its previous operation on the communicator,
 //!   against the median gap) explains at least half of the others' wait; otherwise the
 //!   rank entered late because its previous operation here ended late (a pipeline Send
@@ -108,6 +113,12 @@ pub struct ThetaConfig {
     pub blame_min_rounds: usize,
     /// Share of the window's total lateness the blamed rank's extreme rounds must hold.
     pub blame_share: f64,
+    /// Share of the window's wall time the others must have spent waiting in the blamed
+    /// rank's extreme rounds: a few scheduler hold-offs of a rank on a loaded machine (a
+    /// few percent of the window) are not a fault, an intermittently stopped or throttled
+    /// rank costs its peers a good part of the window (a SIGSTOP duty cycle of 60 ms
+    /// stopped in 80 ms, about three quarters).
+    pub blame_window_share: f64,
 }
 
 impl Default for ThetaConfig {
@@ -127,6 +138,7 @@ impl Default for ThetaConfig {
             blame: true,
             blame_min_rounds: 4,
             blame_share: 0.5,
+            blame_window_share: 0.1,
         }
     }
 }
@@ -179,6 +191,12 @@ impl ThetaConfig {
             return Err(format!(
                 "theta: need 0 < blame_quantile ({}) < 1, 0 < blame_share ({}) <= 1, blame_min_rounds ({}) >= 1",
                 self.blame_quantile, self.blame_share, self.blame_min_rounds
+            ));
+        }
+        if !(self.blame_window_share >= 0.0 && self.blame_window_share <= 1.0) {
+            return Err(format!(
+                "theta: blame_window_share must be in [0, 1], got {}",
+                self.blame_window_share
             ));
         }
         if !(self.root_share > 0.0 && self.root_share < 1.0) {
@@ -276,6 +294,9 @@ pub struct WindowVerdict {
     /// True: the window is late by the blame rule alone (its medians were not), `root` is the
     /// blamed rank.
     pub blamed: bool,
+    /// With `blamed`: the others' waiting in the blamed rank's extreme rounds, as a share of
+    /// the window's wall time (0 otherwise).
+    pub blamed_window_share: f64,
     /// True: computation-slow, `root` is the slow rank.
     pub late: bool,
     /// Median T_max of the window's rounds.
@@ -329,15 +350,17 @@ fn significant_root(counts: &[usize], hist_last: &[usize], h: usize) -> Option<(
 }
 
 /// The blame rule (pure): the rank that entered last in at least `blame_min_rounds`
-/// extreme rounds (lateness above the history's `blame_quantile` quantile) whose lateness adds up to at least `blame_share` of the window's total
-/// lateness. `rounds` are (T_max, T_min, last rank), `lat` their lateness, `hist` the
-/// history's lateness.
+/// extreme rounds (lateness above the history's `blame_quantile` quantile) whose lateness
+/// adds up to at least `blame_share` of the window's total lateness and to at least
+/// `blame_window_share` of the window's wall time `window_ns`. `rounds` are (T_max, T_min,
+/// last rank, explained), `lat` their lateness, `hist` the history's lateness.
 fn blamed_root(
     rounds: &[(u64, u64, usize, bool)],
     lat: &[f64],
     hist: &[f64],
     cfg: &ThetaConfig,
     nranks: usize,
+    window_ns: u64,
 ) -> Blame {
     let Some(extreme) = extreme_lateness(hist, cfg.blame_quantile) else {
         return Blame::default();
@@ -360,10 +383,15 @@ fn blamed_root(
             sum[r.2] += l;
         }
     }
+    let floor = cfg.blame_window_share * window_ns as f64;
+    let root = (0..nranks)
+        .filter(|&j| {
+            count[j] >= cfg.blame_min_rounds && sum[j] >= cfg.blame_share * total && sum[j] >= floor
+        })
+        .max_by(|&a, &b| sum[a].total_cmp(&sum[b]));
     Blame {
-        root: (0..nranks)
-            .filter(|&j| count[j] >= cfg.blame_min_rounds && sum[j] >= cfg.blame_share * total)
-            .max_by(|&a, &b| sum[a].total_cmp(&sum[b])),
+        root,
+        wait_ns: root.map_or(0.0, |j| sum[j]),
         // Extreme rounds of a window where a rank caused two or more stay out of the
         // history (those of its victims too).
         skip: {
@@ -389,6 +417,8 @@ fn extreme_lateness(hist: &[f64], q: f64) -> Option<f64> {
 struct Blame {
     /// The blamed rank.
     root: Option<usize>,
+    /// The lateness of the blamed rank's extreme rounds: how long the others waited on it.
+    wait_ns: f64,
     /// Per round: an extreme round of a window where a rank caused two or more. Such
     /// rounds stay out of the lateness history (T_base still sees them) even when nobody
     /// is blamed (else an intermittent
@@ -525,8 +555,9 @@ impl CommThreshold {
         robust_threshold(self.cfg.k, self.cfg.long_ratio, ht, n).map(|t| t.max(by_windows))
     }
 
-    /// Closes the window: judges it, then (if not late) moves its rounds into the history.
-    pub(crate) fn close_window(&mut self) -> WindowVerdict {
+    /// Closes the window, whose wall time was `window_ns`: judges it, then (if not late)
+    /// moves its rounds into the history.
+    pub(crate) fn close_window(&mut self, window_ns: u64) -> WindowVerdict {
         let rounds = std::mem::take(&mut self.win);
         let n = rounds.len();
         let lat: Vec<f64> = rounds.iter().map(|r| (r.0 - r.1) as f64).collect();
@@ -569,7 +600,7 @@ impl CommThreshold {
         };
         let blamed = if judged && self.cfg.blame {
             let h: Vec<f64> = self.hist.iter().map(|x| x.0).collect();
-            blamed_root(&rounds, &lat, &h, &self.cfg, self.nranks)
+            blamed_root(&rounds, &lat, &h, &self.cfg, self.nranks, window_ns)
         } else {
             Blame::default()
         };
@@ -613,6 +644,11 @@ impl CommThreshold {
             root,
             root_last_in: root.map_or(0, |j| counts[j]),
             blamed: late && !by_median,
+            blamed_window_share: if late && !by_median && window_ns > 0 {
+                blamed.wait_ns / window_ns as f64
+            } else {
+                0.0
+            },
             late,
             t_max_ns,
             t_max_threshold_ns,
@@ -625,14 +661,25 @@ impl CommThreshold {
 mod tests {
     use super::*;
 
-    /// xorshift64*: deterministic, independent of the code under test.
-    struct Rng(u64);
+    /// xorshift64*: deterministic, independent of the code under test; it also keeps the
+    /// simulated wall time of the rounds drawn with it ([`round`]), for the window's
+    /// length.
+    struct Rng {
+        state: u64,
+        elapsed_ms: f64,
+    }
     impl Rng {
+        fn new(seed: u64) -> Rng {
+            Rng {
+                state: seed,
+                elapsed_ms: 0.0,
+            }
+        }
         fn next_f64(&mut self) -> f64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            let x = self.0.wrapping_mul(0x2545_F491_4F6C_DD1D);
+            self.state ^= self.state >> 12;
+            self.state ^= self.state << 25;
+            self.state ^= self.state >> 27;
+            let x = self.state.wrapping_mul(0x2545_F491_4F6C_DD1D);
             ((x >> 11) as f64 + 0.5) / (1u64 << 53) as f64
         }
         fn exp(&mut self, mean: f64) -> f64 {
@@ -642,6 +689,15 @@ mod tests {
         fn pareto(&mut self, scale: f64) -> f64 {
             (scale * self.next_f64().powf(-1.0 / 1.5)).min(50.0 * scale)
         }
+        /// The wall time of the rounds drawn since the last call, in ns.
+        fn take_elapsed_ns(&mut self) -> u64 {
+            (std::mem::take(&mut self.elapsed_ms) * 1e6) as u64
+        }
+    }
+
+    /// Closes `ct`'s window, as long as the rounds drawn with `rng` since the last close.
+    fn close(ct: &mut CommThreshold, rng: &mut Rng) -> WindowVerdict {
+        ct.close_window(rng.take_elapsed_ns())
     }
 
     /// A bulk-synchronous loop: each rank computes `compute_ms[i]` plus contention noise
@@ -660,6 +716,7 @@ mod tests {
             })
             .collect();
         let done = arrive.iter().copied().fold(f64::MIN, f64::max) + comm_ms;
+        rng.elapsed_ms += done;
         arrive.iter().map(|a| ((done - a) * 1e6) as u64).collect()
     }
 
@@ -673,7 +730,7 @@ mod tests {
         noise_ms: f64,
         compute: impl Fn(usize) -> Vec<f64>,
     ) -> (Vec<WindowVerdict>, CommThreshold) {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let mut ct = CommThreshold::new(ThetaConfig::default(), nranks).unwrap();
         let mut out = Vec::new();
         for w in 0..windows {
@@ -683,7 +740,7 @@ mod tests {
                 let d = round(&mut rng, &c, noise_ms, 0.3);
                 assert!(ct.observe_round(&d));
             }
-            out.push(ct.close_window());
+            out.push(close(&mut ct, &mut rng));
         }
         (out, ct)
     }
@@ -719,7 +776,7 @@ mod tests {
         assert!(CommThreshold::new(ThetaConfig::default(), 1).is_err());
         let mut ct = CommThreshold::new(ThetaConfig::default(), 4).unwrap();
         assert!(!ct.observe_round(&[1, 2, 3]), "wrong rank count ignored");
-        let v = ct.close_window();
+        let v = ct.close_window(1_000_000);
         assert_eq!((v.rounds, v.late, v.threshold_ns), (0, false, None));
     }
 
@@ -837,7 +894,7 @@ mod tests {
     #[test]
     fn slower_communication_is_long_not_late() {
         for nranks in [2usize, 4, 8] {
-            let mut rng = Rng(5 + nranks as u64);
+            let mut rng = Rng::new(5 + nranks as u64);
             let mut ct = CommThreshold::new(ThetaConfig::default(), nranks).unwrap();
             let comp = vec![2.0; nranks];
             let mut vs = Vec::new();
@@ -846,7 +903,7 @@ mod tests {
                 for _ in 0..20 {
                     ct.observe_round(&round(&mut rng, &comp, 0.2, comm_ms));
                 }
-                vs.push(ct.close_window());
+                vs.push(close(&mut ct, &mut rng));
             }
             assert!(
                 vs[..30].iter().all(|v| !v.long && !v.late),
@@ -880,7 +937,7 @@ mod tests {
         // half-second window, C client with 8 processes on 2 cores). The first window is
         // fast (the job's start), then placement changes every few windows, then a link
         // slows down 10x.
-        let mut rng = Rng(0x005e_ed17);
+        let mut rng = Rng::new(0x005e_ed17);
         let mut ct = CommThreshold::new(ThetaConfig::default(), 2).unwrap();
         let mut vs = Vec::new();
         let regime = |w: usize| match w {
@@ -891,7 +948,7 @@ mod tests {
         };
         for w in 0..46 {
             placement_rounds(&mut ct, &mut rng, 130, regime(w));
-            vs.push(ct.close_window());
+            vs.push(close(&mut ct, &mut rng));
         }
         let clean = &vs[..40];
         assert!(clean.iter().all(|v| !v.long && !v.late), "{clean:?}");
@@ -905,7 +962,7 @@ mod tests {
         // The first window is 8x faster than what follows (as at a job's start): nothing
         // is long until 3 clean windows are known, and then the reference holds the
         // ordinary windows; a 10x slower link after that is long.
-        let mut rng = Rng(0x005e_ed18);
+        let mut rng = Rng::new(0x005e_ed18);
         let mut ct = CommThreshold::new(ThetaConfig::default(), 2).unwrap();
         let mut vs = Vec::new();
         for w in 0..12 {
@@ -915,7 +972,7 @@ mod tests {
                 _ => 0.4,
             };
             placement_rounds(&mut ct, &mut rng, 130, comm_ms);
-            vs.push(ct.close_window());
+            vs.push(close(&mut ct, &mut rng));
         }
         assert!(
             vs[..3].iter().all(|v| v.t_max_threshold_ns.is_none()),
@@ -930,7 +987,7 @@ mod tests {
         let nranks = 4;
         // Warm-up: 20 windows with 10x the steady compute and noise (all ranks), then steady,
         // then rank 2 computes 4x longer from window 60.
-        let mut rng = Rng(99);
+        let mut rng = Rng::new(99);
         let mut ct = CommThreshold::new(ThetaConfig::default(), nranks).unwrap();
         let mut verdicts = Vec::new();
         for w in 0..80 {
@@ -942,7 +999,7 @@ mod tests {
             for _ in 0..20 {
                 ct.observe_round(&round(&mut rng, &comp, noise, 0.3));
             }
-            verdicts.push(ct.close_window());
+            verdicts.push(close(&mut ct, &mut rng));
         }
         let warm = verdicts[19].t_base_ns.unwrap();
         let steady = verdicts[59].t_base_ns.unwrap();
@@ -974,7 +1031,7 @@ mod tests {
         stopped: usize,
         seed: u64,
     ) -> Vec<WindowVerdict> {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let mut ct = CommThreshold::new(cfg, nranks).unwrap();
         let mut vs = Vec::new();
         for w in 0..60 {
@@ -985,7 +1042,7 @@ mod tests {
                 }
                 ct.observe_round(&round(&mut rng, &comp, 1.0, 0.3));
             }
-            vs.push(ct.close_window());
+            vs.push(close(&mut ct, &mut rng));
         }
         vs
     }
@@ -1001,7 +1058,7 @@ mod tests {
             ..ThetaConfig::default()
         };
         [true, false].map(|know_gaps| {
-            let mut rng = Rng(seed);
+            let mut rng = Rng::new(seed);
             let mut ct = CommThreshold::new(cfg.clone(), 4).unwrap();
             let mut vs = Vec::new();
             for w in 0..60 {
@@ -1018,7 +1075,7 @@ mod tests {
                     let explained = !(know_gaps && victim && last == 1);
                     ct.observe_explained(t_max, t_min, last, explained);
                 }
-                vs.push(ct.close_window());
+                vs.push(close(&mut ct, &mut rng));
             }
             vs
         })
@@ -1047,13 +1104,13 @@ mod tests {
     #[test]
     fn a_latecomer_whose_gap_does_not_explain_the_wait_is_no_root() {
         for explained in [true, false] {
-            let mut rng = Rng(21);
+            let mut rng = Rng::new(21);
             let mut ct = CommThreshold::new(ThetaConfig::default(), 4).unwrap();
             for _ in 0..10 {
                 for _ in 0..20 {
                     ct.observe_round(&round(&mut rng, &[2.0; 4], 1.0, 0.3));
                 }
-                assert!(!ct.close_window().late);
+                assert!(!close(&mut ct, &mut rng).late);
             }
             for _ in 0..20 {
                 let d = round(&mut rng, &[2.0, 12.0, 2.0, 2.0], 0.2, 0.3);
@@ -1062,7 +1119,7 @@ mod tests {
                 assert_eq!(last, 1);
                 ct.observe_explained(t_max, t_min, last, explained);
             }
-            let v = ct.close_window();
+            let v = close(&mut ct, &mut rng);
             if explained {
                 assert!(v.late && v.root == Some(1), "{v:?}");
                 assert_eq!((v.root_last_in, v.rounds, v.blamed), (20, 20, false));
@@ -1099,6 +1156,14 @@ mod tests {
                 hits.iter().all(|v| v.root == Some(stopped)),
                 "{nranks}: {hits:?}"
             );
+            // The others waited on it for a good part of each blamed window, far above
+            // the 10 % floor (a stop in a quarter of the 2.3 ms rounds lasts 40-60 ms).
+            let shares: Vec<f64> = hits.iter().map(|v| v.blamed_window_share).collect();
+            assert!(
+                hits.iter()
+                    .all(|v| !v.blamed || v.blamed_window_share > 0.3),
+                "{nranks}: {shares:?}"
+            );
             // Without the blame rule the medians see almost nothing.
             let off = ThetaConfig {
                 blame: false,
@@ -1111,6 +1176,55 @@ mod tests {
             assert!(
                 missed >= 20,
                 "{nranks}: the medians alone missed {missed} of 30"
+            );
+        }
+    }
+
+    /// A clean 2-rank communicator on a loaded machine: its usual lateness is tens of
+    /// microseconds, and in every window the scheduler holds rank 0 off for 3-5 ms in five
+    /// rounds of 200 (more processes than cores). Those rounds are extreme and hold most of
+    /// the window's lateness, but cost the job about 5 % of the window: below the blame
+    /// rule's floor, so nothing is late. Without the floor every such window blamed rank 0
+    /// (the clean-run false S1 of docs/diagnosis.md section 6).
+    #[test]
+    fn a_few_scheduler_hold_offs_of_one_rank_are_not_blamed() {
+        let windows = |cfg: ThetaConfig, seed: u64| {
+            let mut rng = Rng::new(seed);
+            let mut ct = CommThreshold::new(cfg, 2).unwrap();
+            let mut vs = Vec::new();
+            for w in 0..40 {
+                let held: Vec<usize> = (0..5).map(|_| (rng.next_f64() * 200.0) as usize).collect();
+                for i in 0..200 {
+                    let mut comp = vec![2.0, 2.0];
+                    if w >= 10 && held.contains(&i) {
+                        comp[0] += 3.0 + 2.0 * rng.next_f64();
+                    }
+                    ct.observe_round(&round(&mut rng, &comp, 0.01, 0.05));
+                }
+                vs.push(close(&mut ct, &mut rng));
+            }
+            vs
+        };
+        for seed in [31u64, 32, 33] {
+            let vs = windows(ThetaConfig::default(), seed);
+            let late: Vec<_> = vs.iter().filter(|v| v.late || v.long).collect();
+            assert!(late.is_empty(), "seed {seed}: {late:?}");
+            assert!(vs[10..].iter().all(WindowVerdict::judged), "seed {seed}");
+            let no_floor = ThetaConfig {
+                blame_window_share: 0.0,
+                ..ThetaConfig::default()
+            };
+            let blamed: Vec<_> = windows(no_floor, seed)[10..]
+                .iter()
+                .filter(|v| v.late)
+                .map(|v| (v.blamed, v.root, v.blamed_window_share))
+                .collect();
+            assert!(blamed.len() >= 15, "seed {seed}: {blamed:?}");
+            assert!(
+                blamed
+                    .iter()
+                    .all(|&(b, r, share)| b && r == Some(0) && share > 0.02 && share < 0.1),
+                "seed {seed}: {blamed:?}"
             );
         }
     }

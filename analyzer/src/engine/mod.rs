@@ -706,7 +706,7 @@ impl Engine {
         let mut longest: Option<(usize, f64)> = None;
         let mut any = false;
         for (i, k) in comm.kinds.iter_mut().enumerate() {
-            let calibrated = k.calib.as_mut().map(CommThreshold::close_window);
+            let calibrated = k.calib.as_mut().map(|c| c.close_window(window));
             if let Some((t_max, t_min, b)) = k.best.get() {
                 any = true;
                 let r = detect::slowdown_ratio(*t_max, b.t_base_ns);

@@ -656,8 +656,13 @@ pub(super) enum JudgedBy {
     /// The window's medians (dominant or significant latecomer): it entered last in
     /// `last_in` of the window's `rounds` rounds.
     Median { last_in: usize, rounds: usize },
-    /// The blame rule (its extreme rounds), likewise counted.
-    Blame { last_in: usize, rounds: usize },
+    /// The blame rule (its extreme rounds), likewise counted; `share`: the others' waiting
+    /// in those rounds as a share of the window's wall time.
+    Blame {
+        last_in: usize,
+        rounds: usize,
+        share: f64,
+    },
     /// Its process's frozen time: its share of the window and the ranks' median share.
     Frozen { share: f64, median: f64 },
 }
@@ -669,7 +674,11 @@ impl JudgedRoot {
         v.late.then_some(JudgedRoot {
             rank,
             by: if v.blamed {
-                JudgedBy::Blame { last_in, rounds }
+                JudgedBy::Blame {
+                    last_in,
+                    rounds,
+                    share: v.blamed_window_share,
+                }
             } else {
                 JudgedBy::Median { last_in, rounds }
             },
@@ -701,8 +710,13 @@ impl JudgedRoot {
                 share * 100.0,
                 median * 100.0
             ),
-            JudgedBy::Blame { last_in, rounds } => format!(
-                "entered last in {last_in} of the window's {rounds} rounds, and in enough of its longest waits to hold at least half of the others' waiting (self-calibrated blame rule: an intermittently stopped or throttled rank)"
+            JudgedBy::Blame {
+                last_in,
+                rounds,
+                share,
+            } => format!(
+                "entered last in {last_in} of the window's {rounds} rounds, and in enough of its longest waits to hold at least half of the others' waiting, {:.0}% of the window's time (self-calibrated blame rule: an intermittently stopped or throttled rank)",
+                share * 100.0
             ),
             JudgedBy::Median { last_in, rounds } => format!(
                 "entered last in {last_in} of the window's {rounds} rounds while the others' waiting stood above this communicator's own recent spread (self-calibrated threshold)"

@@ -522,7 +522,8 @@ fn a_pipeline_receiver_waiting_for_a_stopped_stage_is_followed_to_it() {
     // DP over 4 processes, no TP; pipeline on DP: p sends to p + 2, receives from p - 2,
     // after each DP AllReduce. Process 0 stops after DP #5: process 2 waits in its Recv
     // from 0, processes 1 and 3 finish their pipeline step and wait in DP #6. DP #6
-    // misses 0 and 2; only 0 is a root.
+    // misses 0 and 2; only 0 is a root. Process 0 is stopped (silent) or stuck while its
+    // diagnostic thread still reports (live).
     let cfg = EngineConfig {
         hang_threshold: Duration::from_secs(2),
         silent_after: Duration::from_secs(1),
@@ -535,7 +536,7 @@ fn a_pipeline_receiver_waiting_for_a_stopped_stage_is_followed_to_it() {
             vec![(p - 2, false, s)]
         }
     };
-    for with_p2p in [true, false] {
+    for (with_p2p, stopped) in [(true, true), (false, true), (true, false), (false, false)] {
         let mut e = Engine::new(cfg.clone());
         let mut t = T0;
         for k in 0..6u64 {
@@ -566,8 +567,8 @@ fn a_pipeline_receiver_waiting_for_a_stopped_stage_is_followed_to_it() {
         let mut incidents = Vec::new();
         for i in 1..60 {
             let now = t + i * 100 * MS;
-            for p in 1..4u32 {
-                let dp = if p == 2 { 5 } else { 6 };
+            for p in (if stopped { 1 } else { 0 })..4u32 {
+                let dp = if p == 2 || p == 0 { 5 } else { 6 };
                 e.heartbeat(
                     &Heartbeat {
                         host: "h".into(),
@@ -590,16 +591,20 @@ fn a_pipeline_receiver_waiting_for_a_stopped_stage_is_followed_to_it() {
         }
         assert_eq!(incidents.len(), 1, "{incidents:#?}");
         let roots: Vec<u32> = incidents[0].roots.iter().map(|r| r.pid).collect();
-        if with_p2p {
+        let chain_through_recv = incidents[0]
+            .chain
+            .iter()
+            .any(|c| c.contains("Recv #5") && c.contains("waiting for rank 0"));
+        if stopped {
+            // Process 0 is silent and process 2 still reports: a live rank that did not
+            // enter is held up by the stopped one, which alone is named (`locate_hang`),
+            // whether or not the receiver's in-flight record says what it waits for.
+            // Before that rule both were named without it.
             assert_eq!(roots, vec![pid(0)], "{:#?}", incidents[0]);
-            assert!(
-                incidents[0]
-                    .chain
-                    .iter()
-                    .any(|c| c.contains("Recv #5") && c.contains("waiting for rank 0")),
-                "{:?}",
-                incidents[0].chain
-            );
+        } else if with_p2p {
+            // Both live: the receiver's in-flight Recv leads to process 0.
+            assert_eq!(roots, vec![pid(0)], "{:#?}", incidents[0]);
+            assert!(chain_through_recv, "{:?}", incidents[0].chain);
         } else {
             // Without the receiver's in-flight record nothing says it waits: both named.
             assert_eq!(roots, vec![pid(0), pid(2)], "{:#?}", incidents[0]);

@@ -122,6 +122,27 @@ fn a_completer_short_of_its_schedule_or_a_failed_rank_keeps_h2() {
     assert_eq!(locate_hang(&w, &rings), HangFinding::NotHung(vec![0, 1]));
 }
 
+/// Rank 4's process is stopped before the round and rank 0, still reporting, did not
+/// enter either: it waits on rank 4 through another communicator (8 processes of the C
+/// client, DP + TP + pipeline, SIGSTOP of rank 4: H1 [0, 4] before this rule). Only the
+/// stopped rank is named; without a stopped one, every rank that did not enter.
+#[test]
+fn a_stopped_rank_that_did_not_enter_is_named_before_a_live_one() {
+    let mut v = vec![hv(HangState::InFlight); 8];
+    v[0].state = HangState::NotEntered;
+    v[4].state = HangState::NotEntered;
+    v[4].silent = true;
+    let f = locate_hang(&v, &[]);
+    assert_eq!(f, HangFinding::NotEntered(vec![4]));
+    assert_eq!(f.class(), AnomalyClass::H1NotEntered);
+    v[6].state = HangState::NotEntered;
+    v[6].silent = true;
+    assert_eq!(locate_hang(&v, &[]), HangFinding::NotEntered(vec![4, 6]));
+    v[4].silent = false;
+    v[6].silent = false;
+    assert_eq!(locate_hang(&v, &[]), HangFinding::NotEntered(vec![0, 4, 6]));
+}
+
 #[test]
 fn ranks_not_involved_in_a_p2p_round_are_ignored() {
     let mut v = vec![hv(HangState::NotInvolved); 6];
