@@ -42,6 +42,29 @@ pub const SWEEP_OPTIONS: [&str; 6] = [
     "--mpi-bin",
 ];
 
+/// The bounds of a sweep given with [`SWEEP_OPTIONS`]: [`fail`]s (status 2) unless
+/// 4 <= `min` <= `max`, `factor` >= 2, `rounds` >= 1 and `iters` >= 1, instead of running
+/// a sweep that measures nothing or never ends.
+pub fn check_sweep(
+    prog: &str,
+    usage: &str,
+    min: u64,
+    max: u64,
+    factor: u64,
+    rounds: usize,
+    iters: u32,
+) {
+    if min < 4 || max < min || factor < 2 || rounds == 0 || iters == 0 {
+        fail(
+            prog,
+            usage,
+            &format!(
+                "need 4 <= min ({min}) <= max ({max}), factor ({factor}) >= 2, rounds ({rounds}) >= 1, iters ({iters}) >= 1"
+            ),
+        );
+    }
+}
+
 /// `value` of option `opt` as a non-negative integer; anything else [`fail`]s, naming both.
 pub fn number(prog: &str, usage: &str, opt: &str, value: &str) -> u64 {
     value

@@ -77,8 +77,17 @@ fn parse_opts() -> Opts {
     if o.mpi_bin.as_os_str().is_empty() {
         usage("--mpi-bin is required");
     }
-    if o.min < 4 || o.max < o.min || o.factor < 2 || o.rounds == 0 || o.ranks.contains(&0) {
-        usage("need 4 <= min <= max, factor >= 2, rounds >= 1, ranks >= 1");
+    benches::cli::check_sweep(
+        "bench-peers",
+        USAGE,
+        o.min,
+        o.max,
+        o.factor,
+        o.rounds,
+        o.iters,
+    );
+    if o.ranks.is_empty() || o.ranks.contains(&0) {
+        usage("--ranks: every rank count must be >= 1");
     }
     o
 }

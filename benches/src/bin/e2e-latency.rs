@@ -22,7 +22,10 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut n = 4usize;
     for (opt, v) in benches::cli::option_pairs("e2e-latency", USAGE, &args, &["--ranks"]) {
-        n = (benches::cli::number("e2e-latency", USAGE, &opt, &v) as usize).clamp(2, 16);
+        n = benches::cli::number("e2e-latency", USAGE, &opt, &v) as usize;
+    }
+    if !(2..=16).contains(&n) {
+        benches::cli::fail("e2e-latency", USAGE, &format!("--ranks {n}: need 2 to 16"));
     }
     println!(
         "# e2e latency, {n} ranks, AllReduce 64 KiB, root rank {}",

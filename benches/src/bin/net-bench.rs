@@ -72,19 +72,25 @@ fn parse_opts(args: &[String]) -> Opts {
     for (opt, v) in benches::cli::option_pairs("net-bench", USAGE, args, &known) {
         let num = |v: &str| benches::cli::number("net-bench", USAGE, &opt, v);
         match opt.as_str() {
-            "--rounds" => o.rounds = num(&v).max(1) as usize,
-            "--min" => o.min = num(&v).max(4),
+            "--rounds" => o.rounds = num(&v) as usize,
+            "--min" => o.min = num(&v),
             "--max" => o.max = num(&v),
-            "--factor" => o.factor = num(&v).max(2),
-            "--iters" => o.iters = num(&v).max(1) as u32,
+            "--factor" => o.factor = num(&v),
+            "--iters" => o.iters = num(&v) as u32,
             "--mpi-bin" => o.mpi_bin = Some(PathBuf::from(v)),
             "--md" => o.md = Some(PathBuf::from(v)),
             other => usage(&format!("unknown option {other}")),
         }
     }
-    if o.max < o.min {
-        usage("--max is below --min");
-    }
+    benches::cli::check_sweep(
+        "net-bench",
+        USAGE,
+        o.min,
+        o.max,
+        o.factor,
+        o.rounds,
+        o.iters,
+    );
     o
 }
 
