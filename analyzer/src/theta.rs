@@ -41,9 +41,10 @@
 //!   scheduler holds some rank off for a few milliseconds now and then, which on a
 //!   communicator whose usual lateness is tens of microseconds makes extreme rounds too,
 //!   but costs the job a few percent of a window, where a stopped or throttled rank costs
-//!   it a good part (a 60 ms / 20 ms SIGSTOP duty cycle about three quarters). An extreme round counts for its last rank only when
-//!   that rank's own computation gap (since its previous operation on the communicator,
-//!   against the median gap) explains at least half of the others' wait; otherwise the
+//!   it a good part (a 60 ms / 20 ms SIGSTOP duty cycle about three quarters). An extreme
+//!   round counts for its last rank only when that rank's own computation gap (since its
+//!   previous operation on the communicator, against the median gap) explains at least
+//!   half of the others' wait; otherwise the
 //!   rank entered late because its previous operation here ended late (a pipeline Send
 //!   blocked by the stopped peer), and the round counts for nobody and is left out of the
 //!   total. The extreme rounds of a window in which some rank caused two or more stay out
