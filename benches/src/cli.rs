@@ -72,6 +72,13 @@ pub fn number(prog: &str, usage: &str, opt: &str, value: &str) -> u64 {
         .unwrap_or_else(|_| fail(prog, usage, &format!("{opt}: not a number: {value}")))
 }
 
+/// [`number`] that must also fit a `u32` (an iteration count): a larger value [`fail`]s
+/// instead of wrapping around.
+pub fn number_u32(prog: &str, usage: &str, opt: &str, value: &str) -> u32 {
+    u32::try_from(number(prog, usage, opt, value))
+        .unwrap_or_else(|_| fail(prog, usage, &format!("{opt}: {value} is too large")))
+}
+
 /// Prints `prog: msg` and `usage`, and exits with status 2.
 pub fn fail(prog: &str, usage: &str, msg: &str) -> ! {
     eprintln!("{prog}: {msg}");

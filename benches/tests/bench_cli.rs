@@ -3,18 +3,36 @@
 //! wrong and exit with status 2 before anything runs (no sweep of zero rounds, no silent
 //! clamping of what the user asked for).
 
-use std::process::Command;
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
-/// Runs `bin` with `args`: (exit status, stderr).
+/// Runs `bin` with `args`: (exit status, stderr). A binary that accepted its arguments and
+/// went on to benchmark (what a regression would do) is killed after 20 s: `None`.
 fn run(bin: &str, args: &[&str]) -> (Option<i32>, String) {
-    let out = Command::new(bin)
+    let mut child = Command::new(bin)
         .args(args)
-        .output()
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap_or_else(|e| panic!("{bin}: {e}"));
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let start = Instant::now();
+    let code = loop {
+        match child.try_wait().expect("wait") {
+            Some(st) => break st.code(),
+            None if start.elapsed() > Duration::from_secs(20) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            None => std::thread::sleep(Duration::from_millis(10)),
+        }
+    };
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    (code, err)
 }
 
 /// `bin args` exits with status 2 and its stderr contains `want` and the usage line.
@@ -63,11 +81,22 @@ fn sweeps_out_of_range_are_refused_not_clamped() {
     refused(NET, &["--factor", "1"], "factor (1) >= 2");
     refused(NET, &["--min", "2"], "4 <= min (2)");
     refused(NET, &["--min", "1024", "--max", "512"], "<= max (512)");
+    // 2^32 + 1 used to wrap around to one iteration.
+    refused(
+        NET,
+        &["--iters", "4294967297"],
+        "--iters: 4294967297 is too large",
+    );
     let m = ["--mpi-bin", "m"];
     refused(
         PEERS,
         &[&m[..], &["--iters", "0"]].concat(),
         "iters (0) >= 1",
+    );
+    refused(
+        PEERS,
+        &[&m[..], &["--iters", "4294967296"]].concat(),
+        "too large",
     );
     refused(PEERS, &[&m[..], &["--ranks", "2,0"]].concat(), "rank count");
     refused(PEERS, &["--rounds", "2"], "--mpi-bin is required");

@@ -66,7 +66,7 @@ fn parse_opts() -> Opts {
             "--min" => o.min = num(&v),
             "--max" => o.max = num(&v),
             "--factor" => o.factor = num(&v),
-            "--iters" => o.iters = num(&v) as u32,
+            "--iters" => o.iters = benches::cli::number_u32("bench-peers", USAGE, &opt, &v),
             "--mpi-bin" => o.mpi_bin = v.into(),
             "--mpirun" => o.mpirun = v,
             "--svg" => o.svg = Some(v.into()),

@@ -76,7 +76,7 @@ fn parse_opts(args: &[String]) -> Opts {
             "--min" => o.min = num(&v),
             "--max" => o.max = num(&v),
             "--factor" => o.factor = num(&v),
-            "--iters" => o.iters = num(&v) as u32,
+            "--iters" => o.iters = benches::cli::number_u32("net-bench", USAGE, &opt, &v),
             "--mpi-bin" => o.mpi_bin = Some(PathBuf::from(v)),
             "--md" => o.md = Some(PathBuf::from(v)),
             other => usage(&format!("unknown option {other}")),
