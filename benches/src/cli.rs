@@ -42,26 +42,53 @@ pub const SWEEP_OPTIONS: [&str; 6] = [
     "--mpi-bin",
 ];
 
-/// The bounds of a sweep given with [`SWEEP_OPTIONS`]: [`fail`]s (status 2) unless
-/// 4 <= `min` <= `max`, `factor` >= 2, `rounds` >= 1 and `iters` >= 1, instead of running
-/// a sweep that measures nothing or never ends.
-pub fn check_sweep(
-    prog: &str,
-    usage: &str,
-    min: u64,
-    max: u64,
-    factor: u64,
-    rounds: usize,
-    iters: u32,
-) {
-    if min < 4 || max < min || factor < 2 || rounds == 0 || iters == 0 {
-        fail(
-            prog,
-            usage,
-            &format!(
-                "need 4 <= min ({min}) <= max ({max}), factor ({factor}) >= 2, rounds ({rounds}) >= 1, iters ({iters}) >= 1"
-            ),
-        );
+/// A sweep of sizes measured against a peer, as [`SWEEP_OPTIONS`] give it (all but
+/// `--mpi-bin`): rounds, smallest and largest size in bytes, size factor, timed iterations
+/// per size.
+#[derive(Clone, Copy, Debug)]
+pub struct Sweep {
+    pub rounds: usize,
+    pub min: u64,
+    pub max: u64,
+    pub factor: u64,
+    pub iters: u32,
+}
+
+impl Sweep {
+    /// Takes `opt value` when `opt` is one of the sweep's options (true), [`fail`]ing on a
+    /// value that is not a number or does not fit.
+    pub fn take(&mut self, prog: &str, usage: &str, opt: &str, value: &str) -> bool {
+        let num = || number(prog, usage, opt, value);
+        match opt {
+            "--rounds" => self.rounds = num() as usize,
+            "--min" => self.min = num(),
+            "--max" => self.max = num(),
+            "--factor" => self.factor = num(),
+            "--iters" => self.iters = number_u32(prog, usage, opt, value),
+            _ => return false,
+        }
+        true
+    }
+
+    /// [`fail`]s (status 2) unless 4 <= `min` <= `max`, `factor` >= 2, `rounds` >= 1 and
+    /// `iters` >= 1, instead of running a sweep that measures nothing or never ends.
+    pub fn check(&self, prog: &str, usage: &str) {
+        let Sweep {
+            rounds,
+            min,
+            max,
+            factor,
+            iters,
+        } = *self;
+        if min < 4 || max < min || factor < 2 || rounds == 0 || iters == 0 {
+            fail(
+                prog,
+                usage,
+                &format!(
+                    "need 4 <= min ({min}) <= max ({max}), factor ({factor}) >= 2, rounds ({rounds}) >= 1, iters ({iters}) >= 1"
+                ),
+            );
+        }
     }
 }
 

@@ -23,11 +23,7 @@ use plotters::prelude::*;
 
 struct Opts {
     ranks: Vec<usize>,
-    rounds: usize,
-    min: u64,
-    max: u64,
-    factor: u64,
-    iters: u32,
+    sweep: benches::cli::Sweep,
     mpi_bin: PathBuf,
     mpirun: String,
     svg: Option<PathBuf>,
@@ -45,11 +41,13 @@ fn usage(msg: &str) -> ! {
 fn parse_opts() -> Opts {
     let mut o = Opts {
         ranks: vec![2, 4],
-        rounds: 5,
-        min: 8,
-        max: 32 << 20,
-        factor: 4,
-        iters: 20,
+        sweep: benches::cli::Sweep {
+            rounds: 5,
+            min: 8,
+            max: 32 << 20,
+            factor: 4,
+            iters: 20,
+        },
         mpi_bin: PathBuf::new(),
         mpirun: "mpirun".into(),
         svg: None,
@@ -59,14 +57,12 @@ fn parse_opts() -> Opts {
     let mut known = benches::cli::SWEEP_OPTIONS.to_vec();
     known.extend(["--ranks", "--mpirun", "--svg", "--md"]);
     for (opt, v) in benches::cli::option_pairs("bench-peers", USAGE, &args, &known) {
+        if o.sweep.take("bench-peers", USAGE, &opt, &v) {
+            continue;
+        }
         let num = |v: &str| benches::cli::number("bench-peers", USAGE, &opt, v);
         match opt.as_str() {
             "--ranks" => o.ranks = v.split(',').map(|r| num(r) as usize).collect(),
-            "--rounds" => o.rounds = num(&v) as usize,
-            "--min" => o.min = num(&v),
-            "--max" => o.max = num(&v),
-            "--factor" => o.factor = num(&v),
-            "--iters" => o.iters = benches::cli::number_u32("bench-peers", USAGE, &opt, &v),
             "--mpi-bin" => o.mpi_bin = v.into(),
             "--mpirun" => o.mpirun = v,
             "--svg" => o.svg = Some(v.into()),
@@ -77,15 +73,7 @@ fn parse_opts() -> Opts {
     if o.mpi_bin.as_os_str().is_empty() {
         usage("--mpi-bin is required");
     }
-    benches::cli::check_sweep(
-        "bench-peers",
-        USAGE,
-        o.min,
-        o.max,
-        o.factor,
-        o.rounds,
-        o.iters,
-    );
+    o.sweep.check("bench-peers", USAGE);
     if o.ranks.is_empty() || o.ranks.contains(&0) {
         usage("--ranks: every rank count must be >= 1");
     }
@@ -152,7 +140,7 @@ fn table(series: &[Series], memcpy: &[f64], o: &Opts, load: (&str, &str)) -> Str
          loop: `ncclAllReduce` in the same minimal loop as the MPI peer \
          (`benches/c/nccl_allreduce.c`, ranks as processes, bound to CPUs as `ccl-run` binds them); OpenMPI: \
          `MPI_Allreduce` (`benches/c/mpi_allreduce.c`, `mpirun --mca btl self,vader`).\n\n",
-        o.rounds, o.iters
+        o.sweep.rounds, o.sweep.iters
     );
     t += "| busbw GB/s |";
     for s in sizes {
@@ -272,10 +260,10 @@ fn main() {
     let o = parse_opts();
     let dir = release_dir();
     let mut sizes = Vec::new();
-    let mut s = o.min;
-    while s <= o.max {
+    let mut s = o.sweep.min;
+    while s <= o.sweep.max {
         sizes.push(s / 4 * 4);
-        s *= o.factor;
+        s *= o.sweep.factor;
     }
     let mut series: Vec<Series> = o
         .ranks
@@ -296,25 +284,25 @@ fn main() {
     )
     .unwrap_or_else(|e| usage(&e));
     let mut memcpy = vec![Vec::new(); sizes.len()];
-    let range = (o.min, o.max, o.factor);
+    let range = (o.sweep.min, o.sweep.max, o.sweep.factor);
     let load0 = loadavg();
-    for round in 0..o.rounds {
-        eprintln!("bench-peers: round {}/{}", round + 1, o.rounds);
+    for round in 0..o.sweep.rounds {
+        eprintln!("bench-peers: round {}/{}", round + 1, o.sweep.rounds);
         for se in &mut series {
             for k in 0..3 {
                 match (k + round) % 3 {
                     0 => {
-                        let rows = run_ours(&dir, se.ranks, range, "float", o.iters)
+                        let rows = run_ours(&dir, se.ranks, range, "float", o.sweep.iters)
                             .unwrap_or_else(|e| usage(&e));
                         push(&mut se.ours, &sizes, &rows, "ours");
                     }
                     1 => {
-                        let rows = run_c_loop(&c_loop, &dir, se.ranks, range, o.iters)
+                        let rows = run_c_loop(&c_loop, &dir, se.ranks, range, o.sweep.iters)
                             .unwrap_or_else(|e| usage(&e));
                         push(&mut se.ours_loop, &sizes, &rows, "ours, C loop");
                     }
                     _ => {
-                        let rows = run_mpi(&o.mpirun, &o.mpi_bin, se.ranks, range, o.iters)
+                        let rows = run_mpi(&o.mpirun, &o.mpi_bin, se.ranks, range, o.sweep.iters)
                             .unwrap_or_else(|e| usage(&e));
                         push(&mut se.mpi, &sizes, &rows, "OpenMPI");
                     }

@@ -41,11 +41,7 @@ const TCP_BYTES: u64 = 256 << 20;
 const TCP_PORT: u16 = 24_117;
 
 struct Opts {
-    rounds: usize,
-    min: u64,
-    max: u64,
-    factor: u64,
-    iters: u32,
+    sweep: benches::cli::Sweep,
     mpi_bin: Option<PathBuf>,
     md: Option<PathBuf>,
 }
@@ -59,38 +55,29 @@ fn usage(msg: &str) -> ! {
 
 fn parse_opts(args: &[String]) -> Opts {
     let mut o = Opts {
-        rounds: 3,
-        min: 64 << 10,
-        max: 64 << 20,
-        factor: 4,
-        iters: 10,
+        sweep: benches::cli::Sweep {
+            rounds: 3,
+            min: 64 << 10,
+            max: 64 << 20,
+            factor: 4,
+            iters: 10,
+        },
         mpi_bin: None,
         md: None,
     };
     let mut known = benches::cli::SWEEP_OPTIONS.to_vec();
     known.push("--md");
     for (opt, v) in benches::cli::option_pairs("net-bench", USAGE, args, &known) {
-        let num = |v: &str| benches::cli::number("net-bench", USAGE, &opt, v);
+        if o.sweep.take("net-bench", USAGE, &opt, &v) {
+            continue;
+        }
         match opt.as_str() {
-            "--rounds" => o.rounds = num(&v) as usize,
-            "--min" => o.min = num(&v),
-            "--max" => o.max = num(&v),
-            "--factor" => o.factor = num(&v),
-            "--iters" => o.iters = benches::cli::number_u32("net-bench", USAGE, &opt, &v),
             "--mpi-bin" => o.mpi_bin = Some(PathBuf::from(v)),
             "--md" => o.md = Some(PathBuf::from(v)),
             other => usage(&format!("unknown option {other}")),
         }
     }
-    benches::cli::check_sweep(
-        "net-bench",
-        USAGE,
-        o.min,
-        o.max,
-        o.factor,
-        o.rounds,
-        o.iters,
-    );
+    o.sweep.check("net-bench", USAGE);
     o
 }
 
@@ -278,10 +265,10 @@ fn ours(hosts: &Hosts, dir: &Path, n: usize, o: &Opts) -> Result<Vec<Row>, Strin
     let uid = dir.join(format!("net-bench-uid-{}", std::process::id()));
     let _ = std::fs::remove_file(&uid);
     let (min, max, f, it) = (
-        o.min.to_string(),
-        o.max.to_string(),
-        o.factor.to_string(),
-        o.iters.to_string(),
+        o.sweep.min.to_string(),
+        o.sweep.max.to_string(),
+        o.sweep.factor.to_string(),
+        o.sweep.iters.to_string(),
     );
     let args = [
         "-b", &min, "-e", &max, "-f", &f, "-c", "1", "-w", "3", "-n", &it, "-o", "sum",
@@ -337,10 +324,10 @@ fn mpi_once(
             .args(["--mca", "oob_tcp_if_include", &subnet])
             .arg(bin)
             .args([
-                o.min.to_string(),
-                o.max.to_string(),
-                o.factor.to_string(),
-                o.iters.to_string(),
+                o.sweep.min.to_string(),
+                o.sweep.max.to_string(),
+                o.sweep.factor.to_string(),
+                o.sweep.iters.to_string(),
                 "3".into(),
             ]),
     )?;
@@ -448,8 +435,8 @@ fn run(o: &Opts) -> Result<(), String> {
     let mut ring: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     let mut ours_rounds: [Vec<Vec<Row>>; 2] = [Vec::new(), Vec::new()];
     let mut mpi_rounds: [Vec<Vec<Row>>; 2] = [Vec::new(), Vec::new()];
-    for round in 0..o.rounds {
-        eprintln!("net-bench: round {}/{}", round + 1, o.rounds);
+    for round in 0..o.sweep.rounds {
+        eprintln!("net-bench: round {}/{}", round + 1, o.sweep.rounds);
         let mpi_first = round % 2 == 1;
         tcp.push(raw_tcp(&hosts, &me)?);
         for (k, n) in [2usize, 4].into_iter().enumerate() {
@@ -483,7 +470,7 @@ fn run(o: &Opts) -> Result<(), String> {
         "Raw TCP host 0 -> host 1 (one connection, one way, {} MiB): **{tcp_gbps:.2} GB/s** \
          (median of {} rounds: {:?})\n\n",
         TCP_BYTES >> 20,
-        o.rounds,
+        o.sweep.rounds,
         rounded(&tcp)
     ));
     let ring_gbps = [median(&ring[0]), median(&ring[1])];
@@ -493,7 +480,7 @@ fn run(o: &Opts) -> Result<(), String> {
              from the previous), slowest link: **{:.2} GB/s** (median of {} rounds: {:?})\n\n",
             TCP_BYTES >> 20,
             ring_gbps[k],
-            o.rounds,
+            o.sweep.rounds,
             rounded(&ring[k])
         ));
     }
@@ -502,7 +489,7 @@ fn run(o: &Opts) -> Result<(), String> {
         let mpi_m = medians(&mpi_rounds[k]);
         md.push_str(&format!(
             "{n} hosts x 1 rank, AllReduce float sum, busbw GB/s (median of {} rounds)\n\n",
-            o.rounds
+            o.sweep.rounds
         ));
         md.push_str(
             "| size | ours | OpenMPI tcp | ours / OpenMPI | ours / raw TCP one way | ours / raw TCP ring |\n\
