@@ -34,6 +34,23 @@ pub fn median(v: &[f64]) -> f64 {
     }
 }
 
+/// Lower quartile, median and upper quartile of `v` (the quartiles are the medians of the
+/// lower and upper halves, the middle value excluded for an odd count; Tukey's hinges);
+/// `None` when empty.
+pub fn quartiles(v: &[f64]) -> Option<(f64, f64, f64)> {
+    if v.is_empty() {
+        return None;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let half = s.len() / 2;
+    let upper = &s[s.len() - half..];
+    if half == 0 {
+        return Some((s[0], s[0], s[0]));
+    }
+    Some((median(&s[..half]), median(&s), median(upper)))
+}
+
 /// Parses the data lines of an nccl-tests table (ours or NVIDIA's): the out-of-place
 /// columns `size count type redop root time algbw busbw #wrong ...`. Other lines are
 /// skipped. Errors when a data line carries a non-zero `#wrong`.
@@ -234,6 +251,17 @@ fn page_apart(buf: &mut [u8], n: usize) -> (&mut [u8], &mut [u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quartiles_are_the_medians_of_the_halves() {
+        assert_eq!(quartiles(&[]), None);
+        assert_eq!(quartiles(&[2.0]), Some((2.0, 2.0, 2.0)));
+        // Odd count: the middle value is the median and in neither half.
+        assert_eq!(quartiles(&[9.0, 1.0, 5.0, 3.0, 7.0]), Some((2.0, 5.0, 8.0)));
+        // Even count: halves of two.
+        assert_eq!(quartiles(&[4.0, 1.0, 3.0, 2.0]), Some((1.5, 2.5, 3.5)));
+        assert_eq!(quartiles(&[1.0, 3.0]), Some((1.0, 2.0, 3.0)));
+    }
 
     #[test]
     fn memcpy_buffers_are_page_aligned_and_disjoint() {

@@ -65,6 +65,7 @@ fn unknown_options_and_missing_or_bad_values_are_refused() {
     refused(NET, &["--bogus", "1"], "unknown option --bogus");
     refused(NET, &["--rounds"], "--rounds needs a value");
     refused(NET, &["--rounds", "three"], "--rounds: not a number: three");
+    refused(NET, &["--budget", "lots"], "--budget: not a number: lots");
     refused(
         PEERS,
         &["--ranks", "2,x", "--mpi-bin", "m"],

@@ -3,8 +3,13 @@
 //! ```text
 //! scripts/net-bench.sh      # as root: installs OpenMPI if missing, builds, runs this
 //! target/release/net-bench [--mpi-bin PATH] [--rounds 3] [--min 65536] [--max 67108864]
-//!     [--factor 4] [--iters 10] [--md FILE]
+//!     [--factor 4] [--iters 10] [--budget 67108864] [--md FILE]
 //! ```
+//! Each size runs as its own job, ours and OpenMPI's alike, with `max(--iters, --budget /
+//! size)` timed operations after an eighth as many untimed ones (at least 3): a fixed
+//! count would time a 64 KiB AllReduce for under a millisecond, where one scheduler pause
+//! of the two shared cores moves the figure by 50-100% (`--budget 0`: `--iters` at every
+//! size).
 //! `--md FILE` writes the tables into FILE between the markers `<!-- net-bench: tables
 //! begin -->` and `<!-- net-bench: tables end -->`, keeping the text around them (the whole
 //! file is the tables when it has no markers).
@@ -21,10 +26,13 @@
 //!   BTL (`--mca btl tcp,self`) on the same hosts, `mpirun` started in host 0 and reaching
 //!   the others through an rsh agent that enters their namespaces.
 //!
-//! Figures are medians over rounds. Prints busbw per size and the ratios ours / raw TCP
-//! (target >= 0.8 at >= 4 MiB, 2 hosts: busbw of a ring AllReduce equals each link's
-//! payload rate), against the one-way figure and against the ring of the same hosts, and
-//! ours / OpenMPI (target >= 1.0 at >= 64 KiB). Where the CPUs, not the link, set the pace
+//! Busbw figures are medians over rounds. The ratios are paired: each round's ours over
+//! the same round's peer figure, printed as the median of the rounds' ratios with its
+//! lower and upper quartile (and, against OpenMPI, in how many rounds ours was at least
+//! as fast), since between rounds both sides move by 10-30% on this machine. Ratios ours /
+//! raw TCP (target >= 0.8 at >= 4 MiB, 2 hosts: busbw of a ring AllReduce equals each
+//! link's payload rate), against the one-way figure and against the ring of the same
+//! hosts, and ours / OpenMPI (target >= 1.0 at >= 64 KiB). Where the CPUs, not the link, set the pace
 //! (veth on a small machine), one way moves half the bytes per CPU-second of a ring, whose
 //! every host both sends and receives; the ring is then the like-for-like reference.
 
@@ -35,19 +43,42 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use benches::netns::Hosts;
-use benches::peers::{allreduce_rows, median, parse_mpi, release_dir, Row};
+use benches::peers::{allreduce_rows, median, parse_mpi, quartiles, release_dir, Row};
 
 const TCP_BYTES: u64 = 256 << 20;
 const TCP_PORT: u16 = 24_117;
 
 struct Opts {
     sweep: benches::cli::Sweep,
+    /// Payload bytes timed per size at least ([`Opts::counts`]).
+    budget: u64,
     mpi_bin: Option<PathBuf>,
     md: Option<PathBuf>,
 }
 
 const USAGE: &str = "usage: net-bench [--mpi-bin PATH] [--rounds 3] [--min 65536] \
-                     [--max 67108864] [--factor 4] [--iters 10] [--md FILE]";
+                     [--max 67108864] [--factor 4] [--iters 10] [--budget 67108864] [--md FILE]";
+
+/// Most timed operations per size, whatever `--budget` asks.
+const MAX_ITERS: u64 = 100_000;
+
+impl Opts {
+    /// The sizes of the sweep, `min` times powers of `factor` up to `max`.
+    fn sizes(&self) -> Vec<u64> {
+        let s = &self.sweep;
+        std::iter::successors(Some(s.min), |b| b.checked_mul(s.factor))
+            .take_while(|b| *b <= s.max)
+            .collect()
+    }
+
+    /// Timed and untimed operations at `bytes`: at least `--iters`, and enough to move
+    /// `--budget` bytes (at most [`MAX_ITERS`]); an eighth as many untimed ones, at least 3.
+    fn counts(&self, bytes: u64) -> (u64, u64) {
+        let by_budget = self.budget.div_ceil(bytes.max(1));
+        let iters = u64::from(self.sweep.iters).max(by_budget.min(MAX_ITERS));
+        (iters, (iters / 8).max(3))
+    }
+}
 
 fn usage(msg: &str) -> ! {
     benches::cli::fail("net-bench", USAGE, msg)
@@ -62,11 +93,12 @@ fn parse_opts(args: &[String]) -> Opts {
             factor: 4,
             iters: 10,
         },
+        budget: 64 << 20,
         mpi_bin: None,
         md: None,
     };
     let mut known = benches::cli::SWEEP_OPTIONS.to_vec();
-    known.push("--md");
+    known.extend(["--md", "--budget"]);
     for (opt, v) in benches::cli::option_pairs("net-bench", USAGE, args, &known) {
         if o.sweep.take("net-bench", USAGE, &opt, &v) {
             continue;
@@ -74,6 +106,7 @@ fn parse_opts(args: &[String]) -> Opts {
         match opt.as_str() {
             "--mpi-bin" => o.mpi_bin = Some(PathBuf::from(v)),
             "--md" => o.md = Some(PathBuf::from(v)),
+            "--budget" => o.budget = benches::cli::number("net-bench", USAGE, &opt, &v),
             other => usage(&format!("unknown option {other}")),
         }
     }
@@ -103,6 +136,14 @@ fn sink_on(l: &TcpListener) -> Result<u64, String> {
     }
     s.write_all(&[1]).map_err(|e| format!("ack: {e}"))?;
     Ok(total)
+}
+
+/// The BYTES of the internal helper modes (`--tcp-source`, `--tcp-ring`): [`TCP_BYTES`]
+/// when absent, an error when not a number.
+fn helper_bytes(arg: Option<&String>) -> Result<u64, String> {
+    arg.map_or(Ok(TCP_BYTES), |b| {
+        b.parse().map_err(|_| format!("BYTES: not a number: {b}"))
+    })
 }
 
 /// `--tcp-source ADDR BYTES`: streams BYTES, waits for the sink's byte; prints GB/s.
@@ -260,54 +301,61 @@ fn on_each_host(n: usize, command: impl Fn(usize) -> Command) -> Result<Vec<Stri
     }
 }
 
-/// Our AllReduce on `n` hosts x 1 rank.
+/// Our AllReduce on `n` hosts x 1 rank: one job per size ([`Opts::counts`]).
 fn ours(hosts: &Hosts, dir: &Path, n: usize, o: &Opts) -> Result<Vec<Row>, String> {
     let uid = dir.join(format!("net-bench-uid-{}", std::process::id()));
-    let _ = std::fs::remove_file(&uid);
-    let (min, max, f, it) = (
-        o.sweep.min.to_string(),
-        o.sweep.max.to_string(),
-        o.sweep.factor.to_string(),
-        o.sweep.iters.to_string(),
-    );
-    let args = [
-        "-b", &min, "-e", &max, "-f", &f, "-c", "1", "-w", "3", "-n", &it, "-o", "sum",
-    ];
-    let outs = on_each_host(n, |h| {
-        hosts.ranks_command(
-            h,
-            h..h + 1,
-            n,
-            &dir.join("all_reduce_perf"),
-            &args,
-            &uid,
-            dir,
-        )
-    });
-    let _ = std::fs::remove_file(&uid);
-    let text = outs?.concat();
-    allreduce_rows(&text, n)
+    let mut rows = Vec::new();
+    for bytes in o.sizes() {
+        let (iters, warmup) = o.counts(bytes);
+        let (b, it, w) = (bytes.to_string(), iters.to_string(), warmup.to_string());
+        let args = [
+            "-b", &b, "-e", &b, "-c", "1", "-w", &w, "-n", &it, "-o", "sum",
+        ];
+        let _ = std::fs::remove_file(&uid);
+        let outs = on_each_host(n, |h| {
+            hosts.ranks_command(
+                h,
+                h..h + 1,
+                n,
+                &dir.join("all_reduce_perf"),
+                &args,
+                &uid,
+                dir,
+            )
+        });
+        let _ = std::fs::remove_file(&uid);
+        rows.extend(allreduce_rows(&outs?.concat(), n)?);
+    }
+    Ok(rows)
 }
 
-/// OpenMPI's MPI_Allreduce with the TCP BTL on `n` hosts x 1 rank; a failed start is
-/// retried once (Debian's Open MPI 4.1.4 daemons now and then crash in hwloc while they
-/// start, before any rank runs).
+/// OpenMPI's MPI_Allreduce with the TCP BTL on `n` hosts x 1 rank, one job per size as
+/// [`ours`]; a failed start is retried once (Debian's Open MPI 4.1.4 daemons now and then
+/// crash in hwloc while they start, before any rank runs).
 fn mpi(hosts: &Hosts, agent: &Path, bin: &Path, n: usize, o: &Opts) -> Result<Vec<Row>, String> {
-    mpi_once(hosts, agent, bin, n, o).or_else(|e| {
-        eprintln!(
-            "net-bench: mpirun failed, once more: {}",
-            e.lines().next().unwrap_or("")
-        );
-        mpi_once(hosts, agent, bin, n, o)
-    })
+    let mut rows = Vec::new();
+    for bytes in o.sizes() {
+        let counts = o.counts(bytes);
+        let once = || mpi_once(hosts, agent, bin, n, bytes, counts);
+        rows.extend(once().or_else(|e| {
+            eprintln!(
+                "net-bench: mpirun failed, once more: {}",
+                e.lines().next().unwrap_or("")
+            );
+            once()
+        })?);
+    }
+    Ok(rows)
 }
 
+/// One `mpirun` of `bin` at `bytes` with `(iters, warmup)` operations.
 fn mpi_once(
     hosts: &Hosts,
     agent: &Path,
     bin: &Path,
     n: usize,
-    o: &Opts,
+    bytes: u64,
+    (iters, warmup): (u64, u64),
 ) -> Result<Vec<Row>, String> {
     let list: Vec<String> = (0..n).map(|h| format!("{}:1", hosts.addr(h))).collect();
     let subnet = format!("{}/24", hosts.addr(0));
@@ -323,13 +371,7 @@ fn mpi_once(
             .args(["--mca", "btl_tcp_if_include", &subnet])
             .args(["--mca", "oob_tcp_if_include", &subnet])
             .arg(bin)
-            .args([
-                o.sweep.min.to_string(),
-                o.sweep.max.to_string(),
-                o.sweep.factor.to_string(),
-                o.sweep.iters.to_string(),
-                "3".into(),
-            ]),
+            .args([bytes, bytes, 2, iters, warmup].map(|v| v.to_string())),
     )?;
     let rows = parse_mpi(&out);
     if rows.is_empty() {
@@ -366,20 +408,20 @@ fn write_agent(hosts: &Hosts, dir: &Path) -> Result<PathBuf, String> {
 }
 
 /// Median busbw per size over rounds.
-fn medians(rounds: &[Vec<Row>]) -> Vec<(u64, f64)> {
-    let Some(first) = rounds.first() else {
-        return Vec::new();
-    };
-    first
+/// Busbw at `bytes` in each round (`None` where a round has no such row).
+fn busbw_by_round(rounds: &[Vec<Row>], bytes: u64) -> Vec<Option<f64>> {
+    rounds
         .iter()
-        .map(|r| {
-            let v: Vec<f64> = rounds
-                .iter()
-                .filter_map(|rs| rs.iter().find(|x| x.bytes == r.bytes).map(|x| x.busbw))
-                .collect();
-            (r.bytes, median(&v))
-        })
+        .map(|rs| rs.iter().find(|x| x.bytes == bytes).map(|x| x.busbw))
         .collect()
+}
+
+/// `median [q1, q3]` of ratios, two decimals; `-` when there are none.
+fn spread(v: &[f64]) -> String {
+    match quartiles(v) {
+        Some((q1, m, q3)) => format!("{m:.2} [{q1:.2}, {q3:.2}]"),
+        None => "-".to_string(),
+    }
 }
 
 fn human(bytes: u64) -> String {
@@ -394,19 +436,17 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let r = match args.first().map(String::as_str) {
         Some("--tcp-sink") => Some(tcp_sink(args.get(1).map_or("", String::as_str))),
-        Some("--tcp-source") => Some(tcp_source(
-            args.get(1).map_or("", String::as_str),
-            args.get(2)
-                .and_then(|b| b.parse().ok())
-                .unwrap_or(TCP_BYTES),
-        )),
-        Some("--tcp-ring") => Some(tcp_ring(
-            args.get(1).map_or("", String::as_str),
-            args.get(2).map_or("", String::as_str),
-            args.get(3)
-                .and_then(|b| b.parse().ok())
-                .unwrap_or(TCP_BYTES),
-        )),
+        Some("--tcp-source") => Some(
+            helper_bytes(args.get(2))
+                .and_then(|b| tcp_source(args.get(1).map_or("", String::as_str), b)),
+        ),
+        Some("--tcp-ring") => Some(helper_bytes(args.get(3)).and_then(|b| {
+            tcp_ring(
+                args.get(1).map_or("", String::as_str),
+                args.get(2).map_or("", String::as_str),
+                b,
+            )
+        })),
         _ => None,
     };
     if let Some(r) = r {
@@ -485,26 +525,57 @@ fn run(o: &Opts) -> Result<(), String> {
         ));
     }
     for (k, n) in [2usize, 4].into_iter().enumerate() {
-        let ours_m = medians(&ours_rounds[k]);
-        let mpi_m = medians(&mpi_rounds[k]);
         md.push_str(&format!(
-            "{n} hosts x 1 rank, AllReduce float sum, busbw GB/s (median of {} rounds)\n\n",
+            "{n} hosts x 1 rank, AllReduce float sum, busbw GB/s (median of {} rounds; \
+             ratios: median of the rounds' paired ratios [lower, upper quartile])\n\n",
             o.sweep.rounds
         ));
         md.push_str(
-            "| size | ours | OpenMPI tcp | ours / OpenMPI | ours / raw TCP one way | ours / raw TCP ring |\n\
-             |---|---:|---:|---:|---:|---:|\n",
+            "| size | timed ops | ours | OpenMPI tcp | ours / OpenMPI | rounds ours >= OpenMPI \
+             | ours / raw TCP one way | ours / raw TCP ring |\n\
+             |---|---:|---:|---:|---:|---:|---:|---:|\n",
         );
-        for (bytes, bw) in &ours_m {
-            let m = mpi_m.iter().find(|x| x.0 == *bytes).map(|x| x.1);
-            let fmt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
+        for bytes in o.sizes() {
+            let ours = busbw_by_round(&ours_rounds[k], bytes);
+            let mpi = busbw_by_round(&mpi_rounds[k], bytes);
+            let vs_mpi: Vec<f64> = ours
+                .iter()
+                .zip(&mpi)
+                .filter_map(|(a, b)| Some(a.as_ref()? / b.as_ref()?))
+                .collect();
+            let vs_tcp: Vec<f64> = ours
+                .iter()
+                .zip(&tcp)
+                .filter_map(|(a, t)| Some(a.as_ref()? / t))
+                .collect();
+            let vs_ring: Vec<f64> = ours
+                .iter()
+                .zip(&ring[k])
+                .filter_map(|(a, r)| Some(a.as_ref()? / r))
+                .collect();
+            let bw = |v: &[Option<f64>]| {
+                let v: Vec<f64> = v.iter().flatten().copied().collect();
+                if v.is_empty() {
+                    "-".to_string()
+                } else {
+                    format!("{:.3}", median(&v))
+                }
+            };
+            let wins = if vs_mpi.is_empty() {
+                "-".to_string()
+            } else {
+                let w = vs_mpi.iter().filter(|r| **r >= 1.0).count();
+                format!("{w}/{}", vs_mpi.len())
+            };
             md.push_str(&format!(
-                "| {} | {bw:.3} | {} | {} | {:.2} | {:.2} |\n",
-                human(*bytes),
-                fmt(m),
-                fmt(m.map(|m| bw / m)),
-                bw / tcp_gbps,
-                bw / ring_gbps[k]
+                "| {} | {} | {} | {} | {} | {wins} | {} | {} |\n",
+                human(bytes),
+                o.counts(bytes).0,
+                bw(&ours),
+                bw(&mpi),
+                spread(&vs_mpi),
+                spread(&vs_tcp),
+                spread(&vs_ring),
             ));
         }
         md.push('\n');
@@ -556,5 +627,33 @@ mod tests {
             alone
         );
         assert_eq!(splice_tables("", "| new |\n"), alone);
+    }
+
+    #[test]
+    fn each_size_times_at_least_the_budget_and_the_iterations() {
+        let args: Vec<String> = ["--min", "65536", "--max", "16777216", "--iters", "10"]
+            .map(String::from)
+            .to_vec();
+        let o = parse_opts(&args);
+        assert_eq!(o.sizes(), [64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20]);
+        // 64 MiB by default: 1024 operations of 64 KiB, 16 of 4 MiB; never below --iters.
+        assert_eq!(o.counts(64 << 10), (1024, 128));
+        assert_eq!(o.counts(4 << 20), (16, 3));
+        assert_eq!(o.counts(16 << 20), (10, 3));
+        // A budget that does not divide: rounded up; a tiny size: capped.
+        assert_eq!(o.counts(3 << 20), (22, 3));
+        assert_eq!(o.counts(4), (MAX_ITERS, MAX_ITERS / 8));
+        let off = Opts { budget: 0, ..o };
+        assert_eq!(off.counts(64 << 10), (10, 3));
+        // A factor that would overflow past max ends the sweep instead of wrapping.
+        let big: Vec<String> = [
+            "--min",
+            "4611686018427387904",
+            "--max",
+            "18446744073709551615",
+        ]
+        .map(String::from)
+        .to_vec();
+        assert_eq!(parse_opts(&big).sizes(), [1 << 62]);
     }
 }
