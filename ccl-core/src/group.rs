@@ -9,7 +9,8 @@
 //! batch). With several communicators, every communicator's job is submitted to its own
 //! worker thread before any is waited for, so one thread can drive all ranks of
 //! `ncclCommInitAll` in one group; with one communicator the job runs on the calling
-//! thread.
+//! thread. A collective or p2p call that fails inside a group fails the whole group at its
+//! outermost end ([`fail_in_group`]), as NCCL's does.
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -59,6 +60,9 @@ struct GroupState {
     queued: Vec<(Arc<Comm>, Valid, usize)>,
     /// Communicators whose init was called in this group: (communicator, blocking).
     inits: Vec<(Arc<Comm>, bool)>,
+    /// The latest error of a call made in this group ([`fail_in_group`]): the outermost
+    /// `ncclGroupEnd` returns it and runs none of the group's operations.
+    error: Option<CclError>,
 }
 
 impl Drop for GroupState {
@@ -245,6 +249,7 @@ pub fn enqueue(comm: &Arc<Comm>, args: CollArgs) -> Result<()> {
         Err(e) => {
             tracing::warn!(target: "nccl::CALL", rank = comm.rank(), "{e}");
             comm.record_error(&e);
+            fail_in_group(&e);
             return Err(e);
         }
     };
@@ -274,6 +279,17 @@ fn run_host_one(comm: &Arc<Comm>, v: Valid) -> Result<()> {
     };
     comm.run_inline(std::slice::from_ref(&item))
         .inspect_err(|e| after_failure(comm, e))
+}
+
+/// Inside a group, makes the group fail with `e` (a call of the group that failed before
+/// it was queued: a bad argument, a communicator that is not usable): as NCCL's
+/// `ncclGroupErrCheck`, the outermost `ncclGroupEnd` then returns the latest such error
+/// and cancels the whole group, so that a rank never runs part of a group. Outside a group
+/// it does nothing (the call's own return carries the error).
+pub fn fail_in_group(e: &CclError) {
+    if in_group() && !matches!(e, CclError::InProgress) {
+        GROUP.with(|g| g.borrow_mut().error = Some(e.clone()));
+    }
 }
 
 /// `ncclGroupStart`.
@@ -312,7 +328,8 @@ pub fn init_rank(
 }
 
 /// `ncclGroupEnd`: completes the communicator inits of the group, then launches and
-/// completes everything queued since the outermost start.
+/// completes everything queued since the outermost start; when a call of the group failed
+/// ([`fail_in_group`]), runs nothing of it and returns that call's error.
 pub fn group_end() -> Result<()> {
     let batch = GROUP.with(|g| {
         let mut g = g.borrow_mut();
@@ -326,6 +343,7 @@ pub fn group_end() -> Result<()> {
                 Ok(Some((
                     std::mem::take(&mut g.inits),
                     std::mem::take(&mut g.queued),
+                    g.error.take(),
                 )))
             }
             _ => {
@@ -334,10 +352,18 @@ pub fn group_end() -> Result<()> {
             }
         }
     })?;
-    let Some((inits, ops)) = batch else {
+    let Some((inits, ops, failed)) = batch else {
         return Ok(());
     };
+    // The inits of the group already run on their own threads: waited for in any case.
     let init_result = finish_inits(&inits);
+    if let Some(e) = failed {
+        // A call of the group failed: none of its operations run (NCCL's groupCleanup).
+        tracing::warn!(target: "nccl::CALL",
+            "ncclGroupEnd: a call of the group failed ({e}); {} queued operation(s) not run",
+            ops.len());
+        return Err(e);
+    }
     let run_result = if ops.is_empty() {
         Ok(())
     } else {

@@ -34,7 +34,7 @@ pub mod types;
 pub use bootstrap::UniqueId;
 pub use comm::{Comm, CommConfig};
 pub use error::{CclError, Result};
-pub use group::{enqueue, group_end, group_start, init_rank, CollArgs};
+pub use group::{enqueue, fail_in_group, group_end, group_start, init_rank, CollArgs};
 pub use op::ScalarArg;
 pub use reduce::Reducer;
 pub use types::{DataType, RedOpKind, ResultCode};

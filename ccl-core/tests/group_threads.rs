@@ -212,6 +212,56 @@ fn nested_groups_run_at_the_outermost_end_and_two_comms_share_a_group() {
     destroy_all(&b);
 }
 
+/// As NCCL (`ncclGroupErrCheck`): a call that fails inside a group fails the whole group
+/// at its outermost end, with that call's error, and none of the group's operations run;
+/// the next group is unaffected.
+#[test]
+fn a_call_that_fails_inside_a_group_cancels_the_group() {
+    let c = Comm::init_all(2, None).expect("init_all");
+    let send: Vec<Vec<f32>> = (0..2).map(|r| vec![r as f32 + 1.0; 300]).collect();
+    let mut recv = vec![vec![-7f32; 300]; 2];
+    group_start().unwrap();
+    group_start().unwrap();
+    enqueue(&c[0], allreduce_args(&send[0], &mut recv[0])).unwrap();
+    let bad = CollArgs {
+        dtype: 99,
+        ..allreduce_args(&send[1], &mut recv[1])
+    };
+    let e = enqueue(&c[1], bad).unwrap_err();
+    assert_eq!(e.code(), ResultCode::InvalidArgument);
+    enqueue(&c[1], allreduce_args(&send[1], &mut recv[1])).unwrap();
+    // The inner end only closes a level.
+    group_end().unwrap();
+    let e = group_end().unwrap_err();
+    assert_eq!(e.code(), ResultCode::InvalidArgument, "{e}");
+    assert!(e.to_string().contains("invalid data type 99"), "{e}");
+    assert_eq!(ccl_core::internal::group::group_depth(), 0);
+    assert!(
+        recv.iter().all(|v| v.iter().all(|x| *x == -7.0)),
+        "an operation of the failed group ran"
+    );
+    assert_eq!((c[0].ops_started(), c[1].ops_started()), (0, 0));
+    // The failure does not outlive its group, nor break the communicators.
+    group_start().unwrap();
+    for r in 0..2 {
+        enqueue(&c[r], allreduce_args(&send[r], &mut recv[r])).unwrap();
+    }
+    group_end().unwrap();
+    assert!(recv.iter().all(|v| v.iter().all(|x| *x == 3.0)));
+    // A failed call outside a group leaves no error behind for a later group.
+    let bad = CollArgs {
+        op: 1234,
+        ..allreduce_args(&send[0], &mut recv[0])
+    };
+    assert!(enqueue(&c[0], bad).is_err());
+    group_start().unwrap();
+    for r in 0..2 {
+        enqueue(&c[r], allreduce_args(&send[r], &mut recv[r])).unwrap();
+    }
+    group_end().unwrap();
+    destroy_all(&c);
+}
+
 #[test]
 fn group_end_error_names_the_failing_operation() {
     let c = Comm::init_all(2, None).expect("init_all");

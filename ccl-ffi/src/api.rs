@@ -218,7 +218,9 @@ fn collective(
     root: c_int,
     stream: CudaStream,
 ) -> Result<()> {
-    let c = handles::get(comm)?;
+    // A call that fails inside a group fails the group (`ccl_core::enqueue` does the same
+    // for its own checks).
+    let c = handles::get(comm).inspect_err(ccl_core::fail_in_group)?;
     // ccl-core validates the rest (data type, operator, root or peer, buffers), after the
     // communicator's state, in NCCL's order (`ncclEnqueueCheck`: the communicator is
     // ready before its arguments are checked).

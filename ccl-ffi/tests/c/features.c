@@ -1,7 +1,8 @@
 /* Communicator features through the C ABI (NVIDIA's nccl.h, ccl-d's libnccl.so.2):
  *
  *   features initall N      ncclCommInitAll of N ranks in this process; grouped AllReduce
- *                           and ReduceScatter over all of them from one thread
+ *                           and ReduceScatter over all of them from one thread; a group
+ *                           with a failing call fails at ncclGroupEnd and runs nothing
  *   features split N        N processes; ncclCommSplit by parity with reversed keys, an
  *                           AllReduce in each half; NCCL_SPLIT_NOCOLOR gives NULL
  *   features nonblocking N  N processes; blocking = 0 in ncclConfig_t: init may return
@@ -29,7 +30,28 @@ static int initall(int n) {
     recv[r] = malloc(count * (size_t)n * sizeof(float));
     rs[r] = malloc(count * sizeof(float));
     for (size_t i = 0; i < count * (size_t)n; i++) send[r][i] = (float)(r + 1) + (float)(i % 5);
+    for (size_t i = 0; i < count * (size_t)n; i++) recv[r][i] = -7.0f;
   }
+  /* As NVIDIA's (ncclGroupErrCheck): a call that fails inside a group fails the group's
+   * ncclGroupEnd with its error, and none of the group's operations run. */
+  int junk_storage[64] = {0};
+  ncclComm_t junk = (ncclComm_t)(void *)junk_storage;
+  for (int variant = 0; variant < 2; variant++) {
+    CHECK(ncclGroupStart());
+    for (int r = 0; r < n; r++)
+      CHECK(ncclAllReduce(send[r], recv[r], count, ncclFloat, ncclSum, comms[r], NULL));
+    if (variant == 0)
+      EXPECT_CODE(ncclAllReduce(send[0], recv[0], count, (ncclDataType_t)99, ncclSum, comms[0], NULL),
+                  ncclInvalidArgument);
+    else
+      EXPECT_CODE(ncclAllReduce(send[0], recv[0], count, ncclFloat, ncclSum, junk, NULL),
+                  ncclInvalidArgument);
+    EXPECT_CODE(ncclGroupEnd(), ncclInvalidArgument);
+    for (int r = 0; r < n; r++)
+      EXPECT(recv[r][0] == -7.0f && recv[r][count - 1] == -7.0f,
+             "variant %d: comm %d ran an operation of a failed group", variant, r);
+  }
+  EXPECT_CODE(ncclGroupEnd(), ncclInvalidUsage); /* nothing left open */
   CHECK(ncclGroupStart());
   for (int r = 0; r < n; r++)
     CHECK(ncclAllReduce(send[r], recv[r], count, ncclFloat, ncclSum, comms[r], NULL));

@@ -38,6 +38,13 @@ static int g_rank __attribute__((unused)) = -1;
     }                                                                                    \
   } while (0)
 
+#define EXPECT_CODE(call, want)                                                           \
+  do {                                                                                    \
+    ncclResult_t r_ = (call);                                                             \
+    EXPECT(r_ == (want), "%s returned %d (%s), want %d; last error: %s", #call, (int)r_, \
+           ncclGetErrorString(r_), (int)(want), ncclGetLastError(NULL));                  \
+  } while (0)
+
 static inline double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
