@@ -182,7 +182,7 @@ fn split_heartbeat(
     let mut per: BTreeMap<usize, Vec<RankMembership>> = BTreeMap::new();
     for m in &h.ranks {
         if let Some(s) = route(m.comm_id) {
-            per.entry(s).or_default().push(*m);
+            per.entry(s).or_default().push(m.clone());
         }
     }
     if per.is_empty() {

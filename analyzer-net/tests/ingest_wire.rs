@@ -283,6 +283,7 @@ fn library_client_batches_decode_with_prost_on_a_plain_server() {
             nranks: 4,
             last_op_counter: Some(0),
             last_p2p_counter: None,
+            last_call_error: None,
         }],
         records_dropped: 2,
         time_ns: 5,

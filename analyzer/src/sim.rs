@@ -849,6 +849,7 @@ impl Sim {
                             nranks: cfg.nranks,
                             last_op_counter: g.newest[j as usize],
                             last_p2p_counter: None,
+                            last_call_error: None,
                         }],
                         records_dropped: 0,
                         time_ns: g.clock_off[j as usize] + at,

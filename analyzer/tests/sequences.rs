@@ -137,6 +137,7 @@ fn barrier_is_a_hang_only_when_a_rank_never_reaches_it_after_twice_the_threshold
                         nranks: n,
                         last_op_counter: Some(if Some(r) == absent { 0 } else { 1 }),
                         last_p2p_counter: None,
+                        last_call_error: None,
                     }],
                     records_dropped: 0,
                     time_ns: 0,
@@ -175,6 +176,7 @@ fn records_dropped_from_heartbeats_are_shown_per_rank_and_per_process() {
                 nranks: 3,
                 last_op_counter: None,
                 last_p2p_counter: None,
+                last_call_error: None,
             })
             .collect(),
         records_dropped: dropped,

@@ -249,6 +249,7 @@ pub fn enqueue(comm: &Arc<Comm>, args: CollArgs) -> Result<()> {
         Err(e) => {
             tracing::warn!(target: "nccl::CALL", rank = comm.rank(), "{e}");
             comm.record_error(&e);
+            comm.note_call_failed(&e.to_string());
             fail_in_group(&e);
             return Err(e);
         }
@@ -362,6 +363,16 @@ pub fn group_end() -> Result<()> {
         tracing::warn!(target: "nccl::CALL",
             "ncclGroupEnd: a call of the group failed ({e}); {} queued operation(s) not run",
             ops.len());
+        // Each communicator whose operations did not run says why its peers may wait.
+        let mut seen: Vec<&Arc<Comm>> = Vec::new();
+        for (c, ..) in &ops {
+            if !seen.iter().any(|s| Arc::ptr_eq(s, c)) {
+                seen.push(c);
+                c.note_call_failed(&format!(
+                    "ncclGroupEnd cancelled its group after a call of it failed ({e})"
+                ));
+            }
+        }
         return Err(e);
     }
     let run_result = if ops.is_empty() {

@@ -340,3 +340,64 @@ fn embedded_analyzer_quiet_on_the_pipeline_and_names_a_stopped_rank() {
     let roots: Vec<u32> = d.roots.iter().map(|r| r.rank).collect();
     assert_eq!(roots, vec![3], "{d:?}");
 }
+
+/// A rank whose group failed (a call of it refused: NCCL cancels the whole group) never
+/// enters the AllReduce its peer waits in: the embedded analyzer names it, with the failed
+/// call as the reason (the probe's heartbeats carry it until the rank starts another
+/// operation).
+#[test]
+fn a_rank_whose_group_failed_is_named_with_the_failed_call() {
+    setup();
+    let comms = Comm::init_all(2, None).expect("init");
+    let id = comms[0].comm_id();
+    let send = vec![1f32; COUNT];
+    let mut recv0 = vec![0f32; COUNT];
+    group_start().unwrap();
+    enqueue(
+        &comms[0],
+        args(CollKind::AllReduce, &send, &mut recv0, -1, 0),
+    )
+    .unwrap();
+    let bad = CollArgs {
+        dtype: 99,
+        ..args(CollKind::AllReduce, &send, &mut recv0, -1, 0)
+    };
+    assert!(enqueue(&comms[0], bad).is_err());
+    assert!(group_end().is_err(), "the group must fail");
+    let c1 = Arc::clone(&comms[1]);
+    let peer = std::thread::spawn(move || {
+        let send = vec![1f32; COUNT];
+        let mut recv = vec![0f32; COUNT];
+        enqueue(&c1, args(CollKind::AllReduce, &send, &mut recv, -1, 0))
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let named = loop {
+        emb().tick(probe::now_ns());
+        let d = emb().diagnoses().into_iter().filter(|d| d.comm_id == id);
+        if let Some(d) = d.into_iter().find(|d| !d.roots.is_empty()) {
+            break Some(d);
+        }
+        if Instant::now() > deadline {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    for c in &comms {
+        let _ = c.abort();
+    }
+    assert!(
+        peer.join().unwrap().is_err(),
+        "the peer's AllReduce ended by the abort"
+    );
+    let d = named.expect("no diagnosis of the rank whose group failed");
+    let roots: Vec<u32> = d.roots.iter().map(|r| r.rank).collect();
+    assert_eq!(roots, vec![0], "{d:?}");
+    let reason = &d.roots[0].reason;
+    assert!(
+        reason.contains("did not enter op #0")
+            && reason.contains(
+                "its last call failed: ncclGroupEnd cancelled its group after a call of it failed (invalid argument: AllReduce: invalid data type 99"
+            ),
+        "{reason}"
+    );
+}

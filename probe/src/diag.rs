@@ -137,7 +137,21 @@ pub struct Source {
     /// This source's cumulative time in its operations (ns), its member counter in
     /// `group`. Written by the completing thread only.
     busy: Arc<rank_group::BusyCounter>,
+    /// The latest call that failed before it became an operation ([`Source::note_call_failed`]).
+    call_error: Mutex<Option<CallError>>,
 }
+
+/// A call of a rank that failed before it became an operation, and where the rank's
+/// sequence spaces stood then.
+#[derive(Debug)]
+struct CallError {
+    /// (latest collective, p2p groups started) when it failed.
+    at: (Option<u64>, Option<u64>),
+    text: String,
+}
+
+/// Longest call error a heartbeat carries (characters).
+pub const MAX_CALL_ERROR_CHARS: usize = 512;
 
 /// One rank's record thinning ([`thin`]) and computation-gap bookkeeping. Written by the
 /// thread completing the rank's operations (one at a time, in counter order); counters are
@@ -493,6 +507,24 @@ impl Source {
         }
     }
 
+    /// Notes that a call of this rank failed before it became an operation (a bad argument,
+    /// a group that such a call cancelled): the heartbeats carry `text` (at most
+    /// [`MAX_CALL_ERROR_CHARS`]) until the rank starts its next operation, so that the
+    /// analyzer can say why a rank did not enter an operation its peers wait in. Error
+    /// paths only (a lock).
+    pub fn note_call_failed(&self, text: &str) {
+        let at = (self.seqs.last_collective(), self.seqs.p2p_groups());
+        let text = text.chars().take(MAX_CALL_ERROR_CHARS).collect();
+        *self.call_error.lock() = Some(CallError { at, text });
+    }
+
+    /// The noted call error, while no operation started since it ([`Source::note_call_failed`]).
+    pub(crate) fn pending_call_error(&self) -> Option<String> {
+        let e = self.call_error.lock();
+        let e = e.as_ref()?;
+        (e.at == (self.seqs.last_collective(), self.seqs.p2p_groups())).then(|| e.text.clone())
+    }
+
     /// Completions of this rank reported so far and left out by thinning.
     pub fn thinning_counts(&self) -> (u64, u64) {
         (
@@ -661,6 +693,7 @@ pub fn register_with_target(
         seqs: SeqLog::new(),
         group,
         busy,
+        call_error: Mutex::new(None),
     });
     let mut v = g.sources.lock();
     v.retain(|(_, w)| w.strong_count() > 0);

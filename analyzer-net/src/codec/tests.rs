@@ -136,6 +136,9 @@ fn random_heartbeat(g: &mut Rng) -> Heartbeat {
                 nranks: 8,
                 last_op_counter: g.chance(2).then(|| g.next()),
                 last_p2p_counter: None,
+                last_call_error: g
+                    .chance(3)
+                    .then(|| format!("invalid argument: {}", g.next())),
             })
             .collect(),
         records_dropped: g.below(5),

@@ -321,7 +321,7 @@ pub(super) fn locate_hang_round(
         let newest = info
             .newest_op
             .map_or_else(|| "none".to_string(), |x| format!("#{x}"));
-        let reason = match &finding {
+        let mut reason = match &finding {
             HangFinding::NotEntered(_) if !info.reported => format!(
                 "did not enter op #{c}: never reported (no record or heartbeat): process likely not started, stopped or dead"
             ),
@@ -385,6 +385,11 @@ pub(super) fn locate_hang_round(
                 )
             }
         };
+        if let (HangFinding::NotEntered(_), Some(err)) = (&finding, &info.call_error) {
+            // Why it did not enter: its call was refused (or its group cancelled) and the
+            // rank started no operation since.
+            reason.push_str(&format!("; its last call failed: {err}"));
+        }
         roots.push(root_cause(comm, r, class, reason, v.silent));
     }
     let present = || {

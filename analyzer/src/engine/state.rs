@@ -295,6 +295,10 @@ pub(super) struct RankInfo {
     pub(super) records: u64,
     /// Records the rank's process reported dropped (heartbeat, cumulative).
     pub(super) records_dropped: u64,
+    /// The error of the rank's latest call that failed before it became an operation, as
+    /// its latest heartbeat carried it (`RankMembership.last_call_error`: only while the
+    /// rank started no operation since).
+    pub(super) call_error: Option<String>,
     pub(super) win_ops: u32,
     /// Rounds of the window that this rank entered last, with a positive lateness.
     pub(super) win_last_in: u32,
@@ -395,6 +399,7 @@ impl RankInfo {
             done_recv: 0,
             records: 0,
             records_dropped: 0,
+            call_error: None,
             win_ops: 0,
             win_last_in: 0,
             win_send_rate: 0.0,

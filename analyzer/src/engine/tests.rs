@@ -198,6 +198,7 @@ fn bad_records_are_rejected_with_typed_reasons() {
                 nranks: 4,
                 last_op_counter: Some(500),
                 last_p2p_counter: None,
+                last_call_error: None,
             }],
             records_dropped: 0,
             time_ns: 0,
@@ -236,6 +237,17 @@ fn bad_records_are_rejected_with_typed_reasons() {
 }
 
 fn feed_hang(e: &mut Engine, n: u32, skip: Option<u32>, coll_bytes: (CollKind, u64)) -> u64 {
+    feed_hang_with(e, n, skip, coll_bytes, None)
+}
+
+/// [`feed_hang`] whose skipped rank's heartbeats carry `call_error`.
+fn feed_hang_with(
+    e: &mut Engine,
+    n: u32,
+    skip: Option<u32>,
+    coll_bytes: (CollKind, u64),
+    call_error: Option<&str>,
+) -> u64 {
     // Round 7 completed by all; round 8 entered by all but `skip`, in flight.
     for r in 0..n {
         e.ingest(&rec(9, 7, r, n, OpState::Completed, 100 * MS), T0)
@@ -263,6 +275,7 @@ fn feed_hang(e: &mut Engine, n: u32, skip: Option<u32>, coll_bytes: (CollKind, u
                         nranks: n,
                         last_op_counter: Some(7),
                         last_p2p_counter: None,
+                        last_call_error: call_error.map(str::to_string),
                     }],
                     records_dropped: 0,
                     time_ns: 0,
@@ -502,6 +515,81 @@ fn h1_alive_rank_behind_the_round_is_the_root() {
         (1, 3, 3)
     );
     assert_eq!(ev.lagging[0].last_op_counter, 7);
+}
+
+#[test]
+fn h1_names_the_failed_call_of_the_rank_that_did_not_enter() {
+    let why = "invalid argument: AllReduce: invalid data type 99";
+    let mut e = Engine::new(cfg());
+    let t = feed_hang_with(
+        &mut e,
+        4,
+        Some(1),
+        (CollKind::AllReduce, 1 << 20),
+        Some(why),
+    );
+    let d = e.tick(t);
+    assert_eq!(d.len(), 1);
+    assert_eq!(d[0].class(), AnomalyClass::H1NotEntered);
+    let root = &d[0].roots[0];
+    assert_eq!(root.rank, 1);
+    assert!(
+        root.reason.ends_with(&format!(
+            "stuck before the collective; its last call failed: {why}"
+        )),
+        "{}",
+        root.reason
+    );
+    // A heartbeat without it (the rank started an operation since, or never failed):
+    // nothing about a failed call.
+    let mut e = Engine::new(cfg());
+    let t = feed_hang_with(
+        &mut e,
+        4,
+        Some(1),
+        (CollKind::AllReduce, 1 << 20),
+        Some(why),
+    );
+    e.heartbeat(
+        &wire::Heartbeat {
+            host: "h1".into(),
+            pid: 101,
+            ranks: vec![wire::RankMembership {
+                comm_id: 9,
+                rank: 1,
+                nranks: 4,
+                last_op_counter: Some(7),
+                last_p2p_counter: None,
+                last_call_error: None,
+            }],
+            records_dropped: 0,
+            time_ns: 0,
+        },
+        t,
+    );
+    let d = e.tick(t);
+    assert_eq!(d[0].roots[0].rank, 1);
+    assert!(
+        !d[0].roots[0].reason.contains("failed"),
+        "{}",
+        d[0].roots[0].reason
+    );
+    // An overlong one (not from our probe) is cut to 512 characters.
+    let long = "x".repeat(5000);
+    let mut e = Engine::new(cfg());
+    let t = feed_hang_with(
+        &mut e,
+        4,
+        Some(1),
+        (CollKind::AllReduce, 1 << 20),
+        Some(&long),
+    );
+    let r = &e.tick(t)[0].roots[0].reason;
+    assert!(
+        r.ends_with(&format!("failed: {}", "x".repeat(512))),
+        "{}",
+        r.len()
+    );
 }
 
 #[test]
@@ -1239,6 +1327,7 @@ fn random_junk_never_panics_and_stays_bounded() {
                         nranks: 1 + rng.below(6) as u32,
                         last_op_counter: (rng.below(2) == 0).then(|| rng.below(50)),
                         last_p2p_counter: None,
+                        last_call_error: None,
                     }],
                     records_dropped: 0,
                     time_ns: 0,
@@ -1379,6 +1468,7 @@ fn heartbeats_create_ranks_and_bad_memberships_are_skipped() {
                 nranks: 4,
                 last_op_counter: Some(9),
                 last_p2p_counter: None,
+                last_call_error: None,
             },
             wire::RankMembership {
                 comm_id: 1,
@@ -1386,6 +1476,7 @@ fn heartbeats_create_ranks_and_bad_memberships_are_skipped() {
                 nranks: 4,
                 last_op_counter: None,
                 last_p2p_counter: None,
+                last_call_error: None,
             },
             wire::RankMembership {
                 comm_id: 2,
@@ -1393,6 +1484,7 @@ fn heartbeats_create_ranks_and_bad_memberships_are_skipped() {
                 nranks: 0,
                 last_op_counter: None,
                 last_p2p_counter: None,
+                last_call_error: None,
             },
         ],
         records_dropped: 0,

@@ -147,6 +147,7 @@ fn peer_lost_from_some_survivors_is_h1_process_exited_within_grace() {
                     nranks: 4,
                     last_op_counter: Some(3),
                     last_p2p_counter: None,
+                    last_call_error: None,
                 }],
                 records_dropped: 0,
                 time_ns: 0,

@@ -84,6 +84,7 @@ fn hb(e: &mut Engine, p: u32, dp_op: u64, tp_op: u64, t: u64) {
                     nranks: 4,
                     last_op_counter: Some(dp_op),
                     last_p2p_counter: None,
+                    last_call_error: None,
                 },
                 RankMembership {
                     comm_id: TP[(p / 2) as usize],
@@ -91,6 +92,7 @@ fn hb(e: &mut Engine, p: u32, dp_op: u64, tp_op: u64, t: u64) {
                     nranks: 2,
                     last_op_counter: Some(tp_op),
                     last_p2p_counter: None,
+                    last_call_error: None,
                 },
             ],
             records_dropped: 0,
@@ -579,6 +581,7 @@ fn a_pipeline_receiver_waiting_for_a_stopped_stage_is_followed_to_it() {
                             nranks: 4,
                             last_op_counter: Some(dp),
                             last_p2p_counter: Some(6),
+                            last_call_error: None,
                         }],
                         records_dropped: 0,
                         time_ns: 0,

@@ -468,6 +468,16 @@ impl Comm {
         *self.last_error.lock() = Some(e.to_string());
     }
 
+    /// A call of this rank that failed before it became an operation (`why`: its error, or
+    /// that a failed call cancelled its group): the probe's heartbeats carry it until the
+    /// rank starts its next operation, so that a hang in which this rank never entered
+    /// names the failed call as the reason.
+    pub(crate) fn note_call_failed(&self, why: &str) {
+        if let Some(src) = self.probe_source.get().and_then(std::sync::Weak::upgrade) {
+            src.note_call_failed(why);
+        }
+    }
+
     fn fail<T>(&self, e: CclError) -> Result<T> {
         self.record_error(&e);
         Err(e)

@@ -418,6 +418,7 @@ impl Sampler {
                             s.op_log.get(h.op_counter).map(|_| h.op_counter)
                         },
                         last_p2p_counter: s.seqs.p2p_groups(),
+                        last_call_error: s.pending_call_error(),
                     }
                 })
                 .collect(),

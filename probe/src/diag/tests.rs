@@ -157,6 +157,39 @@ fn a_long_operation_gets_periodic_in_flight_snapshots_and_a_heartbeat() {
 }
 
 #[test]
+fn heartbeats_carry_a_failed_call_until_the_next_operation_starts() {
+    let s = src(1);
+    let sm = Sampler::new(DiagConfig::default());
+    let one = std::slice::from_ref(&s);
+    assert_eq!(sm.heartbeat(one, 0).ranks[0].last_call_error, None);
+    s.note_call_failed("invalid argument: AllReduce: invalid data type 99");
+    let hb = sm.heartbeat(one, 1);
+    assert_eq!(
+        hb.ranks[0].last_call_error.as_deref(),
+        Some("invalid argument: AllReduce: invalid data type 99")
+    );
+    // Repeated in every heartbeat while the rank starts nothing.
+    assert!(sm.heartbeat(one, 2).ranks[0].last_call_error.is_some());
+    // The next operation starts: the error no longer explains where the rank is.
+    let coll = |number| OpSeq {
+        space: SeqSpace::Collective,
+        number,
+        p2p: Vec::new(),
+    };
+    s.start_op(0, &coll(0), 10);
+    assert_eq!(sm.heartbeat(one, 3).ranks[0].last_call_error, None);
+    // A later failure, after that operation: carried again, cut to its bound.
+    s.note_call_failed(&"y".repeat(3 * MAX_CALL_ERROR_CHARS));
+    let e = sm.heartbeat(one, 4).ranks[0]
+        .last_call_error
+        .clone()
+        .unwrap();
+    assert_eq!(e, "y".repeat(MAX_CALL_ERROR_CHARS));
+    s.start_op(1, &coll(1), 20);
+    assert_eq!(sm.heartbeat(one, 5).ranks[0].last_call_error, None);
+}
+
+#[test]
 fn env_is_strict() {
     let get = |v: &'static str| move |n: &str| (n == "CCLD_SAMPLE_US").then(|| v.to_string());
     let set = DiagConfig::resolve(&get("250")).unwrap();
