@@ -19,6 +19,10 @@
  *   --inconsistent-rank R           rank R calls ncclAllGather(count / n) once instead of
  *                                   ncclAllReduce(count) on DP
  *   --skip-rank R                   rank R skips one DP AllReduce
+ *   --bad-call-rank R               rank R issues its DP AllReduce once in a group with a
+ *                                   second AllReduce of an invalid data type: ncclGroupEnd
+ *                                   fails (NCCL cancels the whole group) and the rank stays
+ *                                   in its error handling (waits for a signal) alive
  * Length: --iters I (exact), or --seconds S (rank 0 decides, announced through the barrier).
  * Sizes: --ranks N (2..64), --count C floats per AllReduce, --compute-us U, --barrier-every K.
  * Compute: --compute-mode wait (default) sleeps U us, as the host thread of a rank whose
@@ -58,6 +62,7 @@ struct opts {
   double slow_factor;
   int inconsistent_rank;
   int skip_rank;
+  int bad_call_rank;
 };
 
 static struct opts o = {
@@ -74,6 +79,7 @@ static struct opts o = {
     .slow_factor = 4.0,
     .inconsistent_rank = -1,
     .skip_rank = -1,
+    .bad_call_rank = -1,
 };
 
 static int g_rank = -1;
@@ -216,6 +222,17 @@ static int run_rank(int rank, int n, ncclUniqueId id) {
       if (!gath) die(4, "out of memory");
       CHECK(ncclAllGather(dsend, gath, part, ncclFloat, dp, NULL), "ncclAllGather(DP, inconsistent)");
       free(gath);
+    } else if (rank == o.bad_call_rank && faulting) {
+      say("FAULT rank=%d kind=bad-call iter=%ld unix_ns=%lld\n", rank, it, unix_ns());
+      CHECK(ncclGroupStart(), "ncclGroupStart");
+      CHECK(ncclAllReduce(dsend, drecv, count, ncclFloat, ncclSum, dp, NULL), "ncclAllReduce(DP)");
+      ncclResult_t bad = ncclAllReduce(dsend, drecv, count, (ncclDataType_t)99, ncclSum, dp, NULL);
+      ncclResult_t end = ncclGroupEnd();
+      if (bad == ncclSuccess || end == ncclSuccess)
+        die(6, "a bad data type was accepted (call %d, ncclGroupEnd %d)", (int)bad, (int)end);
+      fprintf(stderr, "ccld-client: rank %d pid %d: ncclGroupEnd: %s: %s; waiting in the error handler\n",
+              rank, (int)getpid(), ncclGetErrorString(end), ncclGetLastError(dp));
+      for (;;) pause();
     } else if (rank == o.skip_rank && faulting && !skip_done) {
       skip_done = 1;
       check_dp = 0;
@@ -289,7 +306,7 @@ static void usage(const char *why) {
           "  [--compute-us U] [--compute-mode wait|busy] [--barrier-every K] [--no-tp]\n"
           "  [--no-pipeline]\n"
           "  [--fault-after S] [--slow-rank R [--slow-factor F]] [--inconsistent-rank R]\n"
-          "  [--skip-rank R]\n",
+          "  [--skip-rank R] [--bad-call-rank R]\n",
           why);
   exit(64);
 }
@@ -330,12 +347,14 @@ static void parse(int argc, char **argv) {
     else if (!strcmp(a, "--slow-factor")) o.slow_factor = num(a, v, 1, 1e6);
     else if (!strcmp(a, "--inconsistent-rank")) o.inconsistent_rank = (int)num(a, v, 0, MAX_RANKS - 1);
     else if (!strcmp(a, "--skip-rank")) o.skip_rank = (int)num(a, v, 0, MAX_RANKS - 1);
+    else if (!strcmp(a, "--bad-call-rank")) o.bad_call_rank = (int)num(a, v, 0, MAX_RANKS - 1);
     else {
       fprintf(stderr, "ccld-client: unknown option %s\n", a);
       usage("bad arguments");
     }
   }
-  if (o.slow_rank >= o.ranks || o.inconsistent_rank >= o.ranks || o.skip_rank >= o.ranks)
+  if (o.slow_rank >= o.ranks || o.inconsistent_rank >= o.ranks || o.skip_rank >= o.ranks ||
+      o.bad_call_rank >= o.ranks)
     usage("a fault rank is not below --ranks");
   if (o.iters == 0 && o.barrier_every == 0)
     usage("--seconds needs barriers (--barrier-every > 0) to end every rank together");

@@ -1,7 +1,7 @@
 //! Real faults in a real job (issue 17), the CI subset: the independent C client (NVIDIA's
 //! `nccl.h`, our `libnccl.so.2`; DP + TP pairs + pipeline Send/Recv) with faults applied
 //! from outside (SIGSTOP, SIGKILL, SIGSTOP/SIGCONT duty cycling) or by its own switches
-//! (slow computation, inconsistent call, skipped call); never `CCLD_INJECT`. The diagnosis
+//! (slow computation, inconsistent call, skipped call, refused call); never `CCLD_INJECT`. The diagnosis
 //! is read from the default embedded analyzer (`CCLD_REPORT=FILE.jsonl`) or a `ccld serve`
 //! shard (`ccld anomalies --json`). Pass: the right class and exactly the right root set;
 //! clean runs raise nothing. Each case takes 10-25 s; the subset about 3-5 minutes.
@@ -9,7 +9,7 @@
 //! The DP + TP cases that are not yet right every time carry
 //! `#[ignore = "issue 17 pending: <what goes wrong>"]`; the others run in CI.
 //!
-//! The full matrix ({embedded, serve} x {4, 8} ranks x 6 faults x roots {0, n/2, n-1} and
+//! The full matrix ({embedded, serve} x {4, 8} ranks x 7 faults x roots {0, n/2, n-1} and
 //! the clean runs) runs with `CCLD_REAL_FAULTS_FULL=1` in `full_matrix`, printing the
 //! accuracy table (`CCLD_REAL_FAULTS_FULL=1 cargo test --release -p benches --test
 //! real_faults full_matrix -- --nocapture`: longer than nextest's per-test limit);
@@ -149,6 +149,11 @@ fn inconsistent_call_4_root2_embedded() {
 #[test]
 fn skipped_call_8_root7_serve() {
     check(Fault::Skip, 8, 7, Serve);
+}
+
+#[test]
+fn refused_call_8_root4_embedded() {
+    check(Fault::BadCall, 8, 4, Embedded);
 }
 
 /// The whole matrix with `CCLD_REAL_FAULTS_FULL=1` (about 20 minutes; prints the accuracy

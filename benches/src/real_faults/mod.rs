@@ -3,7 +3,7 @@
 //! N processes with a data-parallel communicator, tensor-parallel pairs (`ncclCommSplit`)
 //! and pipeline Send/Recv; faults are applied from outside (SIGSTOP, SIGKILL, SIGSTOP/SIGCONT
 //! duty cycling) or by the client's own switches (slow computation, an inconsistent call, a
-//! skipped call). `CCLD_INJECT` is never used.
+//! skipped call, a refused call). `CCLD_INJECT` is never used.
 //!
 //! The diagnosis is read where a user reads it: from the default embedded analyzer through
 //! `CCLD_REPORT=FILE.jsonl`, or from a `ccld serve` started on 127.0.0.1 with shortened
@@ -45,6 +45,10 @@ pub enum Fault {
     Inconsistent,
     /// The client's `--skip-rank`: one DP AllReduce is skipped.
     Skip,
+    /// The client's `--bad-call-rank`: its DP AllReduce goes in a group with an AllReduce
+    /// of an invalid data type, `ncclGroupEnd` fails (the group is cancelled) and the rank
+    /// waits in its error handling, alive.
+    BadCall,
 }
 
 impl Fault {
@@ -58,12 +62,16 @@ impl Fault {
             Fault::Slow { factor } => format!("compute x{factor}"),
             Fault::Inconsistent => "AllGather for AllReduce".into(),
             Fault::Skip => "skipped AllReduce".into(),
+            Fault::BadCall => "refused call".into(),
         }
     }
 
     /// Whether the client applies the fault itself (a command-line switch).
     pub fn by_client(&self) -> bool {
-        matches!(self, Fault::Slow { .. } | Fault::Inconsistent | Fault::Skip)
+        matches!(
+            self,
+            Fault::Slow { .. } | Fault::Inconsistent | Fault::Skip | Fault::BadCall
+        )
     }
 }
 
@@ -115,11 +123,13 @@ impl Case {
                 classes: &["H1"],
                 roots,
                 exited: Some(false),
+                reason_has: None,
             },
             Fault::Kill => Expect::Incident {
                 classes: &["H1"],
                 roots,
                 exited: Some(true),
+                reason_has: None,
             },
             // A process stopped most of the time is measured frozen by its own probe and
             // named computation-slow (slow itself, not its links), the rank alone.
@@ -127,16 +137,26 @@ impl Case {
                 classes: &["S1"],
                 roots,
                 exited: None,
+                reason_has: None,
             },
             Fault::Slow { .. } => Expect::Incident {
                 classes: &["S1"],
                 roots,
                 exited: None,
+                reason_has: None,
             },
             Fault::Inconsistent | Fault::Skip => Expect::Incident {
                 classes: &["H2"],
                 roots,
                 exited: None,
+                reason_has: None,
+            },
+            // It never enters the DP AllReduce its peers wait in, and says why.
+            Fault::BadCall => Expect::Incident {
+                classes: &["H1"],
+                roots,
+                exited: Some(false),
+                reason_has: Some("its last call failed: ncclGroupEnd cancelled its group"),
             },
         }
     }
@@ -156,6 +176,8 @@ pub enum Expect {
         roots: Vec<u32>,
         /// Required value of the incident's `exited` flag.
         exited: Option<bool>,
+        /// Text every root's reason must contain.
+        reason_has: Option<&'static str>,
     },
 }
 
@@ -169,10 +191,14 @@ impl Expect {
                 classes,
                 roots,
                 exited,
+                reason_has,
             } => {
                 classes.contains(&i.class.as_str())
                     && &i.roots == roots
                     && exited.is_none_or(|e| e == i.exited)
+                    && reason_has.is_none_or(|t| {
+                        !i.reasons.is_empty() && i.reasons.iter().all(|r| r.contains(t))
+                    })
             }
         }
     }
@@ -185,10 +211,14 @@ impl Expect {
                 classes,
                 roots,
                 exited,
+                reason_has,
             } => {
                 let mut s = format!("{} {roots:?}", classes.join("|"));
                 if *exited == Some(true) {
                     s.push_str(" exited");
+                }
+                if let Some(t) = reason_has {
+                    s.push_str(&format!(" \"{t}\""));
                 }
                 s
             }
@@ -212,6 +242,9 @@ pub struct Incident {
     pub detected_at_ns: u64,
     /// The one-line summary.
     pub summary: String,
+    /// The roots' reasons, in the order of `roots` before sorting (empty where the JSON
+    /// has none).
+    pub reasons: Vec<String>,
 }
 
 impl Incident {
@@ -237,8 +270,12 @@ fn incident_from(v: &serde_json::Value) -> Result<Incident, String> {
         .and_then(|r| r.as_array())
         .ok_or_else(|| format!("no \"roots\" array in {v}"))?;
     let mut roots = Vec::new();
+    let mut reasons = Vec::new();
     let mut exited = v.get("exited").and_then(|e| e.as_bool()).unwrap_or(false);
     for r in roots_v {
+        if let Some(why) = r.get("reason").and_then(|x| x.as_str()) {
+            reasons.push(why.to_string());
+        }
         let rank = r
             .get("rank")
             .and_then(|x| x.as_u64())
@@ -267,6 +304,7 @@ fn incident_from(v: &serde_json::Value) -> Result<Incident, String> {
             .and_then(|x| x.as_str())
             .unwrap_or("")
             .to_string(),
+        reasons,
     })
 }
 
@@ -454,7 +492,7 @@ pub const DUTY: Fault = Fault::DutyCycle {
 };
 
 /// Every fault of the matrix.
-pub fn faults() -> [Fault; 6] {
+pub fn faults() -> [Fault; 7] {
     [
         Fault::Stop,
         Fault::Kill,
@@ -462,10 +500,11 @@ pub fn faults() -> [Fault; 6] {
         Fault::Slow { factor: 4 },
         Fault::Inconsistent,
         Fault::Skip,
+        Fault::BadCall,
     ]
 }
 
-/// The full matrix: {embedded, serve} x {4, 8} ranks x (clean + 6 faults x 3 roots), then
+/// The full matrix: {embedded, serve} x {4, 8} ranks x (clean + 7 faults x 3 roots), then
 /// the controls: the same on one communicator (`one_comm`), clean and SIGSTOP x 3 roots,
 /// the shape the earlier end-to-end tests cover.
 pub fn full_matrix() -> Vec<Case> {
@@ -520,6 +559,7 @@ mod tests {
             exited,
             detected_at_ns: 0,
             summary: String::new(),
+            reasons: Vec::new(),
         }
     }
 
@@ -540,6 +580,7 @@ mod tests {
             ("H1", &[2u32][..], true)
         );
         assert_eq!(got[0].detected_at_ns, 5);
+        assert_eq!(got[0].reasons, ["process exited"]);
         assert_eq!(got[1].roots, vec![1, 3], "roots are sorted");
         let doc = r#"{
   "anomalies": [ {"id": 7, "class": "S1", "roots": [{"rank": 1, "silent": false}], "detected_at_ns": 3} ],
@@ -596,6 +637,29 @@ mod tests {
         assert_eq!(v.got, "H1 [2] exited (+1: H1 [0] exited)");
         assert!(verdict(&kill, &[inc("H1", &[2], true), inc("S1", &[2], false)]).pass);
 
+        // A refused call: H1 at the rank, alive, and its reason must say the call failed.
+        let bad = Case {
+            fault: Fault::BadCall,
+            root: 1,
+            ranks: 4,
+            analyzer: Analyzer::Embedded,
+            one_comm: false,
+        }
+        .expected();
+        let with = |why: &str| Incident {
+            reasons: vec![why.to_string()],
+            ..inc("H1", &[1], false)
+        };
+        assert!(verdict(&bad, &[with("stuck before the collective; its last call failed: ncclGroupEnd cancelled its group after ...")]).pass);
+        assert!(
+            !verdict(&bad, &[with("stuck before the collective")]).pass,
+            "no reason"
+        );
+        assert!(
+            !verdict(&bad, &[inc("H1", &[1], false)]).pass,
+            "no reasons at all"
+        );
+
         let duty = Case {
             fault: DUTY,
             root: 0,
@@ -630,7 +694,7 @@ mod tests {
     #[test]
     fn matrix_covers_both_analyzers_both_sizes_three_roots() {
         let m = full_matrix();
-        assert_eq!(m.len(), 2 * 2 * (1 + 6 * 3) + 2 * 2 * (1 + 3));
+        assert_eq!(m.len(), 2 * 2 * (1 + 7 * 3) + 2 * 2 * (1 + 3));
         assert_eq!(m.iter().filter(|c| c.one_comm).count(), 16);
         for n in [4, 8] {
             let roots: std::collections::BTreeSet<usize> = m

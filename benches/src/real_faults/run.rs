@@ -114,6 +114,9 @@ impl Job {
             Fault::Skip => {
                 cmd.args(["--skip-rank", &r]);
             }
+            Fault::BadCall => {
+                cmd.args(["--bad-call-rank", &r]);
+            }
             _ => {}
         }
         cmd.env("LD_LIBRARY_PATH", &env.lib_dir)
