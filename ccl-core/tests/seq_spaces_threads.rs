@@ -289,6 +289,23 @@ fn mixed_group_numbers_its_collective_and_its_p2p_apart() {
     }
 }
 
+/// Ticks the embedded analyzer until it names a root in communicator `id` (its first such
+/// diagnosis), or `None` after `within`.
+fn first_root_diagnosis(id: u64, within: Duration) -> Option<wire::Diagnosis> {
+    let deadline = Instant::now() + within;
+    loop {
+        emb().tick(probe::now_ns());
+        let named = emb()
+            .diagnoses()
+            .into_iter()
+            .find(|d| d.comm_id == id && !d.roots.is_empty());
+        if named.is_some() || Instant::now() > deadline {
+            return named;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn embedded_analyzer_quiet_on_the_pipeline_and_names_a_stopped_rank() {
     setup();
@@ -318,18 +335,7 @@ fn embedded_analyzer_quiet_on_the_pipeline_and_names_a_stopped_rank() {
             })
         })
         .collect();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let named = loop {
-        emb().tick(probe::now_ns());
-        let d = mine(emb().diagnoses());
-        if let Some(d) = d.into_iter().find(|d| !d.roots.is_empty()) {
-            break Some(d);
-        }
-        if Instant::now() > deadline {
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let named = first_root_diagnosis(id, Duration::from_secs(10));
     for c in &comms {
         let _ = c.abort();
     }
@@ -370,18 +376,7 @@ fn a_rank_whose_group_failed_is_named_with_the_failed_call() {
         let mut recv = vec![0f32; COUNT];
         enqueue(&c1, args(CollKind::AllReduce, &send, &mut recv, -1, 0))
     });
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let named = loop {
-        emb().tick(probe::now_ns());
-        let d = emb().diagnoses().into_iter().filter(|d| d.comm_id == id);
-        if let Some(d) = d.into_iter().find(|d| !d.roots.is_empty()) {
-            break Some(d);
-        }
-        if Instant::now() > deadline {
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let named = first_root_diagnosis(id, Duration::from_secs(10));
     for c in &comms {
         let _ = c.abort();
     }

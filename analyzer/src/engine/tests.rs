@@ -520,14 +520,19 @@ fn h1_alive_rank_behind_the_round_is_the_root() {
 #[test]
 fn h1_names_the_failed_call_of_the_rank_that_did_not_enter() {
     let why = "invalid argument: AllReduce: invalid data type 99";
-    let mut e = Engine::new(cfg());
-    let t = feed_hang_with(
-        &mut e,
-        4,
-        Some(1),
-        (CollKind::AllReduce, 1 << 20),
-        Some(why),
-    );
+    // Rank 1 of 4 did not enter; its heartbeats carry `call_error`.
+    let hang = |call_error: Option<&str>| {
+        let mut e = Engine::new(cfg());
+        let t = feed_hang_with(
+            &mut e,
+            4,
+            Some(1),
+            (CollKind::AllReduce, 1 << 20),
+            call_error,
+        );
+        (e, t)
+    };
+    let (mut e, t) = hang(Some(why));
     let d = e.tick(t);
     assert_eq!(d.len(), 1);
     assert_eq!(d[0].class(), AnomalyClass::H1NotEntered);
@@ -542,14 +547,7 @@ fn h1_names_the_failed_call_of_the_rank_that_did_not_enter() {
     );
     // A heartbeat without it (the rank started an operation since, or never failed):
     // nothing about a failed call.
-    let mut e = Engine::new(cfg());
-    let t = feed_hang_with(
-        &mut e,
-        4,
-        Some(1),
-        (CollKind::AllReduce, 1 << 20),
-        Some(why),
-    );
+    let (mut e, t) = hang(Some(why));
     e.heartbeat(
         &wire::Heartbeat {
             host: "h1".into(),
@@ -576,14 +574,7 @@ fn h1_names_the_failed_call_of_the_rank_that_did_not_enter() {
     );
     // An overlong one (not from our probe) is cut to 512 characters.
     let long = "x".repeat(5000);
-    let mut e = Engine::new(cfg());
-    let t = feed_hang_with(
-        &mut e,
-        4,
-        Some(1),
-        (CollKind::AllReduce, 1 << 20),
-        Some(&long),
-    );
+    let (mut e, t) = hang(Some(&long));
     let r = &e.tick(t)[0].roots[0].reason;
     assert!(
         r.ends_with(&format!("failed: {}", "x".repeat(512))),
