@@ -407,12 +407,19 @@ fn write_agent(hosts: &Hosts, dir: &Path) -> Result<PathBuf, String> {
     Ok(path)
 }
 
-/// Median busbw per size over rounds.
 /// Busbw at `bytes` in each round (`None` where a round has no such row).
 fn busbw_by_round(rounds: &[Vec<Row>], bytes: u64) -> Vec<Option<f64>> {
     rounds
         .iter()
         .map(|rs| rs.iter().find(|x| x.bytes == bytes).map(|x| x.busbw))
+        .collect()
+}
+
+/// Each round's `ours` over the same round's `peer` figure, for the rounds that have both.
+fn paired(ours: &[Option<f64>], peer: impl Iterator<Item = Option<f64>>) -> Vec<f64> {
+    ours.iter()
+        .zip(peer)
+        .filter_map(|(a, b)| Some((*a)? / b?))
         .collect()
 }
 
@@ -538,21 +545,9 @@ fn run(o: &Opts) -> Result<(), String> {
         for bytes in o.sizes() {
             let ours = busbw_by_round(&ours_rounds[k], bytes);
             let mpi = busbw_by_round(&mpi_rounds[k], bytes);
-            let vs_mpi: Vec<f64> = ours
-                .iter()
-                .zip(&mpi)
-                .filter_map(|(a, b)| Some(a.as_ref()? / b.as_ref()?))
-                .collect();
-            let vs_tcp: Vec<f64> = ours
-                .iter()
-                .zip(&tcp)
-                .filter_map(|(a, t)| Some(a.as_ref()? / t))
-                .collect();
-            let vs_ring: Vec<f64> = ours
-                .iter()
-                .zip(&ring[k])
-                .filter_map(|(a, r)| Some(a.as_ref()? / r))
-                .collect();
+            let vs_mpi = paired(&ours, mpi.iter().copied());
+            let vs_tcp = paired(&ours, tcp.iter().copied().map(Some));
+            let vs_ring = paired(&ours, ring[k].iter().copied().map(Some));
             let bw = |v: &[Option<f64>]| {
                 let v: Vec<f64> = v.iter().flatten().copied().collect();
                 if v.is_empty() {
@@ -627,6 +622,16 @@ mod tests {
             alone
         );
         assert_eq!(splice_tables("", "| new |\n"), alone);
+    }
+
+    #[test]
+    fn ratios_pair_rounds_and_skip_those_missing_a_side() {
+        let ours = [Some(2.0), None, Some(3.0), Some(1.0)];
+        let peer = [Some(1.0), Some(1.0), None, Some(4.0)];
+        assert_eq!(paired(&ours, peer.iter().copied()), [2.0, 0.25]);
+        assert_eq!(paired(&ours, [1.0, 2.0].into_iter().map(Some)), [2.0]);
+        assert_eq!(spread(&[]), "-");
+        assert_eq!(spread(&[1.0, 2.0, 4.0]), "2.00 [1.00, 4.00]");
     }
 
     #[test]
