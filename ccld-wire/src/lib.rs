@@ -20,6 +20,10 @@ pub use generated::*;
 /// the receiving proxy; absent where nothing was measured).
 pub const EXT_WIRE_NS: &str = "wire_ns";
 
+/// Longest [`RankMembership::last_call_error`] in characters: the probe cuts what it sends
+/// to it, the analyzer cuts what it keeps (another sender may not).
+pub const MAX_CALL_ERROR_CHARS: usize = 512;
+
 /// NCCL's name of a collective value (`"AllReduce"`), `"?"` for an unknown value.
 pub fn coll_name(v: i32) -> &'static str {
     match CollKind::try_from(v) {

@@ -150,9 +150,6 @@ struct CallError {
     text: String,
 }
 
-/// Longest call error a heartbeat carries (characters).
-pub const MAX_CALL_ERROR_CHARS: usize = 512;
-
 /// One rank's record thinning ([`thin`]) and computation-gap bookkeeping. Written by the
 /// thread completing the rank's operations (one at a time, in counter order); counters are
 /// stored plus one so that 0 means "none".
@@ -509,12 +506,12 @@ impl Source {
 
     /// Notes that a call of this rank failed before it became an operation (a bad argument,
     /// a group that such a call cancelled): the heartbeats carry `text` (at most
-    /// [`MAX_CALL_ERROR_CHARS`]) until the rank starts its next operation, so that the
+    /// [`wire::MAX_CALL_ERROR_CHARS`]) until the rank starts its next operation, so that the
     /// analyzer can say why a rank did not enter an operation its peers wait in. Error
     /// paths only (a lock).
     pub fn note_call_failed(&self, text: &str) {
         let at = (self.seqs.last_collective(), self.seqs.p2p_groups());
-        let text = text.chars().take(MAX_CALL_ERROR_CHARS).collect();
+        let text = text.chars().take(wire::MAX_CALL_ERROR_CHARS).collect();
         *self.call_error.lock() = Some(CallError { at, text });
     }
 

@@ -72,10 +72,6 @@ pub use config::{ConfigError, EngineConfig, EngineStats, Reject, WindowEval};
 use evidence::*;
 use state::*;
 
-/// Longest failed-call error of a heartbeat the engine keeps (characters; the probe sends
-/// at most as many).
-const MAX_CALL_ERROR_CHARS: usize = 512;
-
 /// The analyzer core. See the module documentation.
 #[derive(Debug)]
 pub struct Engine {
@@ -834,10 +830,11 @@ impl Engine {
             info.records_dropped = info.records_dropped.max(hb.records_dropped);
             info.last_seen_ns = info.last_seen_ns.max(now_ns);
             // The probe bounds it; a longer one (another sender) is cut, not refused.
-            info.call_error = m
-                .last_call_error
-                .as_ref()
-                .map(|e| e.chars().take(MAX_CALL_ERROR_CHARS).collect::<String>());
+            info.call_error = m.last_call_error.as_ref().map(|e| {
+                e.chars()
+                    .take(wire::MAX_CALL_ERROR_CHARS)
+                    .collect::<String>()
+            });
             if let Some(c) = m.last_op_counter {
                 info.newest_op = Some(info.newest_op.map_or(c, |n| n.max(c)));
             }

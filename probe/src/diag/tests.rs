@@ -179,12 +179,12 @@ fn heartbeats_carry_a_failed_call_until_the_next_operation_starts() {
     s.start_op(0, &coll(0), 10);
     assert_eq!(sm.heartbeat(one, 3).ranks[0].last_call_error, None);
     // A later failure, after that operation: carried again, cut to its bound.
-    s.note_call_failed(&"y".repeat(3 * MAX_CALL_ERROR_CHARS));
+    s.note_call_failed(&"y".repeat(3 * wire::MAX_CALL_ERROR_CHARS));
     let e = sm.heartbeat(one, 4).ranks[0]
         .last_call_error
         .clone()
         .unwrap();
-    assert_eq!(e, "y".repeat(MAX_CALL_ERROR_CHARS));
+    assert_eq!(e, "y".repeat(wire::MAX_CALL_ERROR_CHARS));
     s.start_op(1, &coll(1), 20);
     assert_eq!(sm.heartbeat(one, 5).ranks[0].last_call_error, None);
 }
