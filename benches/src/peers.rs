@@ -2,11 +2,12 @@
 //! as processes under `ccl-run`, the same minimal timing loop over ncclAllReduce
 //! (`benches/c/nccl_allreduce.c`) and over MPI_Allreduce (the OpenMPI peer,
 //! `benches/c/mpi_allreduce.c`, under `mpirun`), parsing the outputs, the machine's memcpy
-//! bandwidth, medians.
+//! bandwidth and cross-core round trip, medians.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 /// One measured size: bytes, time per operation (us), bus bandwidth (GB/s).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -239,6 +240,118 @@ pub fn memcpy_gbps(bytes: usize, reps: usize) -> f64 {
 
 const PAGE: usize = 4096;
 
+/// Round trips per timed run of [`core_round_trip_ns`].
+const ROUND_TRIPS: u64 = 20_000;
+
+/// How long one run of [`core_round_trip_ns`] may take before it gives up (a thread that
+/// does not get its CPU).
+const ROUND_TRIP_LIMIT: Duration = Duration::from_secs(2);
+
+/// A counter on a cache line of its own.
+#[repr(align(128))]
+struct Line(AtomicU64);
+
+/// The CPUs the calling thread may run on.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity writes at most
+    // size_of::<cpu_set_t>() bytes into it, and CPU_ISSET reads it within bounds.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    }
+}
+
+/// Binds the calling thread to `cpu`; whether that worked.
+fn bind_to(cpu: usize) -> bool {
+    // SAFETY: as in `allowed_cpus`; sched_setaffinity only reads the set.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+    }
+}
+
+/// The time a cache line takes to go from one CPU to another and back (nanoseconds,
+/// median of `runs` runs of 20,000 round trips): two threads, bound to the first two CPUs
+/// the calling thread may run on, hand a counter back and forth. It is the least a message
+/// between two ranks on different cores costs, and on a virtual machine it changes with
+/// where the host runs the virtual CPUs: the 2-core development VM gave 79 ns and 550 ns
+/// hours apart on 2026-12-06, and the small-message figures of both libraries moved with
+/// it. The benchmarks print it next to their tables. `None` with fewer than two CPUs
+/// allowed, when a thread cannot be bound, or when a run takes over 2 s.
+pub fn core_round_trip_ns(runs: usize) -> Option<f64> {
+    let cpus = allowed_cpus();
+    let (&a, &b) = (cpus.first()?, cpus.get(1)?);
+    let mut v = Vec::with_capacity(runs);
+    for _ in 0..runs.max(1) {
+        v.push(round_trip_run(a, b, ROUND_TRIPS, ROUND_TRIP_LIMIT)?);
+    }
+    Some(median(&v))
+}
+
+/// [`core_round_trip_ns`] (5 runs) as the benchmarks print it: "123 ns", or "?" where it
+/// cannot be measured.
+pub fn core_round_trip_text() -> String {
+    core_round_trip_ns(5).map_or_else(|| "?".into(), |ns| format!("{ns:.0} ns"))
+}
+
+/// One run of [`core_round_trip_ns`] between CPUs `a` and `b`: `trips` round trips, given
+/// up after `limit`; nanoseconds per round trip.
+fn round_trip_run(a: usize, b: usize, trips: u64, limit: Duration) -> Option<f64> {
+    let ball = Line(AtomicU64::new(0));
+    let failed = AtomicBool::new(false);
+    // Side `first` moves the ball from 2i to 2i+1, the other from 2i+1 to 2i+2. Either side
+    // gives up when the other failed, or when the run is past its limit.
+    let side = |cpu: usize, first: bool| -> Option<Duration> {
+        if !bind_to(cpu) {
+            failed.store(true, Ordering::Relaxed);
+            return None;
+        }
+        let t = Instant::now();
+        let give_up = || {
+            let over = failed.load(Ordering::Relaxed) || t.elapsed() > limit;
+            if over {
+                failed.store(true, Ordering::Relaxed);
+            }
+            over
+        };
+        for i in 0..trips {
+            let (want, next) = if first {
+                (2 * i, 2 * i + 1)
+            } else {
+                (2 * i + 1, 2 * i + 2)
+            };
+            // The limit is looked at every 1,024 round trips and every 65,536 polls.
+            if i.is_multiple_of(1024) && give_up() {
+                return None;
+            }
+            let mut polls = 0u32;
+            while ball.0.load(Ordering::Acquire) != want {
+                std::hint::spin_loop();
+                polls = polls.wrapping_add(1);
+                if polls.is_multiple_of(1 << 16) && give_up() {
+                    return None;
+                }
+            }
+            ball.0.store(next, Ordering::Release);
+        }
+        Some(t.elapsed())
+    };
+    // Both sides on threads of their own: the calling thread keeps its CPUs (processes it
+    // starts later inherit them).
+    let (ta, tb) = std::thread::scope(|s| {
+        let (ha, hb) = (s.spawn(|| side(a, true)), s.spawn(|| side(b, false)));
+        (ha.join().ok().flatten(), hb.join().ok().flatten())
+    });
+    let t = ta?.max(tb?);
+    Some(t.as_nanos() as f64 / trips.max(1) as f64)
+}
+
 /// Two disjoint `n`-byte slices of `buf` (at least `2 n + 2 PAGE` bytes) that both start
 /// on a page boundary, so that their distance is a multiple of 4 KiB.
 fn page_apart(buf: &mut [u8], n: usize) -> (&mut [u8], &mut [u8]) {
@@ -261,6 +374,29 @@ mod tests {
         // Even count: halves of two.
         assert_eq!(quartiles(&[4.0, 1.0, 3.0, 2.0]), Some((1.5, 2.5, 3.5)));
         assert_eq!(quartiles(&[1.0, 3.0]), Some((1.0, 2.0, 3.0)));
+    }
+
+    #[test]
+    fn a_cross_core_round_trip_is_measured_on_two_cpus_and_refused_on_one() {
+        let cpus = allowed_cpus();
+        if let [a, b, ..] = cpus[..] {
+            // Few round trips and a long limit: on a loaded machine (the test suite runs
+            // beside other tests) a side may wait a scheduler slice for its CPU.
+            let ns = round_trip_run(a, b, 100, Duration::from_secs(60))
+                .expect("two CPUs allowed: a figure");
+            assert!(ns > 1.0 && ns < 600_000_000.0, "{ns} ns");
+            // Past its limit a run gives up instead of spinning on.
+            assert_eq!(round_trip_run(a, b, u64::MAX, Duration::ZERO), None);
+            // The calling thread keeps the CPUs it had.
+            assert_eq!(allowed_cpus(), cpus);
+        }
+        // A thread allowed one CPU has no second one to measure against.
+        let one = std::thread::spawn(move || {
+            assert!(bind_to(cpus[0]));
+            assert_eq!(allowed_cpus(), vec![cpus[0]]);
+            core_round_trip_ns(3)
+        });
+        assert_eq!(one.join().unwrap(), None);
     }
 
     #[test]

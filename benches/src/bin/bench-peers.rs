@@ -127,12 +127,26 @@ fn loadavg() -> String {
         .unwrap_or_else(|| "?".into())
 }
 
-fn table(series: &[Series], memcpy: &[f64], o: &Opts, load: (&str, &str)) -> String {
+/// The machine's state next to the figures: its load average and cross-core round trip
+/// ([`benches::peers::core_round_trip_ns`]), which on a VM moves small-message times of
+/// both libraries alike.
+fn machine_state() -> (String, String) {
+    (loadavg(), benches::peers::core_round_trip_text())
+}
+
+fn table(
+    series: &[Series],
+    memcpy: &[f64],
+    o: &Opts,
+    state: (&(String, String), &(String, String)),
+) -> String {
     let sizes = &series[0].sizes;
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let ((load0, rtt0), (load1, rtt1)) = state;
     let mut t = format!(
-        "Machine: {cores} cores; 1-minute load average {} at the start, {} at the end.\n\n",
-        load.0, load.1
+        "Machine: {cores} cores; 1-minute load average {load0} at the start, {load1} at the \
+         end; a cache line's round trip between two cores {rtt0} at the start, {rtt1} at the \
+         end.\n\n"
     );
     t += &format!(
         "AllReduce float sum, busbw GB/s, median of {} interleaved rounds ({} timed iterations \
@@ -285,7 +299,7 @@ fn main() {
     .unwrap_or_else(|e| usage(&e));
     let mut memcpy = vec![Vec::new(); sizes.len()];
     let range = (o.sweep.min, o.sweep.max, o.sweep.factor);
-    let load0 = loadavg();
+    let state0 = machine_state();
     for round in 0..o.sweep.rounds {
         eprintln!("bench-peers: round {}/{}", round + 1, o.sweep.rounds);
         for se in &mut series {
@@ -314,7 +328,7 @@ fn main() {
         }
     }
     let mc: Vec<f64> = memcpy.iter().map(|v| median(v)).collect();
-    let t = table(&series, &mc, &o, (&load0, &loadavg()));
+    let t = table(&series, &mc, &o, (&state0, &machine_state()));
     println!("{t}");
     if let Some(p) = &o.md {
         if let Err(e) = std::fs::write(p, &t) {

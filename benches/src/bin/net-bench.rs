@@ -43,7 +43,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use benches::netns::Hosts;
-use benches::peers::{allreduce_rows, median, parse_mpi, quartiles, release_dir, Row};
+use benches::peers::{
+    allreduce_rows, core_round_trip_text, median, parse_mpi, quartiles, release_dir, Row,
+};
 
 const TCP_BYTES: u64 = 256 << 20;
 const TCP_PORT: u16 = 24_117;
@@ -478,6 +480,7 @@ fn run(o: &Opts) -> Result<(), String> {
         Some(_) => Some(write_agent(&hosts, &dir)?),
         None => None,
     };
+    let rtt0 = core_round_trip_text();
     let mut tcp = Vec::new();
     let mut ring: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     let mut ours_rounds: [Vec<Vec<Row>>; 2] = [Vec::new(), Vec::new()];
@@ -513,6 +516,12 @@ fn run(o: &Opts) -> Result<(), String> {
             .collect::<Vec<_>>()
     };
     let mut md = String::new();
+    md.push_str(&format!(
+        "A cache line's round trip between two cores of this machine: {rtt0} at the start, \
+         {} at the end (`benches::peers::core_round_trip_ns`; on a VM it moves with where the \
+         host runs the virtual CPUs, and the figures below with it).\n\n",
+        core_round_trip_text()
+    ));
     md.push_str(&format!(
         "Raw TCP host 0 -> host 1 (one connection, one way, {} MiB): **{tcp_gbps:.2} GB/s** \
          (median of {} rounds: {:?})\n\n",
