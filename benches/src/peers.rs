@@ -282,8 +282,9 @@ fn bind_to(cpu: usize) -> bool {
 /// between two ranks on different cores costs, and on a virtual machine it changes with
 /// where the host runs the virtual CPUs: the 2-core development VM gave 550 ns, 79 ns and
 /// 455-586 ns within ten minutes on 2026-12-06, and the small-message figures of both
-/// libraries moved with it. The benchmarks print it next to their tables. `None` with fewer than two CPUs
-/// allowed, when a thread cannot be bound, or when a run takes over 2 s.
+/// libraries moved with it. The benchmarks print it next to their tables. `None` with
+/// fewer than two CPUs allowed, when a thread cannot be bound, or when a run takes over
+/// 2 s.
 pub fn core_round_trip_ns(runs: usize) -> Option<f64> {
     let cpus = allowed_cpus();
     let (&a, &b) = (cpus.first()?, cpus.get(1)?);
