@@ -251,8 +251,8 @@ const ROUND_TRIP_LIMIT: Duration = Duration::from_secs(2);
 #[repr(align(128))]
 struct Line(AtomicU64);
 
-/// The CPUs the calling thread may run on.
-fn allowed_cpus() -> Vec<usize> {
+/// The CPUs the calling thread may run on, in order (empty when unknown).
+pub fn allowed_cpus() -> Vec<usize> {
     // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity writes at most
     // size_of::<cpu_set_t>() bytes into it, and CPU_ISSET reads it within bounds.
     unsafe {
@@ -266,13 +266,18 @@ fn allowed_cpus() -> Vec<usize> {
     }
 }
 
-/// Binds the calling thread to `cpu`; whether that worked.
-fn bind_to(cpu: usize) -> bool {
-    // SAFETY: as in `allowed_cpus`; sched_setaffinity only reads the set.
+/// Binds thread `tid` of this process (0: the calling thread) to `cpu`; whether that
+/// worked.
+pub fn pin_thread(tid: libc::pid_t, cpu: usize) -> bool {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return false;
+    }
+    // SAFETY: as in `allowed_cpus`; CPU_SET writes within the set (cpu < CPU_SETSIZE,
+    // checked above), sched_setaffinity only reads it.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+        libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
     }
 }
 
@@ -309,7 +314,7 @@ fn round_trip_run(a: usize, b: usize, trips: u64, limit: Duration) -> Option<f64
     // Side `first` moves the ball from 2i to 2i+1, the other from 2i+1 to 2i+2. Either side
     // gives up when the other failed, or when the run is past its limit.
     let side = |cpu: usize, first: bool| -> Option<Duration> {
-        if !bind_to(cpu) {
+        if !pin_thread(0, cpu) {
             failed.store(true, Ordering::Relaxed);
             return None;
         }
@@ -393,7 +398,7 @@ mod tests {
         }
         // A thread allowed one CPU has no second one to measure against.
         let one = std::thread::spawn(move || {
-            assert!(bind_to(cpus[0]));
+            assert!(pin_thread(0, cpus[0]));
             assert_eq!(allowed_cpus(), vec![cpus[0]]);
             core_round_trip_ns(3)
         });

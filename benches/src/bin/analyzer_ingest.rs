@@ -41,6 +41,7 @@ use analyzer_net::grpc::analyzer_client::AnalyzerClient;
 use analyzer_net::server::{ServerConfig, ShardProcess};
 use analyzer_net::shard::ShardMap;
 use benches::analyzer_util::{cpu_seconds, cpu_seconds_of_threads, RecordGen};
+use benches::peers::{allowed_cpus, pin_thread};
 use ccld_wire::{Batch, OpRecord};
 use prost::Message;
 
@@ -84,35 +85,6 @@ fn usage() -> ! {
     std::process::exit(2);
 }
 
-/// CPUs this process may run on.
-fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: cpu_set_t is plain data; zeroed is the empty set; sched_getaffinity writes at
-    // most size_of::<cpu_set_t>() bytes into it; CPU_ISSET reads within it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return Vec::new();
-        }
-        (0..libc::CPU_SETSIZE as usize)
-            .filter(|&c| libc::CPU_ISSET(c, &set))
-            .collect()
-    }
-}
-
-/// Pins thread `tid` (0 = the calling thread) to `cpu`.
-fn pin_tid(tid: libc::pid_t, cpu: usize) -> bool {
-    // SAFETY: as in allowed_cpus; CPU_SET writes within the set (cpu < CPU_SETSIZE is
-    // checked), sched_setaffinity only reads it.
-    unsafe {
-        if cpu >= libc::CPU_SETSIZE as usize {
-            return false;
-        }
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
-    }
-}
-
 /// Pins every thread of this process whose name starts with `prefix` to `cpu`; returns
 /// how many.
 fn pin_threads(prefix: &str, cpu: usize) -> usize {
@@ -124,7 +96,7 @@ fn pin_threads(prefix: &str, cpu: usize) -> usize {
         let name = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
         let tid = e.file_name().to_string_lossy().parse::<libc::pid_t>().ok();
         if let (true, Some(tid)) = (name.starts_with(prefix), tid) {
-            if pin_tid(tid, cpu) {
+            if pin_thread(tid, cpu) {
                 n += 1;
             }
         }
@@ -537,7 +509,7 @@ fn main() {
         load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
     );
     if let Some((c, _)) = o.pin {
-        pin_tid(0, c);
+        pin_thread(0, c);
     }
     part_a(o.batch);
     let client_cpu = o.pin.map(|(c, _)| c);
@@ -546,7 +518,7 @@ fn main() {
         .thread_name(CLIENT_THREADS)
         .on_thread_start(move || {
             if let Some(c) = client_cpu {
-                pin_tid(0, c);
+                pin_thread(0, c);
             }
         })
         .enable_all()
