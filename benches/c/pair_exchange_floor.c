@@ -54,7 +54,17 @@ static void bind_to(int k) {
   }
 }
 
-/* Runs operations first..last-1 as `me`; returns whether every sum was right. */
+static pid_t parent, child;
+
+/* Whether the other process still runs (checked now and then while spinning, so that a
+ * killed partner ends the run instead of leaving this one spinning forever). */
+static int partner_alive(int me) {
+  if (me == 1) return getppid() == parent;
+  return waitpid(child, NULL, WNOHANG) == 0;
+}
+
+/* Runs operations first..last-1 as `me`; returns whether every sum was right. Exits with
+ * status 3 when the partner is gone. */
 static int run(struct shared *s, int me, uint64_t first, uint64_t last) {
   int ok = 1;
   for (uint64_t k = first; k < last; k++) {
@@ -63,7 +73,13 @@ static int run(struct shared *s, int me, uint64_t first, uint64_t last) {
     mine->v[0] = x0;
     mine->v[1] = x1;
     __atomic_store_n(&mine->seq, k + 1, __ATOMIC_RELEASE);
-    while (__atomic_load_n(&theirs->seq, __ATOMIC_ACQUIRE) != k + 1) __builtin_ia32_pause();
+    for (uint32_t polls = 1; __atomic_load_n(&theirs->seq, __ATOMIC_ACQUIRE) != k + 1; polls++) {
+      __builtin_ia32_pause();
+      if (polls % (1u << 22) == 0 && !partner_alive(me)) {
+        fprintf(stderr, "pair_exchange_floor: rank %d: the other rank is gone\n", me);
+        exit(3);
+      }
+    }
     float y0 = theirs->v[0], y1 = theirs->v[1];
     /* Rank 0's value first on both ranks: the same bits everywhere. */
     float s0 = me == 0 ? x0 + y0 : y0 + x0, s1 = me == 0 ? x1 + y1 : y1 + x1;
@@ -84,7 +100,8 @@ int main(int argc, char **argv) {
     perror("pair_exchange_floor: mmap");
     return 3;
   }
-  pid_t child = fork();
+  parent = getpid();
+  child = fork();
   if (child < 0) {
     perror("pair_exchange_floor: fork");
     return 3;
