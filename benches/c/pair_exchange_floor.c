@@ -10,7 +10,9 @@
  * build: cc -O2 -o /tmp/pair_exchange_floor benches/c/pair_exchange_floor.c
  * usage: pair_exchange_floor ITERS
  * prints "8 time_us" (time per operation, mean of the two ranks) like nccl_allreduce.c;
- * exit status 0 when both ranks' sums were right. */
+ * exit status 0 when both ranks' sums were right, 1 when one was wrong, 2 for bad
+ * arguments, 3 when the mapping or the second process could not be made or a rank was
+ * killed. */
 #define _GNU_SOURCE
 #include <sched.h>
 #include <stdint.h>
