@@ -151,9 +151,6 @@ pub(crate) struct Worker {
     /// The current operation's inbound wire time by sending peer, for its completion
     /// record ([`probe::Source::op_done_wire`]); cleared at its end.
     peer_wire: Vec<probe::PeerWire>,
-    /// The current operation's probe start ([`Worker::probe_start`]), kept in place (no
-    /// copy per operation).
-    probe_next: ProbeStart,
     /// A Tree operation's start, until its first message is sent
     /// ([`Worker::start_pending`]).
     pending: Option<PendingStart>,
@@ -390,7 +387,7 @@ impl Worker {
         if let Some(d) = fault.delay {
             std::thread::sleep(d);
         }
-        self.begin_item(item, seq_id, probing, None, &plan, fault.halve);
+        self.begin_item(item, &seq_id, probing, None, &plan, fault.halve);
         let OpStart { block, t_start, .. } = self.cur;
         let peers: smallvec::SmallVec<[usize; 8]> = plan
             .lanes
@@ -1065,7 +1062,7 @@ pub(crate) use crate::label::OpPlace;
 use crate::op::log_call;
 use byref::ByRef;
 pub(crate) use handle::{run_inline, WorkerHandle};
-use probe_path::{OpStart, PendingStart, ProbeStart};
+use probe_path::{OpStart, PendingStart};
 use tree_exec::tree_counts;
 pub(crate) use tree_exec::{expected_counts, host_choice};
 pub(crate) use wait::read_current;

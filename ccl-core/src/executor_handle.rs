@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 use parking_lot::Mutex;
 
 use super::byref::ByRef;
-use super::probe_path::{OpStart, ProbeStart};
+use super::probe_path::OpStart;
 use super::tree_exec;
 use super::wait::{spin_budget, yield_budget};
 use super::{Job, Shared, Worker};
@@ -89,7 +89,6 @@ impl WorkerHandle {
             tree_wire: None,
             tree_wire_start: Vec::new(),
             peer_wire: Vec::new(),
-            probe_next: ProbeStart::default(),
             pending: None,
             cur: OpStart::default(),
             probe_timed: true,

@@ -23,19 +23,23 @@ use crate::transport::shm::FifoLayout;
 /// Longest wait for the probe to deliver the record of a failed operation.
 const FAILURE_FLUSH: Duration = Duration::from_millis(500);
 
-/// What the probe's start of one operation needs ([`Worker::probe_start`]); the worker
-/// keeps one and fills it in place for every probed operation.
-#[derive(Debug, Default)]
-pub(super) struct ProbeStart {
-    pub(super) counter: u64,
-    pub(super) seq: probe::OpSeq,
-    /// Set for every operation started (`None` only before the first).
-    pub(super) info: Option<probe::OpTypeSet>,
-    pub(super) t_start: u64,
-    pub(super) n_channels: usize,
-    /// A Tree AllReduce's messages on channel 0 (sent, received); ring plans' expected
-    /// counts come from their lanes.
-    pub(super) tree_expected: Option<(u64, u64)>,
+/// What the probe's start of one operation needs ([`Worker::probe_start`]), borrowed from
+/// [`Worker::begin_item`]'s arguments (nothing is moved or copied per operation).
+struct ProbeStart<'a> {
+    counter: u64,
+    seq: &'a probe::OpSeq,
+    info: &'a probe::OpTypeSet,
+    t_start: u64,
+    n_channels: usize,
+    /// What the schedule expects of each channel: a ring plan's lanes, or a Tree
+    /// AllReduce's messages on channel 0 (sent, received).
+    expected: Expected<'a>,
+}
+
+/// The per-channel step counts an operation is expected to complete ([`ProbeStart`]).
+enum Expected<'a> {
+    Lanes(&'a [Lane]),
+    Tree(u64, u64),
 }
 
 /// The current operation as [`Worker::begin_item`] started it.
@@ -69,7 +73,7 @@ impl Worker {
     pub(super) fn begin_item(
         &mut self,
         item: &WorkItem,
-        seq: probe::OpSeq,
+        seq: &probe::OpSeq,
         probing: bool,
         tree: Option<HostProto>,
         plan: &Plan,
@@ -97,20 +101,22 @@ impl Worker {
         // The operation's frame block (`Frame::begin_op` claims `counter % FRAME_BLOCKS`).
         let block = probing.then_some((counter % probe::FRAME_BLOCKS as u64) as usize);
         if probing {
-            // Filled in place (no copy of the struct per operation).
-            let p = &mut self.probe_next;
-            p.counter = counter;
-            p.seq = seq;
-            p.info = Some(info);
-            p.t_start = t_start;
-            p.n_channels = plan.n_channels;
-            p.tree_expected = match (tree, item) {
+            let expected = match (tree, item) {
                 (Some(proto), WorkItem::Coll(c)) => {
-                    Some(tree_counts(c, proto, self.tree_msgs, &sh.tuning))
+                    let (send, recv) = tree_counts(c, proto, self.tree_msgs, &sh.tuning);
+                    Expected::Tree(send, recv)
                 }
-                _ => None,
+                (Some(_), WorkItem::P2p(_)) => Expected::Lanes(&[]),
+                (None, _) => Expected::Lanes(&plan.lanes),
             };
-            self.probe_timed = self.probe_start(if tree.is_some() { &[] } else { &plan.lanes });
+            self.probe_timed = self.probe_start(&ProbeStart {
+                counter,
+                seq,
+                info: &info,
+                t_start,
+                n_channels: plan.n_channels,
+                expected,
+            });
         }
         let sh = &self.shared;
         log_call(item, &info, sh.rank, sh.nranks, sh.comm_id, counter, None);
@@ -129,7 +135,7 @@ impl Worker {
         if let Some(p) = self.pending.take() {
             publish_current(&self.t.current, Some(p.desc));
             let plan = Plan::stepless();
-            self.begin_item(item, p.seq, p.probing, Some(p.proto), &plan, false);
+            self.begin_item(item, &p.seq, p.probing, Some(p.proto), &plan, false);
         }
     }
 
@@ -166,29 +172,30 @@ impl Worker {
         r
     }
 
-    /// The probe's start of the current operation (`probe_next`): its sequence space and
-    /// record thinning (`Source::start_op`), its frame block with what the schedule
-    /// expects of each channel (the analyzer's progress fractions of a hung operation,
-    /// H3), its op-log entry. Returns whether its end is read from the clock.
-    fn probe_start(&self, lanes: &[Lane]) -> bool {
-        let (sh, s) = (&self.shared, &self.probe_next);
+    /// The probe's start of operation `s`: its sequence space and record thinning
+    /// (`Source::start_op`), its frame block with what the schedule expects of each
+    /// channel (the analyzer's progress fractions of a hung operation, H3), its op-log
+    /// entry. Returns whether its end is read from the clock.
+    #[inline]
+    fn probe_start(&self, s: &ProbeStart<'_>) -> bool {
+        let sh = &self.shared;
         // Before the frame shows the operation: its records and the heartbeats number it
         // in its sequence space (collective / p2p), not by the local counter.
         let timed = sh
             .source
             .as_ref()
-            .is_none_or(|src| src.start_op(s.counter, &s.seq, s.t_start));
+            .is_none_or(|src| src.start_op(s.counter, s.seq, s.t_start));
         let b = sh.frame.begin_op(sh.comm_id, s.counter, s.n_channels);
-        for lane in lanes {
-            let (send, recv) = lane.step_counts();
-            sh.frame.add_expected(b, lane.channel, send, recv);
+        match s.expected {
+            Expected::Lanes(lanes) => {
+                for lane in lanes {
+                    let (send, recv) = lane.step_counts();
+                    sh.frame.add_expected(b, lane.channel, send, recv);
+                }
+            }
+            Expected::Tree(send, recv) => sh.frame.add_expected(b, 0, send, recv),
         }
-        if let Some((send, recv)) = s.tree_expected {
-            sh.frame.add_expected(b, 0, send, recv);
-        }
-        if let Some(info) = &s.info {
-            sh.op_log.start(s.counter, info, s.t_start);
-        }
+        sh.op_log.start(s.counter, s.info, s.t_start);
         timed
     }
 

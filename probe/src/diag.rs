@@ -431,6 +431,7 @@ impl Source {
 
     /// The stride for operation `counter` starting at `start_ns`: reconsidered at every
     /// epoch boundary from the time the last epoch took ([`thin::next_stride`]).
+    #[inline]
     fn stride_for(&self, counter: u64, start_ns: u64) -> u32 {
         let t = &self.thin;
         let mut stride = t.stride.load(Ordering::Relaxed).max(1);
@@ -459,6 +460,7 @@ impl Source {
     ///   computation gap is measured from this end), i.e. when the next collective number
     ///   is in the sample or the next operation opens an epoch (the stride may change
     ///   there). A p2p group's gap is not predicted (the analyzer times no p2p round).
+    #[inline]
     pub fn start_op(&self, local: u64, id: &OpSeq, start_ns: u64) -> bool {
         let t = &self.thin;
         let (key, next_coll) = match id.space {
@@ -496,6 +498,7 @@ impl Source {
     /// an in-flight snapshot of it (its completion closes that snapshot); otherwise an
     /// estimate, the diagnostic thread's latest tick (not before the start), which costs
     /// a load instead of a clock read.
+    #[inline]
     pub fn end_time(&self, local: u64, start_ns: u64, timed: bool, ok: bool) -> EndTime {
         if timed || !ok || self.thin.snapshotted.load(Ordering::Relaxed) == local + 1 {
             EndTime::exact(now_ns())
@@ -541,10 +544,22 @@ impl Source {
     /// operations whose inbound messages come from a different peer at each step (a Tree
     /// over sockets; a ring's wire time goes into its frame channels instead). Copied into
     /// the record only if the completion is reported.
+    ///
+    /// Inlined into the executor's end of an operation: most completions are thinned out
+    /// and cost only [`Source::thin_completion`]'s bookkeeping; a reported one is built
+    /// out of line ([`Source::report_done`]).
+    #[inline]
     pub fn op_done_wire(&self, fin: &Finished, peer_wire: &[PeerWire]) {
-        let Some(thinning) = self.thin_completion(fin) else {
-            return;
-        };
+        if let Some(thinning) = self.thin_completion(fin) {
+            self.report_done(fin, thinning, peer_wire);
+        }
+    }
+
+    /// The reported completion of [`Source::op_done_wire`]: its record, queued for the
+    /// diagnostic thread without blocking.
+    #[cold]
+    #[inline(never)]
+    fn report_done(&self, fin: &Finished, thinning: Thinning, peer_wire: &[PeerWire]) {
         // The whole entry (the type set), only for a record that is sent. The completing
         // thread is the log's only writer: the entry is the one it just finished.
         let Some(snap) = self.op_log.get(fin.op_counter) else {
@@ -599,6 +614,7 @@ impl Source {
 
     /// The bookkeeping of a completion (gap, epoch, stride) and whether it is reported:
     /// `Some` with what its record says about thinning, `None` when thinning leaves it out.
+    #[inline]
     fn thin_completion(&self, fin: &Finished) -> Option<Thinning> {
         let c = fin.op_counter;
         let t = &self.thin;

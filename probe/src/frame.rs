@@ -400,6 +400,7 @@ impl Frame {
     /// then publishes the header. Returns the block index.
     ///
     /// Channels beyond the frame's capacity are clamped (their progress is not recorded).
+    #[inline]
     pub fn begin_op(&self, comm_id: u64, op_counter: u64, n_channels: usize) -> usize {
         let block = (op_counter % FRAME_BLOCKS as u64) as usize;
         let written = if self.words.release.is_some() {
@@ -518,6 +519,7 @@ impl<W: FrameWord> View<'_, W> {
 
     /// Starts `op_counter` in its block, resetting the block's first `written` channels
     /// (the writer guarantees that every channel from `written` up is zero already).
+    #[inline]
     fn begin_op(
         &self,
         comm_id: u64,

@@ -111,6 +111,7 @@ impl Default for OpLog {
 /// Bit of the state word (word 1): the end time was read from the clock.
 const TIMED_BIT: u64 = 1 << 40;
 
+#[inline]
 fn encode(op_counter: u64, i: &OpTypeSet, start_ns: u64, end_ns: u64, st: OpState) -> [u64; 8] {
     [
         op_counter,
@@ -168,6 +169,7 @@ impl OpLog {
         }
     }
 
+    #[inline]
     fn write(&self, op_counter: u64, words: [u64; 8]) {
         let slot = &self.slots[(op_counter % FRAME_BLOCKS as u64) as usize];
         let s = slot.seq.load(Ordering::Relaxed);
@@ -180,6 +182,7 @@ impl OpLog {
     }
 
     /// Records the start of operation `op_counter` (single writer).
+    #[inline]
     pub fn start(&self, op_counter: u64, info: &OpTypeSet, start_ns: u64) {
         self.write(
             op_counter,
@@ -196,6 +199,7 @@ impl OpLog {
     /// check, reads only the words a thinned completion needs (counter, state, start
     /// time) and rewrites only the two that change (state, end time): most completions
     /// are thinned out, and this runs on the operation's return path.
+    #[inline]
     pub fn finish(&self, op_counter: u64, end: EndTime, ok: bool) -> Option<Finished> {
         let slot = &self.slots[(op_counter % FRAME_BLOCKS as u64) as usize];
         if slot.seq.load(Ordering::Relaxed) == 0

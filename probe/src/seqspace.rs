@@ -99,6 +99,16 @@ impl Default for SeqLog {
     }
 }
 
+/// Copies a p2p group's calls into its slot (out of line: collectives, the common case,
+/// take no lock and no copy).
+#[cold]
+#[inline(never)]
+fn set_list(slot: &Slot, list: &[PeerSeq]) {
+    let mut v = slot.p2p.lock();
+    v.clear();
+    v.extend_from_slice(list);
+}
+
 impl SeqLog {
     /// An empty log.
     pub fn new() -> Self {
@@ -109,12 +119,14 @@ impl SeqLog {
         }
     }
 
+    #[inline]
     fn slot(&self, local: u64) -> &Slot {
         &self.slots[(local % FRAME_BLOCKS as u64) as usize]
     }
 
     /// Records the identity of local operation `local` (single writer, before the
     /// operation starts).
+    #[inline]
     pub fn set(&self, local: u64, id: &OpSeq) {
         match id.space {
             SeqSpace::Collective => self.last_coll.store(id.number + 1, Ordering::Relaxed),
@@ -130,7 +142,7 @@ impl SeqLog {
         }
         if !id.p2p.is_empty() {
             flags |= FLAG_P2P_LIST;
-            slot.p2p.lock().clone_from(&id.p2p);
+            set_list(slot, &id.p2p);
         }
         slot.local.store(local + 1, Ordering::Relaxed);
         slot.number.store(id.number, Ordering::Relaxed);
