@@ -1059,7 +1059,7 @@ mod probe_path;
 mod handle;
 
 pub(crate) use crate::label::OpPlace;
-use crate::op::log_call;
+use crate::op::{call_logged, log_call};
 use byref::ByRef;
 pub(crate) use handle::{run_inline, WorkerHandle};
 use probe_path::{OpStart, PendingStart};

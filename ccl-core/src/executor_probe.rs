@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use ccl_optype::{Algo, Proto};
 
-use super::{log_call, now_ns, publish_current, tree_counts, Worker};
+use super::{call_logged, log_call, now_ns, publish_current, tree_counts, Worker};
 use crate::error::Result;
 use crate::hostalgo::HostProto;
 use crate::op::{type_set, WorkItem};
@@ -80,18 +80,24 @@ impl Worker {
         halve: bool,
     ) {
         let sh = &self.shared;
-        let mut info = type_set(item, sh.nranks, plan);
-        if let Some(proto) = tree {
-            info.algo = Algo::Tree;
-            info.proto = match proto {
-                HostProto::Ll => Proto::Ll,
-                HostProto::Simple => Proto::Simple,
-            };
-        }
-        if halve {
-            info.count /= 2;
-            info.bytes /= 2;
-        }
+        // The operation's type set, for the probe's op log and NCCL's INFO line: not
+        // built when neither wants it (probe off and INFO not logged).
+        let logging = call_logged(item);
+        let info = (probing || logging).then(|| {
+            let mut info = type_set(item, sh.nranks, plan);
+            if let Some(proto) = tree {
+                info.algo = Algo::Tree;
+                info.proto = match proto {
+                    HostProto::Ll => Proto::Ll,
+                    HostProto::Simple => Proto::Simple,
+                };
+            }
+            if halve {
+                info.count /= 2;
+                info.bytes /= 2;
+            }
+            info
+        });
         // Only this executor (under the worker lock) counts this communicator's
         // operations: a plain load and store, no locked read-modify-write.
         let counter = sh.op_counter.load(Ordering::Relaxed);
@@ -100,7 +106,7 @@ impl Worker {
         let t_start = now_ns();
         // The operation's frame block (`Frame::begin_op` claims `counter % FRAME_BLOCKS`).
         let block = probing.then_some((counter % probe::FRAME_BLOCKS as u64) as usize);
-        if probing {
+        if let (true, Some(info)) = (probing, &info) {
             let expected = match (tree, item) {
                 (Some(proto), WorkItem::Coll(c)) => {
                     let (send, recv) = tree_counts(c, proto, self.tree_msgs, &sh.tuning);
@@ -112,14 +118,16 @@ impl Worker {
             self.probe_timed = self.probe_start(&ProbeStart {
                 counter,
                 seq,
-                info: &info,
+                info,
                 t_start,
                 n_channels: plan.n_channels,
                 expected,
             });
         }
-        let sh = &self.shared;
-        log_call(item, &info, sh.rank, sh.nranks, sh.comm_id, counter, None);
+        if let (true, Some(info)) = (logging, &info) {
+            let sh = &self.shared;
+            log_call(item, info, sh.rank, sh.nranks, sh.comm_id, counter, None);
+        }
         self.cur = OpStart {
             counter,
             t_start,

@@ -263,6 +263,17 @@ impl std::fmt::Display for StreamSuffix {
     }
 }
 
+/// Whether [`log_call`] would write `item`'s INFO line (`NCCL_DEBUG=INFO` with its
+/// subsystem): a level comparison when INFO is off, so that a call that is not logged
+/// does not build what the line needs.
+#[inline]
+pub(crate) fn call_logged(item: &WorkItem) -> bool {
+    match item {
+        WorkItem::Coll(_) => tracing::event_enabled!(target: "nccl::COLL", tracing::Level::INFO),
+        WorkItem::P2p(_) => tracing::event_enabled!(target: "nccl::P2P", tracing::Level::INFO),
+    }
+}
+
 /// NCCL's per-call INFO line (subsystem COLL / P2P) of operation `counter`; `stream` is
 /// the caller's stream on the device backend.
 pub(crate) fn log_call(

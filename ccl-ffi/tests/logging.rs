@@ -3,7 +3,7 @@
 //! (the child runs `child_entry`, which does nothing in a normal test run).
 
 use std::process::Command;
-use std::ptr::null_mut;
+use std::ptr::{null, null_mut};
 use std::time::{Duration, Instant};
 
 const CHILD_ENV: &str = "CCL_FFI_LOGGING_CHILD";
@@ -24,14 +24,39 @@ fn child_entry() {
     tracing::info!(target: "other::crate", "foreign line");
 }
 
+/// Child of [`per_call_info_line_with_the_probe_on_and_off`]: one AllReduce of 4 floats
+/// on a 1-rank communicator, through the C API.
+#[test]
+fn child_call_entry() {
+    if std::env::var_os(CHILD_ENV).is_none() {
+        return;
+    }
+    let mut comm: *mut std::ffi::c_void = null_mut();
+    let mut buf = [1.0f32, 2.0, 3.0, 4.0];
+    let p = buf.as_mut_ptr().cast::<std::ffi::c_void>();
+    // SAFETY: a valid out-pointer; `buf` outlives the call, which completes before it
+    // returns on the host backend; the communicator is destroyed once.
+    unsafe {
+        assert_eq!(nccl::api::ncclCommInitAll(&mut comm, 1, null()), 0);
+        assert_eq!(nccl::api::ncclAllReduce(p, p, 4, 7, 0, comm, null_mut()), 0);
+        assert_eq!(nccl::api::ncclCommDestroy(comm), 0);
+    }
+    assert_eq!(buf, [1.0, 2.0, 3.0, 4.0]);
+}
+
 /// Runs the child with `env`; returns the log file's text.
 fn run_child(case: &str, env: &[(&str, &str)]) -> String {
+    run_child_test("child_entry", case, env)
+}
+
+/// Runs this binary's test `entry` as the child with `env`; returns the log file's text.
+fn run_child_test(entry: &str, case: &str, env: &[(&str, &str)]) -> String {
     let dir = std::env::temp_dir().join(format!("ccl-ffi-logging-{}-{case}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let pattern = dir.join("nccl.%h.%p.log");
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", "child_entry", "--test-threads=1"])
+    cmd.args(["--exact", entry, "--test-threads=1"])
         .env(CHILD_ENV, "1")
         .stdout(std::process::Stdio::null())
         .env_remove("NCCL_DEBUG")
@@ -100,6 +125,40 @@ fn info_level_default_subsystems() {
     );
     assert_nccl_line(lines[1], "0", "INFO", "NCCL version 2.30.7+ccl-d");
     assert_nccl_line(lines[2], "3", "INFO", "init line peers=2");
+}
+
+/// NCCL's per-call INFO line (subsystem COLL) is written with the probe on and with it off
+/// (`CCLD_DISABLE=1`, where the call builds the operation's type set only for this line),
+/// and not at WARN.
+#[test]
+fn per_call_info_line_with_the_probe_on_and_off() {
+    for (case, disable) in [("call-probe-on", "0"), ("call-probe-off", "1")] {
+        let text = run_child_test(
+            "child_call_entry",
+            case,
+            &[
+                ("NCCL_DEBUG", "INFO"),
+                ("NCCL_DEBUG_SUBSYS", "COLL"),
+                ("CCLD_DISABLE", disable),
+            ],
+        );
+        let calls: Vec<&str> = text.lines().filter(|l| l.contains("opCount")).collect();
+        assert_eq!(calls.len(), 1, "{case}: {text}");
+        let line = calls[0];
+        for part in [
+            "[0] NCCL INFO AllReduce: opCount 0 sendbuff 0x",
+            " count 4 datatype 7 op 0 root -1 comm 0x",
+            " [nranks=1] nChannels 1",
+        ] {
+            assert!(line.contains(part), "{case}: {part:?} not in {line}");
+        }
+    }
+    let text = run_child_test(
+        "child_call_entry",
+        "call-warn",
+        &[("NCCL_DEBUG", "WARN"), ("CCLD_DISABLE", "1")],
+    );
+    assert!(!text.contains("opCount"), "{text}");
 }
 
 #[test]
