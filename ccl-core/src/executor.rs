@@ -416,7 +416,18 @@ impl Worker {
         self.finish_item(item, r, fault.halve)
     }
 
+    /// The reducer of `spec` over `dtype`: a built-in operator repeated from the previous
+    /// operation comes from the one-entry cache inline, the rest is built out of line.
+    #[inline]
     fn reducer(&mut self, spec: &RedSpec, dtype: DataType) -> Result<Reducer> {
+        match (spec, self.last_reducer) {
+            (RedSpec::Builtin(k), Some((d, o, r))) if d == dtype && o == *k => Ok(r),
+            _ => self.new_reducer(spec, dtype),
+        }
+    }
+
+    #[inline(never)]
+    fn new_reducer(&mut self, spec: &RedSpec, dtype: DataType) -> Result<Reducer> {
         let n = self.shared.nranks;
         match spec {
             RedSpec::Builtin(k) => match self.last_reducer {
@@ -664,17 +675,28 @@ impl Worker {
     /// Fails with `ncclRemoteError` once a peer poisoned this rank ([`crate::desc::poisoned`]):
     /// cause PEER_FAILED (with a WARN line) after an inconsistent call, PEER_LOST naming
     /// the lost peer after another rank found it gone.
+    #[inline]
     fn check_poison(&mut self) -> Result<()> {
-        let rank = self.shared.rank;
         match crate::desc::poisoned(&self.t.poison, self.seqs.collectives()) {
             None => Ok(()),
-            Some(crate::desc::Poison::Inconsistent { by, at }) => {
+            Some(p) => self.poisoned(p),
+        }
+    }
+
+    /// [`Worker::check_poison`]'s error for poison `p` (out of line: a healthy
+    /// communicator's operations never take it).
+    #[cold]
+    #[inline(never)]
+    fn poisoned(&mut self, p: crate::desc::Poison) -> Result<()> {
+        let rank = self.shared.rank;
+        match p {
+            crate::desc::Poison::Inconsistent { by, at } => {
                 let e = crate::desc::inconsistent_poison_error(by, at, rank);
                 tracing::warn!(target: "nccl::COLL", rank, "{e}");
                 self.failure = Some(probe::Failure::cause(probe::FailureCause::PeerFailed));
                 Err(e)
             }
-            Some(crate::desc::Poison::PeerLost { lost, .. }) => {
+            crate::desc::Poison::PeerLost { lost, .. } => {
                 // This rank may not see the loss yet (its connection to the peer still
                 // drains, or it has none).
                 let detail = self

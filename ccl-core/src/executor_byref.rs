@@ -144,11 +144,16 @@ impl ByRef {
 
     /// Revokes what is outstanding (the operation failed or panicked): once this returns,
     /// the proxy reads none of it (it holds its lock while it writes).
+    #[inline]
     pub(crate) fn revoke(&mut self, t: &Transport) {
-        self.revoke_while(|f| t.while_proxy_idle(f));
+        // Every operation calls it; one with by-reference sends outstanding is rare.
+        if !self.pending.is_empty() {
+            self.revoke_while(|f| t.while_proxy_idle(f));
+        }
     }
 
     /// [`ByRef::revoke`], with `while_idle` running its argument while the proxy is idle.
+    #[inline(never)]
     fn revoke_while(&mut self, while_idle: impl FnOnce(&dyn Fn())) {
         if self.pending.is_empty() {
             return;

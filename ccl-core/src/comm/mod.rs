@@ -500,10 +500,20 @@ impl Comm {
     }
 
     /// Ok when operations may be issued.
+    #[inline]
     pub(crate) fn usable(&self) -> Result<()> {
         if self.usable_now.load(Ordering::Acquire) {
             return Ok(());
         }
+        self.usable_slow()
+    }
+
+    /// [`Comm::usable`] when the ready flag is not set: the communicator's life and
+    /// broken state, under their locks (out of line: every call of a ready communicator
+    /// takes the flag's branch).
+    #[cold]
+    #[inline(never)]
+    fn usable_slow(&self) -> Result<()> {
         let broken = self.broken.lock().clone();
         match &*self.life.lock() {
             Life::Ready => broken.map_or(Ok(()), Err),
