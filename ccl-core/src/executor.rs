@@ -426,18 +426,17 @@ impl Worker {
         }
     }
 
+    /// [`Worker::reducer`] when the cache does not hold it: a built-in operator's reducer
+    /// is built and cached, a PreMulSum's built with its scalar as it is now.
     #[inline(never)]
     fn new_reducer(&mut self, spec: &RedSpec, dtype: DataType) -> Result<Reducer> {
         let n = self.shared.nranks;
         match spec {
-            RedSpec::Builtin(k) => match self.last_reducer {
-                Some((d, o, r)) if d == dtype && o == *k => Ok(r),
-                _ => {
-                    let r = Reducer::new(dtype, *k, None, n)?;
-                    self.last_reducer = Some((dtype, *k, r));
-                    Ok(r)
-                }
-            },
+            RedSpec::Builtin(k) => {
+                let r = Reducer::new(dtype, *k, None, n)?;
+                self.last_reducer = Some((dtype, *k, r));
+                Ok(r)
+            }
             RedSpec::PreMul(ScalarArg::HostImmediate(v)) => {
                 Reducer::new(dtype, RedOpKind::PreMulSum, Some(v), n)
             }
