@@ -152,12 +152,10 @@ impl ByRef {
         }
     }
 
-    /// [`ByRef::revoke`], with `while_idle` running its argument while the proxy is idle.
+    /// [`ByRef::revoke`] once something is outstanding, with `while_idle` running its
+    /// argument while the proxy is idle.
     #[inline(never)]
     fn revoke_while(&mut self, while_idle: impl FnOnce(&dyn Fn())) {
-        if self.pending.is_empty() {
-            return;
-        }
         let pending = &self.pending;
         while_idle(&|| {
             for p in pending {
