@@ -713,7 +713,11 @@ impl Loop {
     }
 
     /// Writes what the stream owes its sockets: a credit frame between messages, the
-    /// message being written, then the next committed ones.
+    /// message being written, then the next committed ones. A credit frame owed when the
+    /// next message is ready leaves in the same `sendmsg` as that message's header and
+    /// first piece (one system call and one TCP segment fewer: on a 2-rank ring or Tree
+    /// the stream carries both directions, and a credit leaves after nearly every message
+    /// received); with nothing to send it leaves alone.
     fn pump_out(&mut self, i: usize) -> bool {
         let mut progress = false;
         self.data[i].note_consumed();
@@ -722,41 +726,20 @@ impl Loop {
             if d.done {
                 return progress;
             }
-            if let Some((frame, written)) = d.credit_frame.as_mut() {
-                match d.s.sock.write(&frame[*written..]) {
-                    Ok(0) => {
-                        self.end_data(i, "connection closed while sending".into());
-                        return true;
-                    }
-                    Ok(n) => {
-                        *written += n;
-                        progress = true;
-                        if *written == DATA_HEADER_BYTES {
-                            d.credit_frame = None;
-                        }
-                        continue;
-                    }
-                    Err(e) if would_block(&e) => return progress,
-                    Err(e) => {
-                        self.end_data(i, format!("send failed: {e}"));
-                        return true;
-                    }
-                }
-            }
-            if d.out_len.is_none() && d.credit_owed > 0 {
+            if d.out_len.is_none() && d.credit_owed > 0 && d.credit_frame.is_none() {
                 let n = u32::try_from(d.credit_owed).unwrap_or(u32::MAX);
                 d.credit_owed -= u64::from(n);
                 d.credit_frame = Some((StreamFrame::credit(n), 0));
-                continue;
             }
             let unacked = d.unacked;
             let k = d.s.ways();
             let Some(out) = d.s.out.as_mut() else {
-                return progress;
+                return self.write_credit(i).is_none_or(|p| p || progress);
             };
             let (payload, desc) = match out.peek(unacked) {
                 Ok(Some(m)) => m,
-                Ok(None) => return progress,
+                // Nothing to send with it: the credit frame (if any) leaves alone.
+                Ok(None) => return self.write_credit(i).is_none_or(|p| p || progress),
                 Err(CclError::Aborted(why)) => {
                     // Our own operation failed with this message unwritten: the stream
                     // cannot go on, but the peer is not to blame.
@@ -776,15 +759,24 @@ impl Loop {
                 d.extra_sent.fill(0);
             }
             let hdr = DataHeader { len, desc }.encode();
-            // The first socket: the header, then the first piece.
+            // The first socket: a credit frame owed (only before the message's first
+            // byte), the header, then the first piece.
             let first = &payload[stripe(len, k, 0)];
             let total = DATA_HEADER_BYTES + first.len();
             let mut blocked = false;
             while d.sent < total {
+                let credit = match &d.credit_frame {
+                    Some((frame, written)) => &frame[*written..],
+                    None => &[][..],
+                };
                 let r = if d.sent < DATA_HEADER_BYTES {
                     send_vectored(
                         d.s.sock.as_raw_fd(),
-                        &[IoSlice::new(&hdr[d.sent..]), IoSlice::new(first)],
+                        &[
+                            IoSlice::new(credit),
+                            IoSlice::new(&hdr[d.sent..]),
+                            IoSlice::new(first),
+                        ],
                     )
                 } else {
                     // std's `write` on a socket is send(2) with MSG_NOSIGNAL.
@@ -796,7 +788,15 @@ impl Loop {
                         return true;
                     }
                     Ok(n) => {
-                        d.sent += n;
+                        // The credit frame's bytes went first.
+                        let c = n.min(credit.len());
+                        if let Some((_, written)) = d.credit_frame.as_mut() {
+                            *written += c;
+                            if *written == DATA_HEADER_BYTES {
+                                d.credit_frame = None;
+                            }
+                        }
+                        d.sent += n - c;
                         progress = true;
                     }
                     Err(e) if would_block(&e) => {
@@ -851,6 +851,34 @@ impl Loop {
                 }
             }
         }
+    }
+
+    /// Writes the stream's credit frame, if any, on its own: `Some(progress)`, or `None`
+    /// when the connection ended (the stream stopped).
+    fn write_credit(&mut self, i: usize) -> Option<bool> {
+        let mut progress = false;
+        let d = &mut self.data[i];
+        while let Some((frame, written)) = d.credit_frame.as_mut() {
+            match d.s.sock.write(&frame[*written..]) {
+                Ok(0) => {
+                    self.end_data(i, "connection closed while sending".into());
+                    return None;
+                }
+                Ok(n) => {
+                    *written += n;
+                    progress = true;
+                    if *written == DATA_HEADER_BYTES {
+                        d.credit_frame = None;
+                    }
+                }
+                Err(e) if would_block(&e) => break,
+                Err(e) => {
+                    self.end_data(i, format!("send failed: {e}"));
+                    return None;
+                }
+            }
+        }
+        Some(progress)
     }
 
     fn pump_in(&mut self, i: usize) -> bool {

@@ -861,3 +861,116 @@ fn would_block_or_timeout(e: &std::io::Error) -> bool {
         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
     )
 }
+
+/// Shrinks a socket's kernel send and receive buffers (`SO_SNDBUF`, `SO_RCVBUF`), so that
+/// a `sendmsg` of a frame writes only part of it.
+fn shrink_buffers(s: &TcpStream, bytes: libc::c_int) {
+    use std::os::fd::AsRawFd;
+    for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
+        // SAFETY: `s` owns the open socket for the call; the value is a c_int on our stack,
+        // passed with its size.
+        let r = unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                (&bytes as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(r, 0, "setsockopt: {}", std::io::Error::last_os_error());
+    }
+}
+
+/// A stream that carries both directions (a 2-rank ring or Tree link): each side's
+/// credits leave in the same `sendmsg` as its next message when one is ready, so frames
+/// of both kinds interleave on the wire, and with small socket buffers each write ends
+/// anywhere, inside a credit, a header or a payload. Every message still arrives whole,
+/// in order, with its descriptor, both ways, and every slot comes back.
+#[test]
+fn credits_riding_with_messages_both_ways_survive_partial_writes() {
+    const N: usize = 300;
+    let slot = 65_536;
+    let lens = [0, 1, 31, 32, 33, 4095, 4096, 20_000, slot];
+    let layout = FifoLayout::for_buffer(4 * slot, 4).unwrap();
+    let (a_send, a_out, b_in, b_recv) = fifo_pairs(layout);
+    let (b_send, b_out, a_in, a_recv) = fifo_pairs(layout);
+    let (a_sock, b_sock) = {
+        let (mut a, mut b) = socket_pairs(1);
+        (a.remove(0), b.remove(0))
+    };
+    for s in [&a_sock, &b_sock] {
+        shrink_buffers(s, 16 << 10);
+    }
+    let lease = Duration::from_secs(60);
+    let refs = || Arc::new(sendref::SendRefs::new(4));
+    let a = proxy_serving_leased(
+        0,
+        1,
+        (a_sock, vec![]),
+        Some(Outbound::Fifo(a_out, refs())),
+        Some(Inbound::Fifo(a_in)),
+        lease,
+    );
+    let b = proxy_serving_leased(
+        1,
+        0,
+        (b_sock, vec![]),
+        Some(Outbound::Fifo(b_out, refs())),
+        Some(Inbound::Fifo(b_in)),
+        lease,
+    );
+    // This thread drives both proxies (their threads sleep under the lease) and plays
+    // both executors: each sends N messages and receives N.
+    let mut sides = [(a_send, a_recv, 0usize, 0usize), (b_send, b_recv, 0, 0)];
+    let message = |side: usize, i: usize| {
+        let len = lens[i % lens.len()];
+        (
+            pattern(len, (i * 2 + side) as u8),
+            [i as u64, len as u64, side as u64],
+        )
+    };
+    let t0 = Instant::now();
+    while sides.iter().any(|s| s.2 < N || s.3 < N) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "stalled: sent, received, sent and not credited, received and not consumed {:?}",
+            sides
+                .iter()
+                .map(|s| (s.2, s.3, s.0.in_flight(), s.1.pending()))
+                .collect::<Vec<_>>()
+        );
+        for (side, (send, recv, sent, got)) in sides.iter_mut().enumerate() {
+            if *sent < N {
+                if let Some(buf) = send.try_reserve() {
+                    let (payload, desc) = message(side, *sent);
+                    buf[..payload.len()].copy_from_slice(&payload);
+                    send.commit_with_desc(payload.len(), desc);
+                    *sent += 1;
+                }
+            }
+            if recv.pending() > 0 {
+                // What the other side sent.
+                let (payload, desc) = message(1 - side, *got);
+                let (data, d) = recv.try_peek_with_desc().unwrap().unwrap();
+                assert_eq!(d, desc, "side {side}, message {}", *got);
+                assert!(
+                    data == &payload[..],
+                    "side {side}, message {} corrupted",
+                    *got
+                );
+                recv.release();
+                *got += 1;
+            }
+        }
+        a.drive();
+        b.drive();
+    }
+    // Every slot comes back: the last credits leave alone (nothing more to send).
+    wait_until("every slot back on both sides", || {
+        a.drive();
+        b.drive();
+        sides.iter().all(|s| s.0.in_flight() == 0)
+    });
+    assert_eq!((a.peers.lost(1), b.peers.lost(0)), (None, None));
+}
