@@ -103,14 +103,21 @@ fn write_piece(sock: &mut TcpStream, piece: &[u8], at: &mut usize, progress: &mu
     Io::Done
 }
 
-/// Reads what is left of `piece` (from `*at`) from `sock`.
+/// Reads what is left of `piece` (from `*at`) from `sock`. A read that returns less than
+/// it asked for emptied the socket's receive queue (a TCP read copies until the queue is
+/// empty or the buffer full): that counts as blocked without a further read that would
+/// only fail with `EAGAIN` (the caller's `poll` or next round sees what comes next).
 fn read_piece(sock: &mut TcpStream, piece: &mut [u8], at: &mut usize, progress: &mut bool) -> Io {
     while *at < piece.len() {
+        let want = piece.len() - *at;
         match sock.read(&mut piece[*at..]) {
             Ok(0) => return Io::Closed,
             Ok(n) => {
                 *at += n;
                 *progress = true;
+                if n < want {
+                    return Io::Blocked;
+                }
             }
             Err(e) if would_block(&e) => return Io::Blocked,
             Err(e) => return Io::Failed(e),
@@ -928,7 +935,8 @@ impl Loop {
                         }
                     }
                     if d.hdr_len < DATA_HEADER_BYTES {
-                        continue;
+                        // A short read emptied the receive queue (see `read_piece`).
+                        return progress;
                     }
                     d.hdr_len = 0;
                     let cap = d.s.inb.as_ref().map_or(0, Inbound::cap);
