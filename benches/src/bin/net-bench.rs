@@ -372,6 +372,10 @@ fn mpi_once(
             .args(["--mca", "rtc", "^hwloc"])
             .args(["--mca", "btl_tcp_if_include", &subnet])
             .args(["--mca", "oob_tcp_if_include", &subnet])
+            // Daemons report straight to mpirun: with the default routed tree, a 4-host
+            // launch failed now and then with "ORTE does not know how to route a message
+            // to the specified daemon" (twice in a row on 2026-12-07).
+            .args(["--mca", "routed", "direct"])
             .arg(bin)
             .args([bytes, bytes, 2, iters, warmup].map(|v| v.to_string())),
     )?;
