@@ -884,8 +884,8 @@ fn shrink_buffers(s: &TcpStream, bytes: libc::c_int) {
 
 /// A stream that carries both directions (a 2-rank ring or Tree link): each side's
 /// credits leave in the same `sendmsg` as its next message when one is ready, so frames
-/// of both kinds interleave on the wire, and with small socket buffers each write ends
-/// anywhere, inside a credit, a header or a payload. Every message still arrives whole,
+/// of both kinds interleave on the wire, and with small socket buffers writes end inside
+/// payloads and headers (and can end inside a credit). Every message still arrives whole,
 /// in order, with its descriptor, both ways, and every slot comes back.
 #[test]
 fn credits_riding_with_messages_both_ways_survive_partial_writes() {
