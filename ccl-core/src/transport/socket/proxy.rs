@@ -20,7 +20,7 @@
 //! commit or release on a remote link; the proxy sleeps in `poll` on its sockets and that
 //! doorbell's eventfd, and rings the executor's doorbell when it committed or released.
 
-use std::io::{ErrorKind, IoSlice, Read, Write};
+use std::io::{ErrorKind, IoSlice, IoSliceMut, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -124,6 +124,49 @@ fn read_piece(sock: &mut TcpStream, piece: &mut [u8], at: &mut usize, progress: 
         }
     }
     Io::Done
+}
+
+/// [`read_piece`] on a stream's first socket, where the next frame's header follows the
+/// piece: every read also asks for the rest of that header (`readv` into `next` from
+/// `*next_len`), so a header already queued comes with the piece's last bytes, and a
+/// read that comes back short says the receive queue is empty, so the caller reads no
+/// header that is not there. Returns what [`read_piece`] returns and whether the queue
+/// was found empty.
+fn read_piece_and_next(
+    sock: &mut TcpStream,
+    piece: &mut [u8],
+    at: &mut usize,
+    (next, next_len): (&mut [u8; DATA_HEADER_BYTES], &mut usize),
+    progress: &mut bool,
+) -> (Io, bool) {
+    while *at < piece.len() {
+        let want_piece = piece.len() - *at;
+        let want = want_piece + (DATA_HEADER_BYTES - *next_len);
+        let r = sock.read_vectored(&mut [
+            IoSliceMut::new(&mut piece[*at..]),
+            IoSliceMut::new(&mut next[*next_len..]),
+        ]);
+        match r {
+            Ok(0) => return (Io::Closed, false),
+            Ok(n) => {
+                *progress = true;
+                let p = n.min(want_piece);
+                *at += p;
+                *next_len += n - p;
+                if n < want {
+                    let io = if *at < piece.len() {
+                        Io::Blocked
+                    } else {
+                        Io::Done
+                    };
+                    return (io, true);
+                }
+            }
+            Err(e) if would_block(&e) => return (Io::Blocked, true),
+            Err(e) => return (Io::Failed(e), false),
+        }
+    }
+    (Io::Done, false)
 }
 
 /// Messages from the set-up code (init, lazy p2p connections) to the proxy.
@@ -901,37 +944,40 @@ impl Loop {
             let h = match d.incoming {
                 Some(h) => h,
                 None => {
-                    match d.s.sock.read(&mut d.hdr[d.hdr_len..]) {
-                        Ok(0) => {
-                            // End of stream between messages: the peer closed it (destroy);
-                            // a lost peer shows on the control stream.
-                            d.stop();
-                            let why = (d.hdr_len > 0).then(|| {
-                                format!(
-                                    "truncated frame header ({} of {DATA_HEADER_BYTES} bytes)",
-                                    d.hdr_len
-                                )
-                            });
-                            if let Some(why) = why {
-                                self.fail_data(i, why);
+                    // The header may have come with the previous payload's last bytes.
+                    if d.hdr_len < DATA_HEADER_BYTES {
+                        match d.s.sock.read(&mut d.hdr[d.hdr_len..]) {
+                            Ok(0) => {
+                                // End of stream between messages: the peer closed it (destroy);
+                                // a lost peer shows on the control stream.
+                                d.stop();
+                                let why = (d.hdr_len > 0).then(|| {
+                                    format!(
+                                        "truncated frame header ({} of {DATA_HEADER_BYTES} bytes)",
+                                        d.hdr_len
+                                    )
+                                });
+                                if let Some(why) = why {
+                                    self.fail_data(i, why);
+                                }
+                                return true;
                             }
-                            return true;
-                        }
-                        Ok(n) => {
-                            if d.hdr_len == 0 && d.s.inb.is_some() {
-                                d.wire_t0 = Some(Instant::now());
+                            Ok(n) => {
+                                if d.hdr_len == 0 && d.s.inb.is_some() {
+                                    d.wire_t0 = Some(Instant::now());
+                                }
+                                d.hdr_len += n;
+                                progress = true;
                             }
-                            d.hdr_len += n;
-                            progress = true;
-                        }
-                        Err(e) if would_block(&e) => return progress,
-                        Err(e) if d.hdr_len == 0 => {
-                            self.end_data(i, format!("receive failed: {e}"));
-                            return true;
-                        }
-                        Err(e) => {
-                            self.fail_data(i, format!("receive failed: {e}"));
-                            return true;
+                            Err(e) if would_block(&e) => return progress,
+                            Err(e) if d.hdr_len == 0 => {
+                                self.end_data(i, format!("receive failed: {e}"));
+                                return true;
+                            }
+                            Err(e) => {
+                                self.fail_data(i, format!("receive failed: {e}"));
+                                return true;
+                            }
                         }
                     }
                     if d.hdr_len < DATA_HEADER_BYTES {
@@ -986,10 +1032,23 @@ impl Loop {
             }
             let mut blocked = false;
             let mut broken = None;
+            // Whether the first socket's receive queue was found empty, and whether the next
+            // header started arriving with this payload.
+            let mut drained = false;
+            let header_before = d.hdr_len;
             let socks = std::iter::once(&mut d.s.sock).chain(d.s.extra.iter_mut());
             let ats = std::iter::once(&mut d.got).chain(d.extra_got.iter_mut());
             for (j, (sock, at)) in socks.zip(ats).enumerate() {
-                match read_piece(sock, &mut slot[stripe(h.len, k, j)], at, &mut progress) {
+                let piece = &mut slot[stripe(h.len, k, j)];
+                let io = if j == 0 {
+                    let next = (&mut d.hdr, &mut d.hdr_len);
+                    let (io, empty) = read_piece_and_next(sock, piece, at, next, &mut progress);
+                    drained = empty;
+                    io
+                } else {
+                    read_piece(sock, piece, at, &mut progress)
+                };
+                match io {
                     Io::Done => continue,
                     Io::Blocked => {
                         blocked = true;
@@ -1029,6 +1088,14 @@ impl Loop {
             d.incoming = None;
             d.got = 0;
             self.ring_exec = true;
+            if header_before == 0 && d.hdr_len > 0 && d.s.inb.is_some() {
+                // The next message's wire time starts at its first header byte.
+                d.wire_t0 = Some(Instant::now());
+            }
+            if drained && d.hdr_len < DATA_HEADER_BYTES {
+                // Nothing more queued: no header read that could only fail.
+                return progress;
+            }
         }
     }
 
