@@ -908,24 +908,19 @@ impl Loop {
     fn write_credit(&mut self, i: usize) -> Option<bool> {
         let mut progress = false;
         let d = &mut self.data[i];
-        while let Some((frame, written)) = d.credit_frame.as_mut() {
-            match d.s.sock.write(&frame[*written..]) {
-                Ok(0) => {
-                    self.end_data(i, "connection closed while sending".into());
-                    return None;
-                }
-                Ok(n) => {
-                    *written += n;
-                    progress = true;
-                    if *written == DATA_HEADER_BYTES {
-                        d.credit_frame = None;
-                    }
-                }
-                Err(e) if would_block(&e) => break,
-                Err(e) => {
-                    self.end_data(i, format!("send failed: {e}"));
-                    return None;
-                }
+        let Some((frame, written)) = d.credit_frame.as_mut() else {
+            return Some(false);
+        };
+        match write_piece(&mut d.s.sock, &frame[..], written, &mut progress) {
+            Io::Done => d.credit_frame = None,
+            Io::Blocked => {}
+            Io::Closed => {
+                self.end_data(i, "connection closed while sending".into());
+                return None;
+            }
+            Io::Failed(e) => {
+                self.end_data(i, format!("send failed: {e}"));
+                return None;
             }
         }
         Some(progress)
