@@ -9,6 +9,8 @@ use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+pub use nccl_tests_compat::ccl_run::allowed_cpus;
+
 /// One measured size: bytes, time per operation (us), bus bandwidth (GB/s).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Row {
@@ -251,29 +253,14 @@ const ROUND_TRIP_LIMIT: Duration = Duration::from_secs(2);
 #[repr(align(128))]
 struct Line(AtomicU64);
 
-/// The CPUs the calling thread may run on, in order (empty when unknown).
-pub fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity writes at most
-    // size_of::<cpu_set_t>() bytes into it, and CPU_ISSET reads it within bounds.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return Vec::new();
-        }
-        (0..libc::CPU_SETSIZE as usize)
-            .filter(|&c| libc::CPU_ISSET(c, &set))
-            .collect()
-    }
-}
-
 /// Binds thread `tid` of this process (0: the calling thread) to `cpu`; whether that
 /// worked.
 pub fn pin_thread(tid: libc::pid_t, cpu: usize) -> bool {
     if cpu >= libc::CPU_SETSIZE as usize {
         return false;
     }
-    // SAFETY: as in `allowed_cpus`; CPU_SET writes within the set (cpu < CPU_SETSIZE,
-    // checked above), sched_setaffinity only reads it.
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes within it (cpu <
+    // CPU_SETSIZE, checked above), sched_setaffinity only reads it.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpu, &mut set);

@@ -120,8 +120,8 @@ pub fn parse_args<S: AsRef<str>>(argv: &[S]) -> Result<RunOpts, String> {
     Ok(o)
 }
 
-/// The CPUs this process may run on, in order (empty when unknown).
-fn allowed_cpus() -> Vec<usize> {
+/// The CPUs the calling thread may run on, in order (empty when unknown).
+pub fn allowed_cpus() -> Vec<usize> {
     // SAFETY: a zeroed cpu_set_t is valid; sched_getaffinity fills it (size passed);
     // CPU_ISSET reads inside it for indices below CPU_SETSIZE.
     unsafe {

@@ -169,35 +169,42 @@ fn sockets_from_env(rank: usize) -> Result<usize> {
 fn tune(s: &TcpStream) -> Result<()> {
     s.set_nodelay(true)
         .map_err(|e| CclError::sys("socket transport: TCP_NODELAY", e))?;
-    let fd = s.as_raw_fd();
-    let set = |level: libc::c_int, opt: libc::c_int, v: libc::c_int| {
-        // SAFETY: `fd` is an open socket owned by `s` for the call; the option value is a
-        // c_int on our stack, passed with its size.
-        unsafe {
-            libc::setsockopt(
-                fd,
-                level,
-                opt,
-                (&v as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        }
-    };
     let ms = LINK_TIMEOUT.as_millis() as libc::c_int;
-    let rcs = [
-        set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
-        set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 1),
-        set(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 1),
-        set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 3),
-        set(libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, ms),
-    ];
-    if rcs.iter().any(|r| *r != 0) {
-        return Err(CclError::sys(
-            "socket transport: keep-alive options",
-            std::io::Error::last_os_error(),
-        ));
+    [
+        (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 1),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 1),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 3),
+        (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, ms),
+    ]
+    .into_iter()
+    .try_for_each(|(level, opt, v)| set_int_option(s, level, opt, v))
+    .map_err(|e| CclError::sys("socket transport: keep-alive options", e))
+}
+
+/// `setsockopt(2)` of an `int`-valued option on `s`.
+fn set_int_option(
+    s: &TcpStream,
+    level: libc::c_int,
+    opt: libc::c_int,
+    v: libc::c_int,
+) -> std::io::Result<()> {
+    // SAFETY: `s` owns the open socket for the call; the option value is a c_int on our
+    // stack, passed with its size.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            level,
+            opt,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
-    Ok(())
 }
 
 impl Remote {

@@ -865,20 +865,8 @@ fn would_block_or_timeout(e: &std::io::Error) -> bool {
 /// Shrinks a socket's kernel send and receive buffers (`SO_SNDBUF`, `SO_RCVBUF`), so that
 /// a `sendmsg` of a frame writes only part of it.
 fn shrink_buffers(s: &TcpStream, bytes: libc::c_int) {
-    use std::os::fd::AsRawFd;
     for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
-        // SAFETY: `s` owns the open socket for the call; the value is a c_int on our stack,
-        // passed with its size.
-        let r = unsafe {
-            libc::setsockopt(
-                s.as_raw_fd(),
-                libc::SOL_SOCKET,
-                opt,
-                (&bytes as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        assert_eq!(r, 0, "setsockopt: {}", std::io::Error::last_os_error());
+        super::set_int_option(s, libc::SOL_SOCKET, opt, bytes).expect("setsockopt");
     }
 }
 
