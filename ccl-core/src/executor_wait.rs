@@ -127,11 +127,12 @@ pub(crate) fn read_current(
 /// A waiting executor's share of the socket work ([`crate::channel::Transport::drive_sockets`]).
 /// For an operation of messages up to [`SocketDriver::MAX_MESSAGE`] (every message with
 /// the default `NCCL_BUFFSIZE`) it runs the socket proxy's rounds itself while they move
-/// something: a message is sent and seen without waking a second thread. After
-/// [`SocketDriver::IDLE`] fruitless rounds in a row it hands the sockets back to the proxy
-/// thread (which then sleeps in `poll` on them and rings this rank's doorbell) until the
-/// wait makes progress again, so that a long wait for a peer without a CPU costs the same
-/// yields as without sockets. Operations of larger messages (a larger `NCCL_BUFFSIZE`)
+/// something: a message is sent and seen without waking a second thread. After a number
+/// of fruitless rounds in a row ([`SocketDriver::IDLE`], or [`SocketDriver::IDLE_LARGE`]
+/// for messages from [`SocketDriver::LARGE_MESSAGE`]) it hands the sockets back to the
+/// proxy thread (which then sleeps in `poll` on them and rings this rank's doorbell) until
+/// the wait makes progress again, so that a long wait for a peer without a CPU costs the
+/// same yields as without sockets. Operations of larger messages (a larger `NCCL_BUFFSIZE`)
 /// leave the sockets to the proxy thread, which sends and receives one message while the
 /// executor copies or reduces the next. Measured on the 2-core machine over veth
 /// (docs/perf-net.md, 2026-12-06): driving messages of up to 128 KiB instead of 64 KiB
@@ -141,13 +142,30 @@ pub(crate) fn read_current(
 pub(super) struct SocketDriver {
     /// Whether this operation's waits drive the sockets at all.
     on: bool,
+    /// Fruitless rounds in a row before the hand-back ([`SocketDriver::IDLE`] or
+    /// [`SocketDriver::IDLE_LARGE`]).
+    idle: u32,
     fruitless: u32,
 }
 
 impl SocketDriver {
-    /// Fruitless rounds before the executor stops driving (the proxy thread's own idle
-    /// budget, `IDLE_YIELDS` in the proxy).
+    /// Fruitless rounds before the executor stops driving, for an operation of small
+    /// messages (the proxy thread's own idle budget, `IDLE_YIELDS` in the proxy).
     pub(super) const IDLE: u32 = 64;
+    /// The same for an operation whose largest message has [`SocketDriver::LARGE_MESSAGE`]
+    /// bytes or more. Such a wait is for the rest of a message already on its way: handing
+    /// back after 64 rounds (a few hundred microseconds of polls and yields) woke the
+    /// proxy thread at nearly every wait of a 1 MiB AllReduce, a second busy thread on a
+    /// CPU the partner needed. With 512 (in effect: drive until the yield budget ends and
+    /// the executor parks, which hands back too) a 2-host x 1-rank AllReduce took 0.79x
+    /// the time at 1 MiB (33 of 40 paired rounds faster), 0.88x at 256 KiB, 0.94x at
+    /// 4 MiB, and 0.80x at 1 MiB with 4 hosts (docs/perf-net.md, 2026-12-07).
+    pub(super) const IDLE_LARGE: u32 = 512;
+    /// The smallest message that counts as large for [`SocketDriver::IDLE_LARGE`]. Below
+    /// it (latency-bound operations, whose waits are for a peer to get a CPU) the budget
+    /// stays [`SocketDriver::IDLE`]: 512 there was neutral at 2 hosts and 1.07x the time
+    /// at 8 B with 4 hosts.
+    pub(super) const LARGE_MESSAGE: usize = 64 << 10;
     /// The largest message of an operation whose waits drive the sockets: one FIFO slot
     /// of the default `NCCL_BUFFSIZE` (1 MiB in 8 slots).
     pub(super) const MAX_MESSAGE: usize = 128 << 10;
@@ -157,6 +175,11 @@ impl SocketDriver {
     pub(super) fn new(message_bytes: usize) -> SocketDriver {
         SocketDriver {
             on: message_bytes <= Self::MAX_MESSAGE,
+            idle: if message_bytes >= Self::LARGE_MESSAGE {
+                Self::IDLE_LARGE
+            } else {
+                Self::IDLE
+            },
             fruitless: 0,
         }
     }
@@ -169,7 +192,7 @@ impl SocketDriver {
 
     /// [`SocketDriver::drive`] with the round and the hand-back as arguments (pure logic).
     fn step(&mut self, round: impl FnOnce() -> bool, hand_back: impl FnOnce()) -> bool {
-        if !self.on || self.fruitless >= Self::IDLE {
+        if !self.on || self.fruitless >= self.idle {
             return false;
         }
         if round() {
@@ -177,7 +200,7 @@ impl SocketDriver {
             return true;
         }
         self.fruitless += 1;
-        if self.fruitless == Self::IDLE {
+        if self.fruitless == self.idle {
             hand_back();
         }
         false
@@ -200,7 +223,7 @@ impl SocketDriver {
 
     /// [`SocketDriver::flush`] with the round as an argument (pure logic).
     fn step_flush(&mut self, round: impl FnOnce() -> bool) {
-        if self.on && self.fruitless < Self::IDLE && round() {
+        if self.on && self.fruitless < self.idle && round() {
             self.fruitless = 0;
         }
     }
@@ -344,7 +367,7 @@ mod tests {
 
     #[test]
     fn a_waiting_executor_drives_small_messages_until_idle_and_hands_back_once() {
-        let mut d = SocketDriver::new(SocketDriver::MAX_MESSAGE);
+        let mut d = SocketDriver::new(SocketDriver::LARGE_MESSAGE - 1);
         // Productive rounds never stop it.
         assert_eq!(steps(&mut d, 500, true), (500, 0));
         // IDLE fruitless rounds in a row: the last hands the sockets back, then no rounds.
@@ -372,7 +395,7 @@ mod tests {
             });
             ran.get()
         };
-        let mut d = SocketDriver::new(SocketDriver::MAX_MESSAGE);
+        let mut d = SocketDriver::new(SocketDriver::LARGE_MESSAGE - 1);
         assert!(flushes(&mut d, false));
         // A flush that moved something counts as progress: IDLE more rounds before the
         // hand-back.
@@ -385,6 +408,26 @@ mod tests {
         // Large messages never drive, nor flush.
         let mut big = SocketDriver::new(SocketDriver::MAX_MESSAGE + 1);
         assert!(!flushes(&mut big, true));
+    }
+
+    #[test]
+    fn large_messages_that_drive_hand_back_after_the_larger_budget() {
+        // The budget is chosen by the operation's largest message, at LARGE_MESSAGE.
+        for (bytes, idle) in [
+            (SocketDriver::LARGE_MESSAGE - 1, SocketDriver::IDLE),
+            (SocketDriver::LARGE_MESSAGE, SocketDriver::IDLE_LARGE),
+            (SocketDriver::MAX_MESSAGE, SocketDriver::IDLE_LARGE),
+        ] {
+            let mut d = SocketDriver::new(bytes);
+            assert_eq!(steps(&mut d, idle - 1, false), (idle - 1, 0), "{bytes} B");
+            assert_eq!(steps(&mut d, 1, false), (1, 1), "{bytes} B: hands back");
+            assert_eq!(
+                steps(&mut d, 10, false),
+                (0, 0),
+                "{bytes} B: then no rounds"
+            );
+        }
+        assert!(SocketDriver::IDLE < SocketDriver::IDLE_LARGE);
     }
 
     #[test]
