@@ -19,6 +19,9 @@
 //! The executor rings the proxy's doorbell (made with [`Doorbell::with_event`]) after a
 //! commit or release on a remote link; the proxy sleeps in `poll` on its sockets and that
 //! doorbell's eventfd, and rings the executor's doorbell when it committed or released.
+//!
+//! This file holds the proxy's set-up, its thread and its rounds, and the control
+//! streams; a data stream's writes and reads are `pump.rs`.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpStream};
