@@ -157,9 +157,10 @@ impl SocketDriver {
     /// back after 64 rounds (a few hundred microseconds of polls and yields) woke the
     /// proxy thread at nearly every wait of a 1 MiB AllReduce, a second busy thread on a
     /// CPU the partner needed. With 512 (in effect: drive until the yield budget ends and
-    /// the executor parks, which hands back too) a 2-host x 1-rank AllReduce took 0.79x
-    /// the time at 1 MiB (33 of 40 paired rounds faster), 0.88x at 256 KiB, 0.94x at
-    /// 4 MiB, and 0.80x at 1 MiB with 4 hosts (docs/perf-net.md, 2026-12-07).
+    /// the executor parks, which hands back too) a 2-host x 1-rank AllReduce took 0.78x
+    /// the time at 1 MiB (22 of 30 paired rounds faster; 0.79x, 33 of 40, with 512 for
+    /// every size, which gave 0.88x at 256 KiB and 0.94x at 4 MiB), and 0.89x at 1 MiB
+    /// with 4 hosts (12 of 20) (docs/perf-net.md, 2026-12-07).
     pub(super) const IDLE_LARGE: u32 = 512;
     /// The smallest message that counts as large for [`SocketDriver::IDLE_LARGE`]. Below
     /// it (latency-bound operations, whose waits are for a peer to get a CPU) the budget
