@@ -160,7 +160,8 @@ impl SocketDriver {
     /// the executor parks, which hands back too) a 2-host x 1-rank AllReduce took 0.78x
     /// the time at 1 MiB (22 of 30 paired rounds faster; 0.79x, 33 of 40, with 512 for
     /// every size, which gave 0.88x at 256 KiB and 0.94x at 4 MiB), and 0.89x at 1 MiB
-    /// with 4 hosts (12 of 20) (docs/perf-net.md, 2026-12-07).
+    /// with 4 hosts (12 of 20); at 2 hosts x 2 ranks only 22 of 54 rounds were faster, a
+    /// possible small cost there (docs/perf-net.md, 2026-12-07).
     pub(super) const IDLE_LARGE: u32 = 512;
     /// The smallest message that counts as large for [`SocketDriver::IDLE_LARGE`]. Below
     /// it (latency-bound operations, whose waits are for a peer to get a CPU) the budget
