@@ -15,7 +15,7 @@ use crate::error::CclError;
 use crate::transport::wake::send_vectored;
 
 /// What one socket's share of a message did in one pass.
-pub(super) enum Io {
+enum Io {
     Done,
     Blocked,
     Closed,
@@ -23,12 +23,7 @@ pub(super) enum Io {
 }
 
 /// Writes what is left of `piece` (from `*at`) to `sock`.
-pub(super) fn write_piece(
-    sock: &mut TcpStream,
-    piece: &[u8],
-    at: &mut usize,
-    progress: &mut bool,
-) -> Io {
+fn write_piece(sock: &mut TcpStream, piece: &[u8], at: &mut usize, progress: &mut bool) -> Io {
     while *at < piece.len() {
         // std's `write` on a socket is send(2) with MSG_NOSIGNAL.
         match sock.write(&piece[*at..]) {
@@ -48,12 +43,7 @@ pub(super) fn write_piece(
 /// it asked for emptied the socket's receive queue (a TCP read copies until the queue is
 /// empty or the buffer full): that counts as blocked without a further read that would
 /// only fail with `EAGAIN` (the caller's `poll` or next round sees what comes next).
-pub(super) fn read_piece(
-    sock: &mut TcpStream,
-    piece: &mut [u8],
-    at: &mut usize,
-    progress: &mut bool,
-) -> Io {
+fn read_piece(sock: &mut TcpStream, piece: &mut [u8], at: &mut usize, progress: &mut bool) -> Io {
     while *at < piece.len() {
         let want = piece.len() - *at;
         match sock.read(&mut piece[*at..]) {
@@ -78,7 +68,7 @@ pub(super) fn read_piece(
 /// read that comes back short says the receive queue is empty, so the caller reads no
 /// header that is not there. Returns what [`read_piece`] returns and whether the queue
 /// was found empty.
-pub(super) fn read_piece_and_next(
+fn read_piece_and_next(
     sock: &mut TcpStream,
     piece: &mut [u8],
     at: &mut usize,
@@ -259,7 +249,7 @@ impl Loop {
 
     /// Writes the stream's credit frame, if any, on its own: `Some(progress)`, or `None`
     /// when the connection ended (the stream stopped).
-    pub(super) fn write_credit(&mut self, i: usize) -> Option<bool> {
+    fn write_credit(&mut self, i: usize) -> Option<bool> {
         let mut progress = false;
         let d = &mut self.data[i];
         let Some((frame, written)) = d.credit_frame.as_mut() else {
