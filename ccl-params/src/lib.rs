@@ -529,6 +529,16 @@ pub const CCLD_SOCKET_SEND_BY_REF: Param = Param {
     alias_of: None,
 };
 
+/// `CCLD_SOCKET_BUFFER`.
+pub const CCLD_SOCKET_BUFFER: Param = Param {
+    name: "CCLD_SOCKET_BUFFER",
+    kind: Kind::Int { min: 0, max: 1 << 30, suffixes: true },
+    default: "4M when the communicator's ranks on this machine (one kernel, whatever the host names) are no more than the process's cores; 0 otherwise",
+    doc: "socket transport: the send and receive buffer (`SO_SNDBUF`, `SO_RCVBUF`) set on each connection between hosts, when the system allows that much of both (`net.core.wmem_max`, `net.core.rmem_max`); otherwise, or with 0, the kernel's autotuning, which starts small and grows over the first operations' round trips",
+    scope: Scope::Runtime,
+    alias_of: None,
+};
+
 /// `CCLD_PEER_CHECK_MS`.
 pub const CCLD_PEER_CHECK_MS: Param = Param {
     name: "CCLD_PEER_CHECK_MS",
@@ -866,6 +876,7 @@ pub const ALL: &[&Param] = &[
     &CCLD_SPIN_US,
     &CCLD_YIELD_US,
     &CCLD_SOCKET_SEND_BY_REF,
+    &CCLD_SOCKET_BUFFER,
     &CCLD_PEER_CHECK_MS,
     &CCLD_DEVICE_PLANS,
     &CCLD_DISABLE,

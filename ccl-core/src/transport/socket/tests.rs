@@ -761,6 +761,62 @@ fn sockets_per_stream_is_nvidias_product_bounded_at_64() {
 }
 
 #[test]
+fn a_socket_buffer_is_fixed_only_where_the_system_allows_that_much_of_both() {
+    let m = Some(4 << 20);
+    assert_eq!(fixed_buffer(4 << 20, m, m), Some(4 << 20));
+    assert_eq!(fixed_buffer(1 << 20, m, Some(1 << 20)), Some(1 << 20));
+    // Debian's stock maxima (212,992 bytes): a clamped buffer would stop autotuning.
+    assert_eq!(fixed_buffer(4 << 20, Some(212_992), m), None);
+    assert_eq!(fixed_buffer(4 << 20, m, Some(212_992)), None);
+    // 0 asks for autotuning; unreadable maxima leave it on.
+    assert_eq!(fixed_buffer(0, m, m), None);
+    assert_eq!(fixed_buffer(4 << 20, None, m), None);
+    assert_eq!(
+        fixed_buffer(1 << 30, Some(u64::MAX), Some(u64::MAX)),
+        Some(1 << 30)
+    );
+}
+
+#[test]
+fn the_default_buffer_is_fixed_only_where_the_ranks_fit_the_cores() {
+    assert_eq!(default_buffer(1, 2), SOCKET_BUFFER);
+    assert_eq!(default_buffer(2, 2), SOCKET_BUFFER);
+    assert_eq!(default_buffer(3, 2), 0);
+    assert_eq!(default_buffer(8, 64), SOCKET_BUFFER);
+}
+
+/// `tune` sets both buffers to what it is given (the kernel reports twice the value, its
+/// bookkeeping included), and leaves them to autotuning without one.
+#[test]
+fn tune_fixes_both_buffers_or_leaves_them_to_the_kernel() {
+    let read = |s: &TcpStream, opt| {
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `s` owns an open socket; `v` and `len` are writable locals of the sizes
+        // passed.
+        let r = unsafe {
+            libc::getsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                (&mut v as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(r, 0, "getsockopt: {}", std::io::Error::last_os_error());
+        v
+    };
+    // Below Debian's stock maxima (212,992), so that any machine allows it.
+    let bytes = 96 << 10;
+    let (a, b) = socket_pairs(1);
+    tune(&a[0], Some(bytes)).unwrap();
+    tune(&b[0], None).unwrap();
+    assert_eq!(read(&a[0], libc::SO_SNDBUF), 2 * bytes);
+    assert_eq!(read(&a[0], libc::SO_RCVBUF), 2 * bytes);
+    assert_ne!(read(&b[0], libc::SO_SNDBUF), 2 * bytes);
+}
+
+#[test]
 fn ranks_that_stripe_differently_fail_naming_the_variables() {
     let o = |sockets| Offer {
         secret: [0; SECRET_BYTES],
