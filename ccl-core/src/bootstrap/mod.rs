@@ -143,7 +143,9 @@ pub fn unique_id_from_comm_id(value: &str) -> Result<UniqueId> {
     Ok(build_id(IdKind::CommId, addr, 0, [0; 16]))
 }
 
-fn read_trimmed(path: &str) -> Option<String> {
+/// The contents of a small system file (`/proc/sys/...`) without surrounding white space;
+/// `None` when it is unreadable or empty.
+pub(crate) fn read_trimmed(path: &str) -> Option<String> {
     std::fs::read_to_string(path)
         .ok()
         .map(|s| s.trim().to_string())

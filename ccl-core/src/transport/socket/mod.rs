@@ -214,9 +214,8 @@ fn buffer_from_env(rank: usize, ranks_here: usize) -> Result<Option<libc::c_int>
         default_buffer(ranks_here, cores),
     )?;
     let read_max = |name: &str| {
-        std::fs::read_to_string(format!("/proc/sys/net/core/{name}"))
-            .ok()
-            .and_then(|t| t.trim().parse::<u64>().ok())
+        crate::bootstrap::read_trimmed(&format!("/proc/sys/net/core/{name}"))
+            .and_then(|t| t.parse::<u64>().ok())
     };
     let (rmem, wmem) = (read_max("rmem_max"), read_max("wmem_max"));
     let fixed = fixed_buffer(requested, rmem, wmem);
